@@ -1,0 +1,18 @@
+"""keelway: a self-hosted application platform that survives a crash of its control plane.
+
+Layering (imports only point down this list; checked by tests/test_layering.py):
+
+    cli            talks to the API over the unix socket with the stdlib only
+    api            the control plane: aiohttp JSON API, wiring of everything below
+    deploy         operations on instances (journaled), built on runtime + store
+    runtime        spawn / reap / stop / kill of generations, ports, logs
+    router         the data plane; its own process, fed route tables over a socket
+    builds         staging, manifests, build commands, gc
+    store          the SQLite records and their schema
+    durable, failpoints, clock, home    leaf modules with no keelway imports
+
+The router never imports the store, the deployer or the API: traffic must not depend
+on anything the control plane owns.
+"""
+
+__version__ = "0.1.0"

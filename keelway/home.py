@@ -1,0 +1,97 @@
+"""Where everything lives under $KEELWAY_HOME; the one place that names paths.
+
+Nothing else builds paths under the home by hand, so the layout can be read here whole.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+# Hostnames name directories and files below, so only DNS-safe lowercase labels pass.
+_HOST_RE = re.compile(r"^(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$")
+_APP_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
+
+
+def valid_host(host: str) -> bool:
+    return bool(_HOST_RE.match(host))
+
+
+def valid_app_name(name: str) -> bool:
+    return bool(_APP_RE.match(name))
+
+
+def default_root() -> Path:
+    env = os.environ.get("KEELWAY_HOME")
+    if env:
+        return Path(env).expanduser().absolute()
+    return Path.home() / ".local" / "share" / "keelway"
+
+
+@dataclass(frozen=True)
+class Home:
+    root: Path
+
+    @classmethod
+    def from_env(cls) -> Home:
+        return cls(default_root())
+
+    @property
+    def store_path(self) -> Path:
+        return self.root / "keelway.db"
+
+    @property
+    def api_socket(self) -> Path:
+        return self.root / "api.sock"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.root / "keelway.lock"
+
+    @property
+    def daemon_log(self) -> Path:
+        return self.root / "logs" / "keelway.log"
+
+    @property
+    def router_dir(self) -> Path:
+        return self.root / "router"
+
+    @property
+    def router_socket(self) -> Path:
+        return self.root / "router" / "control.sock"
+
+    @property
+    def router_state(self) -> Path:
+        return self.root / "router" / "routes.json"
+
+    @property
+    def router_pidfile(self) -> Path:
+        return self.root / "router" / "router.pid"
+
+    @property
+    def router_log(self) -> Path:
+        return self.root / "logs" / "router.log"
+
+    @property
+    def builds_dir(self) -> Path:
+        return self.root / "builds"
+
+    def data_dir(self, instance: str) -> Path:
+        return self.root / "data" / instance
+
+    def db_path(self, instance: str) -> Path:
+        return self.data_dir(instance) / "db.sqlite3"
+
+    def env_file(self, instance: str) -> Path:
+        return self.root / "env" / f"{instance}.env"
+
+    def log_dir(self, instance: str) -> Path:
+        return self.root / "logs" / "apps" / instance
+
+    def ensure(self) -> None:
+        for sub in ("", "logs", "logs/apps", "router", "builds", "data", "env"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        # The env files hold instance keys: nobody else may list or read them.
+        os.chmod(self.root / "env", 0o700)

@@ -1,0 +1,31 @@
+"""Restart backoff for crashed published generations (pure, clock passed in).
+
+Three quick tries, then 1, 2, 4, 8 and at most 15 minutes between tries; a generation
+that stayed up for 5 minutes resets the count, so a rare crash is retried at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+QUICK_DELAYS_S = (0.5, 1.0, 2.0)
+SLOW_DELAYS_S = (60.0, 120.0, 240.0, 480.0, 900.0)
+STABLE_RESET_S = 300.0
+
+
+@dataclass
+class Backoff:
+    failures: int = 0
+    last_start: float | None = field(default=None)
+
+    def started(self, now: float) -> None:
+        self.last_start = now
+
+    def delay_after_crash(self, now: float) -> float:
+        """Seconds to wait before the next restart, given a crash at `now`."""
+        if self.last_start is not None and now - self.last_start >= STABLE_RESET_S:
+            self.failures = 0
+        schedule = QUICK_DELAYS_S + SLOW_DELAYS_S
+        delay = schedule[min(self.failures, len(schedule) - 1)]
+        self.failures += 1
+        return delay

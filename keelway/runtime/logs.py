@@ -1,0 +1,80 @@
+"""Per-generation log files, their rotation, and reading them back.
+
+A generation writes its stdout/stderr straight into `<service>.<gen>.log` opened with
+O_APPEND. Rotation copies the file aside and truncates it in place (copytruncate):
+the process never reopens anything, so rotation needs no cooperation from the app and
+works while the control plane is down and back. The few bytes written between the copy
+and the truncate may be lost; that is the price of not piping logs through us.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+MAX_LOG_BYTES = 10 * 1024 * 1024
+KEEP_ROTATED = 3
+
+
+def log_path(log_dir: Path, service: str, gen_id: int) -> Path:
+    return log_dir / f"{service}.{gen_id}.log"
+
+
+def parse_log_name(path: Path) -> tuple[str, int] | None:
+    parts = path.name.split(".")
+    if len(parts) != 3 or parts[2] != "log" or not parts[1].isdigit():
+        return None
+    return parts[0], int(parts[1])
+
+
+def rotate_if_large(path: Path, max_bytes: int = MAX_LOG_BYTES, keep: int = KEEP_ROTATED) -> bool:
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return False
+    if size <= max_bytes:
+        return False
+    for n in range(keep - 1, 0, -1):
+        older = path.with_name(f"{path.name}.{n}")
+        if older.exists():
+            os.replace(older, path.with_name(f"{path.name}.{n + 1}"))
+    shutil.copyfile(path, path.with_name(f"{path.name}.1"))
+    with open(path, "r+b") as handle:
+        handle.truncate(0)
+    return True
+
+
+def tail_lines(path: Path, lines: int, chunk_bytes: int = 64 * 1024) -> tuple[list[str], int]:
+    """The last `lines` lines of a file and the offset where the file ended."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            end = handle.tell()
+            start = max(0, end - chunk_bytes)
+            handle.seek(start)
+            data = handle.read(end - start)
+    except FileNotFoundError:
+        return [], 0
+    text = data.decode("utf-8", "replace").splitlines()
+    if start > 0 and text:
+        text = text[1:]  # the first line was cut by the chunk boundary
+    return text[-lines:] if lines > 0 else [], end
+
+
+def read_from(path: Path, offset: int) -> tuple[list[str], int]:
+    """Complete lines appended since `offset`; the new offset (restarts at 0 after a truncate)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            end = handle.tell()
+            if end < offset:
+                offset = 0
+            handle.seek(offset)
+            data = handle.read(end - offset)
+    except FileNotFoundError:
+        return [], offset
+    cut = data.rfind(b"\n")
+    if cut < 0:
+        return [], offset
+    return data[:cut].decode("utf-8", "replace").split("\n"), offset + cut + 1

@@ -1,0 +1,162 @@
+"""The process verbs: spawn, reap, stop, kill, and proof of death.
+
+Every generation runs as the leader of its own session (start_new_session), so its
+session id is its pid and every process it forks stays findable by that id. A process
+is *gone* only when no process of that session is left alive, proven by reaping or by
+/proc: pid and start time together, because a pid alone may have been reused.
+
+Signals go only to processes whose session id is the generation's pid and whose start
+time is not before the leader's, so keelway never signals a process it did not start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from keelway.clock import Clock
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    pid: int
+    state: str
+    pgrp: int
+    session: int
+    start_ticks: int
+
+
+def read_stat(pid: int) -> ProcStat | None:
+    """Parse /proc/PID/stat; None when the pid does not exist."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # The command name sits in parentheses and may itself contain spaces or ')'.
+    close = raw.rfind(b")")
+    fields = raw[close + 2 :].split()
+    return ProcStat(
+        pid=pid,
+        state=fields[0].decode(),
+        pgrp=int(fields[2]),
+        session=int(fields[3]),
+        start_ticks=int(fields[19]),
+    )
+
+
+def is_alive(pid: int, start_ticks: int) -> bool:
+    """True when the process that had this pid and start time is still running.
+
+    A zombie counts as dead: it will never run again, and only its parent can reap it.
+    """
+    stat = read_stat(pid)
+    return stat is not None and stat.start_ticks == start_ticks and stat.state != "Z"
+
+
+def session_members(session: int, not_before_ticks: int) -> list[ProcStat]:
+    """Live processes of a session that started no earlier than its leader did."""
+    members: list[ProcStat] = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        stat = read_stat(int(entry.name))
+        if (
+            stat is not None
+            and stat.session == session
+            and stat.start_ticks >= not_before_ticks
+            and stat.state != "Z"
+        ):
+            members.append(stat)
+    return members
+
+
+def signal_session(session: int, start_ticks: int, sig: signal.Signals) -> int:
+    """Send `sig` to every live process of the generation's session; returns how many."""
+    sent = 0
+    for member in session_members(session, start_ticks):
+        try:
+            os.kill(member.pid, sig)
+            sent += 1
+        except ProcessLookupError:
+            pass
+    return sent
+
+
+@dataclass
+class Spawned:
+    pid: int
+    start_ticks: int
+    proc: asyncio.subprocess.Process
+
+
+async def spawn(
+    argv: list[str], *, cwd: Path, env: Mapping[str, str], log_path: Path
+) -> Spawned:
+    """Start `argv` as the leader of a new session, output appended to `log_path`.
+
+    Output goes straight to a file, not through a pipe to us, so the process keeps
+    running and logging while the control plane is down.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            cwd=cwd,
+            env=dict(env),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=log_fd,
+            stderr=log_fd,
+            start_new_session=True,
+        )
+    finally:
+        os.close(log_fd)
+    stat = read_stat(proc.pid)
+    # A process that exited before we looked is a zombie we still own: its start time is
+    # readable until we reap it, so stat is None only if the kernel lost it, a bug.
+    ticks = stat.start_ticks if stat is not None else 0
+    return Spawned(proc.pid, ticks, proc)
+
+
+async def wait_gone(
+    pid: int, start_ticks: int, clock: Clock, timeout_s: float,
+    proc: asyncio.subprocess.Process | None = None, poll_s: float = 0.02,
+) -> bool:
+    """Wait until the whole session is gone; True when proven, False on timeout."""
+    deadline = clock.monotonic() + timeout_s
+    while True:
+        if proc is not None and proc.returncode is None:
+            try:
+                await asyncio.wait_for(asyncio.shield(proc.wait()), timeout=poll_s)
+            except TimeoutError:
+                pass
+        leader_gone = (proc.returncode is not None) if proc is not None else not is_alive(
+            pid, start_ticks
+        )
+        if leader_gone and not session_members(pid, start_ticks):
+            return True
+        if clock.monotonic() >= deadline:
+            return False
+        if proc is None or proc.returncode is not None:
+            await clock.sleep(poll_s)
+
+
+async def stop(
+    pid: int, start_ticks: int, *, grace_s: float, clock: Clock,
+    proc: asyncio.subprocess.Process | None = None,
+) -> bool:
+    """SIGTERM the session, SIGKILL what is left after `grace_s`; True once proven gone.
+
+    False means something survived SIGKILL for 5 s (uninterruptible sleep): the caller
+    must keep its record and report the leftover, never assume it dead.
+    """
+    if signal_session(pid, start_ticks, signal.SIGTERM) == 0 and proc is None:
+        return True
+    if await wait_gone(pid, start_ticks, clock, grace_s, proc):
+        return True
+    signal_session(pid, start_ticks, signal.SIGKILL)
+    return await wait_gone(pid, start_ticks, clock, 5.0, proc)

@@ -1,0 +1,214 @@
+"""The supervisor: runs generations and watches them until they are proven gone.
+
+It owns the process handles of this control plane and nothing else; what a generation
+*should* be is the deployer's business. Rules it keeps:
+- A generation's row (with its port claim) is written before its spawn, and its pid and
+  start time right after, before anything waits on it or routes to it.
+- A generation is recorded gone only on proof (reaped, or pid + start time dead).
+- An unexpected exit is reported to `on_exit` once; the caller decides whether to
+  restart (published generations of running instances) with backoff.
+- Adoption: after a control-plane restart, generations that are still alive are
+  watched by polling /proc, since they are no longer our children.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from keelway import failpoints
+from keelway.clock import Clock
+from keelway.home import Home
+from keelway.runtime import process
+from keelway.runtime.health import probe_http
+from keelway.runtime.logs import log_path
+from keelway.store import Store
+from keelway.store.lifecycle import GenState
+from keelway.store.records import Generation
+
+log = logging.getLogger("keelway.supervisor")
+
+failpoints.declare("spawn.before", "spawn.after", "spawn.recorded", "stop.before", "stop.after")
+
+
+class ReadyOutcome(enum.Enum):
+    READY = "ready"
+    EXITED = "exited"
+    TIMED_OUT = "timed-out"
+
+
+class SettleOutcome(enum.Enum):
+    GOOD = "good"
+    # A clean exit inside the window: a one-shot's success.
+    COMPLETED = "completed"
+    CRASHED = "crashed"
+
+
+ExitCallback = Callable[[Generation, int | None], Awaitable[None]]
+
+
+@dataclass
+class _Handle:
+    gen_id: int
+    pid: int
+    start_ticks: int
+    proc: asyncio.subprocess.Process | None
+    # Set while keelway itself is stopping the process: its exit is then expected.
+    stopping: bool = False
+    exited: asyncio.Event = field(default_factory=asyncio.Event)
+    exit_code: int | None = None
+    watcher: asyncio.Task[None] | None = None
+
+
+class Supervisor:
+    def __init__(self, store: Store, home: Home, clock: Clock, on_exit: ExitCallback) -> None:
+        self.store = store
+        self.home = home
+        self.clock = clock
+        self.on_exit = on_exit
+        self._handles: dict[int, _Handle] = {}
+
+    # -- spawn -----------------------------------------------------------------------
+
+    async def spawn(
+        self, gen: Generation, command: str, cwd: Path, env: dict[str, str]
+    ) -> Generation:
+        """Start a PLANNED generation; returns it RUNNING with pid and start time recorded.
+
+        Crash between the spawn and the record: the process runs with no pid in the
+        journal; it carries KEELWAY_GENERATION and KEELWAY_SUPERVISOR in its
+        environment, which is how the reconciler finds and removes it.
+        """
+        path = log_path(self.home.log_dir(gen.instance), gen.service, gen.id)
+        failpoints.hit("spawn.before")
+        spawned = await process.spawn(["/bin/sh", "-c", command], cwd=cwd, env=env, log_path=path)
+        failpoints.hit("spawn.after")
+        running = self.store.record_spawn(gen.id, spawned.pid, spawned.start_ticks)
+        failpoints.hit("spawn.recorded")
+        handle = _Handle(gen.id, spawned.pid, spawned.start_ticks, spawned.proc)
+        self._watch(handle)
+        return running
+
+    def adopt(self, gen: Generation) -> bool:
+        """Watch a generation that survived a control-plane restart; False if it is dead."""
+        if gen.pid is None or gen.start_ticks is None:
+            return False
+        if gen.id in self._handles:
+            return True
+        if not process.is_alive(gen.pid, gen.start_ticks):
+            return False
+        self._watch(_Handle(gen.id, gen.pid, gen.start_ticks, None))
+        return True
+
+    def is_watched(self, gen_id: int) -> bool:
+        handle = self._handles.get(gen_id)
+        return handle is not None and not handle.exited.is_set()
+
+    def _watch(self, handle: _Handle) -> None:
+        self._handles[handle.gen_id] = handle
+        handle.watcher = asyncio.get_running_loop().create_task(
+            self._wait_exit(handle), name=f"watch-gen-{handle.gen_id}"
+        )
+
+    async def _wait_exit(self, handle: _Handle) -> None:
+        if handle.proc is not None:
+            code: int | None = await handle.proc.wait()
+        else:
+            while process.is_alive(handle.pid, handle.start_ticks):
+                await self.clock.sleep(0.2)
+            code = None  # not our child: its exit status went to someone else
+        # The leader is gone; its session may still have members (the app forked).
+        gone = process.session_members(handle.pid, handle.start_ticks) == [] or await (
+            process.stop(handle.pid, handle.start_ticks, grace_s=0.0, clock=self.clock)
+        )
+        handle.exit_code = code
+        if gone:
+            self.store.record_gone(handle.gen_id, code)
+        handle.exited.set()
+        self._handles.pop(handle.gen_id, None)
+        if not handle.stopping:
+            gen = self.store.get_generation(handle.gen_id)
+            if gen is not None:
+                try:
+                    await self.on_exit(gen, code)
+                except Exception:
+                    # Protects the watcher: a failing restart must not kill supervision.
+                    log.exception("on_exit handler failed for generation %s", handle.gen_id)
+
+    # -- readiness -------------------------------------------------------------------
+
+    async def wait_ready(
+        self, gen: Generation, health_path: str | None, timeout_s: float
+    ) -> ReadyOutcome:
+        """Ready = the health path answers non-5xx (web), or still running (worker)."""
+        handle = self._handles.get(gen.id)
+        deadline = self.clock.monotonic() + timeout_s
+        delay_s = 0.01
+        while True:
+            if handle is None or handle.exited.is_set():
+                return ReadyOutcome.EXITED
+            if gen.port is not None and health_path is not None:
+                status = await probe_http(gen.port, health_path, timeout_s=1.0)
+                if status is not None and status < 500:
+                    return ReadyOutcome.READY
+            elif health_path is None:
+                return ReadyOutcome.READY
+            if self.clock.monotonic() >= deadline:
+                return ReadyOutcome.TIMED_OUT
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(handle.exited.wait(), timeout=delay_s)
+            delay_s = min(delay_s * 2, 0.2)
+
+    async def settle(self, gen: Generation, settle_s: float) -> SettleOutcome:
+        """Good = still running after the settle window; exit 0 inside it = completed."""
+        handle = self._handles.get(gen.id)
+        if handle is None:
+            return SettleOutcome.CRASHED
+        try:
+            await asyncio.wait_for(handle.exited.wait(), timeout=settle_s)
+        except TimeoutError:
+            return SettleOutcome.GOOD
+        return SettleOutcome.COMPLETED if handle.exit_code == 0 else SettleOutcome.CRASHED
+
+    # -- stop ------------------------------------------------------------------------
+
+    async def stop(self, gen: Generation, grace_s: float) -> bool:
+        """Stop a generation and record it gone; False if it could not be proven gone."""
+        if gen.state is GenState.GONE:
+            return True
+        if gen.pid is None or gen.start_ticks is None:
+            # PLANNED, never spawned (or the spawn was never recorded: the reconciler's
+            # /proc scan is what finds such a process, not this path).
+            self.store.record_gone(gen.id, None)
+            return True
+        handle = self._handles.get(gen.id)
+        if handle is not None:
+            handle.stopping = True
+        if gen.state is not GenState.STOPPING:
+            self.store.set_generation_state(gen.id, GenState.STOPPING)
+        failpoints.hit("stop.before")
+        gone = await process.stop(
+            gen.pid, gen.start_ticks, grace_s=grace_s, clock=self.clock,
+            proc=handle.proc if handle else None,
+        )
+        failpoints.hit("stop.after")
+        if not gone:
+            return False
+        if handle is not None:
+            await handle.exited.wait()
+        else:
+            self.store.record_gone(gen.id, None)
+        return True
+
+    async def shutdown(self) -> None:
+        """Stop watching (the control plane exits); the processes keep running."""
+        for handle in list(self._handles.values()):
+            handle.stopping = True
+            if handle.watcher is not None:
+                handle.watcher.cancel()
+        self._handles.clear()

@@ -1,0 +1,88 @@
+"""The lifecycles of journaled things: each an Enum plus one transition table.
+
+Everything that decides whether a state may follow another lives in this file, and the
+store applies `check` on every write of a state, so an illegal move is refused at the
+single place where it would become durable.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class OpState(enum.StrEnum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class StepState(enum.StrEnum):
+    PENDING = "pending"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class GenState(enum.StrEnum):
+    # Row written, port claimed, no process yet: the journal entry that precedes a spawn.
+    PLANNED = "planned"
+    RUNNING = "running"
+    READY = "ready"
+    STOPPING = "stopping"
+    # Proven dead (reaped, or pid + start time no longer alive). Terminal.
+    GONE = "gone"
+
+
+class RouteState(enum.StrEnum):
+    SERVING = "serving"
+    HOLDING = "holding"
+    GATED = "gated"
+    DRAINING = "draining"
+
+
+class InstanceState(enum.StrEnum):
+    # The user wants it running; the supervisor restarts crashed published generations.
+    RUNNING = "running"
+    # Stopped by the user: nothing is restarted, the route answers 503.
+    STOPPED = "stopped"
+
+
+class IllegalTransition(Exception):
+    """A bug: code tried to move a record to a state its lifecycle forbids."""
+
+
+_OP: dict[OpState, frozenset[OpState]] = {
+    OpState.RUNNING: frozenset({OpState.SUCCEEDED, OpState.FAILED}),
+    OpState.SUCCEEDED: frozenset(),
+    OpState.FAILED: frozenset(),
+}
+
+_STEP: dict[StepState, frozenset[StepState]] = {
+    StepState.PENDING: frozenset({StepState.SUCCEEDED, StepState.FAILED}),
+    # A reconciler may mark a step failed that was written succeeded but whose effect it
+    # had to undo; nothing ever moves a failed step back.
+    StepState.SUCCEEDED: frozenset({StepState.FAILED}),
+    StepState.FAILED: frozenset(),
+}
+
+_GEN: dict[GenState, frozenset[GenState]] = {
+    GenState.PLANNED: frozenset({GenState.RUNNING, GenState.GONE}),
+    GenState.RUNNING: frozenset({GenState.READY, GenState.STOPPING, GenState.GONE}),
+    GenState.READY: frozenset({GenState.STOPPING, GenState.GONE}),
+    GenState.STOPPING: frozenset({GenState.GONE}),
+    GenState.GONE: frozenset(),
+}
+
+_TABLES: dict[type[enum.Enum], dict[object, frozenset[object]]] = {
+    OpState: dict(_OP),  # type: ignore[arg-type]
+    StepState: dict(_STEP),  # type: ignore[arg-type]
+    GenState: dict(_GEN),  # type: ignore[arg-type]
+}
+
+
+def check(old: enum.Enum, new: enum.Enum) -> None:
+    """Refuse a move that the lifecycle of `old`'s type does not allow (staying is allowed)."""
+    if old == new:
+        return
+    table = _TABLES[type(old)]
+    if new not in table[old]:
+        raise IllegalTransition(f"{type(old).__name__}: {old.value} -> {new.value}")

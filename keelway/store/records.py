@@ -1,0 +1,127 @@
+"""The records keelway keeps, as immutable msgspec Structs.
+
+Every mutable record carries `version`, bumped on each write; updates compare-and-swap
+on it so that two writers can never silently overwrite each other.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from keelway.store.lifecycle import GenState, InstanceState, OpState, RouteState, StepState
+
+
+class App(msgspec.Struct, frozen=True):
+    name: str
+    config: dict[str, str]
+    created_at: float
+    version: int
+
+
+class Instance(msgspec.Struct, frozen=True):
+    host: str
+    app: str
+    state: InstanceState
+    fence: int
+    schedule_rev: int
+    created_at: float
+    version: int
+
+
+class Build(msgspec.Struct, frozen=True):
+    app: str
+    digest: str
+    path: str
+    good: bool
+    created_at: float
+
+
+class Release(msgspec.Struct, frozen=True):
+    app: str
+    number: int
+    build_digest: str
+    config: dict[str, str]
+    description: str
+    created_at: float
+
+    @property
+    def label(self) -> str:
+        return f"v{self.number}"
+
+
+class Step(msgspec.Struct, frozen=True):
+    op_id: int
+    seq: int
+    name: str
+    service: str | None
+    before_gen: int | None
+    after_gen: int | None
+    state: StepState
+    error: str | None
+    detail: str | None
+    started_at: float
+    finished_at: float | None
+
+
+class Operation(msgspec.Struct, frozen=True):
+    id: int
+    app: str
+    instance: str
+    kind: str
+    key: str | None
+    request_digest: str | None
+    state: OpState
+    error: str | None
+    warnings: list[str]
+    owner: str
+    created_at: float
+    finished_at: float | None
+    version: int
+    steps: list[Step] = []
+
+    @property
+    def terminal(self) -> bool:
+        return self.state is not OpState.RUNNING
+
+
+class Generation(msgspec.Struct, frozen=True):
+    id: int
+    app: str
+    instance: str
+    service: str
+    release: int
+    build_digest: str
+    op_id: int | None
+    state: GenState
+    pid: int | None
+    start_ticks: int | None
+    port: int | None
+    created_at: float
+    exited_at: float | None
+    exit_code: int | None
+    version: int
+
+
+class Active(msgspec.Struct, frozen=True):
+    instance: str
+    service: str
+    generation_id: int
+    version: int
+
+
+class Route(msgspec.Struct, frozen=True):
+    host: str
+    instance: str
+    state: RouteState
+    port: int | None
+    generation_id: int | None
+    version: int
+
+
+class Event(msgspec.Struct, frozen=True):
+    id: int
+    at: float
+    app: str | None
+    instance: str | None
+    kind: str
+    message: str

@@ -1,0 +1,179 @@
+"""The schema of keelway's store and its migrations; the only module that says DDL.
+
+Migrations are append-only: a released migration is never edited, a change is a new
+entry. `migrate` applies the missing ones inside one BEGIN IMMEDIATE transaction each,
+so a crash mid-migration leaves the previous schema intact.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+MIGRATIONS: list[str] = [
+    # 1: the records of SPEC §1.
+    """
+    CREATE TABLE meta (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    );
+    CREATE TABLE apps (
+        name TEXT PRIMARY KEY,
+        config TEXT NOT NULL DEFAULT '{}',
+        created_at REAL NOT NULL,
+        version INTEGER NOT NULL DEFAULT 1
+    );
+    CREATE TABLE instances (
+        host TEXT PRIMARY KEY,
+        app TEXT NOT NULL REFERENCES apps(name),
+        state TEXT NOT NULL,
+        fence INTEGER NOT NULL DEFAULT 0,
+        schedule_rev INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL,
+        version INTEGER NOT NULL DEFAULT 1
+    );
+    CREATE INDEX instances_by_app ON instances(app);
+    CREATE TABLE builds (
+        app TEXT NOT NULL,
+        digest TEXT NOT NULL,
+        path TEXT NOT NULL,
+        good INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL,
+        PRIMARY KEY (app, digest)
+    );
+    CREATE TABLE releases (
+        app TEXT NOT NULL REFERENCES apps(name),
+        number INTEGER NOT NULL,
+        build_digest TEXT NOT NULL,
+        config TEXT NOT NULL,
+        description TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        PRIMARY KEY (app, number)
+    );
+    CREATE TABLE operations (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        app TEXT NOT NULL,
+        instance TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        key TEXT,
+        request_digest TEXT,
+        state TEXT NOT NULL,
+        error TEXT,
+        warnings TEXT NOT NULL DEFAULT '[]',
+        owner TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        finished_at REAL,
+        version INTEGER NOT NULL DEFAULT 1
+    );
+    CREATE INDEX operations_by_instance ON operations(instance, id);
+    CREATE UNIQUE INDEX operations_by_key ON operations(instance, key) WHERE key IS NOT NULL;
+    CREATE TABLE steps (
+        op_id INTEGER NOT NULL REFERENCES operations(id),
+        seq INTEGER NOT NULL,
+        name TEXT NOT NULL,
+        service TEXT,
+        before_gen INTEGER,
+        after_gen INTEGER,
+        state TEXT NOT NULL,
+        error TEXT,
+        detail TEXT,
+        started_at REAL NOT NULL,
+        finished_at REAL,
+        PRIMARY KEY (op_id, seq)
+    );
+    CREATE TABLE generations (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        app TEXT NOT NULL,
+        instance TEXT NOT NULL,
+        service TEXT NOT NULL,
+        release INTEGER NOT NULL,
+        build_digest TEXT NOT NULL,
+        op_id INTEGER,
+        state TEXT NOT NULL,
+        pid INTEGER,
+        start_ticks INTEGER,
+        port INTEGER,
+        created_at REAL NOT NULL,
+        exited_at REAL,
+        exit_code INTEGER,
+        version INTEGER NOT NULL DEFAULT 1
+    );
+    CREATE INDEX generations_live ON generations(instance, service) WHERE state != 'gone';
+    CREATE TABLE active (
+        instance TEXT NOT NULL,
+        service TEXT NOT NULL,
+        generation_id INTEGER NOT NULL REFERENCES generations(id),
+        version INTEGER NOT NULL DEFAULT 1,
+        PRIMARY KEY (instance, service)
+    );
+    CREATE TABLE inhibitions (
+        generation_id INTEGER NOT NULL REFERENCES generations(id),
+        reason TEXT NOT NULL,
+        op_id INTEGER,
+        created_at REAL NOT NULL,
+        PRIMARY KEY (generation_id, reason)
+    );
+    CREATE TABLE port_claims (
+        port INTEGER PRIMARY KEY,
+        generation_id INTEGER NOT NULL UNIQUE REFERENCES generations(id),
+        claimed_at REAL NOT NULL
+    );
+    CREATE TABLE routes (
+        host TEXT PRIMARY KEY,
+        instance TEXT NOT NULL,
+        state TEXT NOT NULL,
+        port INTEGER,
+        generation_id INTEGER,
+        version INTEGER NOT NULL DEFAULT 1
+    );
+    CREATE TABLE fences (
+        instance TEXT PRIMARY KEY,
+        generation INTEGER NOT NULL,
+        held INTEGER NOT NULL DEFAULT 0,
+        reason TEXT,
+        updated_at REAL NOT NULL
+    );
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        at REAL NOT NULL,
+        app TEXT,
+        instance TEXT,
+        kind TEXT NOT NULL,
+        message TEXT NOT NULL
+    );
+    CREATE INDEX events_by_app ON events(app, id);
+    INSERT INTO meta(key, value) VALUES ('route_table_version', '0');
+    """,
+]
+
+
+def current_version(conn: sqlite3.Connection) -> int:
+    row = conn.execute("PRAGMA user_version").fetchone()
+    return int(row[0])
+
+
+def migrate(conn: sqlite3.Connection) -> int:
+    """Bring the schema up to date; returns the resulting schema version.
+
+    A store written by a newer keelway is refused rather than guessed at.
+    """
+    have = current_version(conn)
+    if have > len(MIGRATIONS):
+        raise RuntimeError(
+            f"store schema v{have} is newer than this keelway (knows v{len(MIGRATIONS)})"
+        )
+    for number in range(have + 1, len(MIGRATIONS) + 1):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in _statements(MIGRATIONS[number - 1]):
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {number}")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+    return len(MIGRATIONS)
+
+
+def _statements(script: str) -> list[str]:
+    # executescript() would COMMIT on its own; splitting keeps the migration in our txn.
+    return [part.strip() for part in script.split(";") if part.strip()]

@@ -1,0 +1,143 @@
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from keelway.store import Conflict, Store
+from keelway.store.lifecycle import GenState, IllegalTransition, OpState, StepState
+from keelway.store.schema import MIGRATIONS, current_version
+from keelway.testing.clock import FakeClock
+
+
+def _gen(store: Store, port: int | None = 4000, service: str = "web") -> int:
+    store.ensure_app("blog")
+    store.ensure_instance("a.test", "blog")
+    return store.plan_generation(app="blog", instance="a.test", service=service, release=1,
+                                 build_digest="d" * 64, op_id=None, port=port).id
+
+
+def test_a_new_store_is_migrated_to_the_latest_schema(tmp_path: Path) -> None:
+    store = Store(tmp_path / "k.db")
+    conn = sqlite3.connect(tmp_path / "k.db")
+    assert current_version(conn) == len(MIGRATIONS)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    store.close()
+
+
+def test_reopening_a_store_applies_no_migration_twice(tmp_path: Path) -> None:
+    Store(tmp_path / "k.db").close()
+    store = Store(tmp_path / "k.db")
+    assert store.list_apps() == []
+    store.close()
+
+
+def test_a_store_from_a_newer_keelway_is_refused(tmp_path: Path) -> None:
+    conn = sqlite3.connect(tmp_path / "k.db")
+    conn.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
+    conn.close()
+    with pytest.raises(RuntimeError, match="newer"):
+        Store(tmp_path / "k.db")
+
+
+def test_a_failed_transaction_leaves_nothing_behind(store: Store) -> None:
+    with pytest.raises(ZeroDivisionError), store.tx():
+        store.ensure_app("blog")
+        _ = 1 / 0
+    assert store.get_app("blog") is None
+
+
+def test_a_port_claim_is_exclusive_and_freed_when_the_generation_is_gone(store: Store) -> None:
+    gen = _gen(store, port=4000)
+    with pytest.raises(Conflict, match="port 4000"):
+        _gen(store, port=4000)
+    assert store.claimed_ports() == {4000}
+    store.record_spawn(gen, pid=10, start_ticks=20)
+    store.record_gone(gen, exit_code=0)
+    assert store.claimed_ports() == set()
+    _gen(store, port=4000)
+
+
+def test_a_failed_claim_writes_no_generation(store: Store) -> None:
+    _gen(store, port=4000)
+    with pytest.raises(Conflict):
+        _gen(store, port=4000)
+    assert len(store.live_generations()) == 1
+
+
+def test_a_gone_generation_cannot_come_back(store: Store) -> None:
+    gen = _gen(store)
+    store.record_gone(gen, None)
+    with pytest.raises(IllegalTransition):
+        store.set_generation_state(gen, GenState.RUNNING)
+
+
+def test_a_finished_operation_cannot_be_finished_again(store: Store) -> None:
+    op = store.begin_operation("blog", "a.test", "deploy", owner="me")
+    done = store.finish_operation(op, OpState.SUCCEEDED)
+    assert done.terminal
+    with pytest.raises(IllegalTransition):
+        store.finish_operation(done, OpState.FAILED)
+
+
+def test_a_stale_operation_version_loses_the_compare_and_swap(store: Store) -> None:
+    op = store.begin_operation("blog", "a.test", "deploy", owner="me")
+    store.begin_step(op.id, "spawn web")
+    fresh = store.get_operation(op.id)
+    assert fresh is not None
+    store.finish_operation(fresh, OpState.FAILED, error="x")
+    with pytest.raises((Conflict, IllegalTransition)):
+        store.finish_operation(op, OpState.SUCCEEDED)
+
+
+def test_steps_are_numbered_and_keep_their_outcomes(store: Store) -> None:
+    op = store.begin_operation("blog", "a.test", "deploy", owner="me")
+    first = store.begin_step(op.id, "spawn web", service="web", after_gen=3)
+    second = store.begin_step(op.id, "ready web")
+    store.finish_step(op.id, first, StepState.SUCCEEDED, detail="pid 9")
+    store.finish_step(op.id, second, StepState.FAILED, error="exited")
+    steps = store.steps(op.id)
+    assert [(s.seq, s.state, s.detail, s.error) for s in steps] == [
+        (1, StepState.SUCCEEDED, "pid 9", None),
+        (2, StepState.FAILED, None, "exited"),
+    ]
+
+
+def test_an_idempotency_key_names_one_operation_per_instance(store: Store) -> None:
+    store.begin_operation("blog", "a.test", "deploy", owner="me", key="k1")
+    with pytest.raises(sqlite3.IntegrityError):
+        store.begin_operation("blog", "a.test", "deploy", owner="me", key="k1")
+    store.begin_operation("blog", "b.test", "deploy", owner="me", key="k1")
+
+
+def test_releases_are_numbered_per_app(store: Store) -> None:
+    store.ensure_app("blog")
+    store.ensure_app("shop")
+    assert store.create_release("blog", "a" * 64, {}, "first").number == 1
+    assert store.create_release("blog", "b" * 64, {}, "second").number == 2
+    assert store.create_release("shop", "c" * 64, {}, "first").number == 1
+    assert [r.label for r in store.list_releases("blog")] == ["v2", "v1"]
+
+
+def test_builds_named_by_releases_or_live_generations_are_pinned(store: Store) -> None:
+    store.ensure_app("blog")
+    store.create_release("blog", "r" * 64, {}, "x")
+    gen = _gen(store)
+    assert store.pinned_builds() == {("blog", "r" * 64), ("blog", "d" * 64)}
+    store.record_gone(gen, None)
+    assert store.pinned_builds() == {("blog", "r" * 64)}
+
+
+def test_the_route_table_version_only_grows(store: Store) -> None:
+    first = store.next_route_table_version()
+    assert store.next_route_table_version() == first + 1
+    assert store.next_route_table_version(at_least=100) == 101
+
+
+def test_events_are_listed_oldest_first_and_kept_per_app(store: Store, clock: FakeClock) -> None:
+    store.add_event("op", "one", app="blog")
+    clock.advance(1)
+    store.add_event("op", "two", app="blog")
+    store.add_event("op", "other", app="shop")
+    assert [e.message for e in store.list_events("blog")] == ["one", "two"]
