@@ -1,0 +1,44 @@
+"""Builds: stage an app's source into an immutable, content-named build, and collect them.
+
+Modules, lowest first (each imports only those above it, plus keelway.durable):
+
+    errors      the BuildError tree, named for whose fault it is
+    manifest    Procfile + keelway.toml -> Manifest (pure parsing and validation)
+    extract     safe tar extraction
+    tree        copy, digest, seal, flush and remove a staged tree
+    build_step  run one build step in its own process group, logged
+    stage       directory | tarball | git ref -> builds/<app>/<digest>/, and sweep()
+    gc          remove staged builds nothing pins
+"""
+
+from keelway.builds.errors import (
+    BuildCommandError,
+    BuildError,
+    BuildInputError,
+    ManifestError,
+    SourceError,
+    StagingError,
+    UnsafeArchiveError,
+)
+from keelway.builds.gc import collect
+from keelway.builds.manifest import Manifest, Mode, ServiceKind, ServiceSpec, load_manifest
+from keelway.builds.stage import StagedBuild, stage, sweep
+
+__all__ = [
+    "BuildCommandError",
+    "BuildError",
+    "BuildInputError",
+    "Manifest",
+    "ManifestError",
+    "Mode",
+    "ServiceKind",
+    "ServiceSpec",
+    "SourceError",
+    "StagedBuild",
+    "StagingError",
+    "UnsafeArchiveError",
+    "collect",
+    "load_manifest",
+    "stage",
+    "sweep",
+]

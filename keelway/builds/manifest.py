@@ -1,0 +1,274 @@
+"""The app contract: a Procfile plus an optional keelway.toml, read into a `Manifest`.
+
+Owns: parsing and validating both files, and the defaults of every service setting (they
+live here and nowhere else). Pure apart from reading the two files: no process, no
+write.
+
+Rules:
+- A Procfile line is `name: command`; `#` starts a comment line; blank lines are skipped.
+  Names match `[a-z][a-z0-9_-]*` and are unique. `release` is the one-shot release
+  command, not a service. A `web` process is required: keelway routes HTTP to it.
+- keelway.toml holds `[build] command` and `[services.<name>]` tables with `mode`,
+  `health`, `settle`, `stop_grace`, `idle`. Unknown keys and services not in the
+  Procfile are errors, so a typo never silently falls back to a default.
+- Every problem raises `ManifestError` with a message naming the file (and line, where
+  there is one) and what to change. Validation never uses `assert`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+import msgspec
+
+from keelway.builds.errors import ManifestError
+
+PROCFILE = "Procfile"
+CONFIG_FILE = "keelway.toml"
+RELEASE = "release"
+WEB = "web"
+
+DEFAULT_HEALTH = "/"
+DEFAULT_SETTLE_S = 10.0
+DEFAULT_STOP_GRACE_S = 10.0
+
+_NAME_RE = re.compile(r"[a-z][a-z0-9_-]*")
+_DURATION_RE = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h))+")
+_DURATION_PART_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+class ServiceKind(Enum):
+    WEB = "web"  # gets a port claim and is routed
+    WORKER = "worker"  # socketless
+
+
+class Mode(Enum):
+    OVERLAP = "overlap"  # start the new generation, then retire the old one
+    HOLD = "hold"  # never two alive: stop the old one first, hold traffic meanwhile
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceSpec:
+    name: str
+    command: str
+    kind: ServiceKind
+    mode: Mode
+    health: str = DEFAULT_HEALTH
+    settle_s: float = DEFAULT_SETTLE_S
+    stop_grace_s: float = DEFAULT_STOP_GRACE_S
+    idle_s: float | None = None  # None: never park
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    services: dict[str, ServiceSpec]
+    release_command: str | None = None
+    build_command: str | None = None
+
+
+# keelway.toml as written by the user; turned into ServiceSpecs by `_apply`.
+class _BuildTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    command: str | None = None
+
+
+class _ServiceTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    mode: str | None = None
+    health: str | None = None
+    settle: str | float | None = None
+    stop_grace: str | float | None = None
+    idle: str | float | None = None
+
+
+class _ConfigFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    build: _BuildTable | None = None
+    services: dict[str, dict[str, object]] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class _Config:
+    build_command: str | None = None
+    services: dict[str, _ServiceTable] = field(default_factory=dict)
+
+
+def load_manifest(directory: Path) -> Manifest:
+    """Read `directory/Procfile` and, if present, `directory/keelway.toml`.
+
+    Returns a fully defaulted Manifest; raises ManifestError for anything a user must fix.
+    """
+    directory = Path(directory)
+    procfile = directory / PROCFILE
+    if not procfile.is_file():
+        raise ManifestError(
+            f"no {PROCFILE} at the top of the app: add one with a line like "
+            "`web: python -m myapp` (the web process listens on 127.0.0.1:$PORT)"
+        )
+    commands = parse_procfile(_read_text(procfile))
+    config_path = directory / CONFIG_FILE
+    config = _Config()
+    if config_path.is_file():
+        config = _parse_config(config_path.read_bytes())
+    return _apply(commands, config)
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"{path.name} is not UTF-8 text (byte {exc.start})") from exc
+
+
+def parse_procfile(text: str) -> dict[str, str]:
+    """Parse Procfile text into {name: command}, in file order, `release` included."""
+    commands: dict[str, str] = {}
+    seen_on: dict[str, int] = {}
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, command = line.partition(":")
+        name, command = name.strip(), command.strip()
+        where = f"{PROCFILE} line {lineno}"
+        if not sep:
+            raise ManifestError(f"{where}: expected `name: command`, got {line!r}")
+        if not _NAME_RE.fullmatch(name):
+            raise ManifestError(
+                f"{where}: process name {name!r} must start with a lowercase letter and "
+                "contain only lowercase letters, digits, '-' and '_'"
+            )
+        if not command:
+            raise ManifestError(f"{where}: process {name!r} has no command after the ':'")
+        if name in seen_on:
+            raise ManifestError(
+                f"{where}: process {name!r} is already defined on line {seen_on[name]}; "
+                "rename or remove one of them"
+            )
+        seen_on[name] = lineno
+        commands[name] = command
+    return commands
+
+
+def _parse_config(data: bytes) -> _Config:
+    """Decode keelway.toml bytes; syntax, type and unknown-key errors become ManifestError.
+
+    Service tables are converted one by one so that an error names its table: msgspec
+    reports a dict key only as `[...]`.
+    """
+    try:
+        top = msgspec.toml.decode(data, type=_ConfigFile)
+    except msgspec.ValidationError as exc:
+        raise ManifestError(f"{CONFIG_FILE}{_where(str(exc), tables=True)}") from exc
+    except msgspec.DecodeError as exc:
+        raise ManifestError(f"{CONFIG_FILE}: not valid TOML: {exc}") from exc
+    services: dict[str, _ServiceTable] = {}
+    for name, table in top.services.items():
+        try:
+            services[name] = msgspec.convert(table, type=_ServiceTable)
+        except msgspec.ValidationError as exc:
+            raise ManifestError(f"{CONFIG_FILE} [services.{name}]{_where(str(exc))}") from exc
+    return _Config(build_command=top.build.command if top.build else None, services=services)
+
+
+def _where(message: str, *, tables: bool = False) -> str:
+    """Turn msgspec's `X - at `$.a.b`` into ` a.b: X` (or ` [a.b]: X` for tables)."""
+    text, _sep, path = message.partition(" - at `$")
+    path = path.rstrip("`").lstrip(".").replace("[...]", ".<name>")
+    if not path:
+        return f": {text}"
+    return f" [{path}]: {text}" if tables else f" {path}: {text}"
+
+
+def parse_duration_s(value: str | float, *, where: str) -> float:
+    """`"500ms"`, `"10s"`, `"15m"`, `"1h"`, `"1m30s"`, or a number of seconds -> seconds."""
+    if isinstance(value, str):
+        text = value.strip()
+        if not _DURATION_RE.fullmatch(text):
+            raise ManifestError(
+                f"{where}: {value!r} is not a duration; write a number of seconds or a "
+                'string like "500ms", "10s", "15m", "1h"'
+            )
+        seconds = sum(
+            float(number) * _UNIT_S[unit] for number, unit in _DURATION_PART_RE.findall(text)
+        )
+    else:
+        seconds = float(value)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ManifestError(f"{where}: {value!r} must be a finite, non-negative duration")
+    return seconds
+
+
+def _apply(commands: dict[str, str], config: _Config) -> Manifest:
+    if WEB not in commands:
+        raise ManifestError(
+            f"{PROCFILE} has no `web` process, and keelway routes HTTP to `web`: add a line "
+            "like `web: python -m myapp` that listens on 127.0.0.1:$PORT"
+        )
+    service_names = [name for name in commands if name != RELEASE]
+    for name in config.services:
+        if name == RELEASE:
+            raise ManifestError(
+                f"{CONFIG_FILE} [services.{RELEASE}]: `release` is a one-shot command, not a "
+                "service, and takes no settings; remove this table"
+            )
+        if name not in commands:
+            raise ManifestError(
+                f"{CONFIG_FILE} [services.{name}]: the {PROCFILE} has no process {name!r} "
+                f"(it has: {', '.join(service_names)}); fix the name or add it to the "
+                f"{PROCFILE}"
+            )
+    services = {
+        name: _service(name, commands[name], config.services.get(name)) for name in service_names
+    }
+    build_command = config.build_command
+    if build_command is not None and not build_command.strip():
+        raise ManifestError(f"{CONFIG_FILE} [build]: command is empty; remove it or fill it in")
+    return Manifest(
+        services=services,
+        release_command=commands.get(RELEASE),
+        build_command=build_command,
+    )
+
+
+def _service(name: str, command: str, table: _ServiceTable | None) -> ServiceSpec:
+    kind = ServiceKind.WEB if name == WEB else ServiceKind.WORKER
+    mode = Mode.OVERLAP if kind is ServiceKind.WEB else Mode.HOLD
+    if table is None:
+        return ServiceSpec(name=name, command=command, kind=kind, mode=mode)
+    where = f"{CONFIG_FILE} [services.{name}]"
+    if table.mode is not None:
+        try:
+            mode = Mode(table.mode)
+        except ValueError:
+            allowed = ", ".join(m.value for m in Mode)
+            raise ManifestError(f"{where} mode: {table.mode!r} is not one of {allowed}") from None
+    health = DEFAULT_HEALTH if table.health is None else table.health
+    if not health.startswith("/") or any(ch.isspace() or not ch.isprintable() for ch in health):
+        raise ManifestError(
+            f"{where} health: {health!r} must be an HTTP path starting with '/', "
+            'without spaces, like "/healthz"'
+        )
+    idle_s = None
+    if table.idle is not None:
+        idle_s = parse_duration_s(table.idle, where=f"{where} idle")
+        if idle_s == 0:
+            raise ManifestError(
+                f"{where} idle: must be longer than zero; remove `idle` to never park"
+            )
+    return ServiceSpec(
+        name=name,
+        command=command,
+        kind=kind,
+        mode=mode,
+        health=health,
+        settle_s=_duration_or(table.settle, DEFAULT_SETTLE_S, f"{where} settle"),
+        stop_grace_s=_duration_or(table.stop_grace, DEFAULT_STOP_GRACE_S, f"{where} stop_grace"),
+        idle_s=idle_s,
+    )
+
+
+def _duration_or(value: str | float | None, default_s: float, where: str) -> float:
+    return default_s if value is None else parse_duration_s(value, where=where)

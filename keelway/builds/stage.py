@@ -1,0 +1,379 @@
+"""Staging: turn a directory, tarball or git ref into `builds/<app>/<digest>/`.
+
+Owns the layout of `builds_dir`:
+
+    builds/<app>/<digest>/        a complete, sealed build: source + build outputs
+                                  (`.venv/` when the app has requirements.txt, anything
+                                  the [build] command wrote, `.keelway-build.log`)
+    builds/<app>/.tmp-<random>/   a staging in progress, or a crash's leftover
+    builds/<app>/.tmp-<random>.tar  a git export in progress, or a crash's leftover
+
+Invariants:
+- A build is named by the digest of its SOURCE content (tree.content_digest), computed
+  before the build runs; the same source is built once and reused after that.
+- A digest directory exists only complete: everything happens in a `.tmp-` directory,
+  which is sealed (read-only), flushed, then renamed to `<digest>`, then the parent
+  directory is flushed. A crash at any point before the rename leaves only `.tmp-`
+  entries, which `sweep` removes at control-plane boot; after it, the build is whole.
+- The manifest is validated before any build step runs and before anything is named.
+- A BuildError leaves nothing named and no temp behind.
+- No process started by a build outlives it: each step runs in its own process group,
+  which is killed once the step's main process exits or its time runs out.
+
+Known limit: a build is built at its temp path and then renamed, so any absolute path a
+build step bakes in points at the temp path. keelway rewrites the venv's own scripts
+(`.venv/bin/*`, `pyvenv.cfg`) to the final path; other tools' absolute paths are not
+rewritten, so build commands should produce relocatable output.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import IO
+
+from keelway.builds.build_step import BUILD_TIMEOUT_S, build_env, run_step
+from keelway.builds.errors import BuildError, SourceError, StagingError
+from keelway.builds.extract import safe_extract_tar
+from keelway.builds.manifest import Manifest, load_manifest
+from keelway.builds.tree import (
+    BUILD_LOG,
+    content_digest,
+    copy_source_dir,
+    fsync_tree,
+    prune,
+    remove_tree,
+    seal,
+)
+from keelway.durable import TEMP_PREFIX, fsync_dir
+
+Progress = Callable[[str], None]
+
+APP_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+DIGEST_RE = re.compile(r"[0-9a-f]{64}")
+VENV_DIR = ".venv"
+REQUIREMENTS = "requirements.txt"
+_GIT_ENV_DROPPED = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY")
+
+
+class SourceKind(Enum):
+    DIRECTORY = "directory"
+    TARBALL = "tarball"
+    GIT = "git"
+
+
+@dataclass(frozen=True, slots=True)
+class StagedBuild:
+    app: str
+    digest: str
+    path: Path
+    manifest: Manifest
+    reused: bool
+
+
+def _no_progress(_message: str) -> None:
+    return None
+
+
+def stage(
+    source: Path | str,
+    *,
+    builds_dir: Path,
+    app: str,
+    ref: str | None = None,
+    git: bool = False,
+    progress: Progress = _no_progress,
+    build_timeout_s: float = BUILD_TIMEOUT_S,
+) -> StagedBuild:
+    """Stage `source` as a build of `app` and return it, built and sealed.
+
+    `git=True` or a `ref` exports that commit (default HEAD) of the repository at
+    `source`; otherwise a directory is copied and a file must be a tar archive.
+    Raises a BuildError subclass (ManifestError, SourceError, UnsafeArchiveError,
+    BuildCommandError, StagingError); after any exception nothing new is named in
+    `builds_dir/<app>` and the temp directory is removed (a crash leaves it to `sweep`).
+    """
+    if not APP_NAME_RE.fullmatch(app):
+        raise SourceError(
+            f"app name {app!r} must be 1-63 lowercase letters, digits, '-' or '_', "
+            "starting with a letter or digit"
+        )
+    source = Path(source)
+    app_dir = Path(builds_dir) / app
+    try:
+        kind = _source_kind(source, ref=ref, git=git)
+        if kind is SourceKind.DIRECTORY and _is_within(app_dir, source):
+            raise SourceError(
+                f"the builds directory {builds_dir} is inside the source {source}; "
+                "stage from a directory that does not contain keelway's state"
+            )
+        if not app_dir.is_dir():
+            app_dir.mkdir(parents=True, exist_ok=True)
+            fsync_dir(app_dir.parent)  # the build's name must survive a crash with it
+        tmp = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=app_dir))
+        os.chmod(tmp, 0o755)  # mkdtemp's 0700: a build is readable like its files
+    except OSError as exc:
+        raise StagingError(f"stage {app} from {source}: {exc}") from exc
+    try:
+        return _stage_into(
+            tmp, source, kind, app=app, ref=ref, progress=progress, build_timeout_s=build_timeout_s
+        )
+    except BuildError:
+        remove_tree(tmp)
+        raise
+    except OSError as exc:
+        remove_tree(tmp)
+        raise StagingError(f"stage {app} from {source}: {exc}") from exc
+    except BaseException:
+        remove_tree(tmp)  # KeyboardInterrupt, bugs: still leave nothing behind
+        raise
+
+
+def _is_within(path: Path, directory: Path) -> bool:
+    return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(directory))
+
+
+def _source_kind(source: Path, *, ref: str | None, git: bool) -> SourceKind:
+    if not os.path.lexists(source):
+        raise SourceError(f"{source} does not exist")
+    if git or ref is not None:
+        if not source.is_dir():
+            raise SourceError(f"{source} is not a directory, so it cannot be a git repository")
+        return SourceKind.GIT
+    if source.is_dir():
+        return SourceKind.DIRECTORY
+    if source.is_file() and tarfile.is_tarfile(source):
+        return SourceKind.TARBALL
+    raise SourceError(
+        f"{source} is not a directory, a git repository or a tar archive "
+        "(.tar, .tar.gz, .tgz, .tar.bz2, .tar.xz)"
+    )
+
+
+def _stage_into(
+    tmp: Path,
+    source: Path,
+    kind: SourceKind,
+    *,
+    app: str,
+    ref: str | None,
+    progress: Progress,
+    build_timeout_s: float,
+) -> StagedBuild:
+    app_dir = tmp.parent
+    progress(f"staging {app} from {kind.value} {source}")
+    match kind:
+        case SourceKind.DIRECTORY:
+            copy_source_dir(source, tmp)
+        case SourceKind.TARBALL:
+            safe_extract_tar(source, tmp)
+            prune(tmp)
+        case SourceKind.GIT:
+            _export_git(source, ref, tmp, progress)
+            prune(tmp)
+    progress("checking the manifest")
+    manifest = load_manifest(tmp)
+    digest = content_digest(tmp)
+    final = app_dir / digest
+    if final.is_dir():
+        progress(f"build {digest[:12]} is already staged; reusing it")
+        remove_tree(tmp)
+        return StagedBuild(app=app, digest=digest, path=final, manifest=manifest, reused=True)
+
+    progress(f"building {digest[:12]}")
+    _build(
+        tmp, final, manifest, app=app, digest=digest, progress=progress, timeout_s=build_timeout_s
+    )
+    progress("sealing the build")
+    seal(tmp)
+    fsync_tree(tmp)
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        if not final.is_dir():
+            raise
+        # another staging of the same source won the race: its build is complete
+        remove_tree(tmp)
+        return StagedBuild(app=app, digest=digest, path=final, manifest=manifest, reused=True)
+    fsync_dir(app_dir)
+    progress(f"staged {app} build {digest[:12]}")
+    return StagedBuild(app=app, digest=digest, path=final, manifest=manifest, reused=False)
+
+
+def _export_git(repo: Path, ref: str | None, dest: Path, progress: Progress) -> None:
+    """Export `ref` (default HEAD) of `repo` with `git archive`, then safe-extract it."""
+    spec = "HEAD" if ref is None else ref
+    if not spec or spec.startswith("-"):
+        raise SourceError(f"git ref {spec!r} is not a valid ref name")
+    probe = _git(repo, "rev-parse", "--git-dir")
+    if probe.returncode != 0:
+        raise SourceError(f"{repo} is not a git repository: {_stderr(probe)}")
+    resolved = _git(repo, "rev-parse", "--verify", "--quiet", f"{spec}^{{commit}}")
+    if resolved.returncode != 0:
+        if ref is None:
+            raise SourceError(f"git repository {repo} has no commits yet: commit, then deploy")
+        raise SourceError(
+            f"git repository {repo} has no commit named {ref!r}; "
+            f"`git -C {repo} show-ref` lists its branches and tags"
+        )
+    commit = resolved.stdout.decode().strip()
+    progress(f"exporting git {spec} ({commit[:12]})")
+    fd, tar_name = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=".tar", dir=dest.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            exported = _git(repo, "archive", "--format=tar", commit, stdout=out)
+        if exported.returncode != 0:
+            raise SourceError(f"git archive of {commit} in {repo} failed: {_stderr(exported)}")
+        safe_extract_tar(Path(tar_name), dest)
+    finally:
+        os.unlink(tar_name)
+
+
+def _git(
+    repo: Path, *args: str, stdout: int | IO[bytes] = subprocess.PIPE
+) -> subprocess.CompletedProcess[bytes]:
+    env = {k: v for k, v in os.environ.items() if k not in _GIT_ENV_DROPPED}
+    env["GIT_TERMINAL_PROMPT"] = "0"
+    try:
+        return subprocess.run(
+            ["git", "-C", str(repo), *args],
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            env=env,
+            check=False,
+        )
+    except FileNotFoundError as exc:
+        raise StagingError("the `git` command is not installed on this box") from exc
+
+
+def _stderr(result: subprocess.CompletedProcess[bytes]) -> str:
+    return result.stderr.decode(errors="replace").strip() or f"exit code {result.returncode}"
+
+
+def _build(
+    tmp: Path,
+    final: Path,
+    manifest: Manifest,
+    *,
+    app: str,
+    digest: str,
+    progress: Progress,
+    timeout_s: float,
+) -> None:
+    """Run the build steps in `tmp`: a venv for requirements.txt, then [build] command."""
+    venv = tmp / VENV_DIR
+    requirements = tmp / REQUIREMENTS
+    has_venv = requirements.is_file()
+    env = build_env(tmp, venv if has_venv else None, app=app, digest=digest)
+    with open(tmp / BUILD_LOG, "ab") as log:
+        if has_venv:
+            progress("creating a virtualenv for requirements.txt")
+            run_step(
+                [sys.executable, "-m", "venv", str(venv)],
+                what="create the virtualenv",
+                cwd=tmp,
+                env=env,
+                log=log,
+                progress=progress,
+                timeout_s=timeout_s,
+            )
+            if _lists_requirements(requirements):
+                progress("installing requirements")
+                run_step(
+                    [
+                        str(venv / "bin" / "python"),
+                        "-m",
+                        "pip",
+                        "install",
+                        "--disable-pip-version-check",
+                        "--no-input",
+                        "-r",
+                        REQUIREMENTS,
+                    ],
+                    what="pip install -r requirements.txt",
+                    cwd=tmp,
+                    env=env,
+                    log=log,
+                    progress=progress,
+                    timeout_s=timeout_s,
+                )
+            else:
+                progress("requirements.txt lists nothing to install")
+        if manifest.build_command is not None:
+            progress(f"running the build command: {manifest.build_command}")
+            run_step(
+                ["sh", "-c", manifest.build_command],
+                what="the [build] command",
+                cwd=tmp,
+                env=env,
+                log=log,
+                progress=progress,
+                timeout_s=timeout_s,
+            )
+    if has_venv:
+        _relocate_venv(venv, tmp, final)
+
+
+def _lists_requirements(path: Path) -> bool:
+    """False when requirements.txt holds only blank lines and comments (nothing to run)."""
+    for line in path.read_text(errors="replace").splitlines():
+        if line.strip() and not line.strip().startswith("#"):
+            return True
+    return False
+
+
+def _relocate_venv(venv: Path, tmp: Path, final: Path) -> None:
+    """Point the venv's scripts at the final build path instead of the temp one.
+
+    Scripts pip writes carry `#!<tmp>/.venv/bin/python`, which stops existing at the
+    rename. Text files in `.venv/bin` and `pyvenv.cfg` are rewritten here, in the temp
+    dir, before the tree is sealed.
+    """
+    old, new = os.fsencode(str(tmp)) + b"/", os.fsencode(str(final)) + b"/"
+    candidates = [venv / "pyvenv.cfg"]
+    bin_dir = venv / "bin"
+    if bin_dir.is_dir():
+        candidates += sorted(bin_dir.iterdir())
+    for path in candidates:
+        if path.is_symlink() or not path.is_file():
+            continue
+        data = path.read_bytes()
+        if old in data and b"\0" not in data:
+            mode = path.stat().st_mode
+            path.write_bytes(data.replace(old, new))
+            os.chmod(path, mode)
+
+
+def sweep(builds_dir: Path) -> list[Path]:
+    """Remove `.tmp-*` leftovers of crashed stagings; returns what was removed.
+
+    Call at control-plane boot, before any staging can be running: a live staging's
+    temp dir looks exactly like a crashed one.
+    """
+    removed: list[Path] = []
+    builds_dir = Path(builds_dir)
+    if not builds_dir.is_dir():
+        return removed
+    for app_dir in sorted(builds_dir.iterdir()):
+        if app_dir.name.startswith(TEMP_PREFIX):
+            remove_tree(app_dir)
+            removed.append(app_dir)
+            continue
+        if not app_dir.is_dir() or app_dir.is_symlink():
+            continue
+        for entry in sorted(app_dir.iterdir()):
+            if entry.name.startswith(TEMP_PREFIX):
+                remove_tree(entry)
+                removed.append(entry)
+        if removed:
+            fsync_dir(app_dir)
+    return removed

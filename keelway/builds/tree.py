@@ -1,0 +1,175 @@
+"""A staged tree on disk: copy it in, name it by its content, seal it, flush it, remove it.
+
+Owns: the canonical content digest (the name of every build), which source entries a
+build never contains, and the read-only "sealed" state of a finished build.
+
+Invariants:
+- The digest depends only on content: sorted relative paths, entry type, the owner's
+  executable bit, file bytes and symlink targets. Not on mtimes, owners, other mode bits
+  or the order a directory lists. A directory and a tarball of it give the same digest.
+- `.git`, `__pycache__` and `.venv` (at any depth) and a top-level `.keelway-build.log`
+  never enter a staged tree: they are local state or build outputs, not source.
+- A sealed tree has no write bits. Root ignores that, so it is a signal of immutability
+  (to people and to well-behaved code), not a guarantee; `remove_tree` restores write
+  permission on directories first so removal works for any user.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+from keelway.builds.errors import SourceError
+from keelway.builds.extract import file_mode
+from keelway.durable import fsync_dir
+
+BUILD_LOG = ".keelway-build.log"
+SKIPPED_NAMES = frozenset({".git", "__pycache__", ".venv"})
+_DIGEST_DOMAIN = b"keelway-tree-v1\0"
+_READ_CHUNK_BYTES = 1024 * 1024
+_WRITE_BITS = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
+
+
+def _skipped(rel: Path) -> bool:
+    return rel.name in SKIPPED_NAMES or (len(rel.parts) == 1 and rel.name == BUILD_LOG)
+
+
+def copy_source_dir(source: Path, dest: Path) -> None:
+    """Copy the directory `source` into the existing empty directory `dest`.
+
+    Files get keelway's modes (0644/0755); symlinks are copied as links and must resolve
+    inside `source`; special files are refused. Raises SourceError naming the entry.
+    """
+    root = os.path.realpath(source)
+    for rel, entry in _scan(Path(source), Path()):
+        target = dest / rel
+        if entry.is_symlink():
+            resolved = os.path.realpath(entry)
+            if os.path.commonpath([root, resolved]) != root:
+                raise SourceError(
+                    f"{rel} is a symlink to {os.readlink(entry)!r}, outside the app; "
+                    "a build must be self-contained: copy the file in instead"
+                )
+            os.symlink(os.readlink(entry), target)
+        elif entry.is_dir():
+            target.mkdir(mode=0o755)
+        elif entry.is_file():
+            shutil.copyfile(entry, target, follow_symlinks=False)
+            os.chmod(target, file_mode(entry.lstat().st_mode))
+        else:
+            raise SourceError(f"{rel} is a {_kind(entry)}: only files, dirs and links are staged")
+
+
+def _scan(base: Path, rel: Path) -> Iterator[tuple[Path, Path]]:
+    """(relative path, absolute path) of every non-skipped entry, parents first."""
+    with os.scandir(base / rel) as listing:
+        entries = sorted(listing, key=lambda e: e.name)
+    for entry in entries:
+        child = rel / entry.name
+        if _skipped(child):
+            continue
+        yield child, Path(entry.path)
+        if entry.is_dir(follow_symlinks=False):
+            yield from _scan(base, child)
+
+
+def prune(root: Path) -> None:
+    """Remove what a build never contains from an extracted tree (see module header)."""
+    for rel, path in _walk_all(root):
+        if _skipped(rel) and os.path.lexists(path):
+            remove_tree(path)
+
+
+def _walk_all(root: Path) -> list[tuple[Path, Path]]:
+    found: list[tuple[Path, Path]] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        for name in [*dirnames, *filenames]:
+            found.append(((here / name).relative_to(root), here / name))
+    return found
+
+
+def content_digest(root: Path) -> str:
+    """sha256 (hex) over the canonical walk of `root`; see the module header."""
+    records: list[tuple[bytes, Path]] = [
+        (os.fsencode(rel.as_posix()), path) for rel, path in _walk_all(root)
+    ]
+    records.sort(key=lambda record: record[0])
+    digest = hashlib.sha256(_DIGEST_DOMAIN)
+    for rel_bytes, path in records:
+        info = path.lstat()
+        if stat.S_ISLNK(info.st_mode):
+            digest.update(b"L" + _framed(rel_bytes) + _framed(os.fsencode(os.readlink(path))))
+        elif stat.S_ISDIR(info.st_mode):
+            digest.update(b"D" + _framed(rel_bytes))
+        elif stat.S_ISREG(info.st_mode):
+            executable = b"x" if info.st_mode & stat.S_IXUSR else b"-"
+            digest.update(b"F" + _framed(rel_bytes) + executable + _file_sha256(path))
+        else:
+            raise SourceError(f"{rel_bytes.decode(errors='replace')} is a {_kind(path)}")
+    return digest.hexdigest()
+
+
+def _framed(data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + data
+
+
+def _file_sha256(path: Path) -> bytes:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_READ_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.digest()
+
+
+def _kind(path: Path) -> str:
+    mode = path.lstat().st_mode
+    if stat.S_ISFIFO(mode):
+        return "fifo"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "device file"
+    return "special file"
+
+
+def seal(root: Path) -> None:
+    """Clear every write bit in the tree (files and directories; symlinks have none)."""
+    for _rel, path in [(Path(), root), *_walk_all(root)]:
+        info = path.lstat()
+        if not stat.S_ISLNK(info.st_mode):
+            os.chmod(path, stat.S_IMODE(info.st_mode) & ~_WRITE_BITS)
+
+
+def fsync_tree(root: Path) -> None:
+    """Flush every file and directory of `root`, so a rename after it names only data
+    that is on disk (a crash after the rename never shows a torn build)."""
+    for _rel, path in _walk_all(root):
+        info = path.lstat()
+        if stat.S_ISREG(info.st_mode):
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        elif stat.S_ISDIR(info.st_mode):
+            fsync_dir(path)
+    fsync_dir(root)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a file, link or (sealed or not) directory tree; a missing path is fine."""
+    if not os.path.lexists(path):
+        return
+    if os.path.islink(path) or not os.path.isdir(path):
+        os.unlink(path)
+        return
+    for dirpath, _dirnames, _filenames in os.walk(path):
+        mode = stat.S_IMODE(os.lstat(dirpath).st_mode)
+        os.chmod(dirpath, mode | stat.S_IRWXU)
+    shutil.rmtree(path)
