@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Hostnames name directories and files below, so only DNS-safe lowercase labels pass.
-_HOST_RE = re.compile(r"^(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$")
+_LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+_HOST_RE = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
 _APP_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
 
 

@@ -17,4 +17,4 @@ def pick_free_port(claimed: set[int], attempts: int = 50) -> int:
             port = int(sock.getsockname()[1])
         if port not in claimed:
             return port
-    raise RuntimeError("no free loopback port after %d attempts" % attempts)
+    raise RuntimeError(f"no free loopback port after {attempts} attempts")

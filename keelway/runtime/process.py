@@ -12,6 +12,7 @@ time is not before the leader's, so keelway never signals a process it did not s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 from collections.abc import Mapping
@@ -130,10 +131,8 @@ async def wait_gone(
     deadline = clock.monotonic() + timeout_s
     while True:
         if proc is not None and proc.returncode is None:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(proc.wait()), timeout=poll_s)
-            except TimeoutError:
-                pass
         leader_gone = (proc.returncode is not None) if proc is not None else not is_alive(
             pid, start_ticks
         )

@@ -36,6 +36,14 @@ log = logging.getLogger("keelway.supervisor")
 failpoints.declare("spawn.before", "spawn.after", "spawn.recorded", "stop.before", "stop.after")
 
 
+def shell_argv(command: str) -> list[str]:
+    """Run a Procfile command through sh, as Heroku does; a simple command is exec'd so
+    that the app itself leads the session and its pid is the one status shows."""
+    if any(mark in command for mark in (";", "&", "|", "\n", "(", "`")):
+        return ["/bin/sh", "-c", command]
+    return ["/bin/sh", "-c", f"exec {command}"]
+
+
 class ReadyOutcome(enum.Enum):
     READY = "ready"
     EXITED = "exited"
@@ -86,7 +94,7 @@ class Supervisor:
         """
         path = log_path(self.home.log_dir(gen.instance), gen.service, gen.id)
         failpoints.hit("spawn.before")
-        spawned = await process.spawn(["/bin/sh", "-c", command], cwd=cwd, env=env, log_path=path)
+        spawned = await process.spawn(shell_argv(command), cwd=cwd, env=env, log_path=path)
         failpoints.hit("spawn.after")
         running = self.store.record_spawn(gen.id, spawned.pid, spawned.start_ticks)
         failpoints.hit("spawn.recorded")

@@ -47,7 +47,7 @@ def test_rotation_keeps_the_file_in_place_and_its_history_beside_it(tmp_path: Pa
 def test_tail_and_follow_read_whole_lines_only(tmp_path: Path) -> None:
     log = tmp_path / "web.1.log"
     log.write_text("a\nb\nc\npart")
-    lines, offset = tail_lines(log, 2)
+    lines, _offset = tail_lines(log, 2)
     assert lines == ["c", "part"]
     more, offset2 = read_from(log, 4)
     assert more == ["c"] and offset2 == 6  # "part" has no newline yet

@@ -1,0 +1,25 @@
+"""Request bodies of the JSON API (msgspec Structs: unknown fields are refused)."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class DeployBody(msgspec.Struct, forbid_unknown_fields=True):
+    app: str
+    source: str
+    hosts: list[str] = []
+    ref: str | None = None
+    git: bool = False
+
+
+class InstanceBody(msgspec.Struct, forbid_unknown_fields=True):
+    instance: str | None = None
+
+
+class GcBody(msgspec.Struct, forbid_unknown_fields=True):
+    dry_run: bool = False
+
+
+class ShutdownBody(msgspec.Struct, forbid_unknown_fields=True):
+    keep_apps: bool = False

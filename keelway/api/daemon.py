@@ -1,0 +1,249 @@
+"""The control plane: wires store, supervisor, deployer, router and API together.
+
+Start order keeps every failure clear and harmless: the home lock first (one control
+plane per home), then the router's port (a busy port fails before the store is even
+opened), then the store, boot recovery, and last the API socket, so a client that can
+connect sees a converged system. The router and the apps run in sessions of their own
+and survive this process; only `keelway down` (or Ctrl-C in the foreground) stops them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+import sys
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from aiohttp import web
+
+from keelway.api import router_process
+from keelway.api.server import Api
+from keelway.builds.stage import stage, sweep
+from keelway.clock import SystemClock
+from keelway.deploy.deployer import Deployer
+from keelway.deploy.errors import OperationError
+from keelway.deploy.publisher import Publisher
+from keelway.durable import sweep_temp, write_atomic
+from keelway.home import Home
+from keelway.router.client import RouterControlError, ping_sync
+from keelway.runtime.logs import rotate_if_large
+from keelway.runtime.supervisor import Supervisor
+from keelway.store import Store
+
+log = logging.getLogger("keelway.daemon")
+
+EXIT_ALREADY_RUNNING = 3
+EXIT_PORT_BUSY = 4
+EXIT_FAILED = 1
+DEFAULT_HTTP = "127.0.0.1:8080"
+DEMO_APP = "demo"
+DEMO_HOST = "demo.localhost"
+
+
+def examples_dir() -> Path:
+    return Path(__file__).resolve().parents[2] / "examples"
+
+
+class StartupError(Exception):
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _take_lock(home: Home) -> int:
+    fd = os.open(home.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        os.close(fd)
+        raise StartupError(
+            f"keelway is already running for {home.root} (see `keelway status`;"
+            " stop it with `keelway down`)", EXIT_ALREADY_RUNNING) from exc
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+async def _wait_router(home: Home, handle: router_process.RouterHandle) -> None:
+    for _ in range(200):
+        if router_process.router_exited():
+            raise StartupError(f"the router exited at start; see {home.router_log}", EXIT_FAILED)
+        try:
+            ping_sync(home.router_socket, timeout_s=0.5)
+            return
+        except RouterControlError:
+            await asyncio.sleep(0.05)
+    raise StartupError(f"the router did not answer; see {home.router_log}", EXIT_FAILED)
+
+
+async def _ensure_router(home: Home, http_addr: str) -> router_process.RouterHandle:
+    addr_file = home.router_dir / "addr"
+    running = router_process.running_router(home)
+    if running is not None:
+        served = addr_file.read_text().strip() if addr_file.exists() else ""
+        if served == http_addr:
+            log.info("adopted the running router (pid %s)", running.pid)
+            return running
+        await router_process.stop_router(home, running, SystemClock())
+    try:
+        listener = router_process.bind_listener(http_addr)
+    except router_process.RouterPortBusy as exc:
+        raise StartupError(
+            f"{exc}; is another server using it? Pick another with `keelway up --http ADDR`",
+            EXIT_PORT_BUSY) from exc
+    except (OSError, ValueError) as exc:
+        raise StartupError(f"cannot listen on {http_addr}: {exc}", EXIT_FAILED) from exc
+    try:
+        handle = router_process.spawn_router(home, listener)
+    finally:
+        listener.close()
+    write_atomic(addr_file, f"{http_addr}\n".encode())
+    await _wait_router(home, handle)
+    return handle
+
+
+async def _rotate_logs_forever(home: Home) -> None:
+    while True:
+        await asyncio.sleep(10)
+        apps_dir = home.root / "logs" / "apps"
+        for path in apps_dir.glob("*/*.log") if apps_dir.exists() else []:
+            rotate_if_large(path)
+
+
+async def run(home: Home, http_addr: str, demo: bool, announce: Callable[[str], None]) -> int:
+    """Run the control plane until shutdown; returns the process exit code."""
+    home.ensure()
+    try:
+        lock_fd = _take_lock(home)
+    except StartupError as exc:
+        announce(f"error: {exc}")
+        return exc.exit_code
+    try:
+        return await _run_locked(home, http_addr, demo, announce)
+    except StartupError as exc:
+        announce(f"error: {exc}")
+        return exc.exit_code
+    finally:
+        os.close(lock_fd)
+
+
+async def _run_locked(home: Home, http_addr: str, demo: bool,
+                      announce: Callable[[str], None]) -> int:
+    clock = SystemClock()
+    router = await _ensure_router(home, http_addr)
+    http_port = router_process.parse_addr(http_addr)[1]
+    sweep(home.builds_dir)
+    for directory in (home.router_dir, home.root / "env"):
+        sweep_temp(directory)
+    store = Store(home.store_path, clock)
+    owner = uuid.uuid4().hex[:12]
+    deployer: Deployer
+
+    async def on_exit(gen, code):  # type: ignore[no-untyped-def]
+        await deployer.on_exit(gen, code)
+
+    supervisor = Supervisor(store, home, clock, on_exit)
+    deployer = Deployer(store, home, supervisor, Publisher(store, home.router_socket), clock,
+                        owner)
+    await deployer.boot()
+
+    if demo:
+        await _deploy_demo(home, store, deployer, announce)
+
+    stopping = asyncio.Event()
+    keep_apps = False
+
+    def request_shutdown(keep: bool) -> None:
+        nonlocal keep_apps
+        keep_apps = keep
+        stopping.set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, request_shutdown, False)
+
+    api = Api(store, home, deployer, http_port, request_shutdown)
+    runner = web.AppRunner(api.app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    home.api_socket.unlink(missing_ok=True)  # stale: we hold the home lock
+    old_umask = os.umask(0o077)
+    try:
+        site = web.UnixSite(runner, str(home.api_socket))
+        await site.start()
+    finally:
+        os.umask(old_umask)
+    os.chmod(home.api_socket, 0o600)
+    rotation = loop.create_task(_rotate_logs_forever(home))
+
+    announce(f"keelway {'adopted' if router.adopted else 'started'} the router on "
+             f"http://{http_addr}/ (pid {router.pid})")
+    announce(f"API on {home.api_socket}; state in {home.root}")
+    for inst in store.list_instances():
+        announce(f"serving {inst.app}: http://{inst.host}:{http_port}/")
+    announce("ready")
+
+    await stopping.wait()
+    announce("shutting down" + (" (apps keep running)" if keep_apps else ""))
+    rotation.cancel()
+    await runner.cleanup()
+    home.api_socket.unlink(missing_ok=True)
+    await deployer.close()
+    if not keep_apps:
+        await _stop_all(store, supervisor)
+    await supervisor.shutdown()
+    if not await router_process.stop_router(home, router, clock):
+        announce("warning: the router did not stop; it is still serving")
+    store.close()
+    return 0
+
+
+async def _stop_all(store: Store, supervisor: Supervisor) -> None:
+    """Stop every app process for `down`; instances stay `running`, so `up` restarts them."""
+    gens = store.live_generations()
+    await asyncio.gather(*(supervisor.stop(g, 10.0) for g in gens))
+
+
+async def _deploy_demo(home: Home, store: Store, deployer: Deployer,
+                       announce: Callable[[str], None]) -> None:
+    source = examples_dir() / "hello"
+    if not source.is_dir():
+        announce(f"warning: no demo app at {source}; skipping --demo")
+        return
+    announce(f"deploying the demo app from {source}")
+    staged = await asyncio.to_thread(stage, source, builds_dir=home.builds_dir, app=DEMO_APP)
+    releases = store.list_releases(DEMO_APP)
+    if releases and releases[0].build_digest == staged.digest:
+        announce("the demo is already deployed at this build")
+        return
+    try:
+        await deployer.deploy(DEMO_APP, staged.digest, staged.path, [DEMO_HOST], announce)
+    except OperationError as exc:
+        announce(f"warning: demo deploy failed: {exc.message}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="keelway-daemon")
+    parser.add_argument("--http", default=DEFAULT_HTTP)
+    parser.add_argument("--demo", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import uvloop
+
+    def announce(message: str) -> None:
+        print(message, flush=True)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        return uvloop.run(run(Home.from_env(), args.http, args.demo, announce))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

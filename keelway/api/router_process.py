@@ -1,0 +1,113 @@
+"""The router as a process of its own: bind, spawn, adopt, stop.
+
+The control plane binds the listening socket itself, so a port already in use is a
+clear error before anything else starts, and hands the bound fd to the router. The
+router runs in its own session and is not our child in spirit: it survives a crash of
+the control plane and keeps serving its last route table. Its pid and start time are
+kept in a pidfile so that the next control plane adopts it instead of fighting it for
+the port.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from keelway.clock import Clock
+from keelway.durable import write_atomic
+from keelway.home import Home
+from keelway.runtime import process
+
+
+class RouterPortBusy(Exception):
+    def __init__(self, addr: str) -> None:
+        super().__init__(f"the router address {addr} is already in use")
+        self.addr = addr
+
+
+@dataclass(frozen=True)
+class RouterHandle:
+    pid: int
+    start_ticks: int
+    adopted: bool
+
+
+def parse_addr(addr: str) -> tuple[str, int]:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"{addr!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def bind_listener(addr: str) -> socket.socket:
+    host, port = parse_addr(addr)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise RouterPortBusy(addr) from exc
+        raise
+    sock.listen(1024)
+    return sock
+
+
+def running_router(home: Home) -> RouterHandle | None:
+    """The router a previous control plane started, if it is still alive."""
+    try:
+        pid_s, ticks_s = home.router_pidfile.read_text().split()
+        pid, ticks = int(pid_s), int(ticks_s)
+    except (FileNotFoundError, ValueError):
+        return None
+    if process.is_alive(pid, ticks):
+        return RouterHandle(pid, ticks, adopted=True)
+    return None
+
+
+def spawn_router(home: Home, listener: socket.socket) -> RouterHandle:
+    log_fd = os.open(home.router_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "keelway.router", "--listen-fd", str(listener.fileno()),
+             "--control", str(home.router_socket), "--state", str(home.router_state)],
+            pass_fds=(listener.fileno(),), stdin=subprocess.DEVNULL, stdout=log_fd,
+            stderr=log_fd, start_new_session=True, close_fds=True,
+        )
+    finally:
+        os.close(log_fd)
+    stat = process.read_stat(proc.pid)
+    ticks = stat.start_ticks if stat else 0
+    write_atomic(home.router_pidfile, f"{proc.pid} {ticks}\n".encode())
+    # The Popen object is dropped on purpose: the router outlives us. Python's
+    # subprocess module would warn about an unreaped child; reap it in the background
+    # if it exits while we run.
+    _keep_for_reaping.append(proc)
+    return RouterHandle(proc.pid, ticks, adopted=False)
+
+
+_keep_for_reaping: list[subprocess.Popen[bytes]] = []
+
+
+def router_exited() -> bool:
+    return any(p.poll() is not None for p in _keep_for_reaping)
+
+
+async def stop_router(home: Home, handle: RouterHandle, clock: Clock) -> bool:
+    """SIGTERM the router (it finishes in-flight requests), prove it gone."""
+    proc = next((p for p in _keep_for_reaping if p.pid == handle.pid), None)
+    if proc is not None:
+        proc.terminate()
+    gone = await process.stop(handle.pid, handle.start_ticks, grace_s=15.0, clock=clock)
+    if proc is not None:
+        proc.wait()
+        _keep_for_reaping.remove(proc)
+    if gone:
+        home.router_pidfile.unlink(missing_ok=True)
+    return gone

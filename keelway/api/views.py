@@ -1,0 +1,79 @@
+"""What the API shows: plain dicts built from records. No secrets ever pass here:
+the instance env file is never read by this module, and config values are shown only
+by the config endpoints (not status)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from keelway.store import Store
+from keelway.store.lifecycle import GenState
+from keelway.store.records import Generation, Operation
+
+
+def generation_view(gen: Generation) -> dict[str, Any]:
+    return {
+        "id": gen.id, "service": gen.service, "state": gen.state.value, "pid": gen.pid,
+        "port": gen.port, "release": f"v{gen.release}", "build": gen.build_digest[:12],
+        "started_at": gen.created_at, "exit_code": gen.exit_code,
+    }
+
+
+def operation_view(op: Operation, with_steps: bool = True) -> dict[str, Any]:
+    view: dict[str, Any] = {
+        "id": op.id, "app": op.app, "instance": op.instance, "kind": op.kind,
+        "state": op.state.value, "error": op.error, "warnings": op.warnings,
+        "created_at": op.created_at, "finished_at": op.finished_at,
+    }
+    if with_steps:
+        view["steps"] = [
+            {"seq": s.seq, "name": s.name, "service": s.service, "state": s.state.value,
+             "before": s.before_gen, "after": s.after_gen, "error": s.error,
+             "detail": s.detail}
+            for s in op.steps
+        ]
+    return view
+
+
+def status_view(store: Store, http_port: int | None, app_filter: str | None) -> dict[str, Any]:
+    apps = [a for a in store.list_apps() if app_filter is None or a.name == app_filter]
+    pinned = store.pinned_builds()
+    out: list[dict[str, Any]] = []
+    leftovers: list[dict[str, Any]] = []
+    for app in apps:
+        releases = store.list_releases(app.name)
+        instances = []
+        for inst in store.list_instances(app.name):
+            active = {a.service: a.generation_id for a in store.list_active(inst.host)}
+            live = store.live_generations(inst.host)
+            route = store.get_route(inst.host)
+            latest = store.latest_operation(inst.host)
+            services = []
+            for _service, gen_id in sorted(active.items()):
+                gen = store.get_generation(gen_id)
+                if gen is not None:
+                    services.append(generation_view(gen) | {"active": True})
+            for gen in live:
+                if gen.id not in active.values():
+                    item = generation_view(gen) | {"active": False}
+                    services.append(item)
+                    leftovers.append({"instance": inst.host, **item})
+            running = [g for g in live if g.id in active.values() and g.state is not GenState.GONE]
+            url = f"http://{inst.host}:{http_port}/" if http_port else f"http://{inst.host}/"
+            instances.append({
+                "host": inst.host, "state": inst.state.value, "url": url,
+                "release": (f"v{running[0].release}" if running else None),
+                "route": ({"state": route.state.value, "port": route.port} if route else None),
+                "processes": services,
+                "last_operation": operation_view(latest, with_steps=False) if latest else None,
+            })
+        out.append({
+            "name": app.name,
+            "release": releases[0].label if releases else None,
+            "instances": instances,
+            "builds": [
+                {"digest": b.digest, "good": b.good, "pinned": (b.app, b.digest) in pinned}
+                for b in store.list_builds(app.name)
+            ],
+        })
+    return {"apps": out, "leftovers": leftovers}

@@ -1,0 +1,89 @@
+"""The CLI's client of the control-plane API: stdlib http.client over the unix socket.
+
+No aiohttp here: the CLI must start fast, and it only needs a request and a response.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+class ApiUnavailable(Exception):
+    pass
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str, hint: str | None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.hint = hint
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: Path, timeout_s: float | None) -> None:
+        super().__init__("keelway", timeout=timeout_s)
+        self._path = str(path)
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self._path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+class Client:
+    def __init__(self, socket_path: Path, timeout_s: float | None = 30.0) -> None:
+        self.socket_path = socket_path
+        self.timeout_s = timeout_s
+
+    def _open(self, method: str, path: str, body: dict[str, Any] | None,
+              timeout_s: float | None) -> http.client.HTTPResponse:
+        conn = _UnixConnection(self.socket_path, timeout_s)
+        payload = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json"} if payload is not None else {}
+        try:
+            conn.request(method, path, body=payload, headers=headers)
+            return conn.getresponse()
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            raise ApiUnavailable(str(exc)) from exc
+
+    def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        response = self._open(method, path, body, self.timeout_s)
+        data = response.read()
+        try:
+            decoded = json.loads(data or b"{}")
+        except json.JSONDecodeError as exc:
+            raise ApiError(response.status, "bad-response", "the API answered garbage",
+                           None) from exc
+        if response.status >= 400:
+            err = decoded.get("error", {}) if isinstance(decoded, dict) else {}
+            raise ApiError(response.status, err.get("code", "error"),
+                           err.get("message", f"HTTP {response.status}"), err.get("hint"))
+        return decoded
+
+    def stream(self, method: str, path: str,
+               body: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+        """NDJSON lines of a streaming endpoint, as they arrive (no timeout: may be long)."""
+        response = self._open(method, path, body, None)
+        if response.status >= 400:
+            decoded = json.loads(response.read() or b"{}")
+            err = decoded.get("error", {})
+            raise ApiError(response.status, err.get("code", "error"),
+                           err.get("message", f"HTTP {response.status}"), err.get("hint"))
+        while True:
+            line = response.readline()
+            if not line:
+                return
+            if line.strip():
+                yield json.loads(line)

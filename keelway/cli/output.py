@@ -1,0 +1,55 @@
+"""How the CLI prints: JSON when asked, otherwise short lines and rich tables.
+
+rich is imported only when a table is drawn, so commands that print a line stay fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+import click
+
+
+def emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
+def fail(message: str, hint: str | None = None, code: int = 1) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    if hint:
+        click.echo(f"  next: {hint}", err=True)
+    sys.exit(code)
+
+
+def fail_json(code_name: str, message: str, hint: str | None, code: int = 1) -> NoReturn:
+    emit_json({"error": {"code": code_name, "message": message, "hint": hint}})
+    sys.exit(code)
+
+
+def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    grid = Table(title=title, show_edge=False, header_style="bold")
+    for column in columns:
+        grid.add_column(column)
+    for row in rows:
+        grid.add_row(*["" if v is None else str(v) for v in row])
+    Console().print(grid)
+
+
+def ago(at: float | None) -> str:
+    if at is None:
+        return ""
+    seconds = max(0, int(time.time() - at))
+    if seconds < 60:
+        return f"{seconds}s ago"
+    if seconds < 3600:
+        return f"{seconds // 60}m ago"
+    if seconds < 86400:
+        return f"{seconds // 3600}h ago"
+    return f"{seconds // 86400}d ago"

@@ -1,0 +1,34 @@
+"""Errors of operations, named for whose fault they are. Each says what to do next."""
+
+from __future__ import annotations
+
+
+class OperationError(Exception):
+    """An operation could not do what was asked; the records say where it stopped."""
+
+    code = "operation-failed"
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class UserError(OperationError):
+    """The request itself is wrong (unknown app, bad host, bad manifest): nothing changed."""
+
+    code = "bad-request"
+
+
+class NotFoundError(UserError):
+    code = "not-found"
+
+
+class AppFailed(OperationError):
+    """The app did not start, get ready or settle: the previous state was kept."""
+
+    code = "app-failed"
+
+
+class RouterUnavailable(OperationError):
+    code = "router-unavailable"

@@ -1,0 +1,101 @@
+"""Starting one generation of one service of one instance, as journaled steps.
+
+Shared by every operation that starts something (deploy, start, crash restart):
+journal the generation and its port claim, spawn, record the pid, wait for ready.
+Each external effect sits between a step written `pending` and the step's outcome.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from keelway import failpoints
+from keelway.builds.manifest import Manifest, ServiceKind, ServiceSpec, load_manifest
+from keelway.home import Home
+from keelway.runtime.environment import process_env
+from keelway.runtime.ports import pick_free_port
+from keelway.runtime.supervisor import ReadyOutcome, Supervisor
+from keelway.store import Store
+from keelway.store.lifecycle import GenState, StepState
+from keelway.store.records import Generation
+
+failpoints.declare("plan.before", "plan.after", "ready.after")
+
+READY_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Target:
+    """What to run: one release of an app, resolved to its build and manifest."""
+
+    app: str
+    release: int
+    build_digest: str
+    build_path: Path
+    config: dict[str, str]
+    manifest: Manifest
+
+    @classmethod
+    def load(cls, app: str, release: int, build_digest: str, build_path: Path,
+             config: dict[str, str]) -> Target:
+        return cls(app, release, build_digest, build_path, config, load_manifest(build_path))
+
+
+class StartFailed(Exception):
+    def __init__(self, service: str, reason: str, generation: Generation) -> None:
+        super().__init__(f"{service} {reason}")
+        self.service = service
+        self.reason = reason
+        self.generation = generation
+
+
+async def start_generation(
+    *, store: Store, home: Home, supervisor: Supervisor, op_id: int, instance: str,
+    target: Target, spec: ServiceSpec, before_gen: int | None,
+    ready_timeout_s: float = READY_TIMEOUT_S,
+) -> Generation:
+    """Spawn a candidate and wait until it is ready; raises StartFailed (candidate left
+    to the caller to remove, so it can decide the order of undo)."""
+    port = pick_free_port(store.claimed_ports()) if spec.kind is ServiceKind.WEB else None
+    failpoints.hit("plan.before")
+    gen = store.plan_generation(
+        app=target.app, instance=instance, service=spec.name, release=target.release,
+        build_digest=target.build_digest, op_id=op_id, port=port,
+    )
+    failpoints.hit("plan.after")
+    seq = store.begin_step(
+        op_id, f"spawn {spec.name}", service=spec.name, before_gen=before_gen, after_gen=gen.id,
+        detail=f"port {port}" if port else None,
+    )
+    home.data_dir(instance).mkdir(parents=True, exist_ok=True)
+    env = process_env(
+        home=home, app=target.app, instance=instance, service=spec.name,
+        release=target.release, generation=gen.id, port=port, config=target.config,
+        build_path=target.build_path,
+    )
+    gen = await supervisor.spawn(gen, spec.command, target.build_path, env)
+    store.finish_step(op_id, seq, StepState.SUCCEEDED, detail=f"pid {gen.pid}")
+
+    seq = store.begin_step(op_id, f"ready {spec.name}", service=spec.name, after_gen=gen.id)
+    health = spec.health if spec.kind is ServiceKind.WEB else None
+    outcome = await supervisor.wait_ready(gen, health, ready_timeout_s)
+    if outcome is not ReadyOutcome.READY:
+        reason = {
+            ReadyOutcome.EXITED: "exited before it was ready",
+            ReadyOutcome.TIMED_OUT: f"was not ready within {ready_timeout_s:.0f}s",
+        }[outcome]
+        store.finish_step(op_id, seq, StepState.FAILED, error=reason)
+        latest = store.get_generation(gen.id) or gen
+        raise StartFailed(spec.name, reason, latest)
+    if (current := store.get_generation(gen.id)) and current.state is GenState.RUNNING:
+        gen = store.set_generation_state(gen.id, GenState.READY)
+    failpoints.hit("ready.after")
+    store.finish_step(op_id, seq, StepState.SUCCEEDED)
+    return gen
+
+
+def services_in_order(manifest: Manifest) -> list[ServiceSpec]:
+    """web first: an overlap swap of web is verified before any hold-mode worker stops."""
+    specs = list(manifest.services.values())
+    return sorted(specs, key=lambda s: (s.kind is not ServiceKind.WEB, s.name))

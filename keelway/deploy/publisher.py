@@ -1,0 +1,67 @@
+"""Publishing routes: the store's route rows, pushed whole to the router.
+
+The route row is written to the store first (the journal), then the whole table is
+pushed with a fresh version. Crash between the two: the row names the new generation,
+the router still the old one; boot republishes the whole table, so the router converges
+to the store. The router refuses a table older than the one it has, so a slow push can
+never undo a newer one.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from keelway import failpoints
+from keelway.deploy.errors import RouterUnavailable
+from keelway.router import route_table as rt
+from keelway.router.client import RouterControlError, RouterRefused, get_table, push_table
+from keelway.store import Store
+from keelway.store.records import Route
+
+log = logging.getLogger("keelway.publisher")
+
+failpoints.declare("publish.before", "publish.after")
+
+RETRY_AFTER_S = 5
+
+
+def table_of(routes: list[Route], version: int) -> rt.RouteTable:
+    entries: dict[str, rt.Route] = {}
+    for route in routes:
+        state = rt.RouteState(route.state.value)
+        upstream = f"127.0.0.1:{route.port}" if route.port is not None else None
+        if state is rt.RouteState.SERVING and upstream is None:
+            state = rt.RouteState.GATED  # nothing to serve with: answer 503, never guess
+        entries[route.host] = rt.Route(state=state, upstream=upstream,
+                                       retry_after_s=RETRY_AFTER_S)
+    return rt.RouteTable(version=version, routes=entries)
+
+
+class Publisher:
+    def __init__(self, store: Store, control_socket: Path) -> None:
+        self.store = store
+        self.control_socket = control_socket
+
+    async def publish(self) -> int:
+        """Push the store's whole route table; returns the version the router applied."""
+        version = self.store.next_route_table_version()
+        failpoints.hit("publish.before")
+        try:
+            try:
+                applied = await push_table(self.control_socket,
+                                           table_of(self.store.list_routes(), version))
+            except RouterRefused:
+                # The router kept a table from a store we no longer have (a new home
+                # database, a restored backup): jump past its version and push again.
+                served = await get_table(self.control_socket)
+                version = self.store.next_route_table_version(at_least=served.version)
+                applied = await push_table(self.control_socket,
+                                           table_of(self.store.list_routes(), version))
+        except RouterControlError as exc:
+            raise RouterUnavailable(
+                f"could not push routes to the router: {exc}",
+                hint="check `keelway status`; the router restarts with `keelway up`",
+            ) from exc
+        failpoints.hit("publish.after")
+        return applied

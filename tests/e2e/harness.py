@@ -1,0 +1,127 @@
+"""Drive the real `keelway` CLI against a real daemon in a temp KEELWAY_HOME."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from keelway.runtime import process
+from keelway.store import Store
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "hello"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+@dataclass
+class Keelway:
+    home: Path
+    http_port: int
+    daemon_pid: int | None = None
+    started_pids: list[tuple[int, int]] = field(default_factory=list)
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "KEELWAY_HOME": str(self.home)}
+
+    def run(self, *args: str, timeout_s: float = 120) -> Result:
+        proc = subprocess.run(
+            [sys.executable, "-m", "keelway.cli.main", *args], env=self.env(),
+            capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL,
+        )
+        return Result(proc.returncode, proc.stdout, proc.stderr)
+
+    def ok(self, *args: str, timeout_s: float = 120) -> Result:
+        result = self.run(*args, timeout_s=timeout_s)
+        assert result.code == 0, f"keelway {' '.join(args)} failed:\n{result.out}\n{result.err}"
+        return result
+
+    def up(self, *extra: str) -> None:
+        info = self.ok("up", "-d", "--http", f"127.0.0.1:{self.http_port}", "--json",
+                       *extra).json()
+        self.daemon_pid = info["pid"]
+
+    def get(
+        self, host: str, path: str = "/", timeout_s: float = 10
+    ) -> tuple[int, bytes, dict[str, str]]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=timeout_s)
+        try:
+            conn.request("GET", path, headers={"Host": host})
+            response = conn.getresponse()
+            return response.status, response.read(), dict(response.getheaders())
+        finally:
+            conn.close()
+
+    def store_dump(self) -> dict[str, Any]:
+        store = Store(self.home / "keelway.db")
+        try:
+            return store.dump()
+        finally:
+            store.close()
+
+    def app_pids(self) -> list[tuple[int, int]]:
+        status = self.ok("status", "--json").json()
+        pids = []
+        for app in status["apps"]:
+            for inst in app["instances"]:
+                for proc in inst["processes"]:
+                    if proc["pid"] and proc["state"] != "gone":
+                        stat = process.read_stat(proc["pid"])
+                        if stat is not None:
+                            pids.append((proc["pid"], stat.start_ticks))
+        return pids
+
+    def teardown(self) -> None:
+        """Stop everything this test started: by `down`, then by pid if anything is left."""
+        if self.daemon_pid is not None and _alive(self.daemon_pid):
+            self.run("down", timeout_s=60)
+        for pid in [self.daemon_pid, *_router_pid(self.home)]:
+            if pid is not None and _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        for pid, ticks in self.started_pids:
+            if process.is_alive(pid, ticks):
+                process.signal_session(pid, ticks, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    stat = process.read_stat(pid)
+    return stat is not None and stat.state != "Z"
+
+
+def _router_pid(home: Path) -> list[int | None]:
+    try:
+        return [int((home / "router" / "router.pid").read_text().split()[0])]
+    except (FileNotFoundError, ValueError):
+        return [None]
+
+
+def wait_until(predicate: Any, timeout_s: float = 10, interval_s: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return False

@@ -1,0 +1,58 @@
+"""The layering written at the top of keelway/__init__.py, checked."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "keelway"
+
+# Which keelway packages each layer may import (besides itself and the leaf modules).
+LEAVES = {"keelway.durable", "keelway.failpoints", "keelway.clock", "keelway.home",
+          "keelway", "keelway.testing"}
+ALLOWED = {
+    "router": set(),
+    "store": set(),
+    "builds": set(),
+    "runtime": {"store"},
+    "deploy": {"store", "runtime", "builds", "router"},
+    "api": {"store", "runtime", "builds", "router", "deploy"},
+    "cli": set(),
+}
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {name for name in found if name.startswith("keelway")}
+
+
+def test_each_layer_imports_only_the_layers_below_it() -> None:
+    wrong = []
+    for layer, allowed in ALLOWED.items():
+        for path in (PACKAGE / layer).rglob("*.py"):
+            for name in _imports(path):
+                if name in LEAVES or name.startswith("keelway.testing"):
+                    continue
+                target = name.split(".")[1]
+                if target != layer and target not in allowed:
+                    wrong.append(f"{path.relative_to(PACKAGE)} imports {name}")
+    assert wrong == []
+
+
+def test_the_cli_starts_without_aiohttp_uvloop_or_rich() -> None:
+    code = (
+        "import sys, keelway.cli.main; "
+        "print(sorted(m for m in ('aiohttp', 'uvloop', 'rich', 'keelway.store') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "[]"
