@@ -52,7 +52,17 @@ def sweep_temp(directory: Path) -> list[Path]:
     except FileNotFoundError:
         return removed
     for entry in entries:
-        if entry.name.startswith(TEMP_PREFIX) and entry.is_file():
+        if entry.name.startswith(TEMP_PREFIX) and (entry.is_file() or entry.is_symlink()):
             entry.unlink(missing_ok=True)
             removed.append(entry)
     return removed
+
+
+def symlink_atomic(link: Path, target: Path) -> None:
+    """Point `link` at `target`, replacing any previous link in one rename."""
+    link = Path(link)
+    tmp = link.with_name(f"{TEMP_PREFIX}{link.name}.{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
+    fsync_dir(link.parent)

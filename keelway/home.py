@@ -88,11 +88,15 @@ class Home:
     def env_file(self, instance: str) -> Path:
         return self.root / "env" / f"{instance}.env"
 
+    def current_link(self, instance: str) -> Path:
+        """A symlink to the build the instance serves, so an operator can see what runs."""
+        return self.root / "current" / instance
+
     def log_dir(self, instance: str) -> Path:
         return self.root / "logs" / "apps" / instance
 
     def ensure(self) -> None:
-        for sub in ("", "logs", "logs/apps", "router", "builds", "data", "env"):
+        for sub in ("", "logs", "logs/apps", "router", "builds", "data", "env", "current"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         # The env files hold instance keys: nobody else may list or read them.
         os.chmod(self.root / "env", 0o700)

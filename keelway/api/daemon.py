@@ -140,7 +140,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     router = await _ensure_router(home, http_addr)
     http_port = router_process.parse_addr(http_addr)[1]
     sweep(home.builds_dir)
-    for directory in (home.router_dir, home.root / "env"):
+    for directory in (home.router_dir, home.root / "env", home.root / "current"):
         sweep_temp(directory)
     store = Store(home.store_path, clock)
     owner = uuid.uuid4().hex[:12]

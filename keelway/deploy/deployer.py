@@ -27,6 +27,7 @@ from keelway.clock import Clock
 from keelway.deploy.errors import AppFailed, NotFoundError, OperationError, UserError
 from keelway.deploy.instances import StartFailed, Target, services_in_order, start_generation
 from keelway.deploy.publisher import Publisher
+from keelway.durable import symlink_atomic
 from keelway.home import Home, valid_host
 from keelway.runtime.backoff import Backoff
 from keelway.runtime.environment import ensure_instance_key
@@ -205,6 +206,7 @@ class Deployer:
                 self.store.set_route(host, host, RouteState.SERVING, web.port, web.id)
         failpoints.hit("activate.after")
         self.store.finish_step(op.id, seq, StepState.SUCCEEDED)
+        self._link_current(host)
         seq = self.store.begin_step(op.id, "publish")
         await self.publisher.publish()
         self.store.finish_step(op.id, seq, StepState.SUCCEEDED)
@@ -263,6 +265,18 @@ class Deployer:
         error = f"generation {gen.id} (pid {gen.pid}) survived SIGKILL"
         self.store.finish_step(op.id, seq, StepState.FAILED, error=error)
         raise OperationError(error, hint="the process is stuck in the kernel; check `ps`")
+
+    def _link_current(self, host: str) -> None:
+        """Point the instance's `current` link at the build ACTIVE web (or any) runs.
+
+        Derived from ACTIVE, so a crash that leaves it stale is repaired at boot.
+        """
+        actives = sorted(self.store.list_active(host), key=lambda a: a.service != "web")
+        gen = self.store.get_generation(actives[0].generation_id) if actives else None
+        build = next((b for b in self.store.list_builds(gen.app)
+                      if b.digest == gen.build_digest), None) if gen else None
+        if build is not None:
+            symlink_atomic(self.home.current_link(host), Path(build.path))
 
     def _mint_key(self, op: Operation, host: str) -> None:
         path = self.home.env_file(host)
@@ -430,27 +444,42 @@ class Deployer:
         await self.publisher.publish()
 
     async def _recover_instance(self, inst: Instance) -> None:
+        """Converge one instance after a control-plane start.
+
+        Survivors named by ACTIVE are adopted; anything else alive is removed (a
+        candidate of an interrupted operation never serves); ACTIVE services with no
+        live process are started again. An instance with nothing to do writes nothing.
+        """
         latest = self.store.latest_operation(inst.host)
         if latest is not None and not latest.terminal:
             self._fail(latest, "interrupted by a control-plane restart")
+        running = inst.state is InstanceState.RUNNING
         active_ids = {a.generation_id for a in self.store.list_active(inst.host)}
+        strays: list[Generation] = []
+        for gen in self.store.live_generations(inst.host):
+            if running and gen.id in active_ids and self.supervisor.adopt(gen):
+                continue
+            strays.append(gen)
+        missing = running and any(
+            (g := self.store.get_generation(gid)) is not None
+            and (g.state is GenState.GONE or g in strays)
+            for gid in active_ids
+        )
+        if not strays and not missing:
+            self._link_current(inst.host)
+            return
         op = self.store.begin_operation(inst.app, inst.host, "recover", self.owner)
         try:
-            for gen in self.store.live_generations(inst.host):
-                keep = gen.id in active_ids and inst.state is InstanceState.RUNNING
-                if keep and self.supervisor.adopt(gen):
-                    continue
-                if gen.pid is not None and gen.start_ticks is not None and not keep:
-                    await self._stop(op, gen, 10.0, f"remove {gen.service} {gen.id}")
-                elif gen.pid is None or not keep:
-                    self.store.record_gone(gen.id, None)
-                else:
-                    self.store.record_gone(gen.id, None)
-            if inst.state is InstanceState.RUNNING:
+            for gen in strays:
+                # _stop proves death by pid + start time; a row with no pid has no
+                # process to find and is simply recorded gone.
+                await self._stop(op, gen, 10.0, f"remove {gen.service} {gen.id}")
+            if running:
                 await self._respawn_active(op, inst)
         except (StartFailed, OperationError) as exc:
             self._fail(op, str(exc))
             return
+        self._link_current(inst.host)
         self._succeed(op)
 
     async def close(self) -> None:
