@@ -170,7 +170,9 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
         loop.add_signal_handler(sig, request_shutdown, False)
 
     api = Api(store, home, deployer, http_port, request_shutdown)
-    runner = web.AppRunner(api.app(), access_log=None, handle_signals=False)
+    # Open log streams (`logs -f`) must not hold a shutdown for long.
+    runner = web.AppRunner(api.app(), access_log=None, handle_signals=False,
+                           shutdown_timeout=2.0)
     await runner.setup()
     home.api_socket.unlink(missing_ok=True)  # stale: we hold the home lock
     old_umask = os.umask(0o077)

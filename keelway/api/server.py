@@ -263,6 +263,8 @@ class Api:
                                        "line": line})
         while follow:
             await asyncio.sleep(0.2)
+            if request.transport is None or request.transport.is_closing():
+                break  # the reader hung up; nothing else would tell us while logs are quiet
             for host, svc, gen_id, path in self._log_files(name, instance, service):
                 text, offsets[path] = read_from(path, offsets.get(path, 0))
                 for line in text:
