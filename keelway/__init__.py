@@ -5,6 +5,7 @@ Layering (imports only point down this list; checked by tests/test_layering.py):
     cli            talks to the API over the unix socket with the stdlib only
     api            the control plane: aiohttp JSON API, wiring of everything below
     deploy         operations on instances (journaled), built on runtime + store
+    reconcile      plan(records, observed) -> actions, and the executor of a plan
     runtime        spawn / reap / stop / kill of generations, ports, logs
     router         the data plane; its own process, fed route tables over a socket
     builds         staging, manifests, build commands, gc

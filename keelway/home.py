@@ -92,11 +92,15 @@ class Home:
         """A symlink to the build the instance serves, so an operator can see what runs."""
         return self.root / "current" / instance
 
+    def notify_socket(self, generation: int) -> Path:
+        return self.root / "run" / f"notify-{generation}.sock"
+
     def log_dir(self, instance: str) -> Path:
         return self.root / "logs" / "apps" / instance
 
     def ensure(self) -> None:
-        for sub in ("", "logs", "logs/apps", "router", "builds", "data", "env", "current"):
+        for sub in ("", "logs", "logs/apps", "router", "builds", "data", "env", "current",
+                    "run"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         # The env files hold instance keys: nobody else may list or read them.
         os.chmod(self.root / "env", 0o700)

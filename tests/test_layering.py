@@ -17,8 +17,9 @@ ALLOWED = {
     "store": set(),
     "builds": set(),
     "runtime": {"store"},
-    "deploy": {"store", "runtime", "builds", "router"},
-    "api": {"store", "runtime", "builds", "router", "deploy"},
+    "reconcile": {"store", "runtime"},
+    "deploy": {"store", "runtime", "builds", "router", "reconcile"},
+    "api": {"store", "runtime", "builds", "router", "deploy", "reconcile"},
     "cli": set(),
 }
 

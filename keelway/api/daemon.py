@@ -183,6 +183,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
         os.umask(old_umask)
     os.chmod(home.api_socket, 0o600)
     rotation = loop.create_task(_rotate_logs_forever(home))
+    periodic = loop.create_task(deployer.periodic())
 
     announce(f"keelway {'adopted' if router.adopted else 'started'} the router on "
              f"http://{http_addr}/ (pid {router.pid})")
@@ -194,6 +195,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     await stopping.wait()
     announce("shutting down" + (" (apps keep running)" if keep_apps else ""))
     rotation.cancel()
+    periodic.cancel()
     await runner.cleanup()
     home.api_socket.unlink(missing_ok=True)
     await deployer.close()

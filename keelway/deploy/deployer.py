@@ -1,49 +1,51 @@
-"""Operations on instances: deploy, stop, start, and restart after a crash.
+"""Operations on instances: deploy, config, rollback, restart, stop, start, and recovery.
 
-Every operation runs under its instance's lock as a journaled operation: a row in
-`operations`, then one step per effect, written `pending` before the effect and
-finished after it, then a terminal outcome. A crash anywhere leaves a non-terminal
-operation whose steps say which effects may have happened; boot recovery finishes it.
-
-Overlap (web, default): start the candidate on a new port -> ready -> ACTIVE -> route ->
-settle -> build good -> stop the old generation. Until the candidate has settled, the
-old generation is still running, so a failure puts traffic back on it.
-Hold (workers, default): stop the old generation and prove it gone, then start the
-candidate, so two generations of a hold service never run at once.
+Every operation runs under its instance's lock, after reconciliation (a failed-closed
+instance refuses it), as a journaled operation whose steps are written before their
+effects. A rollout (deploy, config, rollback) first bumps the schedule revision of
+every instance it targets, so an older attempt still in flight stands down at its next
+check; then it goes instance by instance, the first one being the canary, and halts at
+the first instance that does not end DONE, leaving the rest on what they run.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from keelway import failpoints
-from keelway.builds.manifest import Mode, ServiceKind, ServiceSpec
+from keelway.builds.manifest import ServiceKind
 from keelway.clock import Clock
+from keelway.deploy.attempt import Attempt, Cause, Outcome, Result
 from keelway.deploy.errors import AppFailed, NotFoundError, OperationError, UserError
-from keelway.deploy.instances import StartFailed, Target, services_in_order, start_generation
+from keelway.deploy.instances import StartFailed, Target, start_generation
 from keelway.deploy.publisher import Publisher
 from keelway.durable import symlink_atomic
 from keelway.home import Home, valid_host
+from keelway.reconcile.apply import FailedClosed, Reconciler
+from keelway.reconcile.plan import Mode
 from keelway.runtime.backoff import Backoff
 from keelway.runtime.environment import ensure_instance_key
-from keelway.runtime.supervisor import SettleOutcome, Supervisor
+from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
-from keelway.store.lifecycle import GenState, InstanceState, OpState, RouteState, StepState
+from keelway.store.lifecycle import (
+    GenState,
+    InstanceState,
+    OpState,
+    RequestState,
+    RouteState,
+    StepState,
+)
 from keelway.store.records import Generation, Instance, Operation
 
 log = logging.getLogger("keelway.deployer")
 
-failpoints.declare(
-    "activate.before", "activate.after", "release.before", "release.after",
-    "key.before", "key.after", "finish.before",
-)
+failpoints.declare("key.before", "key.after", "finish.before", "release.before")
 
-DRAIN_S = 0.5
+PERIODIC_S = 5.0
 Progress = Callable[[str], None]
 
 
@@ -55,6 +57,7 @@ def _quiet(_message: str) -> None:
 class InstanceResult:
     host: str
     release: int
+    outcome: str
     generations: dict[str, int] = field(default_factory=dict)
 
 
@@ -67,16 +70,18 @@ class Deployer:
         self.publisher = publisher
         self.clock = clock
         self.owner = owner
+        self.reconciler = Reconciler(store, supervisor, home, self._restart_active_locked)
+        self.live_ops: set[int] = set()
         self._locks: dict[str, asyncio.Lock] = {}
         self._app_locks: dict[str, asyncio.Lock] = {}
         self._backoff: dict[tuple[str, str], Backoff] = {}
-        self._restarts: set[asyncio.Task[None]] = set()
+        self._restarts: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.closing = False
 
     def lock(self, host: str) -> asyncio.Lock:
         return self._locks.setdefault(host, asyncio.Lock())
 
-    # -- deploy ----------------------------------------------------------------------
+    # -- validation ------------------------------------------------------------------
 
     def validate_hosts(self, app: str, hosts: list[str]) -> None:
         """Refuse bad or foreign hostnames before anything is staged or written."""
@@ -89,228 +94,6 @@ class Deployer:
                 raise UserError(f"{host} already belongs to app {owner.app}",
                                 hint=f"pick another host, or remove it from {owner.app}")
 
-    async def deploy(self, app: str, build_digest: str, build_path: Path, hosts: list[str],
-                     progress: Progress = _quiet) -> list[InstanceResult]:
-        """Release a staged build to every instance of `app` (and to new `hosts`).
-
-        The release row is written once the first instance runs it; an instance that
-        fails keeps what it had, and the instances after it are not touched.
-        """
-        self.validate_hosts(app, hosts)
-        async with self._app_locks.setdefault(app, asyncio.Lock()):
-            self.store.ensure_app(app)
-            known = [i.host for i in self.store.list_instances(app)]
-            targets = known + [h for h in hosts if h not in known]
-            if not targets:
-                targets = [f"{app}.localhost"]
-            number = self.store.next_release_number(app)
-            app_record = self.store.get_app(app)
-            config = app_record.config if app_record else {}
-            self.store.record_build(app, build_digest, str(build_path))
-            target = Target.load(app, number, build_digest, build_path, dict(config))
-            results: list[InstanceResult] = []
-            released = False
-            for host in targets:
-                inst = self.store.ensure_instance(host, app)
-                async with self.lock(host):
-                    result = await self._deploy_instance(inst, target, progress)
-                results.append(result)
-                if not released:
-                    failpoints.hit("release.before")
-                    self.store.create_release(app, build_digest, dict(config),
-                                              f"Deploy {build_digest[:12]}")
-                    failpoints.hit("release.after")
-                    released = True
-            return results
-
-    async def _deploy_instance(self, inst: Instance, target: Target,
-                               progress: Progress) -> InstanceResult:
-        op = self.store.begin_operation(target.app, inst.host, "deploy", self.owner)
-        self._mint_key(op, inst.host)
-        prior = {a.service: self.store.get_generation(a.generation_id)
-                 for a in self.store.list_active(inst.host)}
-        candidates: dict[str, Generation] = {}
-        stopped_for_hold: list[Generation] = []
-        activated = False
-        try:
-            for spec in services_in_order(target.manifest):
-                old = prior.get(spec.name)
-                if spec.mode is Mode.HOLD and old is not None and old.state is not GenState.GONE:
-                    progress(f"{inst.host}: stopping {spec.name} (hold mode)")
-                    self.store.add_inhibition(old.id, "replacement-pending", op.id)
-                    await self._stop(op, old, spec.stop_grace_s, f"stop {spec.name}")
-                    stopped_for_hold.append(old)
-                progress(f"{inst.host}: starting {spec.name}")
-                gen = await start_generation(
-                    store=self.store, home=self.home, supervisor=self.supervisor, op_id=op.id,
-                    instance=inst.host, target=target, spec=spec,
-                    before_gen=old.id if old else None,
-                )
-                candidates[spec.name] = gen
-                progress(f"{inst.host}: {spec.name} ready (pid {gen.pid})")
-            activated = True  # from here on ACTIVE may name the candidates
-            await self._activate(op, inst.host, candidates)
-            progress(f"{inst.host}: published")
-            await self._settle(op, target, candidates, progress, inst.host)
-        except (StartFailed, OperationError) as exc:
-            await self._undo(op, inst.host, target, prior, candidates, stopped_for_hold,
-                             activated)
-            message = str(exc) if isinstance(exc, StartFailed) else exc.message
-            self._fail(op, message)
-            raise AppFailed(
-                f"{inst.host}: {message}; kept the previous release",
-                hint=f"see `keelway logs {target.app} --instance {inst.host}` and "
-                     f"`keelway ops {target.app}`",
-            ) from exc
-        self.store.mark_build_good(target.app, target.build_digest)
-        for service, old in prior.items():
-            if old is None or old.state is GenState.GONE or old in stopped_for_hold:
-                continue
-            retiring = target.manifest.services.get(service)
-            self.store.add_inhibition(old.id, "retirement-pending", op.id)
-            await asyncio.sleep(DRAIN_S)  # in-flight requests to the old port finish
-            await self._stop(op, old, retiring.stop_grace_s if retiring else 10.0,
-                             f"retire {service}")
-        self._succeed(op)
-        return InstanceResult(inst.host, target.release,
-                              {s: g.id for s, g in candidates.items()})
-
-    async def _settle(self, op: Operation, target: Target, candidates: dict[str, Generation],
-                      progress: Progress, host: str) -> None:
-        window = max((target.manifest.services[s].settle_s for s in candidates), default=0.0)
-        if window > 0:
-            progress(f"{host}: settling for {window:g}s")
-        seq = self.store.begin_step(op.id, "settle", detail=f"{window:g}s")
-        outcomes = await asyncio.gather(*(
-            self.supervisor.settle(gen, target.manifest.services[s].settle_s)
-            for s, gen in candidates.items()
-        ))
-        crashed = [s for s, o in zip(candidates, outcomes, strict=True)
-                   if o is SettleOutcome.CRASHED]
-        if crashed:
-            error = f"{', '.join(crashed)} exited during the settle window"
-            self.store.finish_step(op.id, seq, StepState.FAILED, error=error)
-            raise AppFailed(error)
-        self.store.finish_step(op.id, seq, StepState.SUCCEEDED)
-
-    async def _activate(self, op: Operation, host: str, candidates: dict[str, Generation]) -> None:
-        """Write ACTIVE and the route in one transaction, then push the route table."""
-        seq = self.store.begin_step(op.id, "activate",
-                                    detail=", ".join(f"{s}={g.id}" for s, g in candidates.items()))
-        failpoints.hit("activate.before")
-        with self.store.tx():
-            for service, gen in candidates.items():
-                self.store.set_active(host, service, gen.id)
-            web = candidates.get("web")
-            if web is not None:
-                self.store.set_route(host, host, RouteState.SERVING, web.port, web.id)
-        failpoints.hit("activate.after")
-        self.store.finish_step(op.id, seq, StepState.SUCCEEDED)
-        self._link_current(host)
-        seq = self.store.begin_step(op.id, "publish")
-        await self.publisher.publish()
-        self.store.finish_step(op.id, seq, StepState.SUCCEEDED)
-
-    async def _undo(self, op: Operation, host: str, target: Target,
-                    prior: dict[str, Generation | None], candidates: dict[str, Generation],
-                    stopped_for_hold: list[Generation], activated: bool) -> None:
-        """Put the instance back as it was: prior ACTIVE and route, candidates removed.
-
-        Records the operation never changed are not rewritten, so a failure before
-        activation leaves ACTIVE and the route exactly as they were.
-        """
-        if activated:
-            with self.store.tx():
-                for service, old in prior.items():
-                    if old is not None:
-                        self.store.set_active(host, service, old.id)
-                old_web = prior.get("web")
-                if old_web is not None and old_web.state is not GenState.GONE:
-                    self.store.set_route(host, host, RouteState.SERVING, old_web.port,
-                                         old_web.id)
-                elif old_web is None and self.store.get_route(host) is not None:
-                    self.store.set_route(host, host, RouteState.GATED, None, None)
-            with contextlib.suppress(OperationError):
-                await self.publisher.publish()
-        for service, gen in candidates.items():
-            spec = target.manifest.services[service]
-            await self._stop(op, gen, spec.stop_grace_s, f"remove candidate {service}")
-        # Any candidate whose start failed is not in `candidates`: find it by the journal.
-        for gen in self.store.live_generations(host):
-            if gen.op_id == op.id and gen.id not in {g.id for g in candidates.values()}:
-                await self._stop(op, gen, 5.0, f"remove candidate {gen.service}")
-        for old in stopped_for_hold:
-            old_target = self._target_of(old)
-            if old_target is None:
-                continue
-            old_spec = old_target.manifest.services.get(old.service)
-            if old_spec is None:
-                continue
-            try:
-                gen = await start_generation(
-                    store=self.store, home=self.home, supervisor=self.supervisor,
-                    op_id=op.id, instance=host, target=old_target, spec=old_spec,
-                    before_gen=old.id,
-                )
-                self.store.set_active(host, old.service, gen.id)
-            except StartFailed as exc:
-                await self._stop(op, exc.generation, 5.0, f"remove respawn {old.service}")
-
-    async def _stop(self, op: Operation, gen: Generation, grace_s: float, name: str) -> None:
-        seq = self.store.begin_step(op.id, name, service=gen.service, before_gen=gen.id)
-        latest = self.store.get_generation(gen.id) or gen
-        if await self.supervisor.stop(latest, grace_s):
-            self.store.finish_step(op.id, seq, StepState.SUCCEEDED)
-            return
-        error = f"generation {gen.id} (pid {gen.pid}) survived SIGKILL"
-        self.store.finish_step(op.id, seq, StepState.FAILED, error=error)
-        raise OperationError(error, hint="the process is stuck in the kernel; check `ps`")
-
-    def _link_current(self, host: str) -> None:
-        """Point the instance's `current` link at the build ACTIVE web (or any) runs.
-
-        Derived from ACTIVE, so a crash that leaves it stale is repaired at boot.
-        """
-        actives = sorted(self.store.list_active(host), key=lambda a: a.service != "web")
-        gen = self.store.get_generation(actives[0].generation_id) if actives else None
-        build = next((b for b in self.store.list_builds(gen.app)
-                      if b.digest == gen.build_digest), None) if gen else None
-        if build is not None:
-            symlink_atomic(self.home.current_link(host), Path(build.path))
-
-    def _mint_key(self, op: Operation, host: str) -> None:
-        path = self.home.env_file(host)
-        seq = self.store.begin_step(op.id, "instance key")
-        failpoints.hit("key.before")
-        minted = ensure_instance_key(path)
-        failpoints.hit("key.after")
-        self.store.finish_step(op.id, seq, StepState.SUCCEEDED,
-                               detail="minted" if minted else "kept")
-
-    def _succeed(self, op: Operation) -> None:
-        failpoints.hit("finish.before")
-        latest = self.store.get_operation(op.id) or op
-        self.store.finish_operation(latest, OpState.SUCCEEDED)
-        self.store.add_event("op", f"{op.kind} succeeded", app=op.app, instance=op.instance)
-
-    def _fail(self, op: Operation, error: str) -> None:
-        latest = self.store.get_operation(op.id) or op
-        if not latest.terminal:
-            self.store.finish_operation(latest, OpState.FAILED, error=error)
-        self.store.add_event("op", f"{op.kind} failed: {error}", app=op.app, instance=op.instance)
-
-    def _target_of(self, gen: Generation) -> Target | None:
-        build = next((b for b in self.store.list_builds(gen.app) if b.digest == gen.build_digest),
-                     None)
-        if build is None:
-            return None
-        release = self.store.get_release(gen.app, gen.release)
-        app = self.store.get_app(gen.app)
-        config = release.config if release else (app.config if app else {})
-        return Target.load(gen.app, gen.release, gen.build_digest, Path(build.path), config)
-
-    # -- stop / start ----------------------------------------------------------------
-
     def instances_of(self, app: str, host: str | None) -> list[Instance]:
         if self.store.get_app(app) is None:
             raise NotFoundError(f"no app named {app}", hint="see `keelway apps`")
@@ -322,84 +105,286 @@ class Deployer:
                                     hint=f"see `keelway status {app}`")
         return instances
 
+    # -- rollouts --------------------------------------------------------------------
+
+    async def deploy(self, app: str, build_digest: str, build_path: Path, hosts: list[str],
+                     progress: Progress = _quiet, key: str | None = None,
+                     request_digest: str | None = None) -> list[InstanceResult]:
+        """Release a staged build to every instance of `app` (and to new `hosts`)."""
+        self.validate_hosts(app, hosts)
+        self.store.ensure_app(app)
+        known = [i.host for i in self.store.list_instances(app)]
+        targets = known + [h for h in hosts if h not in known] or [f"{app}.localhost"]
+        for host in targets:
+            self.store.ensure_instance(host, app)
+        self.store.record_build(app, build_digest, str(build_path))
+        app_record = self.store.get_app(app)
+        config = dict(app_record.config) if app_record else {}
+        return await self._rollout(app, "deploy", Cause.RELEASE, build_digest, build_path,
+                                   config, f"Deploy {build_digest[:12]}", targets, progress,
+                                   key, request_digest)
+
+    async def set_config(self, app: str, changes: dict[str, str | None],
+                         progress: Progress = _quiet, key: str | None = None,
+                         request_digest: str | None = None) -> list[InstanceResult]:
+        """A new release with changed config vars (None unsets); restarts per mode."""
+        app_record = self.store.get_app(app)
+        if app_record is None:
+            raise NotFoundError(f"no app named {app}", hint="see `keelway apps`")
+        current = self._current_release(app)
+        config = dict(app_record.config)
+        for name, value in changes.items():
+            if value is None:
+                config.pop(name, None)
+            else:
+                config[name] = value
+        names = ", ".join(sorted(changes))
+        verb = "Set" if all(v is not None for v in changes.values()) else "Update"
+        return await self._rollout(app, "config", Cause.CONFIG, current.build_digest,
+                                   current.build_path, config, f"{verb} {names}",
+                                   [i.host for i in self.store.list_instances(app)], progress,
+                                   key, request_digest)
+
+    async def rollback(self, app: str, to: int | None, progress: Progress = _quiet,
+                       key: str | None = None,
+                       request_digest: str | None = None) -> list[InstanceResult]:
+        """A new release with the build and config of an older one (default: the one
+        before the latest)."""
+        releases = self.store.list_releases(app)
+        if self.store.get_app(app) is None:
+            raise NotFoundError(f"no app named {app}", hint="see `keelway apps`")
+        if to is None:
+            if len(releases) < 2:
+                raise UserError(f"{app} has no earlier release to roll back to",
+                                hint=f"see `keelway releases {app}`")
+            to = releases[1].number
+        chosen = self.store.get_release(app, to)
+        if chosen is None:
+            raise NotFoundError(f"{app} has no release v{to}",
+                                hint=f"see `keelway releases {app}`")
+        build = self._build_path(app, chosen.build_digest)
+        if build is None:
+            raise UserError(f"the build of v{to} is no longer staged",
+                            hint="deploy its source again")
+        return await self._rollout(app, "rollback", Cause.RELEASE, chosen.build_digest, build,
+                                   dict(chosen.config), f"Rollback to v{to}",
+                                   [i.host for i in self.store.list_instances(app)], progress,
+                                   key, request_digest)
+
+    async def _rollout(self, app: str, kind: str, cause: Cause, build_digest: str,
+                       build_path: Path, config: dict[str, str], description: str,
+                       hosts: list[str], progress: Progress, key: str | None,
+                       request_digest: str | None) -> list[InstanceResult]:
+        # Scheduling comes first and outside every lock: a newer intent is what makes an
+        # older attempt, still running, stand down at its next check.
+        revs = {host: self.store.bump_schedule(host) for host in hosts}
+        async with self._app_locks.setdefault(app, asyncio.Lock()):
+            number = self.store.next_release_number(app)
+            target = Target.load(app, number, build_digest, build_path, config)
+            fallback = self._last_good(app, build_digest) if cause is Cause.RELEASE else None
+            released = False
+
+            def write_release() -> None:
+                failpoints.hit("release.before")
+                self.store.create_release(app, build_digest, config, description)
+                app_record = self.store.get_app(app)
+                if app_record is not None and app_record.config != config:
+                    self.store.set_app_config(app_record, config)
+
+            results: list[InstanceResult] = []
+            for host in hosts:
+                replaced = self._running_target(host) if cause is not Cause.RELEASE else None
+                result = await self._attempt_on(
+                    host, kind, cause, target, fallback if cause is Cause.RELEASE else replaced,
+                    revs[host], None if released else write_release, progress, key,
+                    request_digest)
+                released = released or result.released
+                results.append(InstanceResult(host, number, result.outcome.value,
+                                              result.generations))
+                if result.outcome is not Outcome.DONE:
+                    raise AppFailed(
+                        f"{host}: {result.reason}" + ("" if host == hosts[-1] else
+                                                      "; the rollout halted here"),
+                        hint=f"see `keelway logs {app} --instance {host}` and "
+                             f"`keelway ops {app}`")
+            return results
+
+    async def restart(self, app: str, host: str | None, progress: Progress = _quiet,
+                      key: str | None = None,
+                      request_digest: str | None = None) -> list[InstanceResult]:
+        """New generations of what each instance runs now (overlap or hold per service)."""
+        results = []
+        for inst in self.instances_of(app, host):
+            target = self._running_target(inst.host)
+            if target is None:
+                raise UserError(f"{inst.host} runs nothing to restart",
+                                hint=f"deploy {app} first, or `keelway start {app}`")
+            rev = self.store.bump_schedule(inst.host)
+            result = await self._attempt_on(inst.host, "restart", Cause.RESTART, target, target,
+                                            rev, None, progress, key, request_digest)
+            results.append(InstanceResult(inst.host, target.release, result.outcome.value,
+                                          result.generations))
+            if result.outcome is not Outcome.DONE:
+                raise AppFailed(f"{inst.host}: {result.reason}",
+                                hint=f"see `keelway logs {app} --instance {inst.host}`")
+        return results
+
+    async def _attempt_on(self, host: str, kind: str, cause: Cause, target: Target,
+                          fallback: Target | None, rev: int,
+                          write_release: Callable[[], None] | None, progress: Progress,
+                          key: str | None, request_digest: str | None) -> Result:
+        async with self.lock(host):
+            await self._reconcile_locked(host, Mode.MUTATION)
+            inst = self.store.get_instance(host)
+            if inst is None or inst.schedule_rev != rev:
+                return Result(Outcome.SUPERSEDED, "superseded before it started")
+            op = self.store.begin_operation(target.app, host, kind, self.owner, key=key,
+                                            request_digest=request_digest, schedule_rev=rev)
+            self.live_ops.add(op.id)
+            try:
+                self._mint_key(op, host)
+                result = await Attempt(
+                    self.store, self.home, self.supervisor, self.publisher, op, host, cause,
+                    target, fallback, rev, write_release, progress).run()
+            except OperationError as exc:
+                result = Result(Outcome.FAILED, exc.message)
+            finally:
+                self.live_ops.discard(op.id)
+            self._finish(op, result)
+            await self._reconcile_locked(host, Mode.MUTATION)
+            self._link_current(host)
+            return result
+
+    def _finish(self, op: Operation, result: Result) -> None:
+        failpoints.hit("finish.before")
+        latest = self.store.get_operation(op.id) or op
+        if not latest.terminal:
+            if result.outcome is Outcome.DONE:
+                self.store.finish_operation(latest, OpState.SUCCEEDED)
+            else:
+                self.store.finish_operation(latest, OpState.FAILED, error=result.reason)
+        message = f"{op.kind} {'succeeded' if result.outcome is Outcome.DONE else 'failed'}"
+        if result.reason:
+            message += f": {result.reason}"
+        self.store.add_event("op", message, app=op.app, instance=op.instance)
+
+    async def _reconcile_locked(self, host: str, mode: Mode) -> None:
+        try:
+            outcome = await self.reconciler.reconcile(host, mode, self.live_ops)
+        except FailedClosed as exc:
+            raise OperationError(
+                f"{host} is failed closed: {exc.leftover}",
+                hint="the process must go before anything else runs here: stop it, then "
+                     "`keelway reconcile`; `keelway status` shows it") from exc
+        if outcome.republish and mode is not Mode.MUTATION:
+            await self.publisher.publish()
+
+    # -- stop / start ----------------------------------------------------------------
+
     async def stop_instance(self, inst: Instance) -> None:
         """Gate the route, then stop every generation; ACTIVE stays so start can respawn."""
         async with self.lock(inst.host):
+            await self._reconcile_locked(inst.host, Mode.MUTATION)
             inst = self.store.get_instance(inst.host) or inst
             op = self.store.begin_operation(inst.app, inst.host, "stop", self.owner)
-            if inst.state is not InstanceState.STOPPED:
-                inst = self.store.set_instance_state(inst, InstanceState.STOPPED)
-            route = self.store.get_route(inst.host)
-            if route is not None:
-                self.store.set_route(inst.host, inst.host, RouteState.GATED, None, None)
-                seq = self.store.begin_step(op.id, "gate route")
-                await self.publisher.publish()
-                self.store.finish_step(op.id, seq, StepState.SUCCEEDED)
+            self.live_ops.add(op.id)
             try:
+                if inst.state is not InstanceState.STOPPED:
+                    inst = self.store.set_instance_state(inst, InstanceState.STOPPED)
+                if self.store.get_route(inst.host) is not None:
+                    self.store.set_route(inst.host, inst.host, RouteState.GATED, None, None)
+                    await self.publisher.publish()
                 for gen in self.store.live_generations(inst.host):
-                    target = self._target_of(gen)
-                    spec = target.manifest.services.get(gen.service) if target else None
-                    await self._stop(op, gen, spec.stop_grace_s if spec else 10.0,
-                                     f"stop {gen.service}")
+                    if not await self.supervisor.stop(gen, self._grace(gen)):
+                        raise OperationError(f"generation {gen.id} (pid {gen.pid}) did not stop")
+                result = Result(Outcome.DONE)
             except OperationError as exc:
-                self._fail(op, exc.message)
-                raise
-            self._succeed(op)
+                result = Result(Outcome.FAILED, exc.message)
+            finally:
+                self.live_ops.discard(op.id)
+            self._finish(op, result)
+            if result.outcome is not Outcome.DONE:
+                raise OperationError(result.reason or "stop failed")
 
     async def start_instance(self, inst: Instance) -> None:
         async with self.lock(inst.host):
+            await self._reconcile_locked(inst.host, Mode.MUTATION)
             inst = self.store.get_instance(inst.host) or inst
             op = self.store.begin_operation(inst.app, inst.host, "start", self.owner)
-            if inst.state is not InstanceState.RUNNING:
-                inst = self.store.set_instance_state(inst, InstanceState.RUNNING)
+            self.live_ops.add(op.id)
             try:
+                if inst.state is not InstanceState.RUNNING:
+                    inst = self.store.set_instance_state(inst, InstanceState.RUNNING)
                 await self._respawn_active(op, inst)
+                result = Result(Outcome.DONE)
             except (StartFailed, OperationError) as exc:
-                message = str(exc) if isinstance(exc, StartFailed) else exc.message
-                if isinstance(exc, StartFailed):
-                    await self._stop(op, exc.generation, 5.0, f"remove {exc.service}")
-                self._fail(op, message)
-                raise AppFailed(f"{inst.host}: {message}",
-                                hint=f"see `keelway logs {inst.app} --instance {inst.host}`",
-                                ) from exc
-            self._succeed(op)
+                result = Result(Outcome.FAILED, str(exc) if isinstance(exc, StartFailed)
+                                else exc.message)
+            finally:
+                self.live_ops.discard(op.id)
+            self._finish(op, result)
+            await self._reconcile_locked(inst.host, Mode.MUTATION)
+            self._link_current(inst.host)
+            if result.outcome is not Outcome.DONE:
+                raise AppFailed(f"{inst.host}: {result.reason}",
+                                hint=f"see `keelway logs {inst.app} --instance {inst.host}`")
 
     async def _respawn_active(self, op: Operation, inst: Instance) -> None:
-        """Bring every ACTIVE service of a running instance back, keeping live ones."""
+        """Bring every ACTIVE service back (the verified start path), keeping live ones,
+        then publish the route of the ACTIVE web."""
         fresh: dict[str, Generation] = {}
         for active in self.store.list_active(inst.host):
             gen = self.store.get_generation(active.generation_id)
             if gen is None:
                 continue
             if gen.state is not GenState.GONE and (
-                self.supervisor.is_watched(gen.id) or self.supervisor.adopt(gen)
-            ):
+                    self.supervisor.is_watched(gen.id) or self.supervisor.adopt(gen)):
                 continue
             if gen.state is not GenState.GONE:
                 self.store.record_gone(gen.id, None)
             target = self._target_of(gen)
-            spec: ServiceSpec | None = target.manifest.services.get(gen.service) if target else None
+            spec = target.manifest.services.get(gen.service) if target else None
             if target is None or spec is None:
                 continue
             fresh[gen.service] = await start_generation(
                 store=self.store, home=self.home, supervisor=self.supervisor, op_id=op.id,
-                instance=inst.host, target=target, spec=spec, before_gen=gen.id,
-            )
-            key = (inst.host, gen.service)
-            self._backoff.setdefault(key, Backoff()).started(self.clock.monotonic())
-        web_active = self.store.get_active(inst.host, "web")
-        if fresh:
-            await self._activate(op, inst.host, fresh)
-        elif web_active is not None:
-            web = self.store.get_generation(web_active.generation_id)
+                instance=inst.host, target=target, spec=spec, before_gen=gen.id)
+            self._backoff.setdefault((inst.host, gen.service), Backoff()).started(
+                self.clock.monotonic())
+        with self.store.tx():
+            for service, gen in fresh.items():
+                self.store.set_active(inst.host, service, gen.id)
+            web_active = self.store.get_active(inst.host, "web")
+            web = self.store.get_generation(web_active.generation_id) if web_active else None
             if web is not None and web.state is not GenState.GONE:
                 self.store.set_route(inst.host, inst.host, RouteState.SERVING, web.port, web.id)
-                await self.publisher.publish()
+        await self.publisher.publish()
 
-    # -- crashes and boot ------------------------------------------------------------
+    async def _restart_active_locked(self, host: str) -> None:
+        """The reconciler's RESTART_ACTIVE, run under the instance lock it already holds."""
+        inst = self.store.get_instance(host)
+        if inst is None or inst.state is not InstanceState.RUNNING:
+            return
+        if any(h == host and not t.done() for (h, _s), t in self._restarts.items()):
+            return  # a crash restart is already waiting out its backoff
+        op = self.store.begin_operation(inst.app, host, "recover", self.owner)
+        self.live_ops.add(op.id)
+        try:
+            await self._respawn_active(op, inst)
+            result = Result(Outcome.DONE)
+        except (StartFailed, OperationError) as exc:
+            result = Result(Outcome.FAILED, str(exc))
+        finally:
+            self.live_ops.discard(op.id)
+        self._finish(op, result)
+
+    # -- crashes, boot, periodic -------------------------------------------------------
 
     async def on_exit(self, gen: Generation, code: int | None) -> None:
-        """A watched generation exited on its own: restart it if it is published."""
+        """A watched generation exited on its own: restart it (with backoff) if published.
+
+        A worker that exits 0 has completed (a one-shot) and is not restarted; web is.
+        """
         active = self.store.get_active(gen.instance, gen.service)
         inst = self.store.get_instance(gen.instance)
         self.store.add_event("exit", f"{gen.service} generation {gen.id} exited (code {code})",
@@ -407,88 +392,186 @@ class Deployer:
         if (self.closing or active is None or active.generation_id != gen.id or inst is None
                 or inst.state is not InstanceState.RUNNING):
             return
+        target = self._target_of(gen)
+        spec = target.manifest.services.get(gen.service) if target else None
+        if code == 0 and spec is not None and spec.kind is ServiceKind.WORKER:
+            return
         backoff = self._backoff.setdefault((gen.instance, gen.service), Backoff())
         delay = backoff.delay_after_crash(self.clock.monotonic())
-        task = asyncio.get_running_loop().create_task(self._restart_later(gen, delay))
-        self._restarts.add(task)
-        task.add_done_callback(self._restarts.discard)
+        self._restarts[(gen.instance, gen.service)] = asyncio.get_running_loop().create_task(
+            self._restart_later(gen, delay))
 
     async def _restart_later(self, gen: Generation, delay_s: float) -> None:
         await self.clock.sleep(delay_s)
         if self.closing:
             return
         async with self.lock(gen.instance):
+            self._restarts.pop((gen.instance, gen.service), None)
             inst = self.store.get_instance(gen.instance)
             active = self.store.get_active(gen.instance, gen.service)
             if (inst is None or inst.state is not InstanceState.RUNNING or active is None
                     or active.generation_id != gen.id):
                 return  # something newer took over while we waited
-            op = self.store.begin_operation(gen.app, gen.instance, "restart-crashed", self.owner)
+            op = self.store.begin_operation(gen.app, gen.instance, "restart-crashed",
+                                            self.owner)
+            self.live_ops.add(op.id)
             try:
                 await self._respawn_active(op, inst)
+                result = Result(Outcome.DONE)
             except (StartFailed, OperationError) as exc:
-                if isinstance(exc, StartFailed):
-                    await self._stop(op, exc.generation, 5.0, f"remove {exc.service}")
-                    # The new one crashed too: try again later, further backed off.
-                    await self.on_exit(exc.generation, exc.generation.exit_code)
-                self._fail(op, str(exc))
-                return
-            self._succeed(op)
+                result = Result(Outcome.FAILED, str(exc))
+            finally:
+                self.live_ops.discard(op.id)
+            self._finish(op, result)
+            try:
+                await self._reconcile_locked(gen.instance, Mode.MUTATION)
+            except OperationError as exc:
+                log.warning("after a crash restart: %s", exc.message)
+        if result.outcome is not Outcome.DONE:
+            fresh = self.store.get_active(gen.instance, gen.service)
+            latest = self.store.get_generation(fresh.generation_id) if fresh else None
+            if latest is not None:
+                await self.on_exit(latest, latest.exit_code)
 
     async def boot(self) -> None:
-        """After a control-plane start: finish interrupted operations, adopt survivors,
-        restart what should run, stop what no ACTIVE entry names, republish routes."""
+        """After a control-plane start: reconcile every instance (adopt survivors, remove
+        candidates of interrupted operations, restart what should run), settle keyed
+        requests that a crash interrupted, and publish the whole route table."""
         for inst in self.store.list_instances():
             async with self.lock(inst.host):
-                await self._recover_instance(inst)
+                try:
+                    await self.reconciler.reconcile(inst.host, Mode.BOOT, self.live_ops)
+                except FailedClosed as exc:
+                    log.warning("%s", exc)
+                self._link_current(inst.host)
+        for request in self.store.running_requests():
+            self.settle_request_from_journal(request.key)
         await self.publisher.publish()
 
-    async def _recover_instance(self, inst: Instance) -> None:
-        """Converge one instance after a control-plane start.
+    def settle_request_from_journal(self, key: str) -> None:
+        ops = [op for i in self.store.list_instances()
+               if (op := self.store.find_operation_by_key(i.host, key)) is not None]
+        ok = bool(ops) and all(op.state is OpState.SUCCEEDED for op in ops)
+        self.store.finish_request(
+            key, RequestState.SUCCEEDED if ok else RequestState.FAILED,
+            '{"replayed": "journal", "ok": %s}' % ("true" if ok else "false"))
 
-        Survivors named by ACTIVE are adopted; anything else alive is removed (a
-        candidate of an interrupted operation never serves); ACTIVE services with no
-        live process are started again. An instance with nothing to do writes nothing.
-        """
-        latest = self.store.latest_operation(inst.host)
-        if latest is not None and not latest.terminal:
-            self._fail(latest, "interrupted by a control-plane restart")
-        running = inst.state is InstanceState.RUNNING
-        active_ids = {a.generation_id for a in self.store.list_active(inst.host)}
-        strays: list[Generation] = []
-        for gen in self.store.live_generations(inst.host):
-            if running and gen.id in active_ids and self.supervisor.adopt(gen):
-                continue
-            strays.append(gen)
-        missing = running and any(
-            (g := self.store.get_generation(gid)) is not None
-            and (g.state is GenState.GONE or g in strays)
-            for gid in active_ids
-        )
-        if not strays and not missing:
-            self._link_current(inst.host)
-            return
-        op = self.store.begin_operation(inst.app, inst.host, "recover", self.owner)
-        try:
-            for gen in strays:
-                # _stop proves death by pid + start time; a row with no pid has no
-                # process to find and is simply recorded gone.
-                await self._stop(op, gen, 10.0, f"remove {gen.service} {gen.id}")
-            if running:
-                await self._respawn_active(op, inst)
-        except (StartFailed, OperationError) as exc:
-            self._fail(op, str(exc))
-            return
-        self._link_current(inst.host)
-        self._succeed(op)
+    async def reconcile_all(self, dry_run: bool) -> list[dict[str, object]]:
+        """`keelway reconcile`: what boot does, on demand; --dry-run only plans."""
+        report: list[dict[str, object]] = []
+        republish = False
+        for inst in self.store.list_instances():
+            async with self.lock(inst.host):
+                if dry_run:
+                    actions = self.reconciler.plan_for(inst.host, Mode.BOOT, self.live_ops)
+                    error = None
+                else:
+                    try:
+                        outcome = await self.reconciler.reconcile(inst.host, Mode.BOOT,
+                                                                  self.live_ops)
+                        actions, error = outcome.actions, None
+                        republish = republish or outcome.republish
+                    except FailedClosed as exc:
+                        actions, error = [], str(exc)
+            shown = [a.describe() for a in actions if a.kind.value != "republish"]
+            report.append({"instance": inst.host, "actions": shown, "error": error})
+        if republish and not dry_run:
+            await self.publisher.publish()
+        return report
+
+    async def periodic(self) -> None:
+        """The background pass: only *tries* each lock, never waits behind an operation."""
+        while not self.closing:
+            await self.clock.sleep(PERIODIC_S)
+            republish = False
+            for inst in self.store.list_instances():
+                lock = self.lock(inst.host)
+                if lock.locked():
+                    continue
+                async with lock:
+                    try:
+                        outcome = await self.reconciler.reconcile(inst.host, Mode.PERIODIC,
+                                                                  self.live_ops)
+                        republish = republish or outcome.republish
+                    except FailedClosed as exc:
+                        log.warning("periodic pass: %s", exc)
+                    except Exception:
+                        # Protects the periodic loop: one bad instance must not stop it.
+                        log.exception("periodic pass failed for %s", inst.host)
+            if republish:
+                try:
+                    if not await self.publisher.in_sync():
+                        await self.publisher.publish()
+                except OperationError as exc:
+                    log.warning("periodic republish: %s", exc.message)
 
     async def close(self) -> None:
         self.closing = True
-        for task in list(self._restarts):
+        for task in list(self._restarts.values()):
             task.cancel()
 
-    def serving_gens(self, instances: list[Instance]) -> list[Generation]:
-        return [g for i in instances for g in self.store.live_generations(i.host)]
+    # -- records -----------------------------------------------------------------------
 
+    def _mint_key(self, op: Operation, host: str) -> None:
+        seq = self.store.begin_step(op.id, "instance key")
+        failpoints.hit("key.before")
+        minted = ensure_instance_key(self.home.env_file(host))
+        failpoints.hit("key.after")
+        self.store.finish_step(op.id, seq, StepState.SUCCEEDED,
+                               detail="minted" if minted else "kept")
 
-__all__ = ["Deployer", "InstanceResult", "ServiceKind"]
+    def _link_current(self, host: str) -> None:
+        """Point the instance's `current` link at the build its ACTIVE web (or any) runs.
+
+        Derived from ACTIVE, so a crash that leaves it stale is repaired at boot.
+        """
+        actives = sorted(self.store.list_active(host), key=lambda a: a.service != "web")
+        gen = self.store.get_generation(actives[0].generation_id) if actives else None
+        path = self._build_path(gen.app, gen.build_digest) if gen else None
+        if path is not None:
+            symlink_atomic(self.home.current_link(host), path)
+
+    def _build_path(self, app: str, digest: str) -> Path | None:
+        build = next((b for b in self.store.list_builds(app) if b.digest == digest), None)
+        return Path(build.path) if build is not None and Path(build.path).is_dir() else None
+
+    def _target_of(self, gen: Generation) -> Target | None:
+        path = self._build_path(gen.app, gen.build_digest)
+        if path is None:
+            return None
+        release = self.store.get_release(gen.app, gen.release)
+        app = self.store.get_app(gen.app)
+        config = release.config if release else (app.config if app else {})
+        return Target.load(gen.app, gen.release, gen.build_digest, path, dict(config))
+
+    def _running_target(self, host: str) -> Target | None:
+        actives = sorted(self.store.list_active(host), key=lambda a: a.service != "web")
+        for active in actives:
+            gen = self.store.get_generation(active.generation_id)
+            if gen is not None:
+                return self._target_of(gen)
+        return None
+
+    def _current_release(self, app: str) -> Target:
+        releases = self.store.list_releases(app)
+        for release in releases:
+            path = self._build_path(app, release.build_digest)
+            if path is not None:
+                return Target.load(app, release.number, release.build_digest, path,
+                                   dict(release.config))
+        raise UserError(f"{app} has no release yet", hint=f"deploy {app} first")
+
+    def _last_good(self, app: str, except_digest: str) -> Target | None:
+        good = {b.digest for b in self.store.list_builds(app) if b.good}
+        for release in self.store.list_releases(app):
+            if release.build_digest in good and release.build_digest != except_digest:
+                path = self._build_path(app, release.build_digest)
+                if path is not None:
+                    return Target.load(app, release.number, release.build_digest, path,
+                                       dict(release.config))
+        return None
+
+    def _grace(self, gen: Generation) -> float:
+        target = self._target_of(gen)
+        spec = target.manifest.services.get(gen.service) if target else None
+        return spec.stop_grace_s if spec else 10.0

@@ -1,12 +1,15 @@
 """Starting one generation of one service of one instance, as journaled steps.
 
-Shared by every operation that starts something (deploy, start, crash restart):
-journal the generation and its port claim, spawn, record the pid, wait for ready.
-Each external effect sits between a step written `pending` and the step's outcome.
+Shared by every path that starts something (deploy, restart, config, rollback, start,
+recovery): journal the generation and its port claim, re-check the attempt's gate at
+the spawn, spawn, record the pid, wait for ready. Each effect sits between a step
+written `pending` (naming the candidate in `after_gen`) and the step's outcome, so the
+reconciler can always find the candidate of an interrupted start.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +17,7 @@ from keelway import failpoints
 from keelway.builds.manifest import Manifest, ServiceKind, ServiceSpec, load_manifest
 from keelway.home import Home
 from keelway.runtime.environment import process_env
+from keelway.runtime.notify import NotifyListener
 from keelway.runtime.ports import pick_free_port
 from keelway.runtime.supervisor import ReadyOutcome, Supervisor
 from keelway.store import Store
@@ -23,6 +27,14 @@ from keelway.store.records import Generation
 failpoints.declare("plan.before", "plan.after", "ready.after")
 
 READY_TIMEOUT_S = 60.0
+RELEASE_TIMEOUT_S = 600.0
+RELEASE_SERVICE = "release"
+
+Gate = Callable[[str], None]
+
+
+def _open_gate(_point: str) -> None:
+    pass
 
 
 @dataclass(frozen=True)
@@ -43,7 +55,7 @@ class Target:
 
 
 class StartFailed(Exception):
-    def __init__(self, service: str, reason: str, generation: Generation) -> None:
+    def __init__(self, service: str, reason: str, generation: Generation | None) -> None:
         super().__init__(f"{service} {reason}")
         self.service = service
         self.reason = reason
@@ -52,11 +64,17 @@ class StartFailed(Exception):
 
 async def start_generation(
     *, store: Store, home: Home, supervisor: Supervisor, op_id: int, instance: str,
-    target: Target, spec: ServiceSpec, before_gen: int | None,
+    target: Target, spec: ServiceSpec, before_gen: int | None, gate: Gate = _open_gate,
     ready_timeout_s: float = READY_TIMEOUT_S,
 ) -> Generation:
-    """Spawn a candidate and wait until it is ready; raises StartFailed (candidate left
-    to the caller to remove, so it can decide the order of undo)."""
+    """Spawn a candidate and wait until it is ready; raises StartFailed.
+
+    A failed candidate is left to the reconciler, which removes every candidate that
+    ACTIVE does not name: one removal path for failures and crashes alike.
+    `gate` is called before the spawn and again at it; it raises to refuse (a
+    superseded attempt spawns nothing).
+    """
+    gate("before the spawn")
     port = pick_free_port(store.claimed_ports()) if spec.kind is ServiceKind.WEB else None
     failpoints.hit("plan.before")
     gen = store.plan_generation(
@@ -66,7 +84,7 @@ async def start_generation(
     failpoints.hit("plan.after")
     seq = store.begin_step(
         op_id, f"spawn {spec.name}", service=spec.name, before_gen=before_gen, after_gen=gen.id,
-        detail=f"port {port}" if port else None,
+        detail=f"v{target.release}" + (f" port {port}" if port else ""),
     )
     home.data_dir(instance).mkdir(parents=True, exist_ok=True)
     env = process_env(
@@ -74,25 +92,63 @@ async def start_generation(
         release=target.release, generation=gen.id, port=port, config=target.config,
         build_path=target.build_path,
     )
-    gen = await supervisor.spawn(gen, spec.command, target.build_path, env)
-    store.finish_step(op_id, seq, StepState.SUCCEEDED, detail=f"pid {gen.pid}")
-
-    seq = store.begin_step(op_id, f"ready {spec.name}", service=spec.name, after_gen=gen.id)
-    health = spec.health if spec.kind is ServiceKind.WEB else None
-    outcome = await supervisor.wait_ready(gen, health, ready_timeout_s)
+    notify = NotifyListener(home.notify_socket(gen.id))
+    notify.open()
+    try:
+        gate("at the spawn")
+        gen = await supervisor.spawn(gen, spec.command, target.build_path, env)
+        store.finish_step(op_id, seq, StepState.SUCCEEDED, detail=f"pid {gen.pid}")
+        seq = store.begin_step(op_id, f"ready {spec.name}", service=spec.name,
+                               after_gen=gen.id)
+        health = spec.health if spec.kind is ServiceKind.WEB else None
+        outcome = await supervisor.wait_ready(gen, health, ready_timeout_s, notify.ready)
+    finally:
+        notify.close()
     if outcome is not ReadyOutcome.READY:
         reason = {
             ReadyOutcome.EXITED: "exited before it was ready",
             ReadyOutcome.TIMED_OUT: f"was not ready within {ready_timeout_s:.0f}s",
         }[outcome]
         store.finish_step(op_id, seq, StepState.FAILED, error=reason)
-        latest = store.get_generation(gen.id) or gen
-        raise StartFailed(spec.name, reason, latest)
+        raise StartFailed(spec.name, reason, store.get_generation(gen.id) or gen)
     if (current := store.get_generation(gen.id)) and current.state is GenState.RUNNING:
         gen = store.set_generation_state(gen.id, GenState.READY)
     failpoints.hit("ready.after")
     store.finish_step(op_id, seq, StepState.SUCCEEDED)
     return gen
+
+
+async def run_release_command(
+    *, store: Store, home: Home, supervisor: Supervisor, op_id: int, instance: str,
+    target: Target, gate: Gate = _open_gate, timeout_s: float = RELEASE_TIMEOUT_S,
+) -> None:
+    """Run the manifest's one-shot `release` command to completion; raises StartFailed.
+
+    It is a generation like any other (journaled, logged, proven gone), so a crash while
+    it runs leaves a candidate the reconciler removes.
+    """
+    command = target.manifest.release_command
+    assert command is not None
+    gate("before the release command")
+    gen = store.plan_generation(
+        app=target.app, instance=instance, service=RELEASE_SERVICE, release=target.release,
+        build_digest=target.build_digest, op_id=op_id, port=None,
+    )
+    seq = store.begin_step(op_id, "release command", service=RELEASE_SERVICE,
+                           after_gen=gen.id, detail=command)
+    home.data_dir(instance).mkdir(parents=True, exist_ok=True)
+    env = process_env(
+        home=home, app=target.app, instance=instance, service=RELEASE_SERVICE,
+        release=target.release, generation=gen.id, port=None, config=target.config,
+        build_path=target.build_path,
+    )
+    gen = await supervisor.spawn(gen, command, target.build_path, env)
+    code = await supervisor.wait_exit(gen, timeout_s)
+    if code != 0:
+        reason = ("did not finish in time" if code is None else f"exited with code {code}")
+        store.finish_step(op_id, seq, StepState.FAILED, error=f"release command {reason}")
+        raise StartFailed(RELEASE_SERVICE, f"command {reason}", store.get_generation(gen.id))
+    store.finish_step(op_id, seq, StepState.SUCCEEDED)
 
 
 def services_in_order(manifest: Manifest) -> list[ServiceSpec]:

@@ -65,3 +65,11 @@ class Publisher:
             ) from exc
         failpoints.hit("publish.after")
         return applied
+
+    async def in_sync(self) -> bool:
+        """Whether the router serves exactly the store's routes (any version)."""
+        try:
+            served = await get_table(self.control_socket)
+        except RouterControlError:
+            return False
+        return served.routes == table_of(self.store.list_routes(), served.version).routes

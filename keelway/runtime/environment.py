@@ -78,6 +78,7 @@ def process_env(
         # spawned but whose pid the journal never recorded (crash between the two).
         KEELWAY_SUPERVISOR=str(home.root),
     )
+    env["NOTIFY_SOCKET"] = str(home.notify_socket(generation))
     if port is not None:
         env["PORT"] = str(port)
     env.update(read_env_file(home.env_file(instance)))

@@ -159,3 +159,30 @@ async def stop(
         return True
     signal_session(pid, start_ticks, signal.SIGKILL)
     return await wait_gone(pid, start_ticks, clock, 5.0, proc)
+
+
+def find_generation_processes(supervisor_mark: str) -> dict[int, list[int]]:
+    """Session leaders whose environment says keelway at `supervisor_mark` started them,
+    by generation id. This is how a process whose pid the journal never recorded (a
+    crash between the spawn and the write) is found; it is read only when needed."""
+    found: dict[int, list[int]] = {}
+    want = f"KEELWAY_SUPERVISOR={supervisor_mark}".encode()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if want not in environ:
+            continue
+        stat = read_stat(pid)
+        if stat is None or stat.session != pid or stat.state == "Z":
+            continue
+        for item in environ:
+            if item.startswith(b"KEELWAY_GENERATION="):
+                value = item.split(b"=", 1)[1]
+                if value.isdigit():
+                    found.setdefault(int(value), []).append(pid)
+    return found

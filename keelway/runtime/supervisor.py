@@ -14,7 +14,6 @@ It owns the process handles of this control plane and nothing else; what a gener
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import logging
 from collections.abc import Awaitable, Callable
@@ -30,6 +29,7 @@ from keelway.runtime.logs import log_path
 from keelway.store import Store
 from keelway.store.lifecycle import GenState
 from keelway.store.records import Generation
+from keelway.testing.danger import refuses_to_die
 
 log = logging.getLogger("keelway.supervisor")
 
@@ -151,15 +151,19 @@ class Supervisor:
     # -- readiness -------------------------------------------------------------------
 
     async def wait_ready(
-        self, gen: Generation, health_path: str | None, timeout_s: float
+        self, gen: Generation, health_path: str | None, timeout_s: float,
+        notify: asyncio.Event | None = None,
     ) -> ReadyOutcome:
-        """Ready = the health path answers non-5xx (web), or still running (worker)."""
+        """Ready = the health path answers non-5xx (web), or still running (worker), or
+        the process said READY=1 on its notify socket, whichever comes first."""
         handle = self._handles.get(gen.id)
         deadline = self.clock.monotonic() + timeout_s
         delay_s = 0.01
         while True:
             if handle is None or handle.exited.is_set():
                 return ReadyOutcome.EXITED
+            if notify is not None and notify.is_set():
+                return ReadyOutcome.READY
             if gen.port is not None and health_path is not None:
                 status = await probe_http(gen.port, health_path, timeout_s=1.0)
                 if status is not None and status < 500:
@@ -168,8 +172,13 @@ class Supervisor:
                 return ReadyOutcome.READY
             if self.clock.monotonic() >= deadline:
                 return ReadyOutcome.TIMED_OUT
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(handle.exited.wait(), timeout=delay_s)
+            waits = [asyncio.ensure_future(handle.exited.wait())]
+            if notify is not None:
+                waits.append(asyncio.ensure_future(notify.wait()))
+            _done, pending = await asyncio.wait(waits, timeout=delay_s,
+                                                return_when=asyncio.FIRST_COMPLETED)
+            for task in pending:
+                task.cancel()
             delay_s = min(delay_s * 2, 0.2)
 
     async def settle(self, gen: Generation, settle_s: float) -> SettleOutcome:
@@ -183,6 +192,20 @@ class Supervisor:
             return SettleOutcome.GOOD
         return SettleOutcome.COMPLETED if handle.exit_code == 0 else SettleOutcome.CRASHED
 
+    async def wait_exit(self, gen: Generation, timeout_s: float) -> int | None:
+        """The exit code of a one-shot, or None if it was still running at the deadline
+        (or is not our child); the process is proven gone either way on return."""
+        handle = self._handles.get(gen.id)
+        if handle is None:
+            return None
+        handle.stopping = True  # its exit is the expected end, not a crash to restart
+        try:
+            await asyncio.wait_for(handle.exited.wait(), timeout=timeout_s)
+        except TimeoutError:
+            await self.stop(gen, 5.0)
+            return None
+        return handle.exit_code
+
     # -- stop ------------------------------------------------------------------------
 
     async def stop(self, gen: Generation, grace_s: float) -> bool:
@@ -194,6 +217,8 @@ class Supervisor:
             # /proc scan is what finds such a process, not this path).
             self.store.record_gone(gen.id, None)
             return True
+        if refuses_to_die(gen.id) and process.is_alive(gen.pid, gen.start_ticks):
+            return False
         handle = self._handles.get(gen.id)
         if handle is not None:
             handle.stopping = True

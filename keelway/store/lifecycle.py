@@ -44,6 +44,16 @@ class InstanceState(enum.StrEnum):
     RUNNING = "running"
     # Stopped by the user: nothing is restarted, the route answers 503.
     STOPPED = "stopped"
+    # Down on purpose after a hold-mode release failed once it had executed: it may have
+    # migrated data, so nothing falls back and nothing restarts it until the next
+    # deploy, rollback or start. `down_reason` says why.
+    DOWN = "down"
+
+
+class RequestState(enum.StrEnum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
 
 
 class IllegalTransition(Exception):

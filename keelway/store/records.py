@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import msgspec
 
-from keelway.store.lifecycle import GenState, InstanceState, OpState, RouteState, StepState
+from keelway.store.lifecycle import (
+    GenState,
+    InstanceState,
+    OpState,
+    RequestState,
+    RouteState,
+    StepState,
+)
 
 
 class App(msgspec.Struct, frozen=True):
@@ -26,6 +33,7 @@ class Instance(msgspec.Struct, frozen=True):
     schedule_rev: int
     created_at: float
     version: int
+    down_reason: str | None = None
 
 
 class Build(msgspec.Struct, frozen=True):
@@ -61,6 +69,9 @@ class Step(msgspec.Struct, frozen=True):
     detail: str | None
     started_at: float
     finished_at: float | None
+    # Set once the reconciler has dealt with the step's candidate (kept or removed);
+    # a step with a candidate and no mark is what convergence still has to look at.
+    converged: bool = False
 
 
 class Operation(msgspec.Struct, frozen=True):
@@ -78,10 +89,25 @@ class Operation(msgspec.Struct, frozen=True):
     finished_at: float | None
     version: int
     steps: list[Step] = []
+    schedule_rev: int = 0
 
     @property
     def terminal(self) -> bool:
         return self.state is not OpState.RUNNING
+
+
+class Request(msgspec.Struct, frozen=True):
+    """An idempotency key: the request it named and, once over, its recorded outcome."""
+
+    key: str
+    app: str
+    kind: str
+    digest: str
+    state: RequestState
+    result: str | None
+    owner: str
+    created_at: float
+    finished_at: float | None
 
 
 class Generation(msgspec.Struct, frozen=True):

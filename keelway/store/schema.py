@@ -143,6 +143,23 @@ MIGRATIONS: list[str] = [
     CREATE INDEX events_by_app ON events(app, id);
     INSERT INTO meta(key, value) VALUES ('route_table_version', '0');
     """,
+    # 2: convergence marks on steps, idempotency keys, why an instance is down.
+    """
+    ALTER TABLE steps ADD COLUMN converged INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE instances ADD COLUMN down_reason TEXT;
+    ALTER TABLE operations ADD COLUMN schedule_rev INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE requests (
+        key TEXT PRIMARY KEY,
+        app TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        digest TEXT NOT NULL,
+        state TEXT NOT NULL,
+        result TEXT,
+        owner TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        finished_at REAL
+    );
+    """,
 ]
 
 

@@ -28,6 +28,7 @@ from keelway.store.lifecycle import (
     GenState,
     InstanceState,
     OpState,
+    RequestState,
     RouteState,
     StepState,
     check,
@@ -41,6 +42,7 @@ from keelway.store.records import (
     Instance,
     Operation,
     Release,
+    Request,
     Route,
     Step,
 )
@@ -137,6 +139,18 @@ class Store:
         assert app is not None  # just inserted inside this transaction
         return app
 
+    def set_app_config(self, app: App, config: dict[str, str]) -> App:
+        with self.tx() as c:
+            cur = c.execute(
+                "UPDATE apps SET config=?, version=version+1 WHERE name=? AND version=?",
+                (json.dumps(config, sort_keys=True), app.name, app.version),
+            )
+            if cur.rowcount != 1:
+                raise Conflict(f"app {app.name} changed under us")
+            new = self.get_app(app.name)
+        assert new is not None
+        return new
+
     def get_instance(self, host: str) -> Instance | None:
         row = self._one("SELECT * FROM instances WHERE host=?", host)
         return _instance(row) if row else None
@@ -159,11 +173,13 @@ class Store:
         assert inst is not None
         return inst
 
-    def set_instance_state(self, inst: Instance, state: InstanceState) -> Instance:
+    def set_instance_state(self, inst: Instance, state: InstanceState,
+                           down_reason: str | None = None) -> Instance:
         with self.tx() as c:
             cur = c.execute(
-                "UPDATE instances SET state=?, version=version+1 WHERE host=? AND version=?",
-                (state.value, inst.host, inst.version),
+                "UPDATE instances SET state=?, down_reason=?, version=version+1"
+                " WHERE host=? AND version=?",
+                (state.value, down_reason, inst.host, inst.version),
             )
             if cur.rowcount != 1:
                 raise Conflict(f"instance {inst.host} changed under us")
@@ -175,7 +191,7 @@ class Store:
         """Advance the instance's schedule revision; attempts holding an older one are stale."""
         with self.tx() as c:
             c.execute(
-                "UPDATE instances SET schedule_rev=schedule_rev+1, version=version+1 WHERE host=?",
+                "UPDATE instances SET schedule_rev=schedule_rev+1 WHERE host=?",
                 (host,),
             )
             row = self._one("SELECT schedule_rev FROM instances WHERE host=?", host)
@@ -254,13 +270,14 @@ class Store:
         owner: str,
         key: str | None = None,
         request_digest: str | None = None,
+        schedule_rev: int = 0,
     ) -> Operation:
         with self.tx() as c:
             cur = c.execute(
                 "INSERT INTO operations(app, instance, kind, key, request_digest, state, owner,"
-                " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                " created_at, schedule_rev) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (app, instance, kind, key, request_digest, OpState.RUNNING.value, owner,
-                 self.clock.now()),
+                 self.clock.now(), schedule_rev),
             )
             op_id = int(cur.lastrowid or 0)
         op = self.get_operation(op_id)
@@ -343,6 +360,35 @@ class Store:
                 (state.value, error, detail, after_gen, self.clock.now(), op_id, seq),
             )
 
+    def converge_step(self, op_id: int, seq: int, detail: str,
+                      fail_with: str | None = None) -> None:
+        """Mark a step's candidate dealt with; `fail_with` also marks the step failed."""
+        with self.tx() as c:
+            if fail_with is not None:
+                row = self._one("SELECT state FROM steps WHERE op_id=? AND seq=?", op_id, seq)
+                if row is None:
+                    raise NotFound(f"step {seq} of op {op_id}")
+                old = StepState(row["state"])
+                if old is not StepState.FAILED:
+                    check(old, StepState.FAILED)
+                c.execute("UPDATE steps SET state=?, error=?, finished_at=COALESCE(finished_at, ?)"
+                          " WHERE op_id=? AND seq=?",
+                          (StepState.FAILED.value, fail_with, self.clock.now(), op_id, seq))
+            c.execute("UPDATE steps SET converged=1, detail=? WHERE op_id=? AND seq=?",
+                      (detail, op_id, seq))
+
+    def add_warnings(self, op: Operation, warnings: list[str]) -> Operation:
+        with self.tx() as c:
+            fresh = self.get_operation(op.id)
+            if fresh is None:
+                raise NotFound(f"operation {op.id}")
+            merged = fresh.warnings + [w for w in warnings if w not in fresh.warnings]
+            c.execute("UPDATE operations SET warnings=?, version=version+1 WHERE id=?",
+                      (json.dumps(merged), op.id))
+        new = self.get_operation(op.id)
+        assert new is not None
+        return new
+
     def steps(self, op_id: int) -> list[Step]:
         rows = self._all("SELECT * FROM steps WHERE op_id=? ORDER BY seq", op_id)
         return [_step(r) for r in rows]
@@ -354,6 +400,7 @@ class Store:
             error=row["error"], warnings=json.loads(row["warnings"]), owner=row["owner"],
             created_at=row["created_at"], finished_at=row["finished_at"],
             version=row["version"], steps=self.steps(row["id"]),
+            schedule_rev=row["schedule_rev"],
         )
 
     # -- generations, ports, ACTIVE ----------------------------------------------------
@@ -484,6 +531,11 @@ class Store:
                 (generation_id, reason, op_id, self.clock.now()),
             )
 
+    def remove_inhibition(self, generation_id: int, reason: str) -> None:
+        with self.tx() as c:
+            c.execute("DELETE FROM inhibitions WHERE generation_id=? AND reason=?",
+                      (generation_id, reason))
+
     def inhibitions(self, generation_id: int) -> list[str]:
         rows = self._all("SELECT reason FROM inhibitions WHERE generation_id=?", generation_id)
         return [r[0] for r in rows]
@@ -512,6 +564,43 @@ class Store:
 
     def list_routes(self) -> list[Route]:
         return [_route(r) for r in self._all("SELECT * FROM routes ORDER BY host")]
+
+    # -- idempotency keys --------------------------------------------------------------
+
+    def begin_request(self, key: str, app: str, kind: str, digest: str,
+                      owner: str) -> tuple[Request, bool]:
+        """Claim `key` for a request; (the existing request, False) if it was claimed."""
+        with self.tx() as c:
+            existing = self.get_request(key)
+            if existing is not None:
+                return existing, False
+            c.execute(
+                "INSERT INTO requests(key, app, kind, digest, state, owner, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (key, app, kind, digest, RequestState.RUNNING.value, owner, self.clock.now()),
+            )
+        request = self.get_request(key)
+        assert request is not None
+        return request, True
+
+    def finish_request(self, key: str, state: RequestState, result: str) -> None:
+        with self.tx() as c:
+            c.execute(
+                "UPDATE requests SET state=?, result=?, finished_at=? WHERE key=? AND state=?",
+                (state.value, result, self.clock.now(), key, RequestState.RUNNING.value),
+            )
+
+    def get_request(self, key: str) -> Request | None:
+        row = self._one("SELECT * FROM requests WHERE key=?", key)
+        if row is None:
+            return None
+        return Request(row["key"], row["app"], row["kind"], row["digest"],
+                       RequestState(row["state"]), row["result"], row["owner"],
+                       row["created_at"], row["finished_at"])
+
+    def running_requests(self) -> list[Request]:
+        rows = self._all("SELECT key FROM requests WHERE state='running'")
+        return [r for r in (self.get_request(row[0]) for row in rows) if r is not None]
 
     # -- events ----------------------------------------------------------------------
 
@@ -547,7 +636,7 @@ def _app(r: sqlite3.Row) -> App:
 
 def _instance(r: sqlite3.Row) -> Instance:
     return Instance(r["host"], r["app"], InstanceState(r["state"]), r["fence"],
-                    r["schedule_rev"], r["created_at"], r["version"])
+                    r["schedule_rev"], r["created_at"], r["version"], r["down_reason"])
 
 
 def _build(r: sqlite3.Row) -> Build:
@@ -562,7 +651,7 @@ def _release(r: sqlite3.Row) -> Release:
 def _step(r: sqlite3.Row) -> Step:
     return Step(r["op_id"], r["seq"], r["name"], r["service"], r["before_gen"], r["after_gen"],
                 StepState(r["state"]), r["error"], r["detail"], r["started_at"],
-                r["finished_at"])
+                r["finished_at"], bool(r["converged"]))
 
 
 def _generation(r: sqlite3.Row) -> Generation:

@@ -1,0 +1,179 @@
+"""Carrying out a reconciliation plan: the only place the reconciler has effects.
+
+Each action is idempotent and leaves a mark (a converged step, a finished operation,
+a gone generation), so a crash in the middle of `apply` and a second pass afterwards
+end where one whole pass would have. A candidate that cannot be removed stops the pass
+and fails the instance closed (`FailedClosed`), with the leftover in the journal.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from keelway import failpoints
+from keelway.home import Home
+from keelway.reconcile.plan import Action, Kind, Mode, Observed, Records, plan
+from keelway.runtime import process
+from keelway.runtime.supervisor import Supervisor
+from keelway.store import Store
+from keelway.store.lifecycle import InstanceState, RouteState
+from keelway.store.records import Generation
+
+log = logging.getLogger("keelway.reconcile")
+
+failpoints.declare("reconcile.remove.before", "reconcile.remove.after",
+                   "reconcile.finalize.before")
+
+RestartActive = Callable[[str], Awaitable[None]]
+
+
+class FailedClosed(Exception):
+    """A candidate could not be removed: no mutation of the instance may proceed."""
+
+    def __init__(self, host: str, leftover: str) -> None:
+        super().__init__(f"{host} is failed closed: {leftover}")
+        self.host = host
+        self.leftover = leftover
+
+
+@dataclass
+class Outcome:
+    actions: list[Action] = field(default_factory=list)
+    republish: bool = False
+
+
+def gather(store: Store, host: str, live_ops: set[int]) -> Records | None:
+    inst = store.get_instance(host)
+    if inst is None:
+        return None
+    latest = store.latest_operation(host)
+    live = store.live_generations(host)
+    route = store.get_route(host)
+    return Records(
+        instance=inst,
+        latest=latest,
+        latest_is_live=latest is not None and latest.id in live_ops,
+        active={a.service: a.generation_id for a in store.list_active(host)},
+        live=live,
+        inhibitions={g.id: frozenset(store.inhibitions(g.id)) for g in live},
+        routed={host: route.generation_id if route else None},
+    )
+
+
+def observe(records: Records, supervisor: Supervisor, home: Home) -> Observed:
+    alive = {g.id for g in records.live if g.pid is not None and g.start_ticks is not None
+             and process.is_alive(g.pid, g.start_ticks)}
+    unrecorded = [g for g in records.live if g.pid is None]
+    orphans: set[int] = set()
+    if unrecorded:
+        found = process.find_generation_processes(str(home.root))
+        orphans = {g.id for g in unrecorded if g.id in found}
+    watched = {g.id for g in records.live if supervisor.is_watched(g.id)}
+    return Observed(frozenset(alive), frozenset(watched), frozenset(orphans))
+
+
+class Reconciler:
+    def __init__(self, store: Store, supervisor: Supervisor, home: Home,
+                 restart_active: RestartActive) -> None:
+        self.store = store
+        self.supervisor = supervisor
+        self.home = home
+        self.restart_active = restart_active
+
+    def plan_for(self, host: str, mode: Mode, live_ops: set[int]) -> list[Action]:
+        records = gather(self.store, host, live_ops)
+        if records is None:
+            return []
+        return plan(records, observe(records, self.supervisor, self.home), mode)
+
+    async def reconcile(self, host: str, mode: Mode, live_ops: set[int]) -> Outcome:
+        """Plan and apply for one instance; the caller holds (or tried) its lock."""
+        actions = self.plan_for(host, mode, live_ops)
+        outcome = Outcome(actions)
+        restart = False
+        for action in actions:
+            match action.kind:
+                case Kind.KEEP_CANDIDATE:
+                    assert action.op_id is not None and action.seq is not None
+                    self.store.converge_step(
+                        action.op_id, action.seq,
+                        f"converged: published generation {action.generation} kept",
+                        fail_with=action.reason)
+                case Kind.REMOVE_CANDIDATE:
+                    await self._remove_candidate(host, action)
+                case Kind.CLEAR_INHIBITION:
+                    assert action.generation is not None and action.reason is not None
+                    self.store.remove_inhibition(action.generation, action.reason)
+                case Kind.FINALIZE:
+                    assert action.op_id is not None and action.state is not None
+                    op = self.store.get_operation(action.op_id)
+                    if op is not None and not op.terminal:
+                        failpoints.hit("reconcile.finalize.before")
+                        self.store.finish_operation(op, action.state, error=action.reason)
+                        self.store.add_event("reconcile", f"op {op.id} {op.kind} finalized "
+                                             f"{action.state.value}", app=op.app, instance=host)
+                case Kind.MARK_DOWN:
+                    inst = self.store.get_instance(host)
+                    if inst is not None and inst.state is not InstanceState.DOWN:
+                        self.store.set_instance_state(inst, InstanceState.DOWN, action.reason)
+                        if self.store.get_route(host) is not None:
+                            self.store.set_route(host, host, RouteState.GATED, None, None)
+                        outcome.republish = True
+                case Kind.RECORD_GONE:
+                    assert action.generation is not None
+                    self.store.record_gone(action.generation, None)
+                case Kind.REMOVE_STRAY | Kind.RETIRE:
+                    gen = self._gen(action)
+                    if gen is not None and not await self.supervisor.stop(gen, 10.0):
+                        self.store.add_event("leftover", f"{gen.service} generation {gen.id} "
+                                             f"(pid {gen.pid}) could not be stopped",
+                                             app=gen.app, instance=host)
+                case Kind.ADOPT:
+                    gen = self._gen(action)
+                    if gen is not None:
+                        self.supervisor.adopt(gen)
+                case Kind.RESTART_ACTIVE:
+                    restart = True
+                case Kind.REPUBLISH:
+                    outcome.republish = True
+        if restart:
+            await self.restart_active(host)
+        return outcome
+
+    def _gen(self, action: Action) -> Generation | None:
+        assert action.generation is not None
+        return self.store.get_generation(action.generation)
+
+    async def _remove_candidate(self, host: str, action: Action) -> None:
+        assert action.op_id is not None and action.seq is not None
+        gen = self._gen(action)
+        gone = True
+        if gen is not None:
+            failpoints.hit("reconcile.remove.before")
+            gone = await self._stop_including_orphans(gen)
+            failpoints.hit("reconcile.remove.after")
+        if not gone:
+            assert gen is not None
+            leftover = (f"{gen.service} generation {gen.id} (pid {gen.pid}) of op "
+                        f"{action.op_id} could not be removed")
+            op = self.store.get_operation(action.op_id)
+            if op is not None:
+                self.store.add_warnings(op, [f"leftover: {leftover}"])
+            raise FailedClosed(host, leftover)
+        self.store.converge_step(action.op_id, action.seq,
+                                 f"converged: removed candidate {action.generation}",
+                                 fail_with=action.reason)
+
+    async def _stop_including_orphans(self, gen: Generation) -> bool:
+        if gen.pid is None:
+            # Spawned but never recorded: find it by its environment and record it, so
+            # that the stop below proves its death like any other.
+            found = process.find_generation_processes(str(self.home.root)).get(gen.id, [])
+            for pid in found:
+                stat = process.read_stat(pid)
+                if stat is not None:
+                    gen = self.store.record_spawn(gen.id, pid, stat.start_ticks)
+                    break
+        return await self.supervisor.stop(gen, 10.0)

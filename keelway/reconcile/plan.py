@@ -1,0 +1,206 @@
+"""What reconciling one instance must do, decided from records and observations alone.
+
+The rules (SPEC §4 Reconciler, §5):
+- The common case, a latest operation that succeeded and nothing stray, plans nothing.
+- A candidate recorded by a step of the latest operation is kept when ACTIVE names it,
+  and removed otherwise; a step is converged once, then never looked at again.
+- An operation that is not terminal and not owned by a live task here was interrupted:
+  it is finalized, succeeded only when every step had succeeded.
+- A candidate that cannot be removed fails the instance closed: the step stays
+  unconverged and the operation unfinalized, so nothing newer can hide the leftover.
+- Inhibitions: `replacement-pending` is stale once the candidate is converged (its old
+  generation was proven gone before the candidate existed); `retirement-pending` stays
+  while its successor is published, so the periodic pass retires the old generation
+  once the successor is verified and routed.
+- A hold-mode release that had executed and did not end published is never fallen
+  back: the instance is marked down, so no path rebuilds the old build under its data.
+- Interrupted convergence never touches traffic: only BOOT and PERIODIC passes adopt,
+  restart and republish, through the verified start path.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from keelway.store.lifecycle import InstanceState, OpState, StepState
+from keelway.store.records import Generation, Instance, Operation, Step
+
+REPLACEMENT_PENDING = "replacement-pending"
+RETIREMENT_PENDING = "retirement-pending"
+# A step of this name is written before a hold-mode release execs anything of the new
+# build (its release command or its first process): the execution evidence.
+HOLD_EXEC_STEP = "hold exec"
+RELEASE_KINDS = frozenset({"deploy", "rollback"})
+
+
+class Mode(enum.Enum):
+    BOOT = "boot"  # after a control-plane start: adopt, restart, republish
+    MUTATION = "mutation"  # before an operation, under the lock: converge only
+    PERIODIC = "periodic"  # the background pass: retire, restart, republish
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What /proc says of the generations the records name."""
+
+    alive: frozenset[int]  # generation ids whose recorded pid + start time is alive
+    watched: frozenset[int]  # generation ids this control plane already supervises
+    # generation ids with a process found by its environment but no pid in the journal
+    orphans: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
+class Records:
+    instance: Instance
+    latest: Operation | None
+    latest_is_live: bool
+    active: dict[str, int]  # service -> generation id
+    live: list[Generation]  # generations not recorded gone
+    inhibitions: dict[int, frozenset[str]] = field(default_factory=dict)
+    routed: dict[str, int | None] = field(default_factory=dict)  # route row: host -> gen
+
+
+class Kind(enum.Enum):
+    KEEP_CANDIDATE = "keep-candidate"
+    REMOVE_CANDIDATE = "remove-candidate"
+    CLEAR_INHIBITION = "clear-inhibition"
+    FINALIZE = "finalize"
+    MARK_DOWN = "mark-down"
+    RECORD_GONE = "record-gone"
+    REMOVE_STRAY = "remove-stray"
+    RETIRE = "retire"
+    ADOPT = "adopt"
+    RESTART_ACTIVE = "restart-active"
+    REPUBLISH = "republish"
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: Kind
+    generation: int | None = None
+    op_id: int | None = None
+    seq: int | None = None
+    reason: str | None = None  # inhibition reason, step error, or why
+    state: OpState | None = None
+    service: str | None = None
+
+    def describe(self) -> str:
+        parts = [self.kind.value]
+        if self.service:
+            parts.append(self.service)
+        if self.generation is not None:
+            parts.append(f"generation {self.generation}")
+        if self.op_id is not None:
+            parts.append(f"op {self.op_id}" + (f" step {self.seq}" if self.seq else ""))
+        if self.state is not None:
+            parts.append(self.state.value)
+        if self.reason:
+            parts.append(f"({self.reason})")
+        return " ".join(parts)
+
+
+def steps_to_converge(op: Operation, interrupted: bool) -> list[Step]:
+    """Steps whose candidate still needs a decision. A succeeded operation has none."""
+    if op.state is OpState.SUCCEEDED:
+        return []
+    return [s for s in op.steps if s.after_gen is not None and not s.converged
+            and (interrupted or op.terminal)]
+
+
+def plan(records: Records, observed: Observed, mode: Mode) -> list[Action]:
+    actions: list[Action] = []
+    op = records.latest
+    active_ids = set(records.active.values())
+    candidates: set[int] = set()
+
+    if op is not None and not (not op.terminal and records.latest_is_live):
+        interrupted = not op.terminal
+        failed_steps = {s.seq for s in op.steps if s.state is not StepState.SUCCEEDED}
+        for step in steps_to_converge(op, interrupted):
+            assert step.after_gen is not None
+            candidates.add(step.after_gen)
+            published = step.after_gen in active_ids
+            error = None
+            if interrupted and step.state is not StepState.SUCCEEDED:
+                error = ("interrupted; the published generation is kept" if published
+                         else "interrupted before publication; the candidate is removed")
+                failed_steps.add(step.seq)
+            actions.append(Action(
+                Kind.KEEP_CANDIDATE if published else Kind.REMOVE_CANDIDATE,
+                generation=step.after_gen, op_id=op.id, seq=step.seq, reason=error,
+                service=step.service,
+            ))
+            before = step.before_gen
+            if before is not None and before != step.after_gen:
+                for reason in sorted(records.inhibitions.get(before, frozenset())):
+                    if reason == RETIREMENT_PENDING and published:
+                        continue
+                    actions.append(Action(Kind.CLEAR_INHIBITION, generation=before,
+                                          reason=reason))
+        if interrupted:
+            ok = bool(op.steps) and not failed_steps
+            if (not ok and op.kind in RELEASE_KINDS
+                    and any(s.name == HOLD_EXEC_STEP for s in op.steps)
+                    and not _hold_candidate_published(op, active_ids)):
+                actions.append(Action(
+                    Kind.MARK_DOWN, op_id=op.id,
+                    reason="a hold-mode release was interrupted after it executed; it may "
+                           "have migrated data, so the previous build is not restarted",
+                ))
+            actions.append(Action(
+                Kind.FINALIZE, op_id=op.id,
+                state=OpState.SUCCEEDED if ok else OpState.FAILED,
+                reason=None if ok else "interrupted by a control-plane crash",
+            ))
+
+    running = records.instance.state is InstanceState.RUNNING
+    for gen in records.live:
+        if gen.id in candidates:
+            continue
+        alive = gen.id in observed.alive or gen.id in observed.orphans
+        if gen.id in active_ids:
+            if not alive:
+                actions.append(Action(Kind.RECORD_GONE, generation=gen.id, service=gen.service))
+            elif mode is not Mode.MUTATION and gen.id not in observed.watched:
+                actions.append(Action(Kind.ADOPT, generation=gen.id, service=gen.service))
+            continue
+        if not alive:
+            actions.append(Action(Kind.RECORD_GONE, generation=gen.id, service=gen.service))
+            continue
+        reasons = records.inhibitions.get(gen.id, frozenset())
+        if RETIREMENT_PENDING in reasons:
+            successor = records.active.get(gen.service)
+            verified = successor is not None and successor in observed.alive
+            routed = gen.service != "web" or records.routed.get(
+                records.instance.host) == successor
+            if mode is not Mode.MUTATION and verified and routed:
+                actions.append(Action(Kind.RETIRE, generation=gen.id, service=gen.service))
+            continue
+        if mode is Mode.MUTATION and gen.id in observed.watched:
+            # A generation this control plane is running that no record of the latest
+            # operation names: another task owns it (a crash restart in flight).
+            continue
+        actions.append(Action(Kind.REMOVE_STRAY, generation=gen.id, service=gen.service))
+
+    if mode is not Mode.MUTATION and running and not any(a.kind is Kind.MARK_DOWN
+                                                          for a in actions):
+        live_ids = {g.id for g in records.live}
+        for service, gen_id in sorted(records.active.items()):
+            alive = gen_id in live_ids and (gen_id in observed.alive
+                                            or gen_id in observed.orphans)
+            if not alive:
+                actions.append(Action(Kind.RESTART_ACTIVE, generation=gen_id, service=service))
+        actions.append(Action(Kind.REPUBLISH))
+    return actions
+
+
+def _hold_candidate_published(op: Operation, active_ids: set[int]) -> bool:
+    return any(s.after_gen in active_ids for s in op.steps if s.after_gen is not None)
+
+
+def leftovers(op: Operation | None, active_ids: set[int], latest_is_live: bool) -> list[Step]:
+    """Steps whose candidate is still unconverged and unpublished: what fails closed."""
+    if op is None or (not op.terminal and latest_is_live):
+        return []
+    return [s for s in steps_to_converge(op, not op.terminal) if s.after_gen not in active_ids]
