@@ -1,0 +1,179 @@
+"""Client side of the router's control protocol, for the control plane and the CLI.
+
+One request per connection: connect, send one line, read one line, close. Both an
+asyncio flavour (the control plane's event loop) and a blocking stdlib-socket flavour
+(CLI, tests) exist; both are bounded by `timeout_s` and raise one small tree:
+
+    RouterControlError
+      RouterUnreachable   no router answered on the socket (not running, timed out)
+      RouterRefused       the router answered and said no; `.error` says why
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from typing import Final
+
+import msgspec
+
+from keelway.router.control_wire import (
+    MAX_LINE_BYTES,
+    GetTable,
+    Ping,
+    Reply,
+    SetTable,
+    encode_line,
+    reply_decoder,
+)
+from keelway.router.route_table import RouteTable
+
+DEFAULT_TIMEOUT_S: Final = 5.0
+SocketPath = str | os.PathLike[str]
+
+
+class RouterControlError(Exception):
+    """Base of the control client's errors."""
+
+
+class RouterUnreachable(RouterControlError):
+    """No answer from a router on the control socket."""
+
+
+class RouterRefused(RouterControlError):
+    """The router answered `ok: false`."""
+
+    def __init__(self, error: str) -> None:
+        super().__init__(f"router refused: {error}")
+        self.error = error
+
+
+def _check(reply_line: bytes) -> Reply:
+    try:
+        reply = reply_decoder.decode(reply_line)
+    except msgspec.DecodeError as exc:
+        raise RouterUnreachable(f"unreadable reply from the router: {exc}") from exc
+    if not reply.ok:
+        raise RouterRefused(reply.error or "no reason given")
+    return reply
+
+
+def _missing(what: str) -> RouterUnreachable:
+    return RouterUnreachable(f"the router's reply has no {what}")
+
+
+def _version_of(reply: Reply) -> int:
+    if reply.version is None:
+        raise _missing("version")
+    return reply.version
+
+
+def _table_of(reply: Reply) -> RouteTable:
+    if reply.table is None:
+        raise _missing("table")
+    return reply.table
+
+
+# -- asyncio -------------------------------------------------------------------------
+
+
+async def _call(sock_path: SocketPath, request: msgspec.Struct, timeout_s: float) -> Reply:
+    try:
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await asyncio.open_unix_connection(
+                str(sock_path), limit=MAX_LINE_BYTES
+            )
+            try:
+                writer.write(encode_line(request))
+                await writer.drain()
+                line = await reader.readline()
+            finally:
+                writer.close()
+    except TimeoutError as exc:
+        raise RouterUnreachable(f"no answer on {sock_path} within {timeout_s} s") from exc
+    except OSError as exc:
+        raise RouterUnreachable(f"connect to {sock_path}: {exc.strerror or exc}") from exc
+    if not line:
+        raise RouterUnreachable(f"the router on {sock_path} closed without answering")
+    return _check(line)
+
+
+async def push_table(
+    sock_path: SocketPath, table: RouteTable, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> int:
+    """Send `table` to the router; returns the version it now serves (saved to disk).
+
+    Raises RouterRefused for a stale or invalid table, RouterUnreachable otherwise.
+    """
+    return _version_of(await _call(sock_path, SetTable(table=table), timeout_s))
+
+
+async def get_table(sock_path: SocketPath, timeout_s: float = DEFAULT_TIMEOUT_S) -> RouteTable:
+    """The table the router serves now."""
+    return _table_of(await _call(sock_path, GetTable(), timeout_s))
+
+
+# -- blocking ------------------------------------------------------------------------
+
+
+def _call_sync(sock_path: SocketPath, request: msgspec.Struct, timeout_s: float) -> Reply:
+    deadline = time.monotonic() + timeout_s
+    chunks: list[bytes] = []
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout_s)
+            sock.connect(os.fspath(sock_path))
+            sock.sendall(encode_line(request))
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError
+                sock.settimeout(remaining)
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                if chunk.endswith(b"\n"):
+                    break
+    except TimeoutError as exc:
+        raise RouterUnreachable(f"no answer on {sock_path} within {timeout_s} s") from exc
+    except OSError as exc:
+        raise RouterUnreachable(f"connect to {sock_path}: {exc.strerror or exc}") from exc
+    line = b"".join(chunks)
+    if not line:
+        raise RouterUnreachable(f"the router on {sock_path} closed without answering")
+    return _check(line)
+
+
+def push_table_sync(
+    sock_path: SocketPath, table: RouteTable, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> int:
+    """Blocking `push_table`."""
+    return _version_of(_call_sync(sock_path, SetTable(table=table), timeout_s))
+
+
+def get_table_sync(sock_path: SocketPath, timeout_s: float = DEFAULT_TIMEOUT_S) -> RouteTable:
+    """Blocking `get_table`."""
+    return _table_of(_call_sync(sock_path, GetTable(), timeout_s))
+
+
+def ping_sync(sock_path: SocketPath, timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
+    """The router's pid, proving it is up and serving its control socket."""
+    reply = _call_sync(sock_path, Ping(), timeout_s)
+    if reply.pid is None:
+        raise _missing("pid")
+    return reply.pid
+
+
+__all__ = [
+    "RouterControlError",
+    "RouterRefused",
+    "RouterUnreachable",
+    "get_table",
+    "get_table_sync",
+    "ping_sync",
+    "push_table",
+    "push_table_sync",
+]

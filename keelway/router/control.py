@@ -1,0 +1,125 @@
+"""The router's control server: route table updates over a unix socket.
+
+Owns the order of an update: validate -> refuse a stale version -> persist -> swap ->
+reply. Updates run one at a time (a lock), so the version check and the swap see the
+same current table. Crash windows: after the file is written and before the swap, a
+restart loads the new table and the control plane, which got no reply, pushes again
+(same version: accepted); a failed write swaps nothing and replies an error, so memory
+and disk never disagree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from pathlib import Path
+from typing import Final, assert_never
+
+import msgspec
+
+from keelway.router.control_wire import (
+    MAX_LINE_BYTES,
+    GetTable,
+    Ping,
+    Reply,
+    SetTable,
+    encode_line,
+    request_decoder,
+)
+from keelway.router.proxy import Proxy
+from keelway.router.route_table import RouteTable
+from keelway.router.table_file import save_table
+
+log: Final = logging.getLogger("keelway.router")
+
+
+class ControlServer:
+    """Serves the control protocol for one `Proxy`, persisting accepted tables."""
+
+    def __init__(self, proxy: Proxy, state_path: Path | None) -> None:
+        self._proxy = proxy
+        self._state_path = state_path
+        self._lock = asyncio.Lock()
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self, sock_path: Path) -> None:
+        """Listen on `sock_path` (mode 0600), replacing a stale socket file there."""
+        with contextlib.suppress(FileNotFoundError):
+            if sock_path.is_socket():
+                sock_path.unlink()
+        old_umask = os.umask(0o177)
+        try:
+            self._server = await asyncio.start_unix_server(
+                self._serve, path=str(sock_path), limit=MAX_LINE_BYTES
+            )
+        finally:
+            os.umask(old_umask)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                try:
+                    line = await reader.readline()
+                except ValueError:  # longer than MAX_LINE_BYTES: framing is lost
+                    writer.write(encode_line(Reply(ok=False, error="request line too long")))
+                    await writer.drain()
+                    return
+                if not line:
+                    return
+                if not line.strip():
+                    continue
+                reply = await self.handle(line)
+                writer.write(encode_line(reply))
+                await writer.drain()
+        except ConnectionError:
+            return
+        finally:
+            writer.close()
+
+    async def handle(self, line: bytes) -> Reply:
+        """The reply to one request line. Never raises for bad input."""
+        try:
+            request = request_decoder.decode(line)
+        except msgspec.DecodeError as exc:
+            return Reply(ok=False, error=f"bad request: {exc}")
+        match request:
+            case SetTable(table=table):
+                return await self.apply(table)
+            case GetTable():
+                return Reply(ok=True, table=self._proxy.routing.table)
+            case Ping():
+                return Reply(ok=True, pid=os.getpid())
+            case _:
+                assert_never(request)
+
+    async def apply(self, table: RouteTable) -> Reply:
+        """Persist then swap `table` unless its version is older than the current one."""
+        async with self._lock:
+            current = self._proxy.routing.table
+            if table.version < current.version:
+                log.warning(
+                    "refused route table v%d: older than current v%d",
+                    table.version,
+                    current.version,
+                )
+                return Reply(
+                    ok=False,
+                    error=f"stale version {table.version}: current is {current.version}",
+                )
+            if self._state_path is not None:
+                loop = asyncio.get_running_loop()
+                try:
+                    await loop.run_in_executor(None, save_table, self._state_path, table)
+                except OSError as exc:
+                    log.error("could not save route table v%d: %s", table.version, exc)
+                    return Reply(ok=False, error=f"could not save the table: {exc.strerror}")
+            self._proxy.swap(table)
+            log.info("route table v%d applied (%d routes)", table.version, len(table.routes))
+            return Reply(ok=True, version=table.version)

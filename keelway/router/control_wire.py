@@ -1,0 +1,51 @@
+"""The control protocol's messages: newline-delimited JSON over a unix socket.
+
+Shared by the router's control server and its clients, so both sides read one
+definition. One request per line, one reply per line, in order:
+
+    {"op":"set","table":{...}}  -> {"ok":true,"version":N}
+    {"op":"get"}                -> {"ok":true,"table":{...}}
+    {"op":"ping"}               -> {"ok":true,"pid":PID}
+    anything refused            -> {"ok":false,"error":"..."}
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+
+from keelway.router.route_table import RouteTable
+
+MAX_LINE_BYTES: Final = 16 * 1024 * 1024
+
+
+class SetTable(msgspec.Struct, tag_field="op", tag="set", frozen=True):
+    table: RouteTable
+
+
+class GetTable(msgspec.Struct, tag_field="op", tag="get", frozen=True):
+    pass
+
+
+class Ping(msgspec.Struct, tag_field="op", tag="ping", frozen=True):
+    pass
+
+
+Request = SetTable | GetTable | Ping
+
+
+class Reply(msgspec.Struct, frozen=True, omit_defaults=True):
+    ok: bool
+    version: int | None = None
+    table: RouteTable | None = None
+    pid: int | None = None
+    error: str | None = None
+
+
+request_decoder: Final = msgspec.json.Decoder(Request)
+reply_decoder: Final = msgspec.json.Decoder(Reply)
+
+
+def encode_line(message: msgspec.Struct) -> bytes:
+    return msgspec.json.encode(message) + b"\n"

@@ -1,0 +1,164 @@
+"""One request and its response on a client connection: the link between the client
+half (downstream) and the upstream half of the proxy.
+
+Owns an exchange's progress flags and its request bytes on their way upstream.
+Invariants: request bytes leave in order, after the head, once an upstream connection
+is attached (until then they are buffered, and the client is not read past
+_BUFFER_WHILE_CONNECTING_BYTES); a response is started at most once, by the upstream
+or by the router itself (502), never both.
+
+The request and response progress independently, so the state is a few flags rather
+than one enum: a single state would be the product of the two.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+from keelway.router import responses
+
+if TYPE_CHECKING:
+    from keelway.router.downstream import ClientConnection
+    from keelway.router.upstream import UpstreamConnection, UpstreamPool
+
+_LAST_CHUNK: Final = b"0\r\n\r\n"
+_CRLF: Final = b"\r\n"
+_BUFFER_WHILE_CONNECTING_BYTES: Final = 256 * 1024
+
+
+class Exchange:
+    """One request and its response on a client connection.
+
+    Either `local` holds the whole response the router writes itself, or `pool` names the
+    upstream that answers. Request bytes for the upstream collect in `out` and leave once
+    per client read (and when the upstream attaches), so a small request is one write.
+    """
+
+    __slots__ = (
+        "abandoned",
+        "chunked_ok",
+        "chunked_request",
+        "client",
+        "close_client",
+        "head_request",
+        "local",
+        "out",
+        "pool",
+        "request_done",
+        "response_started",
+        "retry_head",
+        "upgrade",
+        "upstream",
+    )
+
+    def __init__(
+        self,
+        client: ClientConnection,
+        head_request: bool,
+        close_client: bool,
+        chunked_ok: bool,
+    ) -> None:
+        self.client: Final = client
+        self.head_request: Final = head_request
+        self.close_client = close_client
+        self.chunked_ok: Final = chunked_ok
+        self.local: bytes | None = None
+        self.pool: UpstreamPool | None = None
+        self.upstream: UpstreamConnection | None = None
+        self.out: list[bytes] = []
+        self.retry_head: bytes | None = None
+        self.chunked_request = False
+        self.upgrade = False
+        self.request_done = False
+        self.response_started = False
+        self.abandoned = False
+
+    def start(self) -> None:
+        """Become the current exchange: send a local answer, or find an upstream."""
+        pool = self.pool
+        if pool is None:
+            if self.request_done:
+                self._answer_locally()
+            return
+        conn = pool.acquire()
+        if conn is not None:
+            conn.attach(self)
+        else:
+            pool.connect(self)
+
+    def _answer_locally(self) -> None:
+        local = self.local
+        if local is not None:
+            self.local = None
+            self.response_started = True
+            self.client.transport.write(local)
+            self.response_complete(keep_client=True)
+
+    def request_body(self, body: bytes) -> None:
+        if self.pool is None:
+            return  # a local answer ignores the body
+        if self.chunked_request:
+            self.out += (b"%x\r\n" % len(body), body, _CRLF)
+        else:
+            self.out.append(body)
+
+    def request_complete(self) -> None:
+        self.request_done = True
+        if self.chunked_request:
+            self.out.append(_LAST_CHUNK)
+        if self.client.current is self and self.pool is None:
+            self._answer_locally()
+
+    def flush(self) -> None:
+        """Send buffered request bytes upstream, or bound them while still connecting."""
+        out = self.out
+        if not out:
+            return
+        upstream = self.upstream
+        if upstream is not None and upstream.transport is not None:
+            upstream.transport.writelines(out)
+            out.clear()
+        elif sum(map(len, out)) > _BUFFER_WHILE_CONNECTING_BYTES:
+            self.client.block_reading(self.client.BLOCK_CONNECTING)
+
+    def retry(self) -> None:
+        """The reused upstream connection died before answering a bodiless request:
+        send it again on a fresh connection (at most once)."""
+        head, self.retry_head = self.retry_head, None
+        pool = self.pool
+        if head is None or pool is None or self.abandoned:
+            self.upstream_failed()
+            return
+        self.upstream = None
+        self.out = [head]
+        pool.connect(self)
+
+    def upstream_failed(self) -> None:
+        """The upstream could not be reached or broke off: 502 if nothing was sent yet,
+        otherwise the client connection closes (a truncated response is never dressed
+        up as a complete one)."""
+        self.upstream = None
+        if self.abandoned:
+            return
+        if self.response_started:
+            self.client.close()
+            return
+        self.response_started = True
+        close = self.close_client or not self.request_done
+        self.client.transport.write(responses.BAD_GATEWAY.pick(self.head_request, close))
+        self.close_client = close
+        self.response_complete(keep_client=self.request_done)
+
+    def response_complete(self, keep_client: bool) -> None:
+        self.upstream = None
+        if not keep_client:
+            self.close_client = True
+        self.client.exchange_done(self)
+
+    def abandon(self) -> None:
+        """The client is gone: drop the upstream connection, whose state is now unknown."""
+        self.abandoned = True
+        upstream = self.upstream
+        if upstream is not None:
+            self.upstream = None
+            upstream.abandon()

@@ -1,0 +1,113 @@
+"""The proxy's shared state in one process: the live routing, upstream pools, connections.
+
+Owns the swap of the route table and the lifetime of upstream pools. Invariants:
+
+- `routing` changes only by `swap`, one attribute assignment: a request reads it once,
+  when its head completes, and is served entirely by what it read;
+- a pool exists per upstream address some route names; a swap retires pools no route
+  names any more (idle connections close now, busy ones when their exchange ends), which
+  is what lets a draining upstream finish its in-flight requests and then be let go;
+- `drain` stops nothing by force until its deadline: idle client connections close at
+  once, busy ones after their current answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Final
+
+from keelway.router.downstream import ClientConnection
+from keelway.router.route_table import RouteTable, Routing, Target
+from keelway.router.upstream import UpstreamPool
+
+log: Final = logging.getLogger("keelway.router")
+
+
+@dataclass(frozen=True)
+class ProxyOptions:
+    """Limits and timings of the data plane, with their defaults in one place."""
+
+    max_header_bytes: int = 64 * 1024
+    max_header_count: int = 128
+    upstream_connect_timeout_s: float = 5.0
+    upstream_max_idle: int = 64
+    upstream_idle_s: float = 30.0
+    pool_sweep_interval_s: float = 5.0
+    drain_timeout_s: float = 10.0
+
+
+class Proxy:
+    """What every client connection of this process shares."""
+
+    def __init__(self, table: RouteTable, options: ProxyOptions | None = None) -> None:
+        self.options: Final = options or ProxyOptions()
+        self.routing = Routing(table)
+        self.connections: set[ClientConnection] = set()
+        self.draining = False
+        self._pools: dict[str, UpstreamPool] = {}
+        self._sweeper: asyncio.TimerHandle | None = None
+
+    def protocol(self) -> ClientConnection:
+        """The protocol factory for the listening socket."""
+        return ClientConnection(self)
+
+    def swap(self, table: RouteTable) -> None:
+        """Make `table` the one new requests see; retire pools it no longer names."""
+        routing = Routing(table)
+        self.routing = routing
+        live = routing.upstream_keys()
+        for key in [k for k in self._pools if k not in live]:
+            self._pools.pop(key).retire()
+
+    def pool_for(self, target: Target) -> UpstreamPool:
+        pool = self._pools.get(target.upstream_key)
+        if pool is None:
+            options = self.options
+            pool = UpstreamPool(
+                target.upstream_host,
+                target.upstream_port,
+                target.upstream_key,
+                max_idle=options.upstream_max_idle,
+                connect_timeout_s=options.upstream_connect_timeout_s,
+            )
+            self._pools[target.upstream_key] = pool
+            self._schedule_sweep()
+        return pool
+
+    def _schedule_sweep(self) -> None:
+        if self._sweeper is None:
+            loop = asyncio.get_running_loop()
+            self._sweeper = loop.call_later(self.options.pool_sweep_interval_s, self._sweep)
+
+    def _sweep(self) -> None:
+        """One timer for all pools (not one per connection) closes long-idle ones."""
+        self._sweeper = None
+        for pool in self._pools.values():
+            pool.sweep(self.options.upstream_idle_s)
+        if self._pools and not self.draining:
+            self._schedule_sweep()
+
+    async def drain(self) -> bool:
+        """Let in-flight exchanges finish, up to `drain_timeout_s`; then abort the rest.
+
+        The caller has stopped accepting already. Returns True when every connection
+        ended on its own, False when some had to be aborted at the deadline.
+        """
+        self.draining = True
+        for conn in list(self.connections):
+            conn.drain()
+        deadline = time.monotonic() + self.options.drain_timeout_s
+        while self.connections and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        clean = not self.connections
+        for conn in list(self.connections):
+            conn.transport.abort()
+        for pool in self._pools.values():
+            pool.retire()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        return clean

@@ -1,0 +1,58 @@
+"""The responses the router writes itself, rendered to bytes once.
+
+Invariant: no body or header here names the software, its language, a path or an
+upstream address — a visitor learns the status and a sentence, nothing about internals.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Final
+
+from keelway.router.headers import status_line
+
+
+class Canned:
+    """One local response in the four byte forms a request can need: keep the client
+    connection or close it, with a body or (answering HEAD) without."""
+
+    __slots__ = ("close", "close_head", "keep_alive", "keep_alive_head")
+
+    def __init__(self, status: int, text: str, extra_headers: bytes = b"") -> None:
+        body = text.encode()
+        head = (
+            status_line(status)
+            + b"Content-Type: text/plain; charset=utf-8\r\n"
+            + b"Content-Length: %d\r\n" % len(body)
+            + b"Cache-Control: no-store\r\n"
+            + extra_headers
+        )
+        closing = head + b"Connection: close\r\n\r\n"
+        self.keep_alive: Final = head + b"\r\n" + body
+        self.keep_alive_head: Final = head + b"\r\n"
+        self.close: Final = closing + body
+        self.close_head: Final = closing
+
+    def pick(self, head_request: bool, close: bool) -> bytes:
+        if close:
+            return self.close_head if head_request else self.close
+        return self.keep_alive_head if head_request else self.keep_alive
+
+
+HEALTH_PATH: Final = b"/_keelway/health"
+
+HEALTHY: Final = Canned(200, "ok\n")
+NOT_FOUND: Final = Canned(404, "404 Not Found\n\nNo site is served at this address.\n")
+BAD_REQUEST: Final = Canned(400, "400 Bad Request\n")
+HEADERS_TOO_LARGE: Final = Canned(431, "431 Request Header Fields Too Large\n")
+BAD_GATEWAY: Final = Canned(502, "502 Bad Gateway\n\nThe site did not answer. Try again soon.\n")
+
+
+@functools.lru_cache(maxsize=64)
+def unavailable(retry_after_s: int) -> Canned:
+    """503 with Retry-After, cached per distinct delay (tables use a handful)."""
+    return Canned(
+        503,
+        "503 Service Unavailable\n\nThe site is busy for a moment. Try again soon.\n",
+        b"Retry-After: %d\r\n" % retry_after_s,
+    )

@@ -1,0 +1,180 @@
+"""The route table: which hostname goes where, as data, with no I/O.
+
+Owns the wire/disk format of a table (JSON via msgspec), its validation, and the decision
+a request's Host header leads to. Invariants:
+
+- a `RouteTable` that exists is valid: decoding and construction both run the same checks
+  (`__post_init__`), so the router never holds a table it could not have accepted;
+- a table is never mutated after construction; the router swaps a whole `Routing` in one
+  attribute assignment, so a request sees either the old table or the new one, never a mix;
+- host keys are lowercase names without a port; `host_key` maps any Host header onto that
+  form, so matching is case-insensitive and ignores the port.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated, Final, assert_never
+
+import msgspec
+
+
+class RouteState(enum.Enum):
+    """What the router does with a request for one host.
+
+    `serving` proxies to the upstream; `gated` answers 503 + Retry-After. `holding`
+    (requests wait for a wake) is answered like `gated` until the activator lands;
+    `draining` (in-flight requests finish, new ones go to the successor) proxies like
+    `serving`: the successor is simply the upstream the newest table names.
+    """
+
+    SERVING = "serving"
+    GATED = "gated"
+    HOLDING = "holding"
+    DRAINING = "draining"
+
+
+class Action(enum.Enum):
+    """The router's decision for a request whose host has a route."""
+
+    PROXY = "proxy"
+    UNAVAILABLE = "unavailable"
+
+
+def action_for(state: RouteState) -> Action:
+    """The one place a route state becomes behaviour."""
+    match state:
+        case RouteState.SERVING | RouteState.DRAINING:
+            return Action.PROXY
+        case RouteState.GATED | RouteState.HOLDING:
+            return Action.UNAVAILABLE
+        case _:
+            assert_never(state)
+
+
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+_MAX_HOST_CHARS: Final = 253
+_HOST_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyz0123456789.-_[]:")
+
+
+def parse_upstream(address: str) -> tuple[str, int]:
+    """Split `"127.0.0.1:34567"` (or `"[::1]:34567"`) into host and port.
+
+    Raises ValueError naming what is wrong; never returns a port outside 1..65535.
+    """
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ValueError(f"upstream {address!r} is not HOST:PORT")
+    port = int(port_text)
+    if not 0 < port < 65536:
+        raise ValueError(f"upstream {address!r} has a port outside 1..65535")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, port
+
+
+class Route(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One host's route. `upstream` is required when the state proxies."""
+
+    state: RouteState
+    upstream: str | None = None
+    retry_after_s: NonNegative = 5
+
+    def __post_init__(self) -> None:
+        if action_for(self.state) is Action.PROXY:
+            if self.upstream is None:
+                raise ValueError(f"a {self.state.value} route needs an upstream")
+            parse_upstream(self.upstream)
+        elif self.upstream is not None:
+            parse_upstream(self.upstream)
+
+
+class RouteTable(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A versioned, complete set of routes. Versions only grow (the control server
+    refuses a lower one); equal versions are accepted so a republish is harmless."""
+
+    version: NonNegative
+    routes: dict[str, Route] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for host in self.routes:
+            _check_host(host)
+
+
+def _check_host(host: str) -> None:
+    if not host or len(host) > _MAX_HOST_CHARS:
+        raise ValueError(f"host {host!r} is empty or too long")
+    if host != host.lower():
+        raise ValueError(f"host {host!r} must be lowercase")
+    if not set(host) <= _HOST_CHARS:
+        raise ValueError(f"host {host!r} has characters a hostname cannot have")
+    if host_key(host.encode()) != host.encode():
+        raise ValueError(f"host {host!r} must not carry a port or a trailing dot")
+
+
+EMPTY_TABLE: Final = RouteTable(version=0)
+
+_table_decoder: Final = msgspec.json.Decoder(RouteTable)
+
+
+def decode_table(data: bytes) -> RouteTable:
+    """Decode and validate a JSON table; raises `msgspec.ValidationError` or
+    `msgspec.DecodeError` (both `msgspec.DecodeError`) with a message that says why."""
+    return _table_decoder.decode(data)
+
+
+def encode_table(table: RouteTable) -> bytes:
+    return msgspec.json.encode(table)
+
+
+def host_key(raw: bytes) -> bytes:
+    """Map a Host header value onto a table key: lowercase, port and trailing dot removed.
+
+    `Blog.Test:8080` -> `blog.test`; `[::1]:8080` -> `[::1]`. Pure and cheap: it runs
+    once per request.
+    """
+    raw = raw.lower()
+    if raw[:1] == b"[":
+        end = raw.find(b"]")
+        return raw[: end + 1] if end > 0 else raw
+    colon = raw.find(b":")
+    if colon >= 0:
+        raw = raw[:colon]
+    if raw[-1:] == b".":
+        raw = raw.rstrip(b".")
+    return raw
+
+
+class Target:
+    """A compiled route: what the hot path needs, precomputed once per table."""
+
+    __slots__ = ("proxied", "retry_after_s", "upstream_host", "upstream_key", "upstream_port")
+
+    def __init__(self, route: Route) -> None:
+        self.proxied: Final = action_for(route.state) is Action.PROXY
+        self.retry_after_s: Final = route.retry_after_s
+        self.upstream_key: Final = route.upstream or ""
+        host, port = parse_upstream(route.upstream) if route.upstream else ("", 0)
+        self.upstream_host: Final = host
+        self.upstream_port: Final = port
+
+
+class Routing:
+    """A table compiled for lookup by raw Host header bytes. Immutable after init."""
+
+    __slots__ = ("_targets", "table")
+
+    def __init__(self, table: RouteTable) -> None:
+        self.table: Final = table
+        self._targets: Final = {host.encode(): Target(r) for host, r in table.routes.items()}
+
+    def lookup(self, raw_host: bytes) -> Target | None:
+        """The target for a Host header value, or None when no route names that host."""
+        targets = self._targets
+        found = targets.get(raw_host)  # the common case: already a bare lowercase name
+        if found is None:
+            found = targets.get(host_key(raw_host))
+        return found
+
+    def upstream_keys(self) -> frozenset[str]:
+        return frozenset(t.upstream_key for t in self._targets.values() if t.upstream_key)

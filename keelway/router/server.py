@@ -1,0 +1,171 @@
+"""The router process: wiring of listener, proxy, control server and table file.
+
+Owns the process lifecycle. Start: sweep and load the saved table (a bad file is logged
+and replaced by an empty table, so health checks and pushes still work), take the
+listening socket (inherited fd or own bind), serve. SIGTERM or SIGINT: stop accepting,
+let in-flight exchanges finish up to `drain_timeout_s`, exit 0. Signal handlers only set
+an event; all work happens in the serving coroutine.
+
+Later multi-worker mode is meant to run `serve` once per worker process over the same
+inherited listening fd; nothing here assumes it is the only process accepting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+import uvloop
+
+from keelway.router.control import ControlServer
+from keelway.router.proxy import Proxy, ProxyOptions
+from keelway.router.route_table import EMPTY_TABLE, RouteTable
+from keelway.router.table_file import TableFileError, load_table
+
+log: Final = logging.getLogger("keelway.router")
+
+LISTEN_BACKLOG: Final = 1024
+
+
+class StartupError(Exception):
+    """The router cannot start with the options it was given (operator's to fix)."""
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """Everything `serve` needs; `listen_fd` wins over `listen` (exactly one is set)."""
+
+    listen_fd: int | None = None
+    listen: tuple[str, int] | None = None
+    control_path: Path | None = None
+    state_path: Path | None = None
+    options: ProxyOptions = field(default_factory=ProxyOptions)
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def parse_args(argv: Sequence[str]) -> RouterConfig:
+    parser = argparse.ArgumentParser(
+        prog="python -m keelway.router", description="keelway's HTTP router (data plane)"
+    )
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--listen-fd", type=int, metavar="N", help="inherited listening socket")
+    where.add_argument("--listen", type=_host_port, metavar="HOST:PORT", help="bind here")
+    parser.add_argument("--control", type=Path, metavar="PATH", help="control unix socket")
+    parser.add_argument("--state", type=Path, metavar="PATH", help="route table file")
+    parser.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=ProxyOptions.drain_timeout_s,
+        metavar="SECONDS",
+        help="on SIGTERM, how long in-flight requests may take (default %(default)s)",
+    )
+    args = parser.parse_args(argv)
+    return RouterConfig(
+        listen_fd=args.listen_fd,
+        listen=args.listen,
+        control_path=args.control,
+        state_path=args.state,
+        options=ProxyOptions(drain_timeout_s=args.drain_timeout),
+    )
+
+
+def open_listener(config: RouterConfig) -> socket.socket:
+    """The listening TCP socket, inherited or bound here. Raises StartupError."""
+    if config.listen_fd is not None:
+        try:
+            sock = socket.socket(fileno=config.listen_fd)
+        except OSError as exc:
+            raise StartupError(f"--listen-fd {config.listen_fd} is not a socket") from exc
+        if sock.type != socket.SOCK_STREAM:
+            raise StartupError(f"--listen-fd {config.listen_fd} is not a TCP socket")
+        if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+            sock.listen(LISTEN_BACKLOG)
+    elif config.listen is not None:
+        host, port = config.listen
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            sock.close()
+            raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+        sock.listen(LISTEN_BACKLOG)
+    else:
+        raise StartupError("give --listen-fd or --listen")
+    sock.setblocking(False)
+    return sock
+
+
+def initial_table(state_path: Path | None) -> RouteTable:
+    if state_path is None:
+        return EMPTY_TABLE
+    try:
+        table = load_table(state_path)
+    except TableFileError as exc:
+        log.error("%s; starting with no routes until the control plane pushes a table", exc)
+        return EMPTY_TABLE
+    if table is None:
+        log.info("no saved route table at %s; starting with no routes", state_path)
+        return EMPTY_TABLE
+    log.info(
+        "route table v%d loaded from %s (%d routes)", table.version, state_path, len(table.routes)
+    )
+    return table
+
+
+async def serve(config: RouterConfig, sock: socket.socket) -> bool:
+    """Serve until SIGTERM/SIGINT, then drain. Returns True on a clean drain."""
+    loop = asyncio.get_running_loop()
+    proxy = Proxy(initial_table(config.state_path), config.options)
+    control: ControlServer | None = None
+    if config.control_path is not None:
+        control = ControlServer(proxy, config.state_path)
+        await control.start(config.control_path)
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    server = await loop.create_server(proxy.protocol, sock=sock, backlog=LISTEN_BACKLOG)
+    host, port = sock.getsockname()[:2]
+    log.info(
+        "listening on %s:%d%s", host, port, f" (control {config.control_path})" if control else ""
+    )
+    await stop.wait()
+    log.info("stopping: draining %d client connections", len(proxy.connections))
+    server.close()
+    clean = await proxy.drain()
+    if control is not None:
+        await control.close()
+    log.info("stopped%s", "" if clean else " (some connections aborted at the deadline)")
+    return clean
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `python -m keelway.router`; returns the exit code."""
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        format="%(asctime)s router[%(process)d] %(levelname)s %(message)s",
+    )
+    config = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        sock = open_listener(config)
+    except StartupError as exc:
+        log.error("%s", exc)
+        return 2
+    uvloop.run(serve(config, sock))
+    return 0

@@ -1,0 +1,46 @@
+"""The router's route table on disk: the last table it accepted, so that a restarted
+router serves what it served before, with no control plane running.
+
+Invariant: the file holds a complete, valid table or does not exist. It is written with
+`durable.write_atomic` (temp -> fsync -> rename -> fsync dir) before the table is swapped
+in, and temp leftovers of a crash are swept at load.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+from keelway.durable import sweep_temp, write_atomic
+from keelway.router.route_table import RouteTable, decode_table, encode_table
+
+
+class TableFileError(Exception):
+    """The table file exists but cannot be read or trusted (operator's to repair)."""
+
+
+def load_table(path: Path) -> RouteTable | None:
+    """The table saved at `path`, or None when there is none yet.
+
+    Raises TableFileError when the file is unreadable or invalid; the file is left as is.
+    """
+    sweep_temp(path.parent)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise TableFileError(f"read route table {path}: {exc.strerror}") from exc
+    try:
+        return decode_table(data)
+    except msgspec.DecodeError as exc:
+        raise TableFileError(f"decode route table {path}: {exc}") from exc
+
+
+def save_table(path: Path, table: RouteTable) -> None:
+    """Durably replace the saved table; after return a crash keeps `table`.
+
+    A crash before return leaves the previous table (or none). Raises OSError.
+    """
+    write_atomic(path, encode_table(table), mode=0o600)

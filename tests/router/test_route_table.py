@@ -1,0 +1,92 @@
+"""The route table as data: format, validation, host matching. No I/O."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from keelway.router.route_table import (
+    Route,
+    RouteState,
+    RouteTable,
+    Routing,
+    decode_table,
+    encode_table,
+    host_key,
+)
+
+WIRE = (
+    b'{"version": 7, "routes": {"blog.test": {"state": "serving", '
+    b'"upstream": "127.0.0.1:34567", "retry_after_s": 5}}}'
+)
+
+
+def test_the_documented_wire_format_decodes_and_round_trips() -> None:
+    table = decode_table(WIRE)
+    assert table.version == 7
+    assert table.routes["blog.test"] == Route(RouteState.SERVING, "127.0.0.1:34567", 5)
+    assert decode_table(encode_table(table)) == table
+
+
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        (b"blog.test", b"blog.test"),
+        (b"Blog.TEST", b"blog.test"),
+        (b"blog.test:8080", b"blog.test"),
+        (b"BLOG.test.:80", b"blog.test"),
+        (b"[::1]:8080", b"[::1]"),
+    ],
+)
+def test_host_keys_ignore_case_port_and_trailing_dot(raw: bytes, key: bytes) -> None:
+    assert host_key(raw) == key
+
+
+def test_lookup_matches_any_spelling_of_a_routed_host() -> None:
+    routing = Routing(decode_table(WIRE))
+    for raw in (b"blog.test", b"BLOG.test:80", b"blog.test."):
+        target = routing.lookup(raw)
+        assert target is not None
+        assert (target.upstream_host, target.upstream_port) == ("127.0.0.1", 34567)
+    assert routing.lookup(b"other.test") is None
+
+
+def test_gated_and_holding_routes_are_not_proxied_serving_and_draining_are() -> None:
+    table = RouteTable(
+        version=1,
+        routes={
+            "a.test": Route(RouteState.SERVING, "127.0.0.1:1"),
+            "b.test": Route(RouteState.DRAINING, "127.0.0.1:2"),
+            "c.test": Route(RouteState.GATED, retry_after_s=9),
+            "d.test": Route(RouteState.HOLDING),
+        },
+    )
+    routing = Routing(table)
+    proxied = {h: routing.lookup(h.encode()).proxied for h in table.routes}  # type: ignore[union-attr]
+    assert proxied == {"a.test": True, "b.test": True, "c.test": False, "d.test": False}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b'{"version": -1, "routes": {}}',
+        b'{"version": 1, "routes": {"Blog.test": {"state": "gated"}}}',
+        b'{"version": 1, "routes": {"blog.test:80": {"state": "gated"}}}',
+        b'{"version": 1, "routes": {"blog.test": {"state": "serving"}}}',
+        b'{"version": 1, "routes": {"blog.test": {"state": "serving", "upstream": "nope"}}}',
+        b'{"version": 1, "routes": {"b.test": {"state": "serving", "upstream": "h:70000"}}}',
+        b'{"version": 1, "routes": {"blog.test": {"state": "asleep"}}}',
+        b'{"version": 1, "routes": {"blog.test": {"state": "gated", "retry_after_s": -3}}}',
+        b'{"version": 1, "routes": {}, "extra": 1}',
+        b"not json",
+    ],
+)
+def test_invalid_tables_are_refused_with_a_reason(bad: bytes) -> None:
+    with pytest.raises(msgspec.DecodeError) as info:
+        decode_table(bad)
+    assert str(info.value)
+
+
+def test_a_table_cannot_be_constructed_invalid_either() -> None:
+    with pytest.raises(ValueError, match="needs an upstream"):
+        Route(RouteState.SERVING)
