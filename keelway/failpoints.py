@@ -1,31 +1,51 @@
 """Named failpoints: places where a test may kill the control plane outright.
 
-`KEELWAY_FAILPOINTS=name[,name...]` arms them. An armed failpoint SIGKILLs this process:
-it never raises, because an exception would run `finally` blocks and cleanup that a
-real crash would not, and the tests would then prove the wrong thing.
+`KEELWAY_FAILPOINTS=name[,name@N...]` arms them: a bare name dies at its first hit,
+`name@N` at its N-th hit in this process. An armed failpoint SIGKILLs this process: it
+never raises, because an exception would run `finally` blocks and cleanup that a real
+crash would not, and the tests would then prove the wrong thing.
+
+`KEELWAY_FAILPOINTS_TRACE=path` appends the name of every hit to `path`, one per line:
+the crash matrix runs a scenario once with it to learn every point the scenario passes,
+then once per point with that point armed.
 
 Every durable write and every external effect has one failpoint before it and one
-after it; `KNOWN` lists them all so that the crash matrix can say what it covered.
+after it; `KNOWN` lists the declared names.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from collections import Counter
 
 KNOWN: set[str] = set()
-
-
-def _armed() -> frozenset[str]:
-    raw = os.environ.get("KEELWAY_FAILPOINTS", "")
-    return frozenset(part.strip() for part in raw.split(",") if part.strip())
+_hits: Counter[str] = Counter()
 
 
 def declare(*names: str) -> None:
     KNOWN.update(names)
 
 
+def _armed() -> dict[str, int]:
+    raw = os.environ.get("KEELWAY_FAILPOINTS", "")
+    armed: dict[str, int] = {}
+    for part in raw.split(","):
+        name, _, nth = part.strip().partition("@")
+        if name:
+            armed[name] = int(nth) if nth.isdigit() else 1
+    return armed
+
+
 def hit(name: str) -> None:
-    """Die here, now, if `name` is armed."""
-    if name in _armed():
+    """Die here, now, if `name` is armed for this hit."""
+    if not os.environ.get("KEELWAY_FAILPOINTS") and not os.environ.get(
+            "KEELWAY_FAILPOINTS_TRACE"):
+        return  # the production path: two dict lookups
+    _hits[name] += 1
+    trace = os.environ.get("KEELWAY_FAILPOINTS_TRACE")
+    if trace:
+        with open(trace, "a") as handle:
+            handle.write(f"{name}\n")
+    if _armed().get(name) == _hits[name]:
         os.kill(os.getpid(), signal.SIGKILL)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from keelway.home import Home
 from keelway.store import Store
 from keelway.testing.clock import FakeClock
+from tests.e2e.harness import Keelway, free_port
 
 
 @pytest.fixture
@@ -28,3 +30,11 @@ def home(tmp_path: Path) -> Home:
     h = Home(tmp_path / "home")
     h.ensure()
     return h
+
+
+@pytest.fixture
+def kw(tmp_path: Path) -> Iterator[Keelway]:
+    """A real daemon driven by the real CLI in a temp KEELWAY_HOME, torn down by pid."""
+    keelway = Keelway(home=tmp_path / "kh", http_port=free_port())
+    yield keelway
+    keelway.teardown()

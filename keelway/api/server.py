@@ -8,9 +8,12 @@ and one final `{"event": "result" | "error", ...}` line, so the CLI can show pro
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 import os
-from collections.abc import Awaitable, Callable
+import re
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +26,56 @@ from keelway.api.views import operation_view, status_view
 from keelway.builds import gc as builds_gc
 from keelway.builds.errors import BuildError
 from keelway.builds.stage import stage
-from keelway.deploy.deployer import Deployer
+from keelway.builds.manifest import Mode
+from keelway.deploy.deployer import Deployer, InstanceResult
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
 from keelway.home import Home, valid_app_name
 from keelway.runtime.logs import parse_log_name, read_from, tail_lines
 from keelway.store import Store
+from keelway.store.lifecycle import RequestState
 
 log = logging.getLogger("keelway.api")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+_CONFIG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+Progress = Callable[[str], None]
+Work = Callable[[Progress], Coroutine[Any, Any, dict[str, Any]]]
+
+
+def _mode(value: str | None) -> Mode | None:
+    if value is None:
+        return None
+    try:
+        return Mode(value)
+    except ValueError:
+        raise UserError(f"unknown mode {value!r}", hint="use overlap or hold") from None
+
+
+def _digest(kind: str, body: msgspec.Struct) -> str:
+    """What a key names: the request without its key, canonically encoded."""
+    fields = {f: getattr(body, f) for f in body.__struct_fields__ if f != "key"}
+    encoded = msgspec.json.encode({"kind": kind, **fields}, order="sorted")
+    return hashlib.sha256(encoded).hexdigest()
+
+
+def _final_event(task: asyncio.Task[dict[str, Any]]) -> dict[str, Any]:
+    try:
+        result = task.result()
+    except BuildError as exc:
+        return {"event": "error", "error": {
+            "code": "build-failed", "message": str(exc),
+            "hint": "fix the app and deploy again; nothing was changed"}}
+    except OperationError as exc:
+        return {"event": "error", "error": {
+            "code": exc.code, "message": exc.message, "hint": exc.hint}}
+    except Exception:
+        log.exception("operation failed")
+        return {"event": "error", "error": {
+            "code": "internal", "message": "internal error during the operation",
+            "hint": "see $KEELWAY_HOME/logs/keelway.log"}}
+    return {"event": "result", "result": result}
 
 
 def error_response(status: int, code: str, message: str, hint: str | None = None) -> web.Response:
@@ -94,6 +138,11 @@ class Api:
             web.get("/v1/apps/{app}/releases", self.releases),
             web.post("/v1/apps/{app}/stop", self.stop),
             web.post("/v1/apps/{app}/start", self.start),
+            web.post("/v1/apps/{app}/restart", self.restart),
+            web.get("/v1/apps/{app}/config", self.config_get),
+            web.post("/v1/apps/{app}/config", self.config_set),
+            web.post("/v1/apps/{app}/rollback", self.rollback),
+            web.post("/v1/reconcile", self.reconcile),
             web.post("/v1/gc", self.gc),
             web.post("/v1/shutdown", self.shutdown),
         ])
@@ -114,6 +163,7 @@ class Api:
         if not valid_app_name(body.app):
             raise UserError(f"{body.app!r} is not a valid app name",
                             hint="start with a letter; use lowercase letters, digits and dashes")
+        mode = _mode(body.mode)
         source = Path(body.source)
         if not source.is_absolute():
             raise UserError("the source path must be absolute (the CLI resolves it)")
@@ -121,6 +171,114 @@ class Api:
             raise UserError(f"{source} does not exist",
                             hint="give a directory, a tarball or a git repository")
         self.deployer.validate_hosts(body.app, body.hosts)
+
+        async def work(progress: Progress) -> dict[str, Any]:
+            progress(f"staging {source}")
+            staged = await asyncio.to_thread(
+                stage, source, builds_dir=self.home.builds_dir, app=body.app, ref=body.ref,
+                git=body.git, progress=progress,
+            )
+            progress(f"build {staged.digest[:12]} " + ("reused" if staged.reused else "staged"))
+            results = await self.deployer.deploy(body.app, staged.digest, staged.path,
+                                                 body.hosts, progress, key=body.key,
+                                                 request_digest=digest, mode=mode)
+            return {"app": body.app, "build": staged.digest,
+                    "instances": self._instances_view(results)}
+
+        digest = _digest("deploy", body)
+        async with self._gc_lock:
+            self._deploying[body.app] = self._deploying.get(body.app, 0) + 1
+        try:
+            return await self._operation(request, body.app, "deploy", body.key, digest, work)
+        finally:
+            self._deploying[body.app] -= 1
+            if not self._deploying[body.app]:
+                del self._deploying[body.app]
+
+    async def restart(self, request: web.Request) -> web.StreamResponse:
+        name = self._app_name(request)
+        body: bodies.RestartBody = await _body(request, bodies.RestartBody)
+        self.deployer.instances_of(name, body.instance)
+        digest = _digest(f"restart {name}", body)
+
+        async def work(progress: Progress) -> dict[str, Any]:
+            results = await self.deployer.restart(name, body.instance, progress, body.key,
+                                                  digest)
+            return {"app": name, "instances": self._instances_view(results)}
+
+        return await self._operation(request, name, "restart", body.key, digest, work)
+
+    async def config_set(self, request: web.Request) -> web.StreamResponse:
+        name = self._app_name(request)
+        body: bodies.ConfigBody = await _body(request, bodies.ConfigBody)
+        changes: dict[str, str | None] = {k: None for k in body.unset}
+        changes.update(body.set)
+        bad = [k for k in changes if not _CONFIG_NAME.match(k)]
+        if bad:
+            raise UserError(f"not a config var name: {', '.join(bad)}",
+                            hint="use letters, digits and underscores, not starting with a digit")
+        if not changes:
+            raise UserError("nothing to change", hint="give K=V to set or K to unset")
+        reserved = [k for k in changes if k.startswith("KEELWAY_") or k == "PORT"]
+        if reserved:
+            raise UserError(f"{', '.join(reserved)} is set by keelway itself")
+        digest = _digest(f"config {name}", body)
+
+        async def work(progress: Progress) -> dict[str, Any]:
+            results = await self.deployer.set_config(name, changes, progress, body.key, digest)
+            return {"app": name, "changed": sorted(changes),
+                    "instances": self._instances_view(results)}
+
+        return await self._operation(request, name, "config", body.key, digest, work)
+
+    async def config_get(self, request: web.Request) -> web.Response:
+        name = self._app_name(request)
+        app = self.store.get_app(name)
+        return web.json_response({"app": name, "config": app.config if app else {}})
+
+    async def rollback(self, request: web.Request) -> web.StreamResponse:
+        name = self._app_name(request)
+        body: bodies.RollbackBody = await _body(request, bodies.RollbackBody)
+        digest = _digest(f"rollback {name}", body)
+
+        async def work(progress: Progress) -> dict[str, Any]:
+            results = await self.deployer.rollback(name, body.to, progress, body.key, digest)
+            return {"app": name, "instances": self._instances_view(results)}
+
+        return await self._operation(request, name, "rollback", body.key, digest, work)
+
+    async def reconcile(self, request: web.Request) -> web.Response:
+        body: bodies.ReconcileBody = await _body(request, bodies.ReconcileBody)
+        report = await self.deployer.reconcile_all(body.dry_run)
+        return web.json_response({"dry_run": body.dry_run, "instances": report})
+
+    def _instances_view(self, results: list[InstanceResult]) -> list[dict[str, Any]]:
+        port = self.http_port
+        return [{"host": r.host, "release": f"v{r.release}", "outcome": r.outcome,
+                 "url": f"http://{r.host}:{port}/" if port else f"http://{r.host}/"}
+                for r in results]
+
+    async def _operation(self, request: web.Request, app: str, kind: str, key: str | None,
+                         digest: str, work: Work) -> web.StreamResponse:
+        """Run `work` streaming its progress as NDJSON, under an idempotency key if given.
+
+        A key names one request: a repeat replays the recorded outcome, success or
+        failure; the same key with another request, or while it is in flight, is a
+        conflict (409) and runs nothing.
+        """
+        if key is not None:
+            claimed, fresh = self.store.begin_request(key, app, kind, digest,
+                                                      self.deployer.owner)
+            if not fresh:
+                if claimed.digest != digest:
+                    return error_response(409, "key-conflict",
+                                          f"the key {key!r} names another request",
+                                          "use a new key for a new request")
+                if claimed.state is RequestState.RUNNING:
+                    return error_response(409, "key-in-flight",
+                                          f"the request with key {key!r} is still running",
+                                          "wait for it, then repeat to see its outcome")
+                return await self._replay(request, claimed.result)
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
         loop = asyncio.get_running_loop()
@@ -129,44 +287,38 @@ class Api:
         def progress(message: str) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, message)
 
-        async def run() -> dict[str, Any]:
-            progress(f"staging {source}")
-            staged = await asyncio.to_thread(
-                stage, source, builds_dir=self.home.builds_dir, app=body.app, ref=body.ref,
-                git=body.git, progress=progress,
-            )
-            progress(f"build {staged.digest[:12]} " + ("reused" if staged.reused else "staged"))
-            results = await self.deployer.deploy(body.app, staged.digest, staged.path,
-                                                 body.hosts, progress)
-            port = self.http_port
-            return {
-                "app": body.app, "build": staged.digest,
-                "instances": [
-                    {"host": r.host, "release": f"v{r.release}",
-                     "url": f"http://{r.host}:{port}/" if port else f"http://{r.host}/"}
-                    for r in results
-                ],
-            }
-
-        async with self._gc_lock:
-            self._deploying[body.app] = self._deploying.get(body.app, 0) + 1
-        task = loop.create_task(run())
+        task = loop.create_task(work(progress))
         try:
-            await self._stream_deploy(response, task, queue)
+            final = await self._stream(response, task, queue)
         finally:
-            # A client that hangs up does not cancel the deploy; it stays registered
-            # (pinning its builds against gc) until it is really over.
+            # A client that hangs up does not cancel the operation; its key stays
+            # claimed until the operation is really over.
             if not task.done():
                 await asyncio.wait({task})
-            self._deploying[body.app] -= 1
-            if not self._deploying[body.app]:
-                del self._deploying[body.app]
+            if key is not None:
+                final = _final_event(task)
+                state = (RequestState.SUCCEEDED if final["event"] == "result"
+                         else RequestState.FAILED)
+                self.store.finish_request(key, state, msgspec.json.encode(final).decode())
         await response.write_eof()
         return response
 
-    async def _stream_deploy(self, response: web.StreamResponse,
-                             task: asyncio.Task[dict[str, Any]],
-                             queue: asyncio.Queue[str]) -> None:
+    async def _replay(self, request: web.Request, recorded: str | None) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await response.prepare(request)
+        final: dict[str, Any] = json.loads(recorded) if recorded else {}
+        if "event" not in final:
+            final = {"event": "error", "error": {
+                "code": "interrupted", "message": "the request was interrupted by a "
+                "control-plane crash; its operations were reconciled",
+                "hint": "see `keelway ops`"}}
+        final["replayed"] = True
+        await _send(response, final)
+        await response.write_eof()
+        return response
+
+    async def _stream(self, response: web.StreamResponse, task: asyncio.Task[dict[str, Any]],
+                      queue: asyncio.Queue[str]) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
         while not task.done() or not queue.empty():
             getter = loop.create_task(queue.get())
@@ -175,22 +327,9 @@ class Api:
                 await _send(response, {"event": "progress", "message": getter.result()})
             else:
                 getter.cancel()
-        try:
-            result = task.result()
-        except BuildError as exc:
-            await _send(response, {"event": "error", "error": {
-                "code": "build-failed", "message": str(exc),
-                "hint": "fix the app and deploy again; nothing was changed"}})
-        except OperationError as exc:
-            await _send(response, {"event": "error", "error": {
-                "code": exc.code, "message": exc.message, "hint": exc.hint}})
-        except Exception:
-            log.exception("deploy failed")
-            await _send(response, {"event": "error", "error": {
-                "code": "internal", "message": "internal error during deploy",
-                "hint": "see $KEELWAY_HOME/logs/keelway.log"}})
-        else:
-            await _send(response, {"event": "result", "result": result})
+        final = _final_event(task)
+        await _send(response, final)
+        return final
 
     async def apps(self, _request: web.Request) -> web.Response:
         out = []
@@ -207,7 +346,8 @@ class Api:
         app = request.query.get("app")
         if app is not None and self.store.get_app(app) is None:
             raise NotFoundError(f"no app named {app}", hint="see `keelway apps`")
-        return web.json_response(status_view(self.store, self.http_port, app))
+        return web.json_response(status_view(self.store, self.http_port, app,
+                                             self.deployer.live_ops))
 
     async def releases(self, request: web.Request) -> web.Response:
         name = self._app_name(request)

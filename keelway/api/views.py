@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from keelway.reconcile.plan import leftovers as unconverged
 from keelway.store import Store
 from keelway.store.lifecycle import GenState
 from keelway.store.records import Generation, Operation
@@ -35,7 +36,8 @@ def operation_view(op: Operation, with_steps: bool = True) -> dict[str, Any]:
     return view
 
 
-def status_view(store: Store, http_port: int | None, app_filter: str | None) -> dict[str, Any]:
+def status_view(store: Store, http_port: int | None, app_filter: str | None,
+                live_ops: set[int] | None = None) -> dict[str, Any]:
     apps = [a for a in store.list_apps() if app_filter is None or a.name == app_filter]
     pinned = store.pinned_builds()
     out: list[dict[str, Any]] = []
@@ -60,8 +62,20 @@ def status_view(store: Store, http_port: int | None, app_filter: str | None) -> 
                     leftovers.append({"instance": inst.host, **item})
             running = [g for g in live if g.id in active.values() and g.state is not GenState.GONE]
             url = f"http://{inst.host}:{http_port}/" if http_port else f"http://{inst.host}/"
+            stuck = unconverged(latest, set(active.values()),
+                                latest is not None and latest.id in (live_ops or set()))
+            failed_closed = None
+            if stuck:
+                failed_closed = {
+                    "operation": latest.id if latest else None,
+                    "leftovers": sorted({f"{s.service} generation {s.after_gen}"
+                                         for s in stuck}),
+                    "warnings": latest.warnings if latest else [],
+                    "next": "stop the leftover process, then `keelway reconcile`",
+                }
             instances.append({
                 "host": inst.host, "state": inst.state.value, "url": url,
+                "down_reason": inst.down_reason, "failed_closed": failed_closed,
                 "release": (f"v{running[0].release}" if running else None),
                 "route": ({"state": route.state.value, "port": route.port} if route else None),
                 "processes": services,

@@ -316,10 +316,38 @@ class Attempt:
                 await self.publisher.publish()
             except OperationError as exc:
                 self._say(f"could not republish: {exc.message}")
-        if replacement is None and self.cause is Cause.RELEASE and not any(
-                self._alive(g) for g in prior.values()):
-            reason += "; no good build to fall back to"
+        if activated:
+            # A service whose candidate is still ACTIVE had nothing to go back to: stop it
+            # rather than leave a failed build published (boot would restart it).
+            stale = [g for s, g in self._active_gens().items()
+                     if s not in restarted and not (prior.get(s) and self._alive(prior[s]))]
+            if stale:
+                await self._stop_instance_for_good(stale, reason)
+                reason += "; no good build to fall back to, so the instance is stopped"
         return Result(Outcome.FAILED, reason, released=self._released)
+
+    def _active_gens(self) -> dict[str, Generation]:
+        found: dict[str, Generation] = {}
+        for active in self.store.list_active(self.host):
+            gen = self.store.get_generation(active.generation_id)
+            if gen is not None:
+                found[active.service] = gen
+        return found
+
+    async def _stop_instance_for_good(self, gens: list[Generation], reason: str) -> None:
+        inst = self.store.get_instance(self.host)
+        if inst is not None:
+            self.store.set_instance_state(inst, InstanceState.STOPPED,
+                                          f"v{self.target.release} failed: {reason}")
+        if self.store.get_route(self.host) is not None:
+            self.store.set_route(self.host, self.host, RouteState.GATED, None, None)
+            try:
+                await self.publisher.publish()
+            except OperationError as exc:
+                self._say(f"could not republish: {exc.message}")
+        for gen in gens:
+            if gen.state is not GenState.GONE:
+                await self._stop(gen, 10.0, f"stop {gen.service} (no fallback)")
 
     async def _go_down(self, reason: str) -> None:
         """Stop everything of the instance and keep it down, saying why."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from keelway import failpoints
-from keelway.builds.manifest import ServiceKind
+from keelway.builds.manifest import Mode, ServiceKind
 from keelway.clock import Clock
 from keelway.deploy.attempt import Attempt, Cause, Outcome, Result
 from keelway.deploy.errors import AppFailed, NotFoundError, OperationError, UserError
@@ -26,7 +26,7 @@ from keelway.deploy.publisher import Publisher
 from keelway.durable import symlink_atomic
 from keelway.home import Home, valid_host
 from keelway.reconcile.apply import FailedClosed, Reconciler
-from keelway.reconcile.plan import Mode
+from keelway.reconcile.plan import Mode as Pass
 from keelway.runtime.backoff import Backoff
 from keelway.runtime.environment import ensure_instance_key
 from keelway.runtime.supervisor import Supervisor
@@ -109,7 +109,8 @@ class Deployer:
 
     async def deploy(self, app: str, build_digest: str, build_path: Path, hosts: list[str],
                      progress: Progress = _quiet, key: str | None = None,
-                     request_digest: str | None = None) -> list[InstanceResult]:
+                     request_digest: str | None = None,
+                     mode: Mode | None = None) -> list[InstanceResult]:
         """Release a staged build to every instance of `app` (and to new `hosts`)."""
         self.validate_hosts(app, hosts)
         self.store.ensure_app(app)
@@ -122,7 +123,7 @@ class Deployer:
         config = dict(app_record.config) if app_record else {}
         return await self._rollout(app, "deploy", Cause.RELEASE, build_digest, build_path,
                                    config, f"Deploy {build_digest[:12]}", targets, progress,
-                                   key, request_digest)
+                                   key, request_digest, mode)
 
     async def set_config(self, app: str, changes: dict[str, str | None],
                          progress: Progress = _quiet, key: str | None = None,
@@ -174,13 +175,14 @@ class Deployer:
     async def _rollout(self, app: str, kind: str, cause: Cause, build_digest: str,
                        build_path: Path, config: dict[str, str], description: str,
                        hosts: list[str], progress: Progress, key: str | None,
-                       request_digest: str | None) -> list[InstanceResult]:
+                       request_digest: str | None,
+                       mode: Mode | None = None) -> list[InstanceResult]:
         # Scheduling comes first and outside every lock: a newer intent is what makes an
         # older attempt, still running, stand down at its next check.
         revs = {host: self.store.bump_schedule(host) for host in hosts}
         async with self._app_locks.setdefault(app, asyncio.Lock()):
             number = self.store.next_release_number(app)
-            target = Target.load(app, number, build_digest, build_path, config)
+            target = Target.load(app, number, build_digest, build_path, config, mode)
             fallback = self._last_good(app, build_digest) if cause is Cause.RELEASE else None
             released = False
 
@@ -234,7 +236,7 @@ class Deployer:
                           write_release: Callable[[], None] | None, progress: Progress,
                           key: str | None, request_digest: str | None) -> Result:
         async with self.lock(host):
-            await self._reconcile_locked(host, Mode.MUTATION)
+            await self._reconcile_locked(host, Pass.MUTATION)
             inst = self.store.get_instance(host)
             if inst is None or inst.schedule_rev != rev:
                 return Result(Outcome.SUPERSEDED, "superseded before it started")
@@ -251,7 +253,7 @@ class Deployer:
             finally:
                 self.live_ops.discard(op.id)
             self._finish(op, result)
-            await self._reconcile_locked(host, Mode.MUTATION)
+            await self._reconcile_locked(host, Pass.MUTATION)
             self._link_current(host)
             return result
 
@@ -268,7 +270,7 @@ class Deployer:
             message += f": {result.reason}"
         self.store.add_event("op", message, app=op.app, instance=op.instance)
 
-    async def _reconcile_locked(self, host: str, mode: Mode) -> None:
+    async def _reconcile_locked(self, host: str, mode: Pass) -> None:
         try:
             outcome = await self.reconciler.reconcile(host, mode, self.live_ops)
         except FailedClosed as exc:
@@ -276,7 +278,7 @@ class Deployer:
                 f"{host} is failed closed: {exc.leftover}",
                 hint="the process must go before anything else runs here: stop it, then "
                      "`keelway reconcile`; `keelway status` shows it") from exc
-        if outcome.republish and mode is not Mode.MUTATION:
+        if outcome.republish and mode is not Pass.MUTATION:
             await self.publisher.publish()
 
     # -- stop / start ----------------------------------------------------------------
@@ -284,7 +286,7 @@ class Deployer:
     async def stop_instance(self, inst: Instance) -> None:
         """Gate the route, then stop every generation; ACTIVE stays so start can respawn."""
         async with self.lock(inst.host):
-            await self._reconcile_locked(inst.host, Mode.MUTATION)
+            await self._reconcile_locked(inst.host, Pass.MUTATION)
             inst = self.store.get_instance(inst.host) or inst
             op = self.store.begin_operation(inst.app, inst.host, "stop", self.owner)
             self.live_ops.add(op.id)
@@ -308,7 +310,7 @@ class Deployer:
 
     async def start_instance(self, inst: Instance) -> None:
         async with self.lock(inst.host):
-            await self._reconcile_locked(inst.host, Mode.MUTATION)
+            await self._reconcile_locked(inst.host, Pass.MUTATION)
             inst = self.store.get_instance(inst.host) or inst
             op = self.store.begin_operation(inst.app, inst.host, "start", self.owner)
             self.live_ops.add(op.id)
@@ -323,7 +325,7 @@ class Deployer:
             finally:
                 self.live_ops.discard(op.id)
             self._finish(op, result)
-            await self._reconcile_locked(inst.host, Mode.MUTATION)
+            await self._reconcile_locked(inst.host, Pass.MUTATION)
             self._link_current(inst.host)
             if result.outcome is not Outcome.DONE:
                 raise AppFailed(f"{inst.host}: {result.reason}",
@@ -392,6 +394,8 @@ class Deployer:
         if (self.closing or active is None or active.generation_id != gen.id or inst is None
                 or inst.state is not InstanceState.RUNNING):
             return
+        if gen.op_id in self.live_ops:
+            return  # it died while its own operation watches it settle: that op decides
         target = self._target_of(gen)
         spec = target.manifest.services.get(gen.service) if target else None
         if code == 0 and spec is not None and spec.kind is ServiceKind.WORKER:
@@ -424,7 +428,7 @@ class Deployer:
                 self.live_ops.discard(op.id)
             self._finish(op, result)
             try:
-                await self._reconcile_locked(gen.instance, Mode.MUTATION)
+                await self._reconcile_locked(gen.instance, Pass.MUTATION)
             except OperationError as exc:
                 log.warning("after a crash restart: %s", exc.message)
         if result.outcome is not Outcome.DONE:
@@ -440,7 +444,7 @@ class Deployer:
         for inst in self.store.list_instances():
             async with self.lock(inst.host):
                 try:
-                    await self.reconciler.reconcile(inst.host, Mode.BOOT, self.live_ops)
+                    await self.reconciler.reconcile(inst.host, Pass.BOOT, self.live_ops)
                 except FailedClosed as exc:
                     log.warning("%s", exc)
                 self._link_current(inst.host)
@@ -463,11 +467,11 @@ class Deployer:
         for inst in self.store.list_instances():
             async with self.lock(inst.host):
                 if dry_run:
-                    actions = self.reconciler.plan_for(inst.host, Mode.BOOT, self.live_ops)
+                    actions = self.reconciler.plan_for(inst.host, Pass.BOOT, self.live_ops)
                     error = None
                 else:
                     try:
-                        outcome = await self.reconciler.reconcile(inst.host, Mode.BOOT,
+                        outcome = await self.reconciler.reconcile(inst.host, Pass.BOOT,
                                                                   self.live_ops)
                         actions, error = outcome.actions, None
                         republish = republish or outcome.republish
@@ -490,7 +494,7 @@ class Deployer:
                     continue
                 async with lock:
                     try:
-                        outcome = await self.reconciler.reconcile(inst.host, Mode.PERIODIC,
+                        outcome = await self.reconciler.reconcile(inst.host, Pass.PERIODIC,
                                                                   self.live_ops)
                         republish = republish or outcome.republish
                     except FailedClosed as exc:

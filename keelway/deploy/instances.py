@@ -9,12 +9,13 @@ reconciler can always find the candidate of an interrupted start.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from keelway import failpoints
-from keelway.builds.manifest import Manifest, ServiceKind, ServiceSpec, load_manifest
+from keelway.builds.manifest import Manifest, Mode, ServiceKind, ServiceSpec, load_manifest
 from keelway.home import Home
 from keelway.runtime.environment import process_env
 from keelway.runtime.notify import NotifyListener
@@ -50,8 +51,14 @@ class Target:
 
     @classmethod
     def load(cls, app: str, release: int, build_digest: str, build_path: Path,
-             config: dict[str, str]) -> Target:
-        return cls(app, release, build_digest, build_path, config, load_manifest(build_path))
+             config: dict[str, str], mode: Mode | None = None) -> Target:
+        manifest = load_manifest(build_path)
+        if mode is not None:
+            # `deploy --mode`: this release swaps every service in the given mode.
+            manifest = dataclasses.replace(manifest, services={
+                name: dataclasses.replace(spec, mode=mode)
+                for name, spec in manifest.services.items()})
+        return cls(app, release, build_digest, build_path, config, manifest)
 
 
 class StartFailed(Exception):

@@ -114,13 +114,17 @@ def plan(records: Records, observed: Observed, mode: Mode) -> list[Action]:
     active_ids = set(records.active.values())
     candidates: set[int] = set()
 
-    if op is not None and not (not op.terminal and records.latest_is_live):
+    if op is not None and not op.terminal and records.latest_is_live:
+        # Its owner is still running it: everything it started is its owner's.
+        candidates.update(s.after_gen for s in op.steps if s.after_gen is not None)
+    elif op is not None:
         interrupted = not op.terminal
         failed_steps = {s.seq for s in op.steps if s.state is not StepState.SUCCEEDED}
         for step in steps_to_converge(op, interrupted):
             assert step.after_gen is not None
-            candidates.add(step.after_gen)
             published = step.after_gen in active_ids
+            if not published:
+                candidates.add(step.after_gen)  # removed here, not by the general pass
             error = None
             if interrupted and step.state is not StepState.SUCCEEDED:
                 error = ("interrupted; the published generation is kept" if published

@@ -1,0 +1,85 @@
+"""SPEC §5, checked against a real home: the store, /proc, and the router's own table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from keelway.builds.manifest import Mode, load_manifest
+from keelway.reconcile.plan import leftovers
+from keelway.router.client import get_table_sync
+from keelway.runtime import process
+from keelway.store import Store
+from keelway.store.lifecycle import GenState, RouteState
+
+
+def violations(home: Path) -> list[str]:
+    """Every broken invariant, as sentences; [] when all hold."""
+    found: list[str] = []
+    store = Store(home / "keelway.db")
+    try:
+        live = store.live_generations()
+        by_id = {g.id: g for g in live}
+        alive = {g.id for g in live if g.pid and g.start_ticks
+                 and process.is_alive(g.pid, g.start_ticks)}
+
+        # 5. No process keelway started is alive unless a record names it.
+        for gen_id, pids in process.find_generation_processes(str(home)).items():
+            gen = by_id.get(gen_id)
+            for pid in pids:
+                if gen is None or gen.pid != pid:
+                    found.append(f"process {pid} of generation {gen_id} is alive but no "
+                                 "record names it")
+        # A record that is not gone must not name a dead process for long (boot converges).
+        for gen in live:
+            if gen.id not in alive:
+                found.append(f"generation {gen.id} is recorded {gen.state.value} but its "
+                             "process is dead")
+
+        for inst in store.list_instances():
+            active = {a.service: a.generation_id for a in store.list_active(inst.host)}
+            # 1. A hold-mode service never has two generations alive at once.
+            for service in {g.service for g in live if g.instance == inst.host}:
+                gens = [g for g in live if g.instance == inst.host and g.service == service
+                        and g.id in alive]
+                build = store.get_generation(gens[0].id) if gens else None
+                if build is None:
+                    continue
+                builds = {b.digest: b for b in store.list_builds(inst.app)}
+                path = builds.get(build.build_digest)
+                spec = (load_manifest(Path(path.path)).services.get(service)
+                        if path is not None else None)
+                if spec is not None and spec.mode is Mode.HOLD and len(gens) > 1:
+                    found.append(f"{inst.host} {service}: {len(gens)} hold-mode generations "
+                                 "alive at once")
+            # 2. Traffic goes only to the generation ACTIVE names (or is held/gated).
+            route = store.get_route(inst.host)
+            if route is not None and route.state is RouteState.SERVING:
+                if route.generation_id != active.get("web"):
+                    found.append(f"{inst.host}: the route names generation "
+                                 f"{route.generation_id}, ACTIVE names {active.get('web')}")
+            # 4. The latest operation is terminal, or the instance is failed closed with
+            # its leftover visible.
+            latest = store.latest_operation(inst.host)
+            if latest is not None and not latest.terminal:
+                stuck = leftovers(latest, set(active.values()), False)
+                if not (stuck and latest.warnings):
+                    found.append(f"{inst.host}: op {latest.id} ({latest.kind}) is not "
+                                 "terminal and nothing is failed closed")
+        # 2, as the router sees it: every served upstream is an ACTIVE web's port.
+        try:
+            table = get_table_sync(home / "router" / "control.sock", timeout_s=5)
+        except Exception as exc:
+            found.append(f"the router did not answer: {exc}")
+        else:
+            for host, entry in table.routes.items():
+                if entry.state.value != "serving":
+                    continue
+                web = store.get_active(host, "web")
+                gen = store.get_generation(web.generation_id) if web else None
+                if gen is None or gen.state is GenState.GONE or (
+                        entry.upstream != f"127.0.0.1:{gen.port}"):
+                    found.append(f"the router sends {host} to {entry.upstream}, which is not "
+                                 "its ACTIVE web generation")
+    finally:
+        store.close()
+    return found

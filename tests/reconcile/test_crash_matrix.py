@@ -1,0 +1,202 @@
+"""The crash matrix: SIGKILL the control plane at every failpoint of every operation.
+
+Each scenario runs once with a trace to learn every failpoint hit its operation passes
+(`name@N`: the N-th hit of `name` since the daemon started). Then, for each of those
+points: a fresh home, the daemon armed to die there, the same scenario until it dies,
+a clean restart (boot reconciliation), and SPEC §5 checked; a second reconcile must
+then find nothing to do.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from keelway.runtime import process
+from tests.e2e.harness import EXAMPLE, free_port
+from tests.invariants import violations
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+PARALLEL = 2
+
+
+@dataclass
+class Home:
+    root: Path
+    port: int
+    app_a: Path
+    app_b: Path
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return {**os.environ, "KEELWAY_HOME": str(self.root), **extra}
+
+    def cli(self, *args: str, env: dict[str, str] | None = None,
+            timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "keelway.cli.main", *args],
+                              env=env or self.env(), capture_output=True, text=True,
+                              timeout=timeout_s, stdin=subprocess.DEVNULL)
+
+    def up(self, **extra: str) -> int:
+        done = self.cli("up", "-d", "--http", f"127.0.0.1:{self.port}", "--json",
+                        env=self.env(**extra))
+        assert done.returncode == 0, done.stderr
+        return int(__import__("json").loads(done.stdout)["pid"])
+
+    def ok(self, *args: str) -> None:
+        done = self.cli(*args)
+        assert done.returncode == 0, f"{args}: {done.stderr}"
+
+
+def _app(root: Path, name: str, greeting: str) -> Path:
+    app = root / name
+    shutil.copytree(EXAMPLE, app, ignore=shutil.ignore_patterns("__pycache__"))
+    (app / "keelway.toml").write_text(
+        '[services.web]\nhealth = "/health"\nsettle = "0.2s"\nstop_grace = "2s"\n'
+        '[services.worker]\nsettle = "0.2s"\nstop_grace = "2s"\n')
+    web = app / "web.py"
+    web.write_text(web.read_text().replace("hello from", greeting))
+    return app
+
+
+def _fresh() -> Home:
+    root = Path(tempfile.mkdtemp(prefix="kwm-", dir="/tmp"))
+    apps = root / "apps"
+    apps.mkdir()
+    return Home(root / "h", free_port(), _app(apps, "a", "hello from"),
+                _app(apps, "b", "howdy from"))
+
+
+Step = Callable[[Home], None]
+
+SCENARIOS: dict[str, tuple[list[Step], Step]] = {
+    # name: (baseline steps, the operation under test)
+    "deploy": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test")],
+               lambda h: h.ok("deploy", "hello", str(h.app_b))),
+    "deploy-hold": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test")],
+                    lambda h: h.ok("deploy", "hello", str(h.app_b), "--mode", "hold")),
+    "restart": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test")],
+                lambda h: h.ok("restart", "hello")),
+    "config": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test")],
+               lambda h: h.ok("config", "hello", "set", "GREETING=hi")),
+    "rollback": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test"),
+                  lambda h: h.ok("deploy", "hello", str(h.app_b))],
+                 lambda h: h.ok("rollback", "hello")),
+}
+
+
+def _cleanup(home: Home) -> None:
+    home.cli("down", timeout_s=60)
+    for gen_id, pids in process.find_generation_processes(str(home.root)).items():
+        del gen_id
+        for pid in pids:
+            stat = process.read_stat(pid)
+            if stat is not None:
+                process.signal_session(pid, stat.start_ticks, signal.SIGKILL)
+    pidfile = home.root / "router" / "router.pid"
+    if pidfile.exists():
+        pid, ticks = (int(x) for x in pidfile.read_text().split())
+        if process.is_alive(pid, ticks):
+            os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(home.root.parent, ignore_errors=True)
+
+
+def _trace(name: str) -> list[str]:
+    """Every failpoint hit of the scenario's operation, as name@N points."""
+    baseline, operation = SCENARIOS[name]
+    home = _fresh()
+    trace = home.root.parent / "trace"
+    try:
+        home.up(KEELWAY_FAILPOINTS_TRACE=str(trace))
+        for step in baseline:
+            step(home)
+        before = len(trace.read_text().splitlines()) if trace.exists() else 0
+        operation(home)
+        hits = trace.read_text().splitlines()
+    finally:
+        _cleanup(home)
+    counts: Counter[str] = Counter()
+    points: list[str] = []
+    for index, hit in enumerate(hits):
+        counts[hit] += 1
+        if index >= before:
+            points.append(f"{hit}@{counts[hit]}")
+    return points
+
+
+def _crash_at(name: str, point: str) -> list[str]:
+    baseline, operation = SCENARIOS[name]
+    home = _fresh()
+    try:
+        pid = home.up(KEELWAY_FAILPOINTS=point)
+        for step in baseline:
+            step(home)
+        try:
+            operation(home)
+        except AssertionError:
+            pass  # the CLI saw the control plane die under it
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            stat = process.read_stat(pid)
+            if stat is None or stat.state == "Z":
+                break
+            time.sleep(0.05)
+        else:
+            return [f"{name} {point}: the failpoint was never hit"]
+        home.up()
+        problems = [f"{name} {point}: {v}" for v in violations(home.root)]
+        again = home.cli("reconcile", "--dry-run", "--json")
+        report = __import__("json").loads(again.stdout)
+        for item in report["instances"]:
+            if item["actions"] or item["error"]:
+                problems.append(f"{name} {point}: a second reconcile would still do "
+                                f"{item['actions']} {item['error'] or ''}")
+        status = __import__("json").loads(home.cli("status", "--json").stdout)
+        for app in status["apps"]:
+            for inst in app["instances"]:
+                if inst["state"] == "running":
+                    code = _get(home.port, inst["host"])
+                    if code != 200:
+                        problems.append(f"{name} {point}: {inst['host']} answers {code} "
+                                        "after recovery")
+        return problems
+    finally:
+        _cleanup(home)
+
+
+def _get(port: int, host: str) -> int:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/health", headers={"Host": host})
+        return conn.getresponse().status
+    except OSError:
+        return 0
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_a_crash_at_any_failpoint_converges_and_keeps_every_invariant(scenario: str) -> None:
+    points = _trace(scenario)
+    assert points, "the scenario passed no failpoint"
+    with ThreadPoolExecutor(PARALLEL) as pool:
+        results = list(pool.map(lambda p: _crash_at(scenario, p), points))
+    problems = [p for result in results for p in result]
+    names = sorted({p.split("@")[0] for p in points})
+    print(f"\n{scenario}: covered {len(points)} failpoint hits "
+          f"({len(names)} failpoints: {', '.join(names)})")
+    assert problems == [], "\n".join(problems)

@@ -1,0 +1,152 @@
+"""The reconciler's decisions, from records alone (no processes, no I/O)."""
+
+from __future__ import annotations
+
+from keelway.reconcile.plan import (
+    HOLD_EXEC_STEP,
+    REPLACEMENT_PENDING,
+    RETIREMENT_PENDING,
+    Kind,
+    Mode,
+    Observed,
+    Records,
+    leftovers,
+    plan,
+)
+from keelway.store.lifecycle import GenState, InstanceState, OpState, StepState
+from keelway.store.records import Generation, Instance, Operation, Step
+
+HOST = "one.test"
+
+
+def inst(state: InstanceState = InstanceState.RUNNING) -> Instance:
+    return Instance(HOST, "hello", state, 0, 1, 0.0, 1)
+
+
+def gen(gen_id: int, service: str = "web", state: GenState = GenState.READY) -> Generation:
+    return Generation(gen_id, "hello", HOST, service, 1, "d" * 64, 1, state, 1000 + gen_id,
+                      5, 4000 + gen_id if service == "web" else None, 0.0, None, None, 1)
+
+
+def step(seq: int, name: str, *, after: int | None = None, before: int | None = None,
+         state: StepState = StepState.SUCCEEDED, converged: bool = False) -> Step:
+    return Step(7, seq, name, "web", before, after, state, None, None, 0.0, None, converged)
+
+
+def op(steps: list[Step], state: OpState = OpState.RUNNING, kind: str = "deploy") -> Operation:
+    return Operation(7, "hello", HOST, kind, None, None, state, None, [], "old", 0.0, None, 1,
+                     steps)
+
+
+def observed(*alive: int, watched: tuple[int, ...] = ()) -> Observed:
+    return Observed(frozenset(alive), frozenset(watched))
+
+
+def kinds(actions: list) -> list[tuple[Kind, int | None]]:  # type: ignore[type-arg]
+    return [(a.kind, a.generation) for a in actions if a.kind is not Kind.REPUBLISH]
+
+
+def test_a_succeeded_latest_operation_with_everything_alive_plans_nothing() -> None:
+    records = Records(inst(), op([step(1, "spawn web", after=2)], OpState.SUCCEEDED),
+                      False, {"web": 2}, [gen(2)])
+    assert kinds(plan(records, observed(2, watched=(2,)), Mode.MUTATION)) == []
+
+
+def test_an_interrupted_candidate_that_active_names_is_kept_and_the_op_succeeds() -> None:
+    records = Records(inst(), op([step(1, "spawn web", after=2, before=1)]), False,
+                      {"web": 2}, [gen(1), gen(2)],
+                      inhibitions={1: frozenset({RETIREMENT_PENDING})}, routed={HOST: 2})
+    actions = plan(records, observed(1, 2, watched=(1, 2)), Mode.BOOT)
+    assert (Kind.KEEP_CANDIDATE, 2) in kinds(actions)
+    finalize = next(a for a in actions if a.kind is Kind.FINALIZE)
+    assert finalize.state is OpState.SUCCEEDED
+    # The old generation still serves until the successor is verified and routed.
+    assert (Kind.RETIRE, 1) in kinds(actions)
+    assert (Kind.CLEAR_INHIBITION, 1) not in kinds(actions)
+
+
+def test_an_interrupted_unpublished_candidate_is_removed_and_the_op_fails() -> None:
+    records = Records(inst(), op([step(1, "spawn web", after=2, before=1,
+                                       state=StepState.PENDING)]), False,
+                      {"web": 1}, [gen(1), gen(2)],
+                      inhibitions={1: frozenset({REPLACEMENT_PENDING})})
+    actions = plan(records, observed(1, 2, watched=(1,)), Mode.MUTATION)
+    assert kinds(actions)[:2] == [(Kind.REMOVE_CANDIDATE, 2), (Kind.CLEAR_INHIBITION, 1)]
+    finalize = next(a for a in actions if a.kind is Kind.FINALIZE)
+    assert finalize.state is OpState.FAILED
+    # A mutation pass never restarts or republishes: only boot and periodic do.
+    assert not any(a.kind in (Kind.RESTART_ACTIVE, Kind.REPUBLISH) for a in actions)
+
+
+def test_an_operation_owned_by_a_live_task_is_left_to_its_owner() -> None:
+    records = Records(inst(), op([step(1, "spawn web", after=2, state=StepState.PENDING)]),
+                      True, {"web": 1}, [gen(1), gen(2)])
+    actions = plan(records, observed(1, 2, watched=(1, 2)), Mode.PERIODIC)
+    assert not any(a.kind in (Kind.REMOVE_CANDIDATE, Kind.FINALIZE, Kind.REMOVE_STRAY)
+                   for a in actions)
+
+
+def test_a_converged_step_is_never_looked_at_again() -> None:
+    records = Records(inst(), op([step(1, "spawn web", after=2, converged=True)],
+                                 OpState.FAILED), False, {"web": 1}, [gen(1)])
+    assert kinds(plan(records, observed(1, watched=(1,)), Mode.MUTATION)) == []
+
+
+def test_an_interrupted_hold_release_that_executed_marks_the_instance_down() -> None:
+    records = Records(inst(), op([step(1, "stop worker", before=1),
+                                  step(2, HOLD_EXEC_STEP),
+                                  step(3, "spawn worker", after=2, state=StepState.PENDING)]),
+                      False, {"worker": 1}, [gen(2, "worker")])
+    actions = plan(records, observed(2), Mode.BOOT)
+    assert any(a.kind is Kind.MARK_DOWN for a in actions)
+    assert not any(a.kind is Kind.RESTART_ACTIVE for a in actions)
+
+
+def test_an_interrupted_restart_in_hold_mode_rebuilds_from_active() -> None:
+    records = Records(inst(), op([step(1, "stop worker", before=1),
+                                  step(2, "spawn worker", after=2, state=StepState.PENDING)],
+                                 kind="restart"), False, {"worker": 1}, [gen(2, "worker")])
+    actions = plan(records, observed(2), Mode.BOOT)
+    assert not any(a.kind is Kind.MARK_DOWN for a in actions)
+    assert (Kind.RESTART_ACTIVE, 1) in kinds(actions)
+
+
+def test_a_dead_active_generation_is_recorded_gone_and_restarted_at_boot_only() -> None:
+    records = Records(inst(), None, False, {"web": 1}, [gen(1)])
+    assert kinds(plan(records, observed(), Mode.MUTATION)) == [(Kind.RECORD_GONE, 1)]
+    assert kinds(plan(records, observed(), Mode.BOOT)) == [(Kind.RECORD_GONE, 1),
+                                                           (Kind.RESTART_ACTIVE, 1)]
+
+
+def test_a_stopped_instance_is_not_restarted() -> None:
+    records = Records(inst(InstanceState.STOPPED), None, False, {"web": 1}, [])
+    assert kinds(plan(records, observed(), Mode.BOOT)) == []
+
+
+def test_a_live_stray_is_removed_and_a_survivor_is_adopted_at_boot() -> None:
+    records = Records(inst(), None, False, {"web": 1}, [gen(1), gen(5)])
+    assert kinds(plan(records, observed(1, 5), Mode.BOOT)) == [(Kind.ADOPT, 1),
+                                                               (Kind.REMOVE_STRAY, 5)]
+
+
+def test_a_spawned_but_unrecorded_candidate_is_found_as_an_orphan_and_removed() -> None:
+    planned = gen(2, state=GenState.PLANNED)
+    records = Records(inst(), op([step(1, "spawn web", after=2, state=StepState.PENDING)]),
+                      False, {"web": 1}, [gen(1), planned])
+    seen = Observed(frozenset({1}), frozenset({1}), orphans=frozenset({2}))
+    assert (Kind.REMOVE_CANDIDATE, 2) in kinds(plan(records, seen, Mode.BOOT))
+
+
+def test_planning_twice_after_applying_plans_nothing_more() -> None:
+    # What apply leaves behind: the step converged, the op finalized, the stray gone.
+    after = Records(inst(), op([step(1, "spawn web", after=2, state=StepState.FAILED,
+                                     converged=True)], OpState.FAILED),
+                    False, {"web": 1}, [gen(1)])
+    assert kinds(plan(after, observed(1, watched=(1,)), Mode.BOOT)) == []
+
+
+def test_leftovers_name_unconverged_unpublished_candidates_of_a_dead_operation() -> None:
+    dead = op([step(1, "spawn web", after=2, state=StepState.PENDING)])
+    assert [s.after_gen for s in leftovers(dead, {1}, False)] == [2]
+    assert leftovers(dead, {1}, True) == []
+    assert leftovers(dead, {2}, False) == []
