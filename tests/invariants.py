@@ -53,10 +53,10 @@ def violations(home: Path) -> list[str]:
                                  "alive at once")
             # 2. Traffic goes only to the generation ACTIVE names (or is held/gated).
             route = store.get_route(inst.host)
-            if route is not None and route.state is RouteState.SERVING:
-                if route.generation_id != active.get("web"):
-                    found.append(f"{inst.host}: the route names generation "
-                                 f"{route.generation_id}, ACTIVE names {active.get('web')}")
+            if (route is not None and route.state is RouteState.SERVING
+                    and route.generation_id != active.get("web")):
+                found.append(f"{inst.host}: the route names generation "
+                             f"{route.generation_id}, ACTIVE names {active.get('web')}")
             # 4. The latest operation is terminal, or the instance is failed closed with
             # its leftover visible.
             latest = store.latest_operation(inst.host)

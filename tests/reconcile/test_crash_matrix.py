@@ -9,6 +9,8 @@ then find nothing to do.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import signal
@@ -53,7 +55,7 @@ class Home:
         done = self.cli("up", "-d", "--http", f"127.0.0.1:{self.port}", "--json",
                         env=self.env(**extra))
         assert done.returncode == 0, done.stderr
-        return int(__import__("json").loads(done.stdout)["pid"])
+        return int(json.loads(done.stdout)["pid"])
 
     def ok(self, *args: str) -> None:
         done = self.cli(*args)
@@ -143,10 +145,8 @@ def _crash_at(name: str, point: str) -> list[str]:
         pid = home.up(KEELWAY_FAILPOINTS=point)
         for step in baseline:
             step(home)
-        try:
-            operation(home)
-        except AssertionError:
-            pass  # the CLI saw the control plane die under it
+        with contextlib.suppress(AssertionError):
+            operation(home)  # the CLI sees the control plane die under it
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             stat = process.read_stat(pid)
@@ -158,12 +158,12 @@ def _crash_at(name: str, point: str) -> list[str]:
         home.up()
         problems = [f"{name} {point}: {v}" for v in violations(home.root)]
         again = home.cli("reconcile", "--dry-run", "--json")
-        report = __import__("json").loads(again.stdout)
+        report = json.loads(again.stdout)
         for item in report["instances"]:
             if item["actions"] or item["error"]:
                 problems.append(f"{name} {point}: a second reconcile would still do "
                                 f"{item['actions']} {item['error'] or ''}")
-        status = __import__("json").loads(home.cli("status", "--json").stdout)
+        status = json.loads(home.cli("status", "--json").stdout)
         for app in status["apps"]:
             for inst in app["instances"]:
                 if inst["state"] == "running":
