@@ -25,8 +25,8 @@ from keelway.api import bodies
 from keelway.api.views import operation_view, status_view
 from keelway.builds import gc as builds_gc
 from keelway.builds.errors import BuildError
-from keelway.builds.stage import stage
 from keelway.builds.manifest import Mode
+from keelway.builds.stage import stage
 from keelway.deploy.deployer import Deployer, InstanceResult
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
 from keelway.home import Home, valid_app_name

@@ -59,6 +59,7 @@ def gather(store: Store, host: str, live_ops: set[int]) -> Records | None:
         live=live,
         inhibitions={g.id: frozenset(store.inhibitions(g.id)) for g in live},
         routed={host: route.generation_id if route else None},
+        route_state=route.state if route else None,
     )
 
 
@@ -136,6 +137,11 @@ class Reconciler:
                         self.supervisor.adopt(gen)
                 case Kind.RESTART_ACTIVE:
                     restart = True
+                case Kind.RESTORE_ROUTE:
+                    gen = self._gen(action)
+                    if gen is not None:
+                        self.store.set_route(host, host, RouteState.SERVING, gen.port, gen.id)
+                        outcome.republish = True
                 case Kind.REPUBLISH:
                     outcome.republish = True
         if restart:

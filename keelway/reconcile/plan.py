@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from keelway.store.lifecycle import InstanceState, OpState, StepState
+from keelway.store.lifecycle import InstanceState, OpState, RouteState, StepState
 from keelway.store.records import Generation, Instance, Operation, Step
 
 REPLACEMENT_PENDING = "replacement-pending"
@@ -59,6 +59,7 @@ class Records:
     live: list[Generation]  # generations not recorded gone
     inhibitions: dict[int, frozenset[str]] = field(default_factory=dict)
     routed: dict[str, int | None] = field(default_factory=dict)  # route row: host -> gen
+    route_state: RouteState | None = None
 
 
 class Kind(enum.Enum):
@@ -72,6 +73,7 @@ class Kind(enum.Enum):
     RETIRE = "retire"
     ADOPT = "adopt"
     RESTART_ACTIVE = "restart-active"
+    RESTORE_ROUTE = "restore-route"
     REPUBLISH = "republish"
 
 
@@ -195,6 +197,16 @@ def plan(records: Records, observed: Observed, mode: Mode) -> list[Action]:
                                             or gen_id in observed.orphans)
             if not alive:
                 actions.append(Action(Kind.RESTART_ACTIVE, generation=gen_id, service=service))
+        # The recovery path: a route left holding or pointing elsewhere by an interrupted
+        # operation goes back to the ACTIVE web once that web is alive (it was verified
+        # ready when it became ACTIVE). A dead one is restarted first, which publishes.
+        web = records.active.get("web")
+        host = records.instance.host
+        if (web is not None and web in live_ids and web in observed.alive
+                and not (op is not None and not op.terminal and records.latest_is_live)
+                and (records.route_state is not RouteState.SERVING
+                     or records.routed.get(host) != web)):
+            actions.append(Action(Kind.RESTORE_ROUTE, generation=web, service="web"))
         actions.append(Action(Kind.REPUBLISH))
     return actions
 

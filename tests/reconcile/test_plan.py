@@ -13,7 +13,7 @@ from keelway.reconcile.plan import (
     leftovers,
     plan,
 )
-from keelway.store.lifecycle import GenState, InstanceState, OpState, StepState
+from keelway.store.lifecycle import GenState, InstanceState, OpState, RouteState, StepState
 from keelway.store.records import Generation, Instance, Operation, Step
 
 HOST = "one.test"
@@ -124,7 +124,8 @@ def test_a_stopped_instance_is_not_restarted() -> None:
 
 
 def test_a_live_stray_is_removed_and_a_survivor_is_adopted_at_boot() -> None:
-    records = Records(inst(), None, False, {"web": 1}, [gen(1), gen(5)])
+    records = Records(inst(), None, False, {"web": 1}, [gen(1), gen(5)], routed={HOST: 1},
+                      route_state=RouteState.SERVING)
     assert kinds(plan(records, observed(1, 5), Mode.BOOT)) == [(Kind.ADOPT, 1),
                                                                (Kind.REMOVE_STRAY, 5)]
 
@@ -141,7 +142,8 @@ def test_planning_twice_after_applying_plans_nothing_more() -> None:
     # What apply leaves behind: the step converged, the op finalized, the stray gone.
     after = Records(inst(), op([step(1, "spawn web", after=2, state=StepState.FAILED,
                                      converged=True)], OpState.FAILED),
-                    False, {"web": 1}, [gen(1)])
+                    False, {"web": 1}, [gen(1)], routed={HOST: 1},
+                    route_state=RouteState.SERVING)
     assert kinds(plan(after, observed(1, watched=(1,)), Mode.BOOT)) == []
 
 
@@ -150,3 +152,11 @@ def test_leftovers_name_unconverged_unpublished_candidates_of_a_dead_operation()
     assert [s.after_gen for s in leftovers(dead, {1}, False)] == [2]
     assert leftovers(dead, {1}, True) == []
     assert leftovers(dead, {2}, False) == []
+
+
+def test_a_route_left_holding_by_a_crash_goes_back_to_the_active_web_on_recovery() -> None:
+    records = Records(inst(), op([step(1, "withdraw traffic")], OpState.FAILED), False,
+                      {"web": 1}, [gen(1)], routed={HOST: 1}, route_state=RouteState.HOLDING)
+    assert (Kind.RESTORE_ROUTE, 1) in kinds(plan(records, observed(1, watched=(1,)),
+                                                 Mode.BOOT))
+    assert kinds(plan(records, observed(1, watched=(1,)), Mode.MUTATION)) == []
