@@ -22,6 +22,9 @@ def db():
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes: without TCP_NODELAY, Nagle and delayed ACKs
+    # hold each response for ~40 ms.
+    disable_nagle_algorithm = True
 
     def do_GET(self):
         if self.path == "/health":
@@ -60,13 +63,18 @@ class Handler(BaseHTTPRequestHandler):
         sys.stdout.write(f"{self.address_string()} {fmt % args}\n")
 
 
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # The default backlog of 5 drops connections when the router opens many at once.
+    request_queue_size = 128
+
+
 def main():
-    server = ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler)
-    server.daemon_threads = True
+    server = Server(("127.0.0.1", int(os.environ["PORT"])), Handler)
     # SIGTERM: stop accepting, finish the request in hand, exit 0.
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     print(f"web listening on 127.0.0.1:{os.environ['PORT']} for {INSTANCE}", flush=True)
-    server.serve_forever()
+    server.serve_forever(poll_interval=0.05)  # so a SIGTERM stops it promptly
     server.server_close()
 
 

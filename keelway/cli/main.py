@@ -453,6 +453,8 @@ def ops(app: str, instance: str | None, as_json: bool) -> None:
     for op in data["operations"]:
         line = f"op {op['id']} {op['kind']} {op['instance']}: {op['state']}"
         click.echo(line + (f" ({op['error']})" if op["error"] else ""))
+        for warning in op["warnings"]:
+            click.echo(f"    ! {warning}")
         for step in op["steps"]:
             err = f" - {step['error']}" if step["error"] else ""
             detail = f" [{step['detail']}]" if step["detail"] else ""

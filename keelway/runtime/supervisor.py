@@ -179,7 +179,7 @@ class Supervisor:
                                                 return_when=asyncio.FIRST_COMPLETED)
             for task in pending:
                 task.cancel()
-            delay_s = min(delay_s * 2, 0.2)
+            delay_s = min(delay_s * 2, 0.05)  # a probe is cheap; a late READY is not
 
     async def settle(self, gen: Generation, settle_s: float) -> SettleOutcome:
         """Good = still running after the settle window; exit 0 inside it = completed."""
