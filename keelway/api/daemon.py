@@ -169,7 +169,14 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, request_shutdown, False)
 
-    api = Api(store, home, deployer, http_port, request_shutdown)
+    async def restart_router() -> dict[str, int]:
+        nonlocal router
+        old = router
+        router = await router_process.restart_router(home, old, clock)
+        await deployer.publisher.publish()  # whatever the old one took last, pushed again
+        return {"old_pid": old.pid, "new_pid": router.pid}
+
+    api = Api(store, home, deployer, http_port, request_shutdown, restart_router)
     # Open log streams (`logs -f`) must not hold a shutdown for long.
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False,
                            shutdown_timeout=2.0)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from keelway.clock import Clock
 from keelway.durable import write_atomic
 from keelway.home import Home
+from keelway.router.client import RouterControlError, ping_sync
 from keelway.runtime import process
 
 
@@ -111,3 +112,55 @@ async def stop_router(home: Home, handle: RouterHandle, clock: Clock) -> bool:
     if gone:
         home.router_pidfile.unlink(missing_ok=True)
     return gone
+
+
+class RouterRestartFailed(Exception):
+    pass
+
+
+async def restart_router(home: Home, old: RouterHandle, clock: Clock) -> RouterHandle:
+    """A gapless restart: a new router takes the listening socket from the old one over
+    its control socket, takes over the control path, and retires it; the old one drains
+    in-flight requests and exits. If the new one fails to start, the old keeps serving.
+    """
+    log_fd = os.open(home.router_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "keelway.router", "--takeover", str(home.router_socket),
+             "--control", str(home.router_socket), "--state", str(home.router_state)],
+            stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, start_new_session=True,
+            close_fds=True,
+        )
+    finally:
+        os.close(log_fd)
+    deadline = clock.monotonic() + 10
+    while True:
+        if proc.poll() is not None:
+            raise RouterRestartFailed(
+                f"the new router exited ({proc.returncode}); the old one keeps serving; "
+                f"see {home.router_log}")
+        try:
+            if ping_sync(home.router_socket, timeout_s=0.5) == proc.pid:
+                break
+        except RouterControlError:
+            pass
+        if clock.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            raise RouterRestartFailed("the new router did not take over in 10 s; the old "
+                                      "one keeps serving")
+        await clock.sleep(0.05)
+    stat = process.read_stat(proc.pid)
+    handle = RouterHandle(proc.pid, stat.start_ticks if stat else 0, adopted=False)
+    write_atomic(home.router_pidfile, f"{handle.pid} {handle.start_ticks}\n".encode())
+    _keep_for_reaping.append(proc)
+    # The old router drains and exits on its own; prove it, reaping it if it is ours.
+    old_proc = next((p for p in _keep_for_reaping if p.pid == old.pid), None)
+    gone = await process.wait_gone(old.pid, old.start_ticks, clock, 20.0)
+    if old_proc is not None:
+        old_proc.wait()
+        _keep_for_reaping.remove(old_proc)
+    if not gone:
+        raise RouterRestartFailed(f"the old router (pid {old.pid}) did not exit after "
+                                  "handing over; it still drains")
+    return handle

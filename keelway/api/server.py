@@ -22,6 +22,7 @@ from aiohttp import web
 
 from keelway import __version__
 from keelway.api import bodies
+from keelway.api.router_process import RouterRestartFailed
 from keelway.api.views import operation_view, status_view
 from keelway.builds import gc as builds_gc
 from keelway.builds.errors import BuildError
@@ -113,7 +114,10 @@ async def _body(request: web.Request, kind: type[Any]) -> Any:
 
 class Api:
     def __init__(self, store: Store, home: Home, deployer: Deployer, http_port: int | None,
-                 on_shutdown: Callable[[bool], None]) -> None:
+                 on_shutdown: Callable[[bool], None],
+                 restart_router: Callable[[], Awaitable[dict[str, int]]] | None = None,
+                 ) -> None:
+        self.restart_router = restart_router
         self.store = store
         self.home = home
         self.deployer = deployer
@@ -145,6 +149,7 @@ class Api:
             web.post("/v1/reconcile", self.reconcile),
             web.post("/v1/gc", self.gc),
             web.post("/v1/shutdown", self.shutdown),
+            web.post("/v1/router/restart", self.router_restart),
         ])
         return app
 
@@ -444,6 +449,15 @@ class Api:
                     self.store.forget_build(app, digest)
         return web.json_response({"removed": [{"app": a, "digest": d} for a, d in removed],
                                   "dry_run": body.dry_run})
+
+    async def router_restart(self, _request: web.Request) -> web.Response:
+        if self.restart_router is None:
+            raise UserError("this control plane cannot restart the router")
+        try:
+            result = await self.restart_router()
+        except RouterRestartFailed as exc:
+            raise OperationError(str(exc), hint="see $KEELWAY_HOME/logs/router.log") from exc
+        return web.json_response(result)
 
     async def shutdown(self, request: web.Request) -> web.Response:
         body: bodies.ShutdownBody = await _body(request, bodies.ShutdownBody)

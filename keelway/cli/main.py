@@ -517,6 +517,23 @@ def gc(dry_run: bool, as_json: bool) -> None:
         click.echo(f"{verb} {item['app']} build {item['digest'][:12]}")
 
 
+@cli.group()
+def router() -> None:
+    """The router (data plane) process."""
+
+
+@router.command("restart")
+@json_option
+@api_call
+def router_restart(as_json: bool) -> None:
+    """Replace the router process without dropping a connection (socket handoff)."""
+    data = client(60.0).request("POST", "/v1/router/restart")
+    if as_json:
+        emit_json(data)
+        return
+    click.echo(f"router restarted: pid {data['old_pid']} handed over to pid {data['new_pid']}")
+
+
 def main() -> None:
     cli(prog_name="keelway")
 

@@ -22,8 +22,10 @@ import msgspec
 from keelway.router.control_wire import (
     MAX_LINE_BYTES,
     GetTable,
+    Handoff,
     Ping,
     Reply,
+    Retire,
     SetTable,
     encode_line,
     reply_decoder,
@@ -176,4 +178,63 @@ __all__ = [
     "ping_sync",
     "push_table",
     "push_table_sync",
+    "retire_over",
+    "take_listener",
 ]
+
+
+# -- handoff (a gapless restart) --------------------------------------------------------
+
+
+def take_listener(
+    sock_path: SocketPath, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> tuple[socket.socket, socket.socket]:
+    """Ask the running router for its listening socket.
+
+    Returns (listener, connection): keep the connection open and `retire_over` it once
+    serving, so the old router stops only after the new one accepts.
+    """
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(timeout_s)
+    try:
+        conn.connect(os.fspath(sock_path))
+        conn.sendall(encode_line(Handoff()))
+        data = b""
+        fds: list[int] = []
+        while not data.endswith(b"\n"):
+            chunk, got, _flags, _addr = socket.recv_fds(conn, 65536, 4)
+            if not chunk:
+                break
+            data += chunk
+            fds.extend(got)
+    except OSError as exc:
+        conn.close()
+        raise RouterUnreachable(f"handoff from {sock_path}: {exc}") from exc
+    try:
+        _check(data)
+    except RouterControlError:
+        conn.close()
+        for fd in fds:
+            os.close(fd)
+        raise
+    if len(fds) != 1:
+        conn.close()
+        for fd in fds:
+            os.close(fd)
+        raise RouterUnreachable("the router's handoff carried no listening socket")
+    return socket.socket(fileno=fds[0]), conn
+
+
+def retire_over(conn: socket.socket) -> None:
+    """Tell the old router, on its handoff connection, to stop accepting and drain."""
+    try:
+        conn.sendall(encode_line(Retire()))
+        reply = b""
+        while not reply.endswith(b"\n"):
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+        _check(reply)
+    finally:
+        conn.close()

@@ -6,6 +6,12 @@ same current table. Crash windows: after the file is written and before the swap
 restart loads the new table and the control plane, which got no reply, pushes again
 (same version: accepted); a failed write swaps nothing and replies an error, so memory
 and disk never disagree.
+
+Handoff (a gapless restart): a new router asks for the listening socket (`handoff`),
+which is sent with the reply on the same connection (SCM_RIGHTS); both routers then
+accept on that one socket, so no connection attempt finds it closed. The new router
+takes over the control path by an atomic rename and sends `retire`: this one stops
+accepting, drains and exits.
 """
 
 from __future__ import annotations
@@ -14,6 +20,9 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final, assert_never
 
@@ -22,8 +31,10 @@ import msgspec
 from keelway.router.control_wire import (
     MAX_LINE_BYTES,
     GetTable,
+    Handoff,
     Ping,
     Reply,
+    Retire,
     SetTable,
     encode_line,
     request_decoder,
@@ -38,24 +49,33 @@ log: Final = logging.getLogger("keelway.router")
 class ControlServer:
     """Serves the control protocol for one `Proxy`, persisting accepted tables."""
 
-    def __init__(self, proxy: Proxy, state_path: Path | None) -> None:
+    def __init__(self, proxy: Proxy, state_path: Path | None,
+                 listener: socket.socket | None = None,
+                 on_retire: Callable[[], None] | None = None) -> None:
         self._proxy = proxy
         self._state_path = state_path
+        self._listener = listener
+        self._on_retire = on_retire
         self._lock = asyncio.Lock()
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self, sock_path: Path) -> None:
-        """Listen on `sock_path` (mode 0600), replacing a stale socket file there."""
+        """Listen on `sock_path` (mode 0600), replacing whatever socket is there.
+
+        It binds a temp name and renames it over `sock_path`, so a client connecting
+        during a handoff reaches the old router or the new one, never nothing.
+        """
+        temp = sock_path.with_name(f".{sock_path.name}.{os.getpid()}")
         with contextlib.suppress(FileNotFoundError):
-            if sock_path.is_socket():
-                sock_path.unlink()
+            temp.unlink()
         old_umask = os.umask(0o177)
         try:
             self._server = await asyncio.start_unix_server(
-                self._serve, path=str(sock_path), limit=MAX_LINE_BYTES
+                self._serve, path=str(temp), limit=MAX_LINE_BYTES
             )
         finally:
             os.umask(old_umask)
+        os.replace(temp, sock_path)
 
     async def close(self) -> None:
         if self._server is not None:
@@ -76,8 +96,14 @@ class ControlServer:
                 if not line.strip():
                     continue
                 reply = await self.handle(line)
+                if isinstance(request_or_none(line), Handoff) and reply.ok:
+                    await writer.drain()
+                    self._send_listener(writer, encode_line(reply))
+                    continue
                 writer.write(encode_line(reply))
                 await writer.drain()
+                if isinstance(request_or_none(line), Retire) and self._on_retire:
+                    self._on_retire()
         except ConnectionError:
             return
         finally:
@@ -96,8 +122,34 @@ class ControlServer:
                 return Reply(ok=True, table=self._proxy.routing.table)
             case Ping():
                 return Reply(ok=True, pid=os.getpid())
+            case Handoff():
+                if self._listener is None:
+                    return Reply(ok=False, error="this router has no listening socket to hand off")
+                log.info("handing the listening socket to a new router")
+                return Reply(ok=True, pid=os.getpid())
+            case Retire():
+                if self._on_retire is None:
+                    return Reply(ok=False, error="this router cannot retire")
+                log.info("retiring: a new router took over")
+                return Reply(ok=True, pid=os.getpid())
             case _:
                 assert_never(request)
+
+    def _send_listener(self, writer: asyncio.StreamWriter, line: bytes) -> None:
+        """The reply line and the listening socket in one message, so the fd cannot be
+        separated from the bytes that announce it."""
+        assert self._listener is not None
+        conn_fd = writer.get_extra_info("socket").fileno()
+        # The dup shares the transport's non-blocking file description, so its blocking
+        # mode is left alone; a short line into an idle unix socket does not block.
+        with socket.socket(fileno=os.dup(conn_fd)) as conn:
+            for _ in range(100):
+                try:
+                    socket.send_fds(conn, [line], [self._listener.fileno()])
+                    return
+                except BlockingIOError:
+                    time.sleep(0.01)
+            raise OSError("could not hand off the listening socket: the peer is not reading")
 
     async def apply(self, table: RouteTable) -> Reply:
         """Persist then swap `table` unless its version is older than the current one."""
@@ -123,3 +175,10 @@ class ControlServer:
             self._proxy.swap(table)
             log.info("route table v%d applied (%d routes)", table.version, len(table.routes))
             return Reply(ok=True, version=table.version)
+
+
+def request_or_none(line: bytes) -> object:
+    try:
+        return request_decoder.decode(line)
+    except msgspec.DecodeError:
+        return None

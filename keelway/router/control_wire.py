@@ -6,6 +6,10 @@ definition. One request per line, one reply per line, in order:
     {"op":"set","table":{...}}  -> {"ok":true,"version":N}
     {"op":"get"}                -> {"ok":true,"table":{...}}
     {"op":"ping"}               -> {"ok":true,"pid":PID}
+    {"op":"handoff"}            -> {"ok":true,"pid":PID} with the listening socket
+                                   attached (SCM_RIGHTS) to that same reply line
+    {"op":"retire"}             -> {"ok":true,"pid":PID}; then it stops accepting,
+                                   drains and exits
     anything refused            -> {"ok":false,"error":"..."}
 """
 
@@ -32,7 +36,15 @@ class Ping(msgspec.Struct, tag_field="op", tag="ping", frozen=True):
     pass
 
 
-Request = SetTable | GetTable | Ping
+class Handoff(msgspec.Struct, tag_field="op", tag="handoff", frozen=True):
+    pass
+
+
+class Retire(msgspec.Struct, tag_field="op", tag="retire", frozen=True):
+    pass
+
+
+Request = SetTable | GetTable | Ping | Handoff | Retire
 
 
 class Reply(msgspec.Struct, frozen=True, omit_defaults=True):

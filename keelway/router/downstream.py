@@ -63,6 +63,7 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
         self._advancing = False
         self._client_done = False
         self._closed = False
+        self._close_after_answer = False
 
     # -- asyncio.Protocol ------------------------------------------------------------
 
@@ -257,7 +258,11 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
         if self.current is not ex:
             return
         self.current = None
-        if ex.close_client or self._proxy.draining:
+        # While the router drains, an answer parsed before the drain began carried no
+        # `Connection: close`: closing now would hand the client an EOF it was not told
+        # about. It stays open; its next request is answered with close. Only a
+        # connection the drain found busy (`_close_after_answer`) closes here.
+        if ex.close_client or self._close_after_answer:
             self.close()
             return
         if self._advancing:
@@ -320,6 +325,8 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
         """The router is stopping: close now if idle, else after the current answer."""
         if self.current is None:
             self.close()
+        else:
+            self._close_after_answer = True
 
     def close(self) -> None:
         if not self._closed:

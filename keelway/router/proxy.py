@@ -26,6 +26,9 @@ from keelway.router.upstream import UpstreamPool
 log: Final = logging.getLogger("keelway.router")
 
 
+IDLE_GRACE_S = 1.0
+
+
 @dataclass(frozen=True)
 class ProxyOptions:
     """Limits and timings of the data plane, with their defaults in one place."""
@@ -97,9 +100,16 @@ class Proxy:
         ended on its own, False when some had to be aborted at the deadline.
         """
         self.draining = True
+        deadline = time.monotonic() + self.options.drain_timeout_s
+        # From here every answer carries `Connection: close`. A busy keep-alive client
+        # gets one more answer and a clean close; closing its idle connection at once
+        # instead would race the request it may be sending right now (it would see a
+        # reset, not a response). Only what is still idle after the grace is closed.
+        grace_end = time.monotonic() + min(IDLE_GRACE_S, self.options.drain_timeout_s)
+        while self.connections and time.monotonic() < grace_end:
+            await asyncio.sleep(0.02)
         for conn in list(self.connections):
             conn.drain()
-        deadline = time.monotonic() + self.options.drain_timeout_s
         while self.connections and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         clean = not self.connections

@@ -25,6 +25,7 @@ from typing import Final
 
 import uvloop
 
+from keelway.router.client import RouterControlError, retire_over, take_listener
 from keelway.router.control import ControlServer
 from keelway.router.proxy import Proxy, ProxyOptions
 from keelway.router.route_table import EMPTY_TABLE, RouteTable
@@ -45,6 +46,7 @@ class RouterConfig:
 
     listen_fd: int | None = None
     listen: tuple[str, int] | None = None
+    takeover: Path | None = None
     control_path: Path | None = None
     state_path: Path | None = None
     options: ProxyOptions = field(default_factory=ProxyOptions)
@@ -64,6 +66,9 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--listen-fd", type=int, metavar="N", help="inherited listening socket")
     where.add_argument("--listen", type=_host_port, metavar="HOST:PORT", help="bind here")
+    where.add_argument("--takeover", type=Path, metavar="PATH",
+                       help="take the listening socket from the router on this control "
+                            "socket, then retire it (a gapless restart)")
     parser.add_argument("--control", type=Path, metavar="PATH", help="control unix socket")
     parser.add_argument("--state", type=Path, metavar="PATH", help="route table file")
     parser.add_argument(
@@ -77,6 +82,7 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
     return RouterConfig(
         listen_fd=args.listen_fd,
         listen=args.listen,
+        takeover=args.takeover,
         control_path=args.control,
         state_path=args.state,
         options=ProxyOptions(drain_timeout_s=args.drain_timeout),
@@ -128,18 +134,32 @@ def initial_table(state_path: Path | None) -> RouteTable:
     return table
 
 
-async def serve(config: RouterConfig, sock: socket.socket) -> bool:
-    """Serve until SIGTERM/SIGINT, then drain. Returns True on a clean drain."""
+async def serve(config: RouterConfig, sock: socket.socket,
+                predecessor: socket.socket | None = None) -> bool:
+    """Serve until SIGTERM/SIGINT (or a successor retires us), then drain.
+
+    With `predecessor` (a handoff connection), the old router is retired only once this
+    one accepts on the shared socket and owns the control path: no gap on either.
+    Returns True on a clean drain.
+    """
     loop = asyncio.get_running_loop()
     proxy = Proxy(initial_table(config.state_path), config.options)
-    control: ControlServer | None = None
-    if config.control_path is not None:
-        control = ControlServer(proxy, config.state_path)
-        await control.start(config.control_path)
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     server = await loop.create_server(proxy.protocol, sock=sock, backlog=LISTEN_BACKLOG)
+    control: ControlServer | None = None
+    if config.control_path is not None:
+        control = ControlServer(proxy, config.state_path, listener=sock, on_retire=stop.set)
+        await control.start(config.control_path)
+    if predecessor is not None:
+        if config.state_path is not None:
+            # A push the old router took after we loaded the file is in the file now.
+            latest = initial_table(config.state_path)
+            if latest.version > proxy.routing.table.version:
+                proxy.swap(latest)
+        await loop.run_in_executor(None, retire_over, predecessor)
+        log.info("took over from the previous router")
     host, port = sock.getsockname()[:2]
     log.info(
         "listening on %s:%d%s", host, port, f" (control {config.control_path})" if control else ""
@@ -162,10 +182,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s router[%(process)d] %(levelname)s %(message)s",
     )
     config = parse_args(sys.argv[1:] if argv is None else argv)
+    predecessor: socket.socket | None = None
     try:
-        sock = open_listener(config)
+        if config.takeover is not None:
+            try:
+                sock, predecessor = take_listener(config.takeover)
+            except RouterControlError as exc:
+                raise StartupError(f"cannot take over: {exc}") from exc
+            sock.setblocking(False)
+        else:
+            sock = open_listener(config)
     except StartupError as exc:
         log.error("%s", exc)
         return 2
-    uvloop.run(serve(config, sock))
+    uvloop.run(serve(config, sock, predecessor))
     return 0

@@ -1,0 +1,105 @@
+"""Traffic never depends on the control plane, and the router restarts without a gap.
+
+wrk drives two apps through the router (loopback only, bounded in time) while the
+control plane is SIGKILLed and started again, or while the router hands its listening
+socket to a new router process. Every request must succeed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from keelway.runtime import process
+from tests.deploy.apps import hello
+from tests.e2e.harness import Keelway, wait_until
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed")]
+
+TWO_HOSTS = """
+local hosts = {"one.test", "two.test"}
+local i = 0
+request = function()
+  i = i + 1
+  return wrk.format("GET", "/health", {["Host"] = hosts[(i % 2) + 1]})
+end
+"""
+
+
+def _start_wrk(kw: Keelway, tmp_path: Path, seconds: int) -> subprocess.Popen[str]:
+    script = tmp_path / "two_hosts.lua"
+    script.write_text(TWO_HOSTS)
+    return subprocess.Popen(
+        ["wrk", "-t2", "-c16", f"-d{seconds}s", "--timeout", "5s", "-s", str(script),
+         f"http://127.0.0.1:{kw.http_port}/"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _failures(output: str) -> tuple[int, int]:
+    """(requests, failed) from wrk's summary: non-2xx responses plus socket errors."""
+    total = int(re.search(r"(\d+) requests in", output).group(1))  # type: ignore[union-attr]
+    failed = 0
+    if match := re.search(r"Non-2xx or 3xx responses: (\d+)", output):
+        failed += int(match.group(1))
+    if match := re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), "
+                          r"timeout (\d+)", output):
+        failed += sum(int(g) for g in match.groups())
+    return total, failed
+
+
+def _two_apps(kw: Keelway, tmp_path: Path) -> None:
+    kw.up()
+    kw.ok("deploy", "hello", str(hello(tmp_path, "one")), "--host", "one.test")
+    kw.ok("deploy", "other", str(hello(tmp_path, "two")), "--host", "two.test")
+
+
+def test_killing_the_control_plane_under_load_fails_no_request(
+    kw: Keelway, tmp_path: Path
+) -> None:
+    _two_apps(kw, tmp_path)
+    kw.started_pids.extend(kw.app_pids())
+    load = _start_wrk(kw, tmp_path, 6)
+    try:
+        time.sleep(1.5)
+        assert kw.daemon_pid is not None
+        os.kill(kw.daemon_pid, signal.SIGKILL)
+        dead = kw.daemon_pid
+        assert wait_until(lambda: process.read_stat(dead) is None
+                          or process.read_stat(dead).state == "Z")  # type: ignore[union-attr]
+        time.sleep(1.0)  # the control plane stays dead for a while under load
+        kw.up()
+        output, _ = load.communicate(timeout=30)
+    finally:
+        if load.poll() is None:
+            load.kill()
+            load.wait()
+    total, failed = _failures(output)
+    assert total > 1000 and failed == 0, output
+
+
+def test_a_router_restart_under_load_fails_no_request(kw: Keelway, tmp_path: Path) -> None:
+    _two_apps(kw, tmp_path)
+    before = (kw.home / "router" / "router.pid").read_text().split()[0]
+    load = _start_wrk(kw, tmp_path, 6)
+    try:
+        time.sleep(1.5)
+        handed = kw.ok("router", "restart", "--json").json()
+        output, _ = load.communicate(timeout=30)
+    finally:
+        if load.poll() is None:
+            load.kill()
+            load.wait()
+    assert str(handed["old_pid"]) == before and handed["new_pid"] != handed["old_pid"]
+    assert process.read_stat(handed["old_pid"]) is None or process.read_stat(
+        handed["old_pid"]).state == "Z"  # type: ignore[union-attr]
+    total, failed = _failures(output)
+    assert total > 1000 and failed == 0, output
+    assert kw.get("one.test")[0] == 200 and kw.get("two.test")[0] == 200
