@@ -46,7 +46,7 @@ from keelway.store.records import Generation, Operation
 failpoints.declare("activate.before", "activate.after", "hold.stopped", "good.before",
                    "retire.before")
 
-DRAIN_S = 0.5
+DRAIN_BOUND_S = 10.0
 Progress = Callable[[str], None]
 
 
@@ -253,7 +253,13 @@ class Attempt:
             if old is None or spec.name not in candidates:
                 continue
             failpoints.hit("retire.before")
-            await asyncio.sleep(DRAIN_S)  # in-flight requests to the old port finish
+            if old.port is not None:
+                # Bounded drain: the router already sends new requests to the candidate;
+                # the ones in flight to the old port finish before it is stopped.
+                drained = await self.publisher.drained(old.port, DRAIN_BOUND_S)
+                if not drained:
+                    self._say(f"{spec.name}: requests still in flight after "
+                              f"{DRAIN_BOUND_S:g}s; stopping it anyway")
             await self._stop(old, spec.stop_grace_s, f"retire {spec.name}")
 
     async def _stop(self, gen: Generation, grace_s: float, name: str) -> None:

@@ -9,13 +9,20 @@ never undo a newer one.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
 from keelway import failpoints
 from keelway.deploy.errors import RouterUnavailable
 from keelway.router import route_table as rt
-from keelway.router.client import RouterControlError, RouterRefused, get_table, push_table
+from keelway.router.client import (
+    RouterControlError,
+    RouterRefused,
+    get_table,
+    inflight,
+    push_table,
+)
 from keelway.store import Store
 from keelway.store.records import Route
 
@@ -73,3 +80,24 @@ class Publisher:
         except RouterControlError:
             return False
         return served.routes == table_of(self.store.list_routes(), served.version).routes
+
+    async def drained(self, port: int, bound_s: float, poll_s: float = 0.02) -> bool:
+        """Wait until the router carries no request to 127.0.0.1:`port`, up to `bound_s`.
+
+        The route already sends new requests elsewhere; this is the bounded drain of the
+        ones in flight. True when drained, False at the bound (or with no router to ask,
+        after waiting the bound out, the conservative answer).
+        """
+        key = f"127.0.0.1:{port}"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + bound_s
+        while loop.time() < deadline:
+            try:
+                counts = await inflight(self.control_socket, timeout_s=1.0)
+            except RouterControlError:
+                await asyncio.sleep(poll_s)
+                continue
+            if counts.get(key, 0) <= 0:
+                return True
+            await asyncio.sleep(poll_s)
+        return False

@@ -23,6 +23,7 @@ from keelway.router.control_wire import (
     MAX_LINE_BYTES,
     GetTable,
     Handoff,
+    Inflight,
     Ping,
     Reply,
     Retire,
@@ -117,6 +118,16 @@ async def get_table(sock_path: SocketPath, timeout_s: float = DEFAULT_TIMEOUT_S)
     return _table_of(await _call(sock_path, GetTable(), timeout_s))
 
 
+async def inflight(
+    sock_path: SocketPath, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> dict[str, int]:
+    """Requests in flight per upstream ("127.0.0.1:PORT"), as the router counts them."""
+    reply = await _call(sock_path, Inflight(), timeout_s)
+    if reply.inflight is None:
+        raise _missing("inflight")
+    return reply.inflight
+
+
 # -- blocking ------------------------------------------------------------------------
 
 
@@ -175,6 +186,7 @@ __all__ = [
     "RouterUnreachable",
     "get_table",
     "get_table_sync",
+    "inflight",
     "ping_sync",
     "push_table",
     "push_table_sync",

@@ -32,6 +32,7 @@ from keelway.router.control_wire import (
     MAX_LINE_BYTES,
     GetTable,
     Handoff,
+    Inflight,
     Ping,
     Reply,
     Retire,
@@ -127,6 +128,8 @@ class ControlServer:
                     return Reply(ok=False, error="this router has no listening socket to hand off")
                 log.info("handing the listening socket to a new router")
                 return Reply(ok=True, pid=os.getpid())
+            case Inflight():
+                return Reply(ok=True, inflight=self._proxy.inflight())
             case Retire():
                 if self._on_retire is None:
                     return Reply(ok=False, error="this router cannot retire")

@@ -8,6 +8,7 @@ definition. One request per line, one reply per line, in order:
     {"op":"ping"}               -> {"ok":true,"pid":PID}
     {"op":"handoff"}            -> {"ok":true,"pid":PID} with the listening socket
                                    attached (SCM_RIGHTS) to that same reply line
+    {"op":"inflight"}           -> {"ok":true,"inflight":{"127.0.0.1:PORT":N,...}}
     {"op":"retire"}             -> {"ok":true,"pid":PID}; then it stops accepting,
                                    drains and exits
     anything refused            -> {"ok":false,"error":"..."}
@@ -44,7 +45,11 @@ class Retire(msgspec.Struct, tag_field="op", tag="retire", frozen=True):
     pass
 
 
-Request = SetTable | GetTable | Ping | Handoff | Retire
+class Inflight(msgspec.Struct, tag_field="op", tag="inflight", frozen=True):
+    pass
+
+
+Request = SetTable | GetTable | Ping | Handoff | Retire | Inflight
 
 
 class Reply(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -52,6 +57,7 @@ class Reply(msgspec.Struct, frozen=True, omit_defaults=True):
     version: int | None = None
     table: RouteTable | None = None
     pid: int | None = None
+    inflight: dict[str, int] | None = None
     error: str | None = None
 
 

@@ -115,7 +115,7 @@ class UpstreamConnection(ResponseHeadRewriter, asyncio.Protocol):
         ex = self.exchange
         if ex is None:
             return
-        self.exchange = None
+        self._detach()
         if self._tunnel:
             ex.client.close()
         elif ex.response_started and self._until_close and not self._complete:
@@ -196,6 +196,8 @@ class UpstreamConnection(ResponseHeadRewriter, asyncio.Protocol):
 
     def attach(self, ex: Exchange) -> None:
         """Start carrying `ex`: its buffered request bytes go out now."""
+        if self.exchange is None:
+            self.pool.inflight += 1
         self.exchange = ex
         self._received = False
         ex.upstream = self
@@ -206,8 +208,14 @@ class UpstreamConnection(ResponseHeadRewriter, asyncio.Protocol):
         if client.blocked:  # the request may have been held while this connected
             client.unblock_reading(client.BLOCK_CONNECTING)
 
+    def _detach(self) -> None:
+        """This connection no longer carries an exchange (answered, failed, abandoned)."""
+        if self.exchange is not None:
+            self.exchange = None
+            self.pool.inflight -= 1
+
     def _finish(self, ex: Exchange) -> None:
-        self.exchange = None
+        self._detach()
         self._complete = False
         reusable = self._keep_alive and ex.request_done and not ex.upgrade
         if ex.head_request:
@@ -223,14 +231,14 @@ class UpstreamConnection(ResponseHeadRewriter, asyncio.Protocol):
         ex.response_complete(keep_client=ex.request_done)
 
     def _fail(self, ex: Exchange, why: str) -> None:
-        self.exchange = None
+        self._detach()
         self.close()
         self.pool.note_failure(why)
         ex.upstream_failed()
 
     def abandon(self) -> None:
         """The client went away mid-exchange: this connection's state is unknown, close."""
-        self.exchange = None
+        self._detach()
         self.close()
 
     def pause_reading(self) -> None:
@@ -263,6 +271,9 @@ class UpstreamPool:
         self._max_idle = max_idle
         self._connect_timeout_s = connect_timeout_s
         self._idle: list[UpstreamConnection] = []
+        # Requests this upstream is carrying or about to (connections still opening):
+        # what a deploy waits to reach 0 before it stops the process behind it.
+        self.inflight = 0
         self._retired = False
         self._last_failure_log = 0.0
 
@@ -290,6 +301,7 @@ class UpstreamPool:
 
     def connect(self, ex: Exchange) -> None:
         """Open a new connection for `ex`; on failure `ex.upstream_failed()` runs."""
+        self.inflight += 1  # handed to the connection's count in `_opened`
         task = asyncio.get_running_loop().create_task(self._open())
         task.add_done_callback(lambda t: self._opened(t, ex))
 
@@ -302,6 +314,7 @@ class UpstreamPool:
         return conn
 
     def _opened(self, task: asyncio.Task[UpstreamConnection], ex: Exchange) -> None:
+        self.inflight -= 1
         if task.cancelled():
             ex.upstream_failed()
             return
