@@ -83,7 +83,8 @@ async def _wait_router(home: Home, handle: router_process.RouterHandle) -> None:
     raise StartupError(f"the router did not answer; see {home.router_log}", EXIT_FAILED)
 
 
-async def _ensure_router(home: Home, http_addr: str) -> router_process.RouterHandle:
+async def _ensure_router(home: Home, http_addr: str,
+                         workers: int) -> router_process.RouterHandle:
     addr_file = home.router_dir / "addr"
     running = router_process.running_router(home)
     if running is not None:
@@ -101,7 +102,7 @@ async def _ensure_router(home: Home, http_addr: str) -> router_process.RouterHan
     except (OSError, ValueError) as exc:
         raise StartupError(f"cannot listen on {http_addr}: {exc}", EXIT_FAILED) from exc
     try:
-        handle = router_process.spawn_router(home, listener)
+        handle = router_process.spawn_router(home, listener, workers)
     finally:
         listener.close()
     write_atomic(addr_file, f"{http_addr}\n".encode())
@@ -117,7 +118,8 @@ async def _rotate_logs_forever(home: Home) -> None:
             rotate_if_large(path)
 
 
-async def run(home: Home, http_addr: str, demo: bool, announce: Callable[[str], None]) -> int:
+async def run(home: Home, http_addr: str, demo: bool, announce: Callable[[str], None],
+              router_workers: int = 1) -> int:
     """Run the control plane until shutdown; returns the process exit code."""
     home.ensure()
     try:
@@ -126,7 +128,7 @@ async def run(home: Home, http_addr: str, demo: bool, announce: Callable[[str], 
         announce(f"error: {exc}")
         return exc.exit_code
     try:
-        return await _run_locked(home, http_addr, demo, announce)
+        return await _run_locked(home, http_addr, demo, announce, router_workers)
     except StartupError as exc:
         announce(f"error: {exc}")
         return exc.exit_code
@@ -135,9 +137,9 @@ async def run(home: Home, http_addr: str, demo: bool, announce: Callable[[str], 
 
 
 async def _run_locked(home: Home, http_addr: str, demo: bool,
-                      announce: Callable[[str], None]) -> int:
+                      announce: Callable[[str], None], router_workers: int) -> int:
     clock = SystemClock()
-    router = await _ensure_router(home, http_addr)
+    router = await _ensure_router(home, http_addr, router_workers)
     http_port = router_process.parse_addr(http_addr)[1]
     sweep(home.builds_dir)
     for directory in (home.router_dir, home.root / "env", home.root / "current"):
@@ -172,7 +174,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     async def restart_router() -> dict[str, int]:
         nonlocal router
         old = router
-        router = await router_process.restart_router(home, old, clock)
+        router = await router_process.restart_router(home, old, clock, router_workers)
         await deployer.publisher.publish()  # whatever the old one took last, pushed again
         return {"old_pid": old.pid, "new_pid": router.pid}
 
@@ -243,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="keelway-daemon")
     parser.add_argument("--http", default=DEFAULT_HTTP)
     parser.add_argument("--demo", action="store_true")
+    parser.add_argument("--router-workers", type=int,
+                        default=router_process.default_workers())
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -252,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         print(message, flush=True)
 
     with contextlib.suppress(KeyboardInterrupt):
-        return uvloop.run(run(Home.from_env(), args.http, args.demo, announce))
+        return uvloop.run(run(Home.from_env(), args.http, args.demo, announce,
+                              max(1, args.router_workers)))
     return 0
 
 

@@ -72,12 +72,18 @@ def running_router(home: Home) -> RouterHandle | None:
     return None
 
 
-def spawn_router(home: Home, listener: socket.socket) -> RouterHandle:
+def default_workers() -> int:
+    """One router worker per core (SPEC §4), the way nginx's `auto` counts them."""
+    return max(1, len(os.sched_getaffinity(0)))
+
+
+def spawn_router(home: Home, listener: socket.socket, workers: int = 1) -> RouterHandle:
     log_fd = os.open(home.router_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "keelway.router", "--listen-fd", str(listener.fileno()),
-             "--control", str(home.router_socket), "--state", str(home.router_state)],
+             "--control", str(home.router_socket), "--state", str(home.router_state),
+             "--workers", str(workers)],
             pass_fds=(listener.fileno(),), stdin=subprocess.DEVNULL, stdout=log_fd,
             stderr=log_fd, start_new_session=True, close_fds=True,
         )
@@ -118,7 +124,8 @@ class RouterRestartFailed(Exception):
     pass
 
 
-async def restart_router(home: Home, old: RouterHandle, clock: Clock) -> RouterHandle:
+async def restart_router(home: Home, old: RouterHandle, clock: Clock,
+                         workers: int = 1) -> RouterHandle:
     """A gapless restart: a new router takes the listening socket from the old one over
     its control socket, takes over the control path, and retires it; the old one drains
     in-flight requests and exits. If the new one fails to start, the old keeps serving.
@@ -127,7 +134,8 @@ async def restart_router(home: Home, old: RouterHandle, clock: Clock) -> RouterH
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "keelway.router", "--takeover", str(home.router_socket),
-             "--control", str(home.router_socket), "--state", str(home.router_state)],
+             "--control", str(home.router_socket), "--state", str(home.router_state),
+             "--workers", str(workers)],
             stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, start_new_session=True,
             close_fds=True,
         )

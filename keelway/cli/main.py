@@ -69,12 +69,17 @@ def cli() -> None:
 @click.option("-d", "detach", is_flag=True, help="Run in the background.")
 @click.option("--http", "http_addr", default=DEFAULT_HTTP, show_default=True,
               help="Where the router listens.")
+@click.option("--router-workers", type=click.IntRange(1, 256), default=None,
+              help="Router processes on the listening socket (default: one per core).")
 @json_option
-def up(demo: bool, detach: bool, http_addr: str, as_json: bool) -> None:
+def up(demo: bool, detach: bool, http_addr: str, router_workers: int | None,
+       as_json: bool) -> None:
     """Start the control plane and the router (state in $KEELWAY_HOME)."""
     home = Home.from_env()
     daemon_argv = [sys.executable, "-m", "keelway.api.daemon", "--http", http_addr]
     daemon_argv += ["--demo"] if demo else []
+    if router_workers is not None:
+        daemon_argv += ["--router-workers", str(router_workers)]
     if not detach:
         # The foreground control plane replaces this process: Ctrl-C reaches it directly.
         os.execv(sys.executable, daemon_argv)

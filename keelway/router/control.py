@@ -43,6 +43,7 @@ from keelway.router.control_wire import (
 from keelway.router.proxy import Proxy
 from keelway.router.route_table import RouteTable
 from keelway.router.table_file import save_table
+from keelway.router.workers import WorkerSet
 
 log: Final = logging.getLogger("keelway.router")
 
@@ -52,8 +53,10 @@ class ControlServer:
 
     def __init__(self, proxy: Proxy, state_path: Path | None,
                  listener: socket.socket | None = None,
-                 on_retire: Callable[[], None] | None = None) -> None:
+                 on_retire: Callable[[], None] | None = None,
+                 workers: WorkerSet | None = None) -> None:
         self._proxy = proxy
+        self._workers = workers
         self._state_path = state_path
         self._listener = listener
         self._on_retire = on_retire
@@ -129,7 +132,11 @@ class ControlServer:
                 log.info("handing the listening socket to a new router")
                 return Reply(ok=True, pid=os.getpid())
             case Inflight():
-                return Reply(ok=True, inflight=self._proxy.inflight())
+                counts = self._proxy.inflight()
+                if self._workers is not None:
+                    for key, n in (await self._workers.inflight()).items():
+                        counts[key] = counts.get(key, 0) + n
+                return Reply(ok=True, inflight=counts)
             case Retire():
                 if self._on_retire is None:
                     return Reply(ok=False, error="this router cannot retire")
@@ -176,6 +183,11 @@ class ControlServer:
                     log.error("could not save route table v%d: %s", table.version, exc)
                     return Reply(ok=False, error=f"could not save the table: {exc.strerror}")
             self._proxy.swap(table)
+            if self._workers is not None and not await self._workers.reload():
+                # Not acknowledged: the caller must not act as if every worker routes by
+                # it (a deploy would stop a process a worker still sends requests to).
+                log.error("route table v%d: a worker did not apply it", table.version)
+                return Reply(ok=False, error="a router worker did not apply the table")
             log.info("route table v%d applied (%d routes)", table.version, len(table.routes))
             return Reply(ok=True, version=table.version)
 

@@ -30,6 +30,7 @@ from keelway.router.control import ControlServer
 from keelway.router.proxy import Proxy, ProxyOptions
 from keelway.router.route_table import EMPTY_TABLE, RouteTable
 from keelway.router.table_file import TableFileError, load_table
+from keelway.router.workers import WorkerSet, serve_channel
 
 log: Final = logging.getLogger("keelway.router")
 
@@ -47,6 +48,8 @@ class RouterConfig:
     listen_fd: int | None = None
     listen: tuple[str, int] | None = None
     takeover: Path | None = None
+    workers: int = 1
+    channel_fd: int | None = None  # set in a worker: its channel to the parent router
     control_path: Path | None = None
     state_path: Path | None = None
     options: ProxyOptions = field(default_factory=ProxyOptions)
@@ -70,6 +73,9 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
                        help="take the listening socket from the router on this control "
                             "socket, then retire it (a gapless restart)")
     parser.add_argument("--control", type=Path, metavar="PATH", help="control unix socket")
+    parser.add_argument("--channel-fd", type=int, metavar="N", help=argparse.SUPPRESS)
+    parser.add_argument("--workers", type=int, default=1, metavar="N",
+                        help="processes accepting on the listening socket (default 1)")
     parser.add_argument("--state", type=Path, metavar="PATH", help="route table file")
     parser.add_argument(
         "--drain-timeout",
@@ -79,7 +85,13 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
         help="on SIGTERM, how long in-flight requests may take (default %(default)s)",
     )
     args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error("--workers must be at least 1")
+    if args.workers > 1 and args.state is None:
+        parser.error("--workers above 1 needs --state: workers read the table from it")
     return RouterConfig(
+        workers=args.workers,
+        channel_fd=args.channel_fd,
         listen_fd=args.listen_fd,
         listen=args.listen,
         takeover=args.takeover,
@@ -148,9 +160,20 @@ async def serve(config: RouterConfig, sock: socket.socket,
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     server = await loop.create_server(proxy.protocol, sock=sock, backlog=LISTEN_BACKLOG)
+    if config.channel_fd is not None:
+        # A worker: its parent is its control plane.
+        channel = loop.create_task(
+            serve_channel(config.channel_fd, proxy, config.state_path, stop))
+        await stop.wait()
+        server.close()
+        channel.cancel()
+        return await proxy.drain()
+    workers = WorkerSet(config.workers, sock, config.state_path, config.options.drain_timeout_s)
+    await workers.start()
     control: ControlServer | None = None
     if config.control_path is not None:
-        control = ControlServer(proxy, config.state_path, listener=sock, on_retire=stop.set)
+        control = ControlServer(proxy, config.state_path, listener=sock, on_retire=stop.set,
+                                workers=workers)
         await control.start(config.control_path)
     if predecessor is not None:
         if config.state_path is not None:
@@ -167,7 +190,7 @@ async def serve(config: RouterConfig, sock: socket.socket,
     await stop.wait()
     log.info("stopping: draining %d client connections", len(proxy.connections))
     server.close()
-    clean = await proxy.drain()
+    clean, _ = await asyncio.gather(proxy.drain(), workers.stop())
     if control is not None:
         await control.close()
     log.info("stopped%s", "" if clean else " (some connections aborted at the deadline)")

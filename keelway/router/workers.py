@@ -1,0 +1,177 @@
+"""Router workers: more processes accepting on the one listening socket.
+
+The router process started by the control plane is worker 0 and the only one with a
+control socket. It spawns workers 1..N-1 as subprocesses (not forks: forking under a
+running event loop is unsafe), each inheriting the listening socket and one end of a
+socketpair, its channel. Over a channel, one line each way:
+
+    reload   -> ok V        the worker re-read the table file and serves version V
+    inflight -> {...}       its requests in flight per upstream, as JSON
+    stop                    drain and exit (no reply; the parent reaps it)
+
+Rules: a table push is acknowledged only once every worker serves it, so a deploy never
+stops a process some worker still routes to. A worker whose channel closes (its parent
+died) drains and exits: it must not serve a table nobody can update. A worker that dies
+is spawned again by its parent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Final
+
+from keelway.router.proxy import Proxy
+from keelway.router.table_file import TableFileError, load_table
+
+log: Final = logging.getLogger("keelway.router")
+
+CHANNEL_TIMEOUT_S: Final = 5.0
+
+
+class Worker:
+    """The parent's handle on one worker subprocess and its channel."""
+
+    def __init__(self, index: int, listener: socket.socket, state_path: Path | None,
+                 drain_timeout_s: float) -> None:
+        self.index = index
+        self._listener = listener
+        self._state_path = state_path
+        self._drain_timeout_s = drain_timeout_s
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        argv = [sys.executable, "-m", "keelway.router",
+                "--listen-fd", str(self._listener.fileno()),
+                "--channel-fd", str(theirs.fileno()),
+                "--drain-timeout", str(self._drain_timeout_s)]
+        if self._state_path is not None:
+            argv += ["--state", str(self._state_path)]
+        try:
+            self.proc = subprocess.Popen(
+                argv, pass_fds=(self._listener.fileno(), theirs.fileno()),
+                stdin=subprocess.DEVNULL)
+        finally:
+            theirs.close()
+        self._reader, self._writer = await asyncio.open_connection(sock=ours)
+        log.info("worker %d started (pid %d)", self.index, self.proc.pid)
+
+    async def ask(self, line: str) -> str | None:
+        """One request line, one reply line; None if the worker did not answer."""
+        async with self._lock:
+            if self._writer is None or self._reader is None:
+                return None
+            try:
+                self._writer.write(line.encode() + b"\n")
+                await self._writer.drain()
+                async with asyncio.timeout(CHANNEL_TIMEOUT_S):
+                    reply = await self._reader.readline()
+            except (OSError, TimeoutError):
+                return None
+            return reply.decode().strip() or None
+
+    async def stop(self) -> None:
+        if self._writer is not None:
+            with contextlib.suppress(OSError):
+                self._writer.write(b"stop\n")
+                await self._writer.drain()
+            self._writer.close()
+            self._writer = None
+        if self.proc is not None:
+            proc = self.proc
+            try:
+                await asyncio.wait_for(asyncio.to_thread(proc.wait),
+                                       timeout=self._drain_timeout_s + 5)
+            except TimeoutError:
+                proc.kill()
+                await asyncio.to_thread(proc.wait)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class WorkerSet:
+    """Workers 1..N-1 of this router; empty when it runs alone."""
+
+    def __init__(self, count: int, listener: socket.socket, state_path: Path | None,
+                 drain_timeout_s: float) -> None:
+        self.workers = [Worker(i, listener, state_path, drain_timeout_s)
+                        for i in range(1, count)]
+        self._watch: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    async def start(self) -> None:
+        for worker in self.workers:
+            await worker.start()
+        if self.workers:
+            self._watch = asyncio.get_running_loop().create_task(self._respawn_dead())
+
+    async def reload(self) -> bool:
+        """Make every worker serve the table file's version; False if one did not."""
+        replies = await asyncio.gather(*(w.ask("reload") for w in self.workers))
+        return all(r is not None and r.startswith("ok") for r in replies)
+
+    async def inflight(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for reply in await asyncio.gather(*(w.ask("inflight") for w in self.workers)):
+            if reply:
+                for key, n in json.loads(reply).items():
+                    counts[key] = counts.get(key, 0) + int(n)
+        return counts
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._watch is not None:
+            self._watch.cancel()
+        await asyncio.gather(*(w.stop() for w in self.workers))
+
+    async def _respawn_dead(self) -> None:
+        while not self._stopping:
+            await asyncio.sleep(1.0)
+            for worker in self.workers:
+                if not worker.alive() and not self._stopping:
+                    code = worker.proc.returncode if worker.proc else None
+                    log.warning("worker %d exited (%s); starting it again", worker.index, code)
+                    await worker.start()
+                    await worker.ask("reload")
+
+
+async def serve_channel(channel_fd: int, proxy: Proxy, state_path: Path | None,
+                        stop: asyncio.Event) -> None:
+    """A worker's side of its channel: answer the parent until told to stop or orphaned."""
+    sock = socket.socket(fileno=channel_fd)
+    reader, writer = await asyncio.open_connection(sock=sock)
+    try:
+        while True:
+            line = (await reader.readline()).strip()
+            if not line or line == b"stop":
+                return  # told to stop, or the parent is gone: drain either way
+            if line == b"reload":
+                version = proxy.routing.table.version
+                if state_path is not None:
+                    try:
+                        table = load_table(state_path)
+                    except TableFileError as exc:
+                        log.error("worker %d: %s", os.getpid(), exc)
+                        table = None
+                    if table is not None and table.version >= version:
+                        proxy.swap(table)
+                        version = table.version
+                writer.write(f"ok {version}\n".encode())
+            elif line == b"inflight":
+                writer.write(json.dumps(proxy.inflight()).encode() + b"\n")
+            await writer.drain()
+    finally:
+        stop.set()
+        writer.close()
