@@ -96,9 +96,9 @@ def nginx_temp_directives(prefix: Path) -> str:
     return "".join(f"  {kind}_temp_path {prefix}/{kind}_temp;\n" for kind in kinds)
 
 
-def nginx_conf(prefix: Path, server_block: str) -> str:
+def nginx_conf(prefix: Path, server_block: str, workers: int = 1) -> str:
     user = "user root root;\n" if os.geteuid() == 0 else ""
-    return f"""{user}worker_processes 1;
+    return f"""{user}worker_processes {workers};
 pid {prefix}/nginx.pid;
 error_log {prefix}/error.log warn;
 events {{ worker_connections 4096; }}
@@ -166,22 +166,31 @@ def wait_port(port: int, timeout_s: float = 10.0) -> None:
     raise RuntimeError(f"nothing listens on port {port} after {timeout_s} s")
 
 
-def start_nginx(procs: Processes, prefix: Path, server_block: str, port: int) -> int:
+def proxy_cpus(workers: int) -> str:
+    """The proxies' CPUs: CPU 0 alone for one worker, else the first `workers` CPUs."""
+    return PROXY_CPU if workers == 1 else f"0-{min(workers, os.cpu_count() or 1) - 1}"
+
+
+def start_nginx(procs: Processes, prefix: Path, server_block: str, port: int,
+                workers: int = 1) -> int:
     prefix.mkdir(parents=True)
     conf = prefix / "nginx.conf"
-    conf.write_text(nginx_conf(prefix, server_block))
+    conf.write_text(nginx_conf(prefix, server_block, workers))
     argv = ["nginx", "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"]
-    cpu = LOAD_CPU if "return 200" in server_block else PROXY_CPU
+    cpu = LOAD_CPU if "return 200" in server_block else proxy_cpus(workers)
     pid = procs.start(pinned(cpu, argv), stderr=subprocess.DEVNULL).pid
     wait_port(port)
     return pid
 
 
-def start_router(procs: Processes, tmp: Path, port: int, upstream_port: int) -> int:
+def start_router(procs: Processes, tmp: Path, port: int, upstream_port: int,
+                 workers: int = 1) -> int:
     control = tmp / "router.sock"
     argv = [sys.executable, "-m", "keelway.router", "--listen", f"127.0.0.1:{port}"]
-    argv += ["--control", str(control)]
-    pid = procs.start(pinned(PROXY_CPU, argv), cwd=ROOT, stderr=subprocess.DEVNULL).pid
+    argv += ["--control", str(control), "--state", str(tmp / "routes.json")]
+    argv += ["--workers", str(workers)]
+    pid = procs.start(pinned(proxy_cpus(workers), argv), cwd=ROOT,
+                      stderr=subprocess.DEVNULL).pid
     wait_port(port)
     ping_sync(control)
     route = Route(state=RouteState.SERVING, upstream=f"127.0.0.1:{upstream_port}")
@@ -233,6 +242,9 @@ def main() -> int:
     parser.add_argument("--connections", type=int, default=50)
     parser.add_argument("--light-duration", type=int, default=3, help="seconds per 1-conn run")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="processes for each proxy (keelway --workers, nginx "
+                             "worker_processes)")
     args = parser.parse_args()
     for tool in ("nginx", "wrk"):
         if shutil.which(tool) is None:
@@ -247,13 +259,15 @@ def main() -> int:
             upstream = start_nginx(
                 procs, tmp / "upstream", upstream_block(ports["upstream"]), ports["upstream"]
             )
-            router = start_router(procs, tmp, ports["keelway"], ports["upstream"])
+            router = start_router(procs, tmp, ports["keelway"], ports["upstream"],
+                                  args.workers)
             nginx = start_nginx(
-                procs, tmp / "proxy", proxy_block(ports["nginx"], ports["upstream"]), ports["nginx"]
+                procs, tmp / "proxy", proxy_block(ports["nginx"], ports["upstream"]),
+                ports["nginx"], args.workers,
             )
             measured = {
                 "upstream": process_tree(upstream),
-                "keelway": [router],
+                "keelway": process_tree(router),
                 "nginx": process_tree(nginx),
             }
             for port in ports.values():
@@ -292,7 +306,8 @@ def report(
     light = {name: median_run(runs) for name, runs in light_runs.items()}
     print(
         f"wrk -c{args.connections} -d{args.duration}s, median of {args.rounds} interleaved "
-        f"rounds (proxies on CPU {PROXY_CPU}, upstream + wrk on CPU {LOAD_CPU})"
+        f"rounds ({args.workers} worker(s) per proxy on CPU {proxy_cpus(args.workers)}, "
+        f"upstream + wrk on CPU {LOAD_CPU})"
     )
     print(f"{'target':10} {'req/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'cpu %':>6}  errors")
     for name, r in loaded.items():
