@@ -341,10 +341,22 @@ class Attempt:
         return found
 
     async def _stop_instance_for_good(self, gens: list[Generation], reason: str) -> None:
+        await self._take_out_of_service(
+            InstanceState.STOPPED, f"v{self.target.release} failed: {reason}", gens,
+            "no fallback")
+
+    async def _go_down(self, reason: str) -> None:
+        """Stop everything of the instance and keep it down, saying why."""
+        why = f"hold-mode release v{self.target.release} failed after it executed: {reason}"
+        await self._take_out_of_service(InstanceState.DOWN, why,
+                                        self.store.live_generations(self.host), "down")
+
+    async def _take_out_of_service(self, state: InstanceState, why: str,
+                                   gens: list[Generation], label: str) -> None:
+        """Record why, gate the route (503, not a dead port), then stop `gens`."""
         inst = self.store.get_instance(self.host)
         if inst is not None:
-            self.store.set_instance_state(inst, InstanceState.STOPPED,
-                                          f"v{self.target.release} failed: {reason}")
+            self.store.set_instance_state(inst, state, why)
         if self.store.get_route(self.host) is not None:
             self.store.set_route(self.host, self.host, RouteState.GATED, None, None)
             try:
@@ -353,22 +365,7 @@ class Attempt:
                 self._say(f"could not republish: {exc.message}")
         for gen in gens:
             if gen.state is not GenState.GONE:
-                await self._stop(gen, 10.0, f"stop {gen.service} (no fallback)")
-
-    async def _go_down(self, reason: str) -> None:
-        """Stop everything of the instance and keep it down, saying why."""
-        inst = self.store.get_instance(self.host)
-        why = f"hold-mode release v{self.target.release} failed after it executed: {reason}"
-        if inst is not None:
-            self.store.set_instance_state(inst, InstanceState.DOWN, why)
-        if self.store.get_route(self.host) is not None:
-            self.store.set_route(self.host, self.host, RouteState.GATED, None, None)
-        try:
-            await self.publisher.publish()
-        except OperationError as exc:
-            self._say(f"could not republish: {exc.message}")
-        for gen in self.store.live_generations(self.host):
-            await self._stop(gen, 10.0, f"stop {gen.service} (down)")
+                await self._stop(gen, 10.0, f"stop {gen.service} ({label})")
 
     def _alive(self, gen: Generation) -> bool:
         latest = self.store.get_generation(gen.id)

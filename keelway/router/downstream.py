@@ -12,7 +12,20 @@ Owns the client half of every exchange. Invariants:
   request is being buffered for an upstream still connecting, or while pipelined requests
   wait; one bitmask holds these reasons so that one clearing never resumes another's pause;
 - the hot path is callbacks only: an exchange costs one small object and no coroutine,
-  unless the upstream pool misses.
+  unless the upstream pool misses;
+- a request the router refuses (malformed, over a limit, too slow) is answered in turn
+  with `Connection: close`, and nothing after it on the connection is parsed or
+  forwarded; a body already partly forwarded leaves with its upstream connection, which
+  closes. The client is then lingered on (its further bytes read and dropped) for up to
+  `close_linger_s`, so the kernel does not reset the connection over unread bytes and
+  destroy the answer on its way;
+- every timeout of a connection shares one timer handle. Each wait keeps a deadline
+  (`_read_deadline`: idle, head or body; `_upstream_deadline`: the current exchange's
+  first response byte) and the hot path only moves deadlines later, which costs a clock
+  read; the handle is re-made only when it fires early (then it re-arms for the latest
+  deadline) or a deadline moves earlier. When it fires, what is overdue is decided from
+  the connection's state, not from the deadline alone, so a stale deadline only causes
+  an early wake-up.
 """
 
 from __future__ import annotations
@@ -26,14 +39,20 @@ import httptools
 
 from keelway.router import responses
 from keelway.router.exchange import Exchange
-from keelway.router.headers import CHUNKED, NONE, BadRequest, RequestHeadRewriter
+from keelway.router.headers import CHUNKED, LENGTH, NONE, BadRequest, RequestHeadRewriter
 from keelway.router.responses import BAD_REQUEST, HEALTH_PATH, HEALTHY, NOT_FOUND
-from keelway.router.responses import HEADERS_TOO_LARGE as TOO_LARGE
 
 if TYPE_CHECKING:
     from keelway.router.proxy import Proxy
 
 log: Final = logging.getLogger("keelway.router")
+
+_NEVER: Final = float("inf")
+
+# `_in_head`: where the connection is in a request head.
+_NO_HEAD: Final = 0  # between requests, or in a body
+_HEAD_BEGUN: Final = 1  # first bytes parsed in this read; its deadline is not set yet
+_HEAD_TIMED: Final = 2  # spans reads; its deadline runs from the first read
 
 
 class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
@@ -45,11 +64,14 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
 
     def __init__(self, proxy: Proxy) -> None:
         self._proxy = proxy
+        self._options = proxy.options
+        self._loop = asyncio.get_running_loop()
         self._parser = httptools.HttpRequestParser(self)
         # Set in connection_made, before any other callback; typed non-optional so the
         # hot path does not pay for a check that can never fail.
         self.transport: asyncio.Transport = cast(asyncio.Transport, None)
         self._client_ip = b""
+        self._trusted = False
         self.begin_request_head()
         self._unparsed_head_bytes = 0
         self._awaiting_head = True
@@ -64,6 +86,13 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
         self._client_done = False
         self._closed = False
         self._close_after_answer = False
+        self._in_head = _NO_HEAD
+        self._body_left = 0
+        self._lingering = False
+        self._read_deadline = _NEVER
+        self._upstream_deadline = _NEVER
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = _NEVER
 
     # -- asyncio.Protocol ------------------------------------------------------------
 
@@ -71,7 +100,11 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # TCP, by construction
         peer = transport.get_extra_info("peername")
         self._client_ip = str(peer[0]).encode() if peer else b"unknown"
+        self._trusted = bool(peer) and str(peer[0]) in self._options.trusted_proxies
         self._proxy.connections.add(self)
+        # A new connection must begin its first request as promptly as a head must end.
+        self._read_deadline = self._loop.time() + self._options.header_timeout_s
+        self._arm(self._read_deadline)
 
     def data_received(self, data: bytes) -> None:
         if self._upgrading is not None:
@@ -93,12 +126,21 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
             self.close()
             return
         except httptools.HttpParserError:
-            self._refuse(responses.BAD_REQUEST)
+            if not self._parser_dead:  # else a callback refused already: that answer stands
+                self._refuse(responses.BAD_REQUEST)
         else:
-            if self._awaiting_head and (
-                self._unparsed_head_bytes > self._proxy.options.max_header_bytes
+            if self._parser_dead:
+                pass
+            elif self._awaiting_head and (
+                self._unparsed_head_bytes > self._options.max_header_bytes
             ):
                 self._refuse(responses.HEADERS_TOO_LARGE)
+            elif self._in_head:
+                if self._in_head == _HEAD_BEGUN:
+                    self._in_head = _HEAD_TIMED
+                    self._extend_read(self._options.header_timeout_s)
+            elif self._parsing is not None:
+                self._extend_read(self._options.body_timeout_s)
         current = self.current
         if current is not None and current.out:
             current.flush()
@@ -119,6 +161,10 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
         self._proxy.connections.discard(self)
+        timer = self._timer
+        if timer is not None:
+            self._timer = None
+            timer.cancel()
         current = self.current
         if current is not None:
             self.current = None
@@ -142,14 +188,21 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
     # -- httptools callbacks ---------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        self._in_head = _HEAD_BEGUN
         self.begin_request_head()
 
     # on_url and on_header: RequestHeadRewriter's
 
     def on_headers_complete(self) -> None:
+        if self._parser_dead:  # a refusal earlier in this read: parse nothing more
+            return
+        self._in_head = _NO_HEAD
         self._awaiting_head = False
         self._unparsed_head_bytes = 0
+        self._body_left = self._options.max_body_bytes
         ex = self._route()
+        if ex is None:
+            return  # refused: the answer is queued, the connection ends after it
         self._parsing = ex
         if self.current is None:
             self.current = ex
@@ -161,6 +214,12 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         ex = self._parsing
         if ex is not None:
+            # Counted for every body, so a chunked one is bounded too; a Content-Length
+            # over the limit was refused before any of its body was read.
+            self._body_left -= len(body)
+            if self._body_left < 0:
+                self._refuse(responses.BODY_TOO_LARGE)
+                return
             ex.request_body(body)
 
     def on_message_complete(self) -> None:
@@ -172,29 +231,44 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
 
     # -- routing ---------------------------------------------------------------------
 
-    def _route(self) -> Exchange:
-        """Decide what answers the request whose head just completed."""
+    def _route(self) -> Exchange | None:
+        """Decide what answers the request whose head just completed; None when the
+        request is refused (the refusal is queued and nothing more is parsed)."""
         parser = self._parser
         proxy = self._proxy
         method = parser.get_method()
         keep_alive = parser.should_keep_alive()
         upgrade = parser.should_upgrade()
-        options = proxy.options
+        options = self._options
         if (
             self.head_bytes > options.max_header_bytes
             or self.request_fields > options.max_header_count
         ):
-            return self._local(Exchange(self, method == b"HEAD", True, False), TOO_LARGE, True)
-        url = self.request_url
+            self._refuse(responses.HEADERS_TOO_LARGE)
+            return None
         try:
             head, host, framing, has_connection = self.finish_request_head(
-                method, self._client_ip, upgrade
+                method, self._client_ip, upgrade, self._trusted
             )
         except BadRequest:
-            return self._local(Exchange(self, method == b"HEAD", True, False), BAD_REQUEST, True)
-        # Keep-alive without a Connection header can only be HTTP/1.1; formatting the
+            self._refuse(BAD_REQUEST)
+            return None
+        # Keep-alive without a Connection header can only be HTTP/1.1 (llhttp accepts
+        # 0.9, 1.0, 1.1 and 2.0, and only 1.1 defaults to keep-alive); formatting the
         # version is the slow call, so it runs only when the answer is not implied.
-        http11 = (keep_alive and not has_connection) or parser.get_http_version() == "1.1"
+        if keep_alive and not has_connection:
+            http11 = True
+        else:
+            version = parser.get_http_version()
+            http11 = version == "1.1"
+            # HTTP/1.0 with Transfer-Encoding: RFC 9112 §6.1 calls its framing faulty.
+            if not http11 and (version != "1.0" or framing is CHUNKED):
+                self._refuse(BAD_REQUEST)
+                return None
+        if framing is LENGTH and self.request_length > options.max_body_bytes:
+            self._refuse(responses.BODY_TOO_LARGE)
+            return None
+        url = self.request_url
         close = not (http11 and keep_alive) or proxy.draining or upgrade
         ex = Exchange(self, method == b"HEAD", close, http11)
         if upgrade:
@@ -226,10 +300,17 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
         return ex
 
     def _refuse(self, canned: responses.Canned) -> None:
-        """A request that cannot be parsed: answer it in turn, then close. Nothing after
-        it on this connection is read."""
+        """A request that cannot be parsed, is over a limit or too slow: answer it in
+        turn, then close. Nothing after it on this connection is parsed.
+
+        The request being parsed, if any, is dropped with its upstream connection (part
+        of its body may have gone; that connection closes, so the upstream sees a cut-off
+        request, never a desynchronised one). Its answer takes that request's place,
+        unless the upstream had begun answering it: then the client connection closes.
+        """
         self._parser_dead = True
         self._awaiting_head = False
+        self._in_head = _NO_HEAD
         ex = Exchange(self, head_request=False, close_client=True, chunked_ok=False)
         self._local(ex, canned, close=True)
         ex.request_done = True
@@ -238,8 +319,12 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
             self._parsing = None
             stale.abandon()
             if stale is self.current:
-                self.close()
-                return
+                if stale.response_started:
+                    self.close()
+                    return
+                self.current = None
+            elif self._queue and self._queue[-1] is stale:
+                self._queue.pop()
         if self.current is None:
             self.current = ex
             ex.start()
@@ -263,7 +348,10 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
         # about. It stays open; its next request is answered with close. Only a
         # connection the drain found busy (`_close_after_answer`) closes here.
         if ex.close_client or self._close_after_answer:
-            self.close()
+            if self._parser_dead:
+                self._linger()
+            else:
+                self.close()
             return
         if self._advancing:
             return
@@ -273,6 +361,8 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
         if not queue:
             if self._client_done:
                 self.close()
+            elif not self._in_head:
+                self._extend_read(self._options.idle_timeout_s)
             return
         self._advancing = True
         try:
@@ -280,12 +370,17 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
                 nxt = queue.popleft()
                 self.current = nxt
                 nxt.start()
+                if nxt.request_done and nxt.pool is not None and self.current is nxt:
+                    self.await_upstream()
         finally:
             self._advancing = False
         if not queue:
             self.unblock_reading(self.BLOCK_QUEUE)
-            if self._client_done and self.current is None:
-                self.close()
+            if self.current is None and not self._closed:
+                if self._client_done:
+                    self.close()
+                elif not self._in_head:
+                    self._extend_read(self._options.idle_timeout_s)
 
     def start_tunnel(self) -> None:
         """The upstream switched protocols (101): the current exchange never ends; bytes
@@ -332,3 +427,86 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
         if not self._closed:
             self._closed = True
             self.transport.close()
+
+    def _linger(self) -> None:
+        """After a refusal is written: send FIN, then read and drop what the client still
+        sends until it closes or `close_linger_s` passes. Closing with unread bytes
+        would make the kernel send a reset, which can destroy the refusal in flight."""
+        if self._closed:
+            return
+        transport = self.transport
+        if self._lingering or not transport.can_write_eof():
+            self.close()
+            return
+        self._lingering = True
+        self._upgrading = None
+        transport.write_eof()  # after the buffered answer is flushed
+        if self._blocks:
+            self._blocks = 0
+            transport.resume_reading()
+        self._read_deadline = self._loop.time() + self._options.close_linger_s
+        self._upstream_deadline = _NEVER
+        self._arm(self._read_deadline)
+
+    # -- timeouts --------------------------------------------------------------------
+
+    def await_upstream(self) -> None:
+        """The current exchange's request is complete: its upstream has
+        `upstream_timeout_s` to begin answering."""
+        self._upstream_deadline = deadline = self._loop.time() + self._options.upstream_timeout_s
+        if deadline < self._timer_at:
+            self._arm(deadline)
+
+    def _extend_read(self, timeout_s: float) -> None:
+        self._read_deadline = deadline = self._loop.time() + timeout_s
+        if deadline < self._timer_at:
+            self._arm(deadline)
+
+    def _arm(self, deadline: float) -> None:
+        """Make the timer fire no later than `deadline` (earlier is harmless)."""
+        if deadline < self._timer_at and not self._closed:
+            timer = self._timer
+            if timer is not None:
+                timer.cancel()
+            self._timer_at = deadline
+            self._timer = self._loop.call_at(deadline, self._on_timer)
+
+    def _on_timer(self) -> None:
+        """Act on what is overdue, judged by the connection's state; re-arm for the rest."""
+        self._timer = None
+        self._timer_at = _NEVER
+        if self._closed:
+            return
+        if self._lingering:
+            self.close()
+            return
+        now = self._loop.time()
+        if self._upstream_deadline <= now:
+            self._upstream_deadline = _NEVER
+            ex = self.current
+            waiting = ex is not None and ex.pool is not None and ex.request_done
+            if waiting and ex is not None and not ex.response_started:
+                ex.upstream_timed_out()
+                if self._closed or self._lingering:
+                    return
+        if self._read_deadline <= now:
+            self._read_deadline = _NEVER
+            self._read_overdue(now)
+            if self._closed or self._lingering:
+                return
+        due = min(self._read_deadline, self._upstream_deadline)
+        if due != _NEVER:
+            self._arm(due)
+
+    def _read_overdue(self, now: float) -> None:
+        options = self._options
+        if self._upgrading is not None and self._upgrading.response_started:
+            return  # a tunnel: its traffic is the application's, untimed
+        if self._in_head or self._parsing is not None:
+            if self._blocks:  # the router paused reading: the client is not to blame
+                timeout_s = options.header_timeout_s if self._in_head else options.body_timeout_s
+                self._read_deadline = now + timeout_s
+            else:
+                self._refuse(responses.REQUEST_TIMEOUT)
+        elif self.current is None and not self._queue:
+            self.close()  # idle between requests: nothing is owed, close silently

@@ -106,8 +106,11 @@ class Exchange:
         self.request_done = True
         if self.chunked_request:
             self.out.append(_LAST_CHUNK)
-        if self.client.current is self and self.pool is None:
-            self._answer_locally()
+        if self.client.current is self:
+            if self.pool is None:
+                self._answer_locally()
+            else:
+                self.client.await_upstream()
 
     def flush(self) -> None:
         """Send buffered request bytes upstream, or bound them while still connecting."""
@@ -148,6 +151,20 @@ class Exchange:
         self.client.transport.write(responses.BAD_GATEWAY.pick(self.head_request, close))
         self.close_client = close
         self.response_complete(keep_client=self.request_done)
+
+    def upstream_timed_out(self) -> None:
+        """The upstream did not begin answering within its time: 504, and its connection
+        closes (a late answer must never reach this client or a later request). Marked
+        abandoned, so a connection still opening for it is pooled unused, not attached."""
+        upstream = self.upstream
+        self.upstream = None
+        self.abandoned = True
+        if upstream is not None:
+            upstream.abandon()
+        self.response_started = True
+        close = self.close_client
+        self.client.transport.write(responses.GATEWAY_TIMEOUT.pick(self.head_request, close))
+        self.response_complete(keep_client=True)
 
     def response_complete(self, keep_client: bool) -> None:
         self.upstream = None

@@ -8,8 +8,15 @@ Owns which headers cross the proxy and how bodies are framed on each side. Rules
   (Host, Content-Length, X-Forwarded-*), so a client cannot strip framing by naming it;
 - framing is re-derived, not copied: Content-Length passes through unchanged, a chunked
   body is re-chunked, a close-delimited response is chunked to an HTTP/1.1 client;
-- X-Forwarded-For appends the client address to what the client sent; X-Forwarded-Proto
-  and X-Forwarded-Host are the proxy's own, whatever the client sent.
+- X-Forwarded-For/-Proto/-Host cannot be spoofed: from an ordinary client they are
+  discarded and the proxy's own are set (client address, "http", the Host). Only a
+  trusted front proxy's are kept, X-Forwarded-For with the client address appended;
+- a head that could frame differently in another parser is refused, never normalised:
+  Content-Length must be plain digits and appear once; Transfer-Encoding must be exactly
+  `chunked` (any letter case), appear once, and never with Content-Length; Host must
+  appear once and be a hostname or IP literal with an optional port; a request target
+  is origin-form (`/...`), `*`, or absolute-form whose authority equals Host (then sent
+  upstream as origin-form), so the router and the app always agree on the host.
 
 Shape, chosen for the hot path: the rewriters are mixins whose `on_header` *is* the
 httptools callback, so each field is classified once, as it is parsed, with no list of
@@ -22,6 +29,7 @@ head is recorded and reported by the `finish_*` method instead.
 from __future__ import annotations
 
 import enum
+import re
 from http import HTTPStatus
 from typing import Final
 
@@ -50,6 +58,8 @@ _CHUNKED: Final = 3
 _FORWARDED_FOR: Final = 4
 _CONNECTION: Final = 5
 _UPGRADE: Final = 6
+_FORWARDED_PROTO: Final = 7
+_FORWARDED_HOST: Final = 8
 
 _COMMON: Final = {
     b"connection": _CONNECTION,
@@ -64,8 +74,8 @@ _REQUEST_KINDS: Final = {
     **_COMMON,
     b"host": _HOST,
     b"x-forwarded-for": _FORWARDED_FOR,
-    b"x-forwarded-proto": _DROP,
-    b"x-forwarded-host": _DROP,
+    b"x-forwarded-proto": _FORWARDED_PROTO,
+    b"x-forwarded-host": _FORWARDED_HOST,
 }
 _RESPONSE_KINDS: Final = _COMMON
 # Connection tokens that are not header names, or name headers handled above.
@@ -78,9 +88,57 @@ _HTTP11: Final = b" HTTP/1.1\r\n"
 _PROTO_HTTP: Final = b"X-Forwarded-Proto: http\r\n"
 _UPGRADE_CONNECTION: Final = b"Connection: upgrade\r\n"
 
+# Host: a reg-name of unreserved characters or a bracketed IPv6 literal, and an optional
+# port. Narrower than RFC 3986 allows (no percent-encoding, no sub-delims): no hostname
+# that DNS can resolve needs them, and each one is a way to make two parsers disagree.
+_HOST_SYNTAX: Final = re.compile(rb"(?:[A-Za-z0-9._~-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?")
+# Hosts already found valid, so the common case costs a set lookup, not a regex. Bounded
+# so that a stream of made-up hosts cannot grow it; past the bound each one pays the regex.
+_VALID_HOSTS: Final[set[bytes]] = set()
+_VALID_HOSTS_MAX: Final = 4096
+
 
 class BadRequest(Exception):
     """The request head is malformed in a way the parser does not catch (client's fault)."""
+
+
+def valid_host(host: bytes) -> bool:
+    """Whether a Host value is a hostname or IP literal with an optional port."""
+    if host in _VALID_HOSTS:
+        return True
+    if _HOST_SYNTAX.fullmatch(host) is None:
+        return False
+    if len(_VALID_HOSTS) < _VALID_HOSTS_MAX:
+        _VALID_HOSTS.add(host)
+    return True
+
+
+def origin_form(url: bytes, method: bytes, host: bytes) -> bytes:
+    """The request target to send upstream: origin-form, `*`, or CONNECT's authority
+    (which the router refuses later). Absolute-form (RFC 9112 §3.2.2) is accepted only
+    when its authority equals Host, ignoring letter case: RFC 9112 says the authority
+    wins, but routing by one host while the app reads another is a confused deputy, and
+    no client talking to an origin sends two different ones. Raises BadRequest."""
+    if url == b"*" or method == b"CONNECT":
+        return url
+    lowered = url[:8].lower()
+    if lowered.startswith(b"http://"):
+        rest = url[7:]
+    elif lowered == b"https://":
+        rest = url[8:]
+    else:
+        raise BadRequest("request target is neither origin-form nor absolute-form")
+    end = len(rest)
+    for delimiter in (b"/", b"?", b"#"):
+        at = rest.find(delimiter)
+        if at != -1 and at < end:
+            end = at
+    authority, path = rest[:end], rest[end:]
+    if authority.lower() != host.lower():
+        raise BadRequest("absolute-form authority differs from Host")
+    if path[:1] != b"/":
+        path = b"/" + path
+    return path
 
 
 def _nominated(connection_value: bytes) -> frozenset[bytes]:
@@ -110,12 +168,15 @@ class RequestHeadRewriter:
         "_rq_error",
         "_rq_fields",
         "_rq_forwarded_for",
+        "_rq_forwarded_host",
+        "_rq_forwarded_proto",
         "_rq_framing",
         "_rq_host",
         "_rq_parts",
         "_rq_upgrade_to",
         "_rq_url",
         "head_bytes",
+        "request_length",
     )
 
     def begin_request_head(self) -> None:
@@ -123,12 +184,15 @@ class RequestHeadRewriter:
         self._rq_url = b""
         self._rq_host: bytes | None = None
         self._rq_forwarded_for: bytes | None = None
+        self._rq_forwarded_proto: bytes | None = None
+        self._rq_forwarded_host: bytes | None = None
         self._rq_connection: bytes | None = None
         self._rq_upgrade_to: bytes | None = None
         self._rq_framing = NONE
         self._rq_error = False
         self._rq_fields = 0
         self.head_bytes = 0
+        self.request_length = 0
 
     def on_url(self, url: bytes) -> None:
         self._rq_url += url
@@ -148,17 +212,30 @@ class RequestHeadRewriter:
             self._rq_host = value
             self._rq_parts += (b"Host", _SEP, value, _CRLF)
         elif kind == _LENGTH:
-            if self._rq_framing is not NONE:
+            # A second Content-Length is refused even when equal (RFC 9112 §6.3 lets a
+            # recipient fold identical ones; a proxy gains nothing by it), and so is
+            # anything but digits: `+5`, `0x10`, `5,5`, `5 ` read differently elsewhere.
+            if self._rq_framing is not NONE or not value.isdigit() or len(value) > 18:
                 self._rq_error = True
+            else:
+                self.request_length = int(value)
             self._rq_framing = LENGTH
             self._rq_parts += (b"Content-Length", _SEP, value, _CRLF)
         elif kind == _CHUNKED:
-            if self._rq_framing is LENGTH:
+            # Only `chunked` alone: a coding list (`gzip, chunked`), `identity`, padding
+            # or a repeat is refused, not interpreted.
+            if self._rq_framing is not NONE or value.lower() != b"chunked":
                 self._rq_error = True
             self._rq_framing = CHUNKED
         elif kind == _FORWARDED_FOR:
             seen = self._rq_forwarded_for
             self._rq_forwarded_for = value if seen is None else seen + b", " + value
+        elif kind == _FORWARDED_PROTO:
+            seen = self._rq_forwarded_proto
+            self._rq_forwarded_proto = value if seen is None else seen + b", " + value
+        elif kind == _FORWARDED_HOST:
+            seen = self._rq_forwarded_host
+            self._rq_forwarded_host = value if seen is None else seen + b", " + value
         elif kind == _CONNECTION:
             seen = self._rq_connection
             self._rq_connection = value if seen is None else seen + b"," + value
@@ -174,22 +251,29 @@ class RequestHeadRewriter:
         return self._rq_fields
 
     def finish_request_head(
-        self, method: bytes, client_ip: bytes, upgrade: bool
+        self, method: bytes, client_ip: bytes, upgrade: bool, trusted: bool = False
     ) -> tuple[bytes, bytes, Framing, bool]:
         """The HTTP/1.1 request head to send upstream, the client's Host value, the
         request body's framing (NONE, LENGTH or CHUNKED; the upstream side uses the
-        same), and whether the request had a Connection header.
+        same), and whether the request had a Connection header. After return,
+        `request_url` is the target as sent upstream (origin-form).
 
         `upgrade` says the parser saw a valid Upgrade request; only then do Upgrade and
-        `Connection: upgrade` cross. Raises BadRequest for a missing or repeated Host,
-        or for conflicting framing headers.
+        `Connection: upgrade` cross. `trusted` says the client is a front proxy whose
+        X-Forwarded-* are kept. Raises BadRequest for a missing, repeated or malformed
+        Host, a bad request target, or framing headers that are malformed or conflict.
         """
         host = self._rq_host
         if host is None or self._rq_error:
-            raise BadRequest("missing or repeated Host, or conflicting body framing")
+            raise BadRequest("missing or repeated Host, or bad body framing")
+        if not valid_host(host):
+            raise BadRequest("Host is not a hostname with an optional port")
+        url = self._rq_url
+        if url[:1] != b"/":
+            url = self._rq_url = origin_form(url, method, host)
         parts = self._rq_parts
         parts[0] = method
-        parts[2] = self._rq_url
+        parts[2] = url
         connection = self._rq_connection
         if connection is not None:
             nominated = _nominated(connection)
@@ -200,12 +284,43 @@ class RequestHeadRewriter:
         framing = self._rq_framing
         if framing is CHUNKED:
             parts.append(b"Transfer-Encoding: chunked\r\n")
-        forwarded_for = self._rq_forwarded_for
-        if forwarded_for is not None:
-            client_ip = forwarded_for + b", " + client_ip
-        parts += (b"X-Forwarded-For: ", client_ip, b"\r\nX-Forwarded-Host: ", host, _CRLF)
-        parts += (_PROTO_HTTP, _CRLF)
+        if trusted:
+            parts += _trusted_forwarding(
+                self._rq_forwarded_for,
+                self._rq_forwarded_proto,
+                self._rq_forwarded_host,
+                client_ip,
+                host,
+            )
+        else:
+            parts += (b"X-Forwarded-For: ", client_ip, b"\r\nX-Forwarded-Host: ", host, _CRLF)
+            parts.append(_PROTO_HTTP)
+        parts.append(_CRLF)
         return b"".join(parts), host, framing, connection is not None
+
+
+def _trusted_forwarding(
+    forwarded_for: bytes | None,
+    forwarded_proto: bytes | None,
+    forwarded_host: bytes | None,
+    client_ip: bytes,
+    host: bytes,
+) -> tuple[bytes, ...]:
+    """X-Forwarded-* header lines for a request from a trusted front proxy: what it said,
+    the client address appended to X-Forwarded-For, the proxy's own where it said none."""
+    if forwarded_for is not None:
+        client_ip = forwarded_for + b", " + client_ip
+    proto = forwarded_proto if forwarded_proto is not None else b"http"
+    original_host = forwarded_host if forwarded_host is not None else host
+    return (
+        b"X-Forwarded-For: ",
+        client_ip,
+        b"\r\nX-Forwarded-Host: ",
+        original_host,
+        b"\r\nX-Forwarded-Proto: ",
+        proto,
+        _CRLF,
+    )
 
 
 STATUS_LINES: Final = {

@@ -31,10 +31,27 @@ IDLE_GRACE_S = 1.0
 
 @dataclass(frozen=True)
 class ProxyOptions:
-    """Limits and timings of the data plane, with their defaults in one place."""
+    """Limits and timings of the data plane, with their defaults in one place.
+
+    Client-side timeouts: a request head must arrive whole within `header_timeout_s` of
+    its first byte (a new connection: of connecting, else it is closed silently); a body
+    may pause at most `body_timeout_s` between reads; a keep-alive connection may idle
+    `idle_timeout_s` between requests; `close_linger_s` bounds how long a refused
+    client's remaining bytes are read and dropped before closing. An upstream must start
+    its response within `upstream_timeout_s` of the request being complete (else 504).
+    `trusted_proxies` are client IPs (as the socket reports them) whose X-Forwarded-*
+    headers are kept and appended to; everyone else's are replaced.
+    """
 
     max_header_bytes: int = 64 * 1024
     max_header_count: int = 128
+    max_body_bytes: int = 100 * 1024 * 1024
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    idle_timeout_s: float = 60.0
+    upstream_timeout_s: float = 60.0
+    close_linger_s: float = 2.0
+    trusted_proxies: frozenset[str] = frozenset()
     upstream_connect_timeout_s: float = 5.0
     upstream_max_idle: int = 64
     upstream_idle_s: float = 30.0
@@ -51,6 +68,7 @@ class Proxy:
         self.connections: set[ClientConnection] = set()
         self.draining = False
         self._pools: dict[str, UpstreamPool] = {}
+        self._retiring: set[UpstreamPool] = set()
         self._sweeper: asyncio.TimerHandle | None = None
 
     def protocol(self) -> ClientConnection:
@@ -63,7 +81,19 @@ class Proxy:
         self.routing = routing
         live = routing.upstream_keys()
         for key in [k for k in self._pools if k not in live]:
-            self._pools.pop(key).retire()
+            pool = self._pools.pop(key)
+            pool.retire()
+            self._retiring.add(pool)
+
+    def inflight(self) -> dict[str, int]:
+        """Requests in flight per upstream, retired pools included, until they reach 0."""
+        counts: dict[str, int] = {}
+        for pool in list(self._retiring):
+            if pool.inflight <= 0:
+                self._retiring.discard(pool)
+        for pool in [*self._pools.values(), *self._retiring]:
+            counts[pool.key] = counts.get(pool.key, 0) + pool.inflight
+        return counts
 
     def pool_for(self, target: Target) -> UpstreamPool:
         pool = self._pools.get(target.upstream_key)

@@ -2,6 +2,8 @@
 
 Invariant: no body or header here names the software, its language, a path or an
 upstream address — a visitor learns the status and a sentence, nothing about internals.
+Refusals of a malformed or over-limit request (400, 408, 413, 431) always carry
+`Connection: close`: the connection's framing can no longer be trusted.
 """
 
 from __future__ import annotations
@@ -45,7 +47,12 @@ HEALTHY: Final = Canned(200, "ok\n")
 NOT_FOUND: Final = Canned(404, "404 Not Found\n\nNo site is served at this address.\n")
 BAD_REQUEST: Final = Canned(400, "400 Bad Request\n")
 HEADERS_TOO_LARGE: Final = Canned(431, "431 Request Header Fields Too Large\n")
+REQUEST_TIMEOUT: Final = Canned(408, "408 Request Timeout\n")
+BODY_TOO_LARGE: Final = Canned(413, "413 Request Entity Too Large\n")
 BAD_GATEWAY: Final = Canned(502, "502 Bad Gateway\n\nThe site did not answer. Try again soon.\n")
+GATEWAY_TIMEOUT: Final = Canned(
+    504, "504 Gateway Timeout\n\nThe site did not answer in time. Try again soon.\n"
+)
 
 
 @functools.lru_cache(maxsize=64)

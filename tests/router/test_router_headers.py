@@ -61,7 +61,8 @@ def test_request_loses_hop_by_hop_headers_and_gains_forwarding_headers() -> None
     assert framing is NONE
     assert out == (
         b"GET /a?b=1 HTTP/1.1\r\nHost: Blog.test:8080\r\nAccept: */*\r\n"
-        b"X-Forwarded-For: 1.2.3.4, 10.0.0.9\r\nX-Forwarded-Host: Blog.test:8080\r\n"
+        # An untrusted client's X-Forwarded-For is replaced, never appended to (#4).
+        b"X-Forwarded-For: 10.0.0.9\r\nX-Forwarded-Host: Blog.test:8080\r\n"
         b"X-Forwarded-Proto: http\r\n\r\n"
     )
 

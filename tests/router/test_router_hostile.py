@@ -1,0 +1,746 @@
+"""The router against hostile requests, as raw-socket transcripts.
+
+Each test writes exact bytes to the router, reads what comes back, and checks three
+things: the status the client got (and that the page names no internals), that the
+upstream — a recorder that notes every request it parses, with a different (lenient)
+parser than the router's — never saw a desynchronised or smuggled request, and that the
+router still serves a normal request on a new connection afterwards.
+
+Most tests run the router's real Proxy in-process on its own uvloop thread, so that
+limits and timeouts can be set small (0.3 s) through ProxyOptions; a few run the router
+process itself to show the defaults hold end to end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Coroutine, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, TypeVar
+
+import pytest
+import uvloop
+
+from keelway.router.proxy import Proxy, ProxyOptions
+from keelway.router.route_table import Route, RouteState, RouteTable
+
+T = TypeVar("T")
+
+SMUGGLED = b"GET /smuggled HTTP/1.1\r\nHost: blog.test\r\n\r\n"
+INTERNALS = (b"keelway", b"python", b"traceback", b"httptools", b"/work", b".py", b"127.0.0.1:")
+FAST = ProxyOptions(
+    max_header_bytes=8 * 1024,
+    max_body_bytes=64 * 1024,
+    header_timeout_s=0.3,
+    body_timeout_s=0.3,
+    idle_timeout_s=0.3,
+    upstream_timeout_s=0.3,
+    close_linger_s=0.3,
+    drain_timeout_s=0.1,
+)
+
+
+# -- the recording upstream -----------------------------------------------------------
+
+
+@dataclass
+class Record:
+    method: str
+    target: str
+    headers: dict[str, str]
+    body: bytes = b""
+
+
+@dataclass
+class Recorder:
+    """Every request the upstream parsed, in arrival order, whatever its method."""
+
+    requests: list[Record] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def targets(self) -> list[str]:
+        with self.lock:
+            return [r.target for r in self.requests]
+
+
+def recording_handler(recorder: Recorder) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def parse_request(self) -> bool:
+            if not super().parse_request():
+                return False
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            self.record = Record(self.command, self.path, headers)
+            with recorder.lock:
+                recorder.requests.append(self.record)
+            return True
+
+        def _read_body(self) -> bytes:
+            """Lenient on purpose (int() takes ' 5' and '+5'): a parser that differs from
+            the router's is the one a smuggled request would fool."""
+            if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+                body = b""
+                while True:
+                    size = int(self.rfile.readline(100).split(b";")[0].strip(), 16)
+                    if size == 0:
+                        while self.rfile.readline(1000) not in (b"\r\n", b"\n", b""):
+                            pass
+                        return body
+                    body += self.rfile.read(size)
+                    self.rfile.readline(10)
+            return self.rfile.read(int(self.headers.get("Content-Length", "0")))
+
+        def _answer(self) -> None:
+            try:
+                self.record.body = self._read_body()
+            except ValueError:
+                self.close_connection = True
+                return
+            payload = json.dumps({"target": self.path, "size": len(self.record.body)})
+            body = payload.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        do_GET = do_POST = do_PUT = do_HEAD = do_OPTIONS = _answer
+
+    return Handler
+
+
+@dataclass
+class Upstream:
+    port: int
+    recorder: Recorder
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+@pytest.fixture
+def upstream() -> Iterator[Upstream]:
+    recorder = Recorder()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), recording_handler(recorder))
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01})
+    thread.start()
+    try:
+        yield Upstream(server.server_address[1], recorder)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+@pytest.fixture
+def silent_upstream() -> Iterator[str]:
+    """An address whose kernel completes the handshake and takes the bytes, and whose
+    application never answers (nothing calls accept)."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=16)
+    try:
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()
+
+
+# -- the router, in-process --------------------------------------------------------------
+
+
+class InProcessRouter:
+    """The router's Proxy on a uvloop loop in a thread, listening on a loopback port."""
+
+    def __init__(self, routes: dict[str, Route], options: ProxyOptions) -> None:
+        self.loop = uvloop.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.proxy, self.server = self._run(self._start(routes, options))
+        self.port: int = self.server.sockets[0].getsockname()[1]
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=10)
+
+    @staticmethod
+    async def _start(
+        routes: dict[str, Route], options: ProxyOptions
+    ) -> tuple[Proxy, asyncio.Server]:
+        proxy = Proxy(RouteTable(version=1, routes=routes), options)
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(proxy.protocol, "127.0.0.1", 0)
+        return proxy, server
+
+    def connections(self) -> int:
+        async def count() -> int:
+            return len(self.proxy.connections)
+
+        return self._run(count())
+
+    def stop(self) -> None:
+        async def stop() -> None:
+            self.server.close()
+            await self.proxy.drain()
+            await asyncio.sleep(0.01)  # let closing transports finish
+
+        try:
+            self._run(stop())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=5)
+            self.loop.close()
+
+
+@pytest.fixture
+def start_proxy() -> Iterator[Any]:
+    started: list[InProcessRouter] = []
+
+    def start(routes: dict[str, Route], options: ProxyOptions = FAST) -> InProcessRouter:
+        router = InProcessRouter(routes, options)
+        started.append(router)
+        return router
+
+    try:
+        yield start
+    finally:
+        for router in started:
+            router.stop()
+
+
+@pytest.fixture
+def proxy(start_proxy: Any, upstream: Upstream, silent_upstream: str) -> InProcessRouter:
+    router: InProcessRouter = start_proxy(
+        {"blog.test": serving(upstream.address), "silent.test": serving(silent_upstream)}
+    )
+    return router
+
+
+@pytest.fixture
+def no_errors_logged(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """Nothing hostile may reach the router's internal-error path (a traceback)."""
+    with caplog.at_level(logging.WARNING, logger="keelway.router"):
+        yield
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [], [r.getMessage() for r in errors]
+
+
+# -- transcripts --------------------------------------------------------------------------
+
+
+def serving(upstream: str) -> Route:
+    return Route(state=RouteState.SERVING, upstream=upstream)
+
+
+def read_all(sock: socket.socket, timeout_s: float) -> bytes:
+    """Read until the peer closes or `timeout_s` passes."""
+    chunks = []
+    deadline = time.monotonic() + timeout_s
+    while (left := deadline - time.monotonic()) > 0:
+        sock.settimeout(left)
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            break
+        except ConnectionResetError:
+            chunks.append(b"<reset>")
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def exchange(port: int, data: bytes, timeout_s: float = 3.0) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        sock.sendall(data)
+        return read_all(sock, timeout_s)
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+    raw: bytes
+
+
+def parse_reply(raw: bytes) -> Reply:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    status = int(lines[0].split()[1])
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        headers[name.decode().strip().lower()] = value.decode().strip()
+    return Reply(status, headers, body, raw)
+
+
+def assert_refused(raw: bytes, status: int) -> Reply:
+    """One clean refusal page: the status, exact framing, `Connection: close`, then EOF,
+    and not a word about internals."""
+    assert raw.startswith(b"HTTP/1.1 %d " % status), raw[:200]
+    reply = parse_reply(raw)
+    assert reply.headers["connection"] == "close"
+    assert int(reply.headers["content-length"]) == len(reply.body)
+    assert reply.body.startswith(b"%d " % status)
+    for word in INTERNALS:
+        assert word not in raw.lower()
+    return reply
+
+
+def assert_still_serves(port: int, upstream: Upstream) -> None:
+    raw = exchange(port, b"GET /after HTTP/1.1\r\nHost: blog.test\r\nConnection: close\r\n\r\n")
+    reply = parse_reply(raw)
+    assert reply.status == 200
+    assert json.loads(reply.body)["target"] == "/after"
+    assert "/after" in upstream.recorder.targets()
+
+
+def assert_nothing_smuggled(upstream: Upstream, allowed: set[str]) -> None:
+    time.sleep(0.05)  # anything the router did forward has reached the recorder by now
+    targets = upstream.recorder.targets()
+    assert "/smuggled" not in targets
+    assert set(targets) <= allowed | {"/after"}
+
+
+def post(headers: bytes, body: bytes = b"", target: bytes = b"/upload") -> bytes:
+    return b"POST " + target + b" HTTP/1.1\r\nHost: blog.test\r\n" + headers + b"\r\n" + body
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+# -- smuggling: each refused with 400, nothing hidden reaches the upstream ------------------
+
+CL_TE_BODY = b"0\r\n\r\n" + SMUGGLED
+TE_CL_BODY = chunk(SMUGGLED) + b"0\r\n\r\n"
+
+REFUSED_HEADS = {
+    # framing that two parsers could read two ways
+    "cl-then-te": post(
+        b"Content-Length: %d\r\nTransfer-Encoding: chunked\r\n" % len(CL_TE_BODY), CL_TE_BODY
+    ),
+    "te-then-cl": post(b"Transfer-Encoding: chunked\r\nContent-Length: 4\r\n", TE_CL_BODY),
+    "duplicate-equal-cl": post(b"Content-Length: 5\r\nContent-Length: 5\r\n", b"hello"),
+    "duplicate-differing-cl": post(
+        b"Content-Length: 0\r\nContent-Length: %d\r\n" % len(SMUGGLED), SMUGGLED
+    ),
+    "cl-plus": post(b"Content-Length: +44\r\n", SMUGGLED),
+    "cl-hex": post(b"Content-Length: 0x2c\r\n", SMUGGLED),
+    "cl-list": post(b"Content-Length: 44,44\r\n", SMUGGLED),
+    "cl-negative": post(b"Content-Length: -1\r\n", SMUGGLED),
+    "cl-trailing-space": post(b"Content-Length: 44 \r\n", SMUGGLED),
+    "cl-overflow": post(b"Content-Length: 99999999999999999999999\r\n", SMUGGLED),
+    "te-chunked-identity": post(b"Transfer-Encoding: chunked, identity\r\n", CL_TE_BODY),
+    "te-gzip-chunked": post(b"Transfer-Encoding: gzip, chunked\r\n", CL_TE_BODY),
+    "te-xchunked": post(b"Transfer-Encoding: xchunked\r\n", CL_TE_BODY),
+    "te-identity": post(b"Transfer-Encoding: identity\r\n", CL_TE_BODY),
+    "te-trailing-space": post(b"Transfer-Encoding: chunked \r\n", CL_TE_BODY),
+    "te-twice": post(b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n", CL_TE_BODY),
+    "te-on-http10": b"POST /upload HTTP/1.0\r\nHost: blog.test\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n" + CL_TE_BODY,
+    "te-space-before-colon": post(b"Transfer-Encoding : chunked\r\n", CL_TE_BODY),
+    "cl-space-before-colon": post(b"Content-Length : 44\r\n", SMUGGLED),
+    "te-obs-fold": post(b"Transfer-Encoding:\r\n chunked\r\n", CL_TE_BODY),
+    "obs-fold": b"GET / HTTP/1.1\r\nHost: blog.test\r\nX-A: b\r\n\tc\r\n\r\n",
+    "bare-cr": b"GET / HTTP/1.1\r\nHost: blog.test\rX-A: b\r\n\r\n",
+    "bare-lf": b"GET / HTTP/1.1\nHost: blog.test\n\n",
+    "nul-in-value": b"GET / HTTP/1.1\r\nHost: blog.test\r\nX-A: a\x00b\r\n\r\n",
+    # request lines
+    "version-1.2": b"GET / HTTP/1.2\r\nHost: blog.test\r\n\r\n",
+    "version-2.0": b"GET / HTTP/2.0\r\nHost: blog.test\r\n\r\n",
+    "version-0.9": b"GET /\r\n\r\n",
+    "version-garbled": b"GET / HTTX/1.1\r\nHost: blog.test\r\n\r\n",
+    "version-no-dot": b"GET / HTTP/11\r\nHost: blog.test\r\n\r\n",
+    "space-in-target": b"GET /a b HTTP/1.1\r\nHost: blog.test\r\n\r\n",
+    "relative-target": b"GET upload HTTP/1.1\r\nHost: blog.test\r\n\r\n",
+    # Host
+    "host-missing": b"GET / HTTP/1.1\r\nAccept: */*\r\n\r\n",
+    "host-twice": b"GET / HTTP/1.1\r\nHost: blog.test\r\nHost: other.test\r\n\r\n",
+    "host-empty": b"GET / HTTP/1.1\r\nHost: \r\n\r\n",
+    "host-with-path": b"GET / HTTP/1.1\r\nHost: blog.test/../x\r\n\r\n",
+    "host-with-userinfo": b"GET / HTTP/1.1\r\nHost: evil@blog.test\r\n\r\n",
+    "host-with-space": b"GET / HTTP/1.1\r\nHost: blog.test evil\r\n\r\n",
+    "host-bad-port": b"GET / HTTP/1.1\r\nHost: blog.test:8o\r\n\r\n",
+    "host-long-port": b"GET / HTTP/1.1\r\nHost: blog.test:123456\r\n\r\n",
+    "host-space-before-colon": b"GET / HTTP/1.1\r\nHost : blog.test\r\n\r\n",
+    "absolute-form-other-host": b"GET http://other.test/x HTTP/1.1\r\nHost: blog.test\r\n\r\n",
+    "absolute-form-userinfo": b"GET http://evil@blog.test/x HTTP/1.1\r\nHost: blog.test\r\n\r\n",
+    "absolute-form-other-scheme": b"GET ftp://blog.test/x HTTP/1.1\r\nHost: blog.test\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("raw", REFUSED_HEADS.values(), ids=REFUSED_HEADS.keys())
+def test_a_malformed_head_is_refused_with_400_and_never_forwarded(
+    proxy: InProcessRouter, upstream: Upstream, raw: bytes, no_errors_logged: None
+) -> None:
+    assert_refused(exchange(proxy.port, raw), 400)
+    assert_nothing_smuggled(upstream, allowed=set())
+    assert_still_serves(proxy.port, upstream)
+
+
+BROKEN_CHUNKS = {
+    "non-hex-size": b"zz\r\n" + SMUGGLED,
+    "negative-size": b"-5\r\nhello\r\n0\r\n\r\n" + SMUGGLED,
+    "overlong-size": b"ffffffffffffffffff\r\nhello\r\n0\r\n\r\n" + SMUGGLED,
+    "size-with-space": b"5 \r\nhello\r\n0\r\n\r\n" + SMUGGLED,
+    "missing-crlf-after-data": b"5\r\nhelloXX0\r\n\r\n" + SMUGGLED,
+    "bare-lf-after-size": b"5\nhello\r\n0\r\n\r\n" + SMUGGLED,
+    "data-longer-than-size": b"3\r\nhello\r\n0\r\n\r\n" + SMUGGLED,
+}
+
+
+@pytest.mark.parametrize("body", BROKEN_CHUNKS.values(), ids=BROKEN_CHUNKS.keys())
+def test_a_broken_chunked_body_is_refused_with_400_and_its_upstream_connection_dropped(
+    proxy: InProcessRouter, upstream: Upstream, body: bytes, no_errors_logged: None
+) -> None:
+    """The head was valid, so it may already be upstream (bodies stream); the body is
+    cut off with the upstream connection, and the hidden request never follows."""
+    raw = exchange(proxy.port, post(b"Transfer-Encoding: chunked\r\n", body))
+    assert_refused(raw, 400)
+    assert_nothing_smuggled(upstream, allowed={"/upload"})
+    with upstream.recorder.lock:
+        assert all(r.body == b"" for r in upstream.recorder.requests)
+    assert_still_serves(proxy.port, upstream)
+
+
+def test_a_pipelined_good_request_is_answered_before_the_refusal_of_the_next(
+    proxy: InProcessRouter, upstream: Upstream, no_errors_logged: None
+) -> None:
+    good = b"GET /first HTTP/1.1\r\nHost: blog.test\r\n\r\n"
+    raw = exchange(proxy.port, good + REFUSED_HEADS["cl-then-te"])
+    first, _, rest = raw.partition(b"\r\n\r\n")
+    assert first.startswith(b"HTTP/1.1 200 ")
+    assert b'"/first"' in rest
+    assert_refused(rest[rest.index(b"HTTP/1.1 ") :], 400)
+    assert_nothing_smuggled(upstream, allowed={"/first"})
+    assert_still_serves(proxy.port, upstream)
+
+
+# -- what is accepted, and how it is forwarded --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("head", "body", "seen_body"),
+    [
+        (b"Transfer-Encoding: Chunked\r\n", chunk(b"hello") + b"0\r\n\r\n", b"hello"),
+        (b"Transfer-Encoding:\tchunked\r\n", chunk(b"hello") + b"0\r\n\r\n", b"hello"),
+        (b"Content-Length:   5\r\n", b"hello", b"hello"),
+        (b"Content-Length: 0\r\n", b"", b""),
+    ],
+    ids=["te-any-case", "te-leading-tab", "cl-leading-spaces", "cl-zero"],
+)
+def test_well_formed_framing_is_forwarded_in_canonical_form(
+    proxy: InProcessRouter, upstream: Upstream, head: bytes, body: bytes, seen_body: bytes
+) -> None:
+    """Leading whitespace is syntax (RFC 9110 §5.5 OWS), not part of the value: every
+    parser strips it, so it cannot desynchronise; the upstream gets clean values."""
+    raw = exchange(proxy.port, post(head + b"Connection: close\r\n", body))
+    assert parse_reply(raw).status == 200
+    (record,) = upstream.recorder.requests
+    assert record.body == seen_body
+    assert record.headers.get("transfer-encoding", "chunked") == "chunked"
+    assert record.headers.get("content-length", "5").isdigit()
+
+
+def test_absolute_form_naming_the_host_is_forwarded_in_origin_form(
+    proxy: InProcessRouter, upstream: Upstream
+) -> None:
+    raw = exchange(
+        proxy.port,
+        b"GET HTTP://Blog.Test/x?y=1 HTTP/1.1\r\nHost: blog.test\r\nConnection: close\r\n\r\n"
+        b"GET http://blog.test?q HTTP/1.1\r\nHost: blog.test\r\nConnection: close\r\n\r\n",
+    )
+    assert parse_reply(raw).status == 200
+    raw = exchange(
+        proxy.port,
+        b"GET https://blog.test HTTP/1.1\r\nHost: BLOG.test\r\nConnection: close\r\n\r\n",
+    )
+    assert parse_reply(raw).status == 200
+    assert upstream.recorder.targets() == ["/x?y=1", "/"]
+    assert upstream.recorder.requests[1].headers["host"] == "BLOG.test"
+
+
+def test_a_valid_host_with_port_or_ip_literal_is_routed_or_answered_404(
+    proxy: InProcessRouter, upstream: Upstream
+) -> None:
+    for host, status in [
+        (b"blog.test:8080", 200),
+        (b"BLOG.TEST", 200),
+        (b"10.0.0.1:80", 404),
+        (b"[::1]:8080", 404),
+        (b"under_score.test", 404),
+    ]:
+        raw = exchange(
+            proxy.port, b"GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n" % host
+        )
+        assert parse_reply(raw).status == status, host
+
+
+# -- limits ----------------------------------------------------------------------------------
+
+
+def test_a_header_block_over_the_limit_is_refused_with_431(
+    proxy: InProcessRouter, upstream: Upstream, no_errors_logged: None
+) -> None:
+    big = b"X-Big: " + b"a" * 10_000 + b"\r\n"
+    assert_refused(exchange(proxy.port, b"GET / HTTP/1.1\r\nHost: blog.test\r\n" + big), 431)
+    many = b"".join(b"X-%d: 1\r\n" % i for i in range(200))
+    raw = exchange(proxy.port, b"GET / HTTP/1.1\r\nHost: blog.test\r\n" + many + b"\r\n")
+    assert_refused(raw, 431)
+    assert upstream.recorder.targets() == []
+    assert_still_serves(proxy.port, upstream)
+
+
+def test_a_content_length_over_the_body_limit_is_refused_with_413_before_any_body(
+    proxy: InProcessRouter, upstream: Upstream, no_errors_logged: None
+) -> None:
+    started = time.monotonic()
+    raw = exchange(proxy.port, post(b"Content-Length: %d\r\n" % (64 * 1024 + 1), b"x" * 1000))
+    assert_refused(raw, 413)
+    assert time.monotonic() - started < 1.0  # answered at once, not after a body timeout
+    assert upstream.recorder.targets() == []
+    assert_still_serves(proxy.port, upstream)
+
+
+def test_a_chunked_body_is_counted_and_refused_with_413_past_the_limit(
+    proxy: InProcessRouter, upstream: Upstream, no_errors_logged: None
+) -> None:
+    piece = b"y" * 16 * 1024
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=3) as sock:
+        sock.sendall(post(b"Transfer-Encoding: chunked\r\n"))
+        try:
+            for _ in range(5):  # 80 KiB: over the 64 KiB limit
+                sock.sendall(chunk(piece))
+        except OSError:
+            pass  # the router may already have stopped reading
+        raw = read_all(sock, 3)
+    assert_refused(raw, 413)
+    with upstream.recorder.lock:
+        assert all(len(r.body) <= 64 * 1024 for r in upstream.recorder.requests)
+    assert_still_serves(proxy.port, upstream)
+
+
+def test_a_chunked_body_exactly_at_the_limit_is_forwarded_whole(
+    proxy: InProcessRouter, upstream: Upstream
+) -> None:
+    body = b"".join(chunk(b"z" * 16 * 1024) for _ in range(4)) + b"0\r\n\r\n"
+    raw = exchange(proxy.port, post(b"Transfer-Encoding: chunked\r\nConnection: close\r\n", body))
+    assert json.loads(parse_reply(raw).body)["size"] == 64 * 1024
+
+
+# -- timeouts (0.3 s each here) ---------------------------------------------------------------
+
+
+def test_a_head_that_does_not_arrive_in_time_gets_408_even_when_it_trickles(
+    proxy: InProcessRouter, upstream: Upstream, no_errors_logged: None
+) -> None:
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=3) as sock:
+        started = time.monotonic()
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: blog.test\r\n")
+        for i in range(8):  # a byte every 0.1 s: progress, but the head never ends
+            time.sleep(0.1)
+            try:
+                sock.sendall(b"X-%d: 1\r\n" % i)
+            except OSError:
+                break
+        raw = read_all(sock, 3)
+        elapsed = time.monotonic() - started
+    assert_refused(raw, 408)
+    assert 0.25 < elapsed < 2.0
+    assert upstream.recorder.targets() == []
+    assert_still_serves(proxy.port, upstream)
+
+
+def test_a_body_that_stalls_gets_408_and_the_partial_request_is_cut_off_upstream(
+    proxy: InProcessRouter, upstream: Upstream, no_errors_logged: None
+) -> None:
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=3) as sock:
+        sock.sendall(post(b"Content-Length: 10\r\n", b"abc"))
+        raw = read_all(sock, 3)
+    assert_refused(raw, 408)
+    assert_nothing_smuggled(upstream, allowed={"/upload"})
+    assert_still_serves(proxy.port, upstream)
+
+
+def test_a_slow_but_steady_body_is_not_timed_out(
+    proxy: InProcessRouter, upstream: Upstream
+) -> None:
+    """The body timeout is a gap between reads, not a deadline for the whole body."""
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=3) as sock:
+        sock.sendall(post(b"Content-Length: 8\r\nConnection: close\r\n"))
+        for byte in b"abcdefgh":  # 0.8 s in all, never 0.3 s without a byte
+            time.sleep(0.1)
+            sock.sendall(bytes([byte]))
+        raw = read_all(sock, 3)
+    assert parse_reply(raw).status == 200
+    assert upstream.recorder.requests[0].body == b"abcdefgh"
+
+
+def test_an_idle_keep_alive_connection_is_closed_silently(
+    proxy: InProcessRouter, upstream: Upstream
+) -> None:
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=3) as sock:
+        sock.sendall(b"GET /one HTTP/1.1\r\nHost: blog.test\r\n\r\n")
+        reply = sock.recv(65536)
+        assert reply.startswith(b"HTTP/1.1 200 ")
+        started = time.monotonic()
+        rest = read_all(sock, 3)
+        elapsed = time.monotonic() - started
+    assert rest == b""  # closed, with nothing said
+    assert 0.25 < elapsed < 2.0
+
+
+def test_a_connection_that_never_sends_a_byte_is_closed_silently(
+    proxy: InProcessRouter,
+) -> None:
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=3) as sock:
+        started = time.monotonic()
+        assert read_all(sock, 3) == b""
+        assert time.monotonic() - started < 2.0
+
+
+def test_a_busy_keep_alive_connection_outlives_the_idle_timeout(
+    proxy: InProcessRouter, upstream: Upstream
+) -> None:
+    """Each request moves the deadlines on: 1.2 s of requests 0.1 s apart, one connection."""
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=3) as sock:
+        for i in range(12):
+            sock.sendall(b"GET /n%d HTTP/1.1\r\nHost: blog.test\r\n\r\n" % i)
+            reply = b""
+            while not reply.endswith(b"}"):
+                piece = sock.recv(65536)
+                assert piece, f"closed before answer {i}"
+                reply += piece
+            assert reply.startswith(b"HTTP/1.1 200 ")
+            time.sleep(0.1)
+    assert len(upstream.recorder.requests) == 12
+
+
+def test_an_upstream_that_does_not_answer_gives_504_and_the_connection_stays_usable(
+    proxy: InProcessRouter, upstream: Upstream, no_errors_logged: None
+) -> None:
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=3) as sock:
+        started = time.monotonic()
+        sock.sendall(b"GET /wait HTTP/1.1\r\nHost: silent.test\r\n\r\n")
+        reply = b""
+        while b"again soon.\n" not in reply:
+            piece = sock.recv(65536)
+            assert piece
+            reply += piece
+        assert 0.25 < time.monotonic() - started < 2.0
+        assert parse_reply(reply).status == 504
+        for word in INTERNALS:
+            assert word not in reply.lower()
+        sock.sendall(b"GET /next HTTP/1.1\r\nHost: blog.test\r\nConnection: close\r\n\r\n")
+        assert parse_reply(read_all(sock, 3)).status == 200
+    assert upstream.recorder.targets() == ["/next"]
+
+
+def test_an_upstream_that_refuses_connections_gives_502(
+    start_proxy: Any, upstream: Upstream
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    router = start_proxy({"dead.test": serving(dead), "blog.test": serving(upstream.address)})
+    raw = exchange(router.port, b"GET / HTTP/1.1\r\nHost: dead.test\r\nConnection: close\r\n\r\n")
+    reply = parse_reply(raw)
+    assert reply.status == 502
+    assert dead.encode() not in raw
+    assert_still_serves(router.port, upstream)
+
+
+def test_timeouts_leave_no_connection_behind(proxy: InProcessRouter) -> None:
+    socks = [socket.create_connection(("127.0.0.1", proxy.port), timeout=3) for _ in range(5)]
+    try:
+        socks[0].sendall(b"GET / HTTP/1.1\r\n")  # a head that never ends
+        socks[1].sendall(post(b"Content-Length: 10\r\n", b"ab"))  # a body that stalls
+        deadline = time.monotonic() + 3
+        while proxy.connections() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proxy.connections() == 0
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+# -- forwarding headers ------------------------------------------------------------------------
+
+SPOOFED = (
+    b"X-Forwarded-For: 203.0.113.7\r\nX-Forwarded-Proto: https\r\n"
+    b"X-Forwarded-Host: public.example\r\n"
+)
+
+
+def test_forwarding_headers_from_an_ordinary_client_are_replaced(
+    proxy: InProcessRouter, upstream: Upstream
+) -> None:
+    raw = exchange(
+        proxy.port,
+        b"GET / HTTP/1.1\r\nHost: blog.test\r\n" + SPOOFED + b"Connection: close\r\n\r\n",
+    )
+    assert parse_reply(raw).status == 200
+    headers = upstream.recorder.requests[0].headers
+    assert headers["x-forwarded-for"] == "127.0.0.1"
+    assert headers["x-forwarded-proto"] == "http"
+    assert headers["x-forwarded-host"] == "blog.test"
+
+
+def test_forwarding_headers_from_a_trusted_proxy_are_kept_and_appended_to(
+    start_proxy: Any, upstream: Upstream
+) -> None:
+    options = ProxyOptions(trusted_proxies=frozenset({"127.0.0.1"}), drain_timeout_s=0.1)
+    router = start_proxy({"blog.test": serving(upstream.address)}, options)
+    raw = exchange(
+        router.port,
+        b"GET / HTTP/1.1\r\nHost: blog.test\r\n" + SPOOFED + b"Connection: close\r\n\r\n",
+    )
+    assert parse_reply(raw).status == 200
+    raw = exchange(router.port, b"GET / HTTP/1.1\r\nHost: blog.test\r\nConnection: close\r\n\r\n")
+    assert parse_reply(raw).status == 200
+    kept, own = (r.headers for r in upstream.recorder.requests)
+    assert kept["x-forwarded-for"] == "203.0.113.7, 127.0.0.1"
+    assert kept["x-forwarded-proto"] == "https"
+    assert kept["x-forwarded-host"] == "public.example"
+    assert (own["x-forwarded-for"], own["x-forwarded-proto"], own["x-forwarded-host"]) == (
+        "127.0.0.1",
+        "http",
+        "blog.test",
+    )
+
+
+# -- the router process, with its defaults ---------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["cl-then-te", "te-then-cl", "te-gzip-chunked", "host-twice"])
+def test_the_router_process_refuses_smuggling_with_its_defaults(
+    router: Any, upstream: Upstream, name: str
+) -> None:
+    router.push(1, {"blog.test": serving(upstream.address)})
+    assert_refused(exchange(router.port, REFUSED_HEADS[name]), 400)
+    assert_nothing_smuggled(upstream, allowed=set())
+    assert_still_serves(router.port, upstream)
+
+
+def test_the_router_process_replaces_spoofed_forwarding_headers(
+    router: Any, upstream: Upstream
+) -> None:
+    router.push(1, {"blog.test": serving(upstream.address)})
+    raw = exchange(
+        router.port,
+        b"GET / HTTP/1.1\r\nHost: blog.test\r\n" + SPOOFED + b"Connection: close\r\n\r\n",
+    )
+    assert parse_reply(raw).status == 200
+    headers = upstream.recorder.requests[0].headers
+    assert (headers["x-forwarded-for"], headers["x-forwarded-host"]) == ("127.0.0.1", "blog.test")
