@@ -24,6 +24,7 @@ from pathlib import Path
 from aiohttp import web
 
 from keelway.api import router_process
+from keelway.api.router_process import RouterSettings
 from keelway.api.server import Api
 from keelway.builds.stage import stage, sweep
 from keelway.clock import SystemClock
@@ -84,7 +85,7 @@ async def _wait_router(home: Home, handle: router_process.RouterHandle) -> None:
 
 
 async def _ensure_router(home: Home, http_addr: str,
-                         workers: int) -> router_process.RouterHandle:
+                         settings: RouterSettings) -> router_process.RouterHandle:
     addr_file = home.router_dir / "addr"
     running = router_process.running_router(home)
     if running is not None:
@@ -102,7 +103,7 @@ async def _ensure_router(home: Home, http_addr: str,
     except (OSError, ValueError) as exc:
         raise StartupError(f"cannot listen on {http_addr}: {exc}", EXIT_FAILED) from exc
     try:
-        handle = router_process.spawn_router(home, listener, workers)
+        handle = router_process.spawn_router(home, listener, settings)
     finally:
         listener.close()
     write_atomic(addr_file, f"{http_addr}\n".encode())
@@ -119,7 +120,7 @@ async def _rotate_logs_forever(home: Home) -> None:
 
 
 async def run(home: Home, http_addr: str, demo: bool, announce: Callable[[str], None],
-              router_workers: int = 1) -> int:
+              router: RouterSettings | None = None) -> int:
     """Run the control plane until shutdown; returns the process exit code."""
     home.ensure()
     try:
@@ -128,7 +129,7 @@ async def run(home: Home, http_addr: str, demo: bool, announce: Callable[[str], 
         announce(f"error: {exc}")
         return exc.exit_code
     try:
-        return await _run_locked(home, http_addr, demo, announce, router_workers)
+        return await _run_locked(home, http_addr, demo, announce, router or RouterSettings())
     except StartupError as exc:
         announce(f"error: {exc}")
         return exc.exit_code
@@ -137,9 +138,9 @@ async def run(home: Home, http_addr: str, demo: bool, announce: Callable[[str], 
 
 
 async def _run_locked(home: Home, http_addr: str, demo: bool,
-                      announce: Callable[[str], None], router_workers: int) -> int:
+                      announce: Callable[[str], None], settings: RouterSettings) -> int:
     clock = SystemClock()
-    router = await _ensure_router(home, http_addr, router_workers)
+    router = await _ensure_router(home, http_addr, settings)
     http_port = router_process.parse_addr(http_addr)[1]
     sweep(home.builds_dir)
     for directory in (home.router_dir, home.root / "env", home.root / "current"):
@@ -174,7 +175,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     async def restart_router() -> dict[str, int]:
         nonlocal router
         old = router
-        router = await router_process.restart_router(home, old, clock, router_workers)
+        router = await router_process.restart_router(home, old, clock, settings)
         await deployer.publisher.publish()  # whatever the old one took last, pushed again
         return {"old_pid": old.pid, "new_pid": router.pid}
 
@@ -247,7 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--demo", action="store_true")
     parser.add_argument("--router-workers", type=int,
                         default=router_process.default_workers())
+    parser.add_argument("--trusted-proxy", action="append", default=[])
     args = parser.parse_args(argv)
+    settings = RouterSettings(max(1, args.router_workers), tuple(args.trusted_proxy))
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import uvloop
@@ -256,8 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         print(message, flush=True)
 
     with contextlib.suppress(KeyboardInterrupt):
-        return uvloop.run(run(Home.from_env(), args.http, args.demo, announce,
-                              max(1, args.router_workers)))
+        return uvloop.run(run(Home.from_env(), args.http, args.demo, announce, settings))
     return 0
 
 

@@ -77,13 +77,26 @@ def default_workers() -> int:
     return max(1, len(os.sched_getaffinity(0)))
 
 
-def spawn_router(home: Home, listener: socket.socket, workers: int = 1) -> RouterHandle:
+@dataclass(frozen=True)
+class RouterSettings:
+    """How the control plane runs the router; defaults in one place."""
+
+    workers: int = 1
+    trusted_proxies: tuple[str, ...] = ()
+
+    def argv(self) -> list[str]:
+        return ["--workers", str(self.workers),
+                *(f"--trusted-proxy={ip}" for ip in self.trusted_proxies)]
+
+
+def spawn_router(home: Home, listener: socket.socket,
+                 settings: RouterSettings) -> RouterHandle:
     log_fd = os.open(home.router_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "keelway.router", "--listen-fd", str(listener.fileno()),
              "--control", str(home.router_socket), "--state", str(home.router_state),
-             "--workers", str(workers)],
+             *settings.argv()],
             pass_fds=(listener.fileno(),), stdin=subprocess.DEVNULL, stdout=log_fd,
             stderr=log_fd, start_new_session=True, close_fds=True,
         )
@@ -125,7 +138,7 @@ class RouterRestartFailed(Exception):
 
 
 async def restart_router(home: Home, old: RouterHandle, clock: Clock,
-                         workers: int = 1) -> RouterHandle:
+                         settings: RouterSettings) -> RouterHandle:
     """A gapless restart: a new router takes the listening socket from the old one over
     its control socket, takes over the control path, and retires it; the old one drains
     in-flight requests and exits. If the new one fails to start, the old keeps serving.
@@ -135,7 +148,7 @@ async def restart_router(home: Home, old: RouterHandle, clock: Clock,
         proc = subprocess.Popen(
             [sys.executable, "-m", "keelway.router", "--takeover", str(home.router_socket),
              "--control", str(home.router_socket), "--state", str(home.router_state),
-             "--workers", str(workers)],
+             *settings.argv()],
             stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, start_new_session=True,
             close_fds=True,
         )

@@ -71,15 +71,18 @@ def cli() -> None:
               help="Where the router listens.")
 @click.option("--router-workers", type=click.IntRange(1, 256), default=None,
               help="Router processes on the listening socket (default: one per core).")
+@click.option("--trusted-proxy", "trusted", multiple=True, metavar="IP",
+              help="A front proxy whose X-Forwarded-* headers are kept (repeatable).")
 @json_option
 def up(demo: bool, detach: bool, http_addr: str, router_workers: int | None,
-       as_json: bool) -> None:
+       trusted: tuple[str, ...], as_json: bool) -> None:
     """Start the control plane and the router (state in $KEELWAY_HOME)."""
     home = Home.from_env()
     daemon_argv = [sys.executable, "-m", "keelway.api.daemon", "--http", http_addr]
     daemon_argv += ["--demo"] if demo else []
     if router_workers is not None:
         daemon_argv += ["--router-workers", str(router_workers)]
+    daemon_argv += [f"--trusted-proxy={ip}" for ip in trusted]
     if not detach:
         # The foreground control plane replaces this process: Ctrl-C reaches it directly.
         os.execv(sys.executable, daemon_argv)

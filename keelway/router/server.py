@@ -74,6 +74,8 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
                             "socket, then retire it (a gapless restart)")
     parser.add_argument("--control", type=Path, metavar="PATH", help="control unix socket")
     parser.add_argument("--channel-fd", type=int, metavar="N", help=argparse.SUPPRESS)
+    parser.add_argument("--trusted-proxy", action="append", default=[], metavar="IP",
+                        help="a front proxy whose X-Forwarded-* are kept (repeatable)")
     parser.add_argument("--workers", type=int, default=1, metavar="N",
                         help="processes accepting on the listening socket (default 1)")
     parser.add_argument("--state", type=Path, metavar="PATH", help="route table file")
@@ -97,7 +99,8 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
         takeover=args.takeover,
         control_path=args.control,
         state_path=args.state,
-        options=ProxyOptions(drain_timeout_s=args.drain_timeout),
+        options=ProxyOptions(drain_timeout_s=args.drain_timeout,
+                             trusted_proxies=frozenset(args.trusted_proxy)),
     )
 
 
@@ -168,7 +171,9 @@ async def serve(config: RouterConfig, sock: socket.socket,
         server.close()
         channel.cancel()
         return await proxy.drain()
-    workers = WorkerSet(config.workers, sock, config.state_path, config.options.drain_timeout_s)
+    trusted = tuple(f"--trusted-proxy={ip}" for ip in sorted(config.options.trusted_proxies))
+    workers = WorkerSet(config.workers, sock, config.state_path, config.options.drain_timeout_s,
+                        trusted)
     await workers.start()
     control: ControlServer | None = None
     if config.control_path is not None:

@@ -40,8 +40,9 @@ class Worker:
     """The parent's handle on one worker subprocess and its channel."""
 
     def __init__(self, index: int, listener: socket.socket, state_path: Path | None,
-                 drain_timeout_s: float) -> None:
+                 drain_timeout_s: float, extra_argv: tuple[str, ...] = ()) -> None:
         self.index = index
+        self._extra_argv = extra_argv
         self._listener = listener
         self._state_path = state_path
         self._drain_timeout_s = drain_timeout_s
@@ -58,6 +59,7 @@ class Worker:
                 "--drain-timeout", str(self._drain_timeout_s)]
         if self._state_path is not None:
             argv += ["--state", str(self._state_path)]
+        argv += self._extra_argv
         try:
             self.proc = subprocess.Popen(
                 argv, pass_fds=(self._listener.fileno(), theirs.fileno()),
@@ -105,8 +107,8 @@ class WorkerSet:
     """Workers 1..N-1 of this router; empty when it runs alone."""
 
     def __init__(self, count: int, listener: socket.socket, state_path: Path | None,
-                 drain_timeout_s: float) -> None:
-        self.workers = [Worker(i, listener, state_path, drain_timeout_s)
+                 drain_timeout_s: float, extra_argv: tuple[str, ...] = ()) -> None:
+        self.workers = [Worker(i, listener, state_path, drain_timeout_s, extra_argv)
                         for i in range(1, count)]
         self._watch: asyncio.Task[None] | None = None
         self._stopping = False

@@ -94,3 +94,23 @@ def test_the_cli_says_how_to_start_keelway_when_it_is_not_running(kw: Keelway) -
     assert "Traceback" not in result.err
     as_json = kw.run("status", "--json")
     assert as_json.code == 1 and as_json.json()["error"]["code"] == "not-running"
+
+
+def test_x_forwarded_for_is_kept_only_from_a_trusted_front_proxy(kw: Keelway) -> None:
+    def forwarded_for() -> str:
+        import http.client
+
+        conn = http.client.HTTPConnection("127.0.0.1", kw.http_port, timeout=10)
+        conn.request("GET", "/info", headers={"Host": "one.test",
+                                               "X-Forwarded-For": "203.0.113.9"})
+        body = json.loads(conn.getresponse().read())
+        conn.close()
+        return str(body["headers"]["x-forwarded-for"])
+
+    kw.up()
+    kw.ok("deploy", "hello", str(EXAMPLE), "--host", "one.test")
+    # Several connections: each may land on another router worker.
+    assert {forwarded_for() for _ in range(6)} == {"127.0.0.1"}
+    kw.ok("down")
+    kw.up("--trusted-proxy", "127.0.0.1")
+    assert {forwarded_for() for _ in range(6)} == {"203.0.113.9, 127.0.0.1"}
