@@ -19,11 +19,11 @@ from pathlib import Path
 from keelway import failpoints
 from keelway.builds.manifest import Mode, ServiceKind
 from keelway.clock import Clock
+from keelway.deploy import targets
 from keelway.deploy.attempt import Attempt, Cause, Outcome, Result
 from keelway.deploy.errors import AppFailed, NotFoundError, OperationError, UserError
 from keelway.deploy.instances import StartFailed, Target, start_generation
 from keelway.deploy.publisher import Publisher
-from keelway.durable import symlink_atomic
 from keelway.home import Home, valid_host
 from keelway.reconcile.apply import FailedClosed, Reconciler
 from keelway.reconcile.plan import Mode as Pass
@@ -132,7 +132,7 @@ class Deployer:
         app_record = self.store.get_app(app)
         if app_record is None:
             raise NotFoundError(f"no app named {app}", hint="see `keelway apps`")
-        current = self._current_release(app)
+        current = targets.current_release(self.store, app)
         config = dict(app_record.config)
         for name, value in changes.items():
             if value is None:
@@ -163,7 +163,7 @@ class Deployer:
         if chosen is None:
             raise NotFoundError(f"{app} has no release v{to}",
                                 hint=f"see `keelway releases {app}`")
-        build = self._build_path(app, chosen.build_digest)
+        build = targets.build_path(self.store, app, chosen.build_digest)
         if build is None:
             raise UserError(f"the build of v{to} is no longer staged",
                             hint="deploy its source again")
@@ -183,7 +183,8 @@ class Deployer:
         async with self._app_locks.setdefault(app, asyncio.Lock()):
             number = self.store.next_release_number(app)
             target = Target.load(app, number, build_digest, build_path, config, mode)
-            fallback = self._last_good(app, build_digest) if cause is Cause.RELEASE else None
+            fallback = (targets.last_good(self.store, app, build_digest)
+                        if cause is Cause.RELEASE else None)
             released = False
 
             def write_release() -> None:
@@ -195,9 +196,12 @@ class Deployer:
 
             results: list[InstanceResult] = []
             for host in hosts:
-                replaced = self._running_target(host) if cause is not Cause.RELEASE else None
+                # A release falls back to the last good build; config and restart
+                # respawn what they replaced.
+                if cause is not Cause.RELEASE:
+                    fallback = targets.running_target(self.store, host)
                 result = await self._attempt_on(
-                    host, kind, cause, target, fallback if cause is Cause.RELEASE else replaced,
+                    host, kind, cause, target, fallback,
                     revs[host], None if released else write_release, progress, key,
                     request_digest)
                 released = released or result.released
@@ -217,7 +221,7 @@ class Deployer:
         """New generations of what each instance runs now (overlap or hold per service)."""
         results = []
         for inst in self.instances_of(app, host):
-            target = self._running_target(inst.host)
+            target = targets.running_target(self.store, inst.host)
             if target is None:
                 raise UserError(f"{inst.host} runs nothing to restart",
                                 hint=f"deploy {app} first, or `keelway start {app}`")
@@ -254,7 +258,7 @@ class Deployer:
                 self.live_ops.discard(op.id)
             self._finish(op, result)
             await self._reconcile_locked(host, Pass.MUTATION)
-            self._link_current(host)
+            targets.link_current(self.store, self.home, host)
             return result
 
     def _finish(self, op: Operation, result: Result) -> None:
@@ -326,7 +330,7 @@ class Deployer:
                 self.live_ops.discard(op.id)
             self._finish(op, result)
             await self._reconcile_locked(inst.host, Pass.MUTATION)
-            self._link_current(inst.host)
+            targets.link_current(self.store, self.home, inst.host)
             if result.outcome is not Outcome.DONE:
                 raise AppFailed(f"{inst.host}: {result.reason}",
                                 hint=f"see `keelway logs {inst.app} --instance {inst.host}`")
@@ -344,7 +348,7 @@ class Deployer:
                 continue
             if gen.state is not GenState.GONE:
                 self.store.record_gone(gen.id, None)
-            target = self._target_of(gen)
+            target = targets.target_of(self.store, gen)
             spec = target.manifest.services.get(gen.service) if target else None
             if target is None or spec is None:
                 continue
@@ -396,7 +400,7 @@ class Deployer:
             return
         if gen.op_id in self.live_ops:
             return  # it died while its own operation watches it settle: that op decides
-        target = self._target_of(gen)
+        target = targets.target_of(self.store, gen)
         spec = target.manifest.services.get(gen.service) if target else None
         if code == 0 and spec is not None and spec.kind is ServiceKind.WORKER:
             return
@@ -447,7 +451,7 @@ class Deployer:
                     await self.reconciler.reconcile(inst.host, Pass.BOOT, self.live_ops)
                 except FailedClosed as exc:
                     log.warning("%s", exc)
-                self._link_current(inst.host)
+                targets.link_current(self.store, self.home, inst.host)
         for request in self.store.running_requests():
             self.settle_request_from_journal(request.key)
         await self.publisher.publish()
@@ -524,58 +528,7 @@ class Deployer:
         self.store.finish_step(op.id, seq, StepState.SUCCEEDED,
                                detail="minted" if minted else "kept")
 
-    def _link_current(self, host: str) -> None:
-        """Point the instance's `current` link at the build its ACTIVE web (or any) runs.
-
-        Derived from ACTIVE, so a crash that leaves it stale is repaired at boot.
-        """
-        actives = sorted(self.store.list_active(host), key=lambda a: a.service != "web")
-        gen = self.store.get_generation(actives[0].generation_id) if actives else None
-        path = self._build_path(gen.app, gen.build_digest) if gen else None
-        if path is not None:
-            symlink_atomic(self.home.current_link(host), path)
-
-    def _build_path(self, app: str, digest: str) -> Path | None:
-        build = next((b for b in self.store.list_builds(app) if b.digest == digest), None)
-        return Path(build.path) if build is not None and Path(build.path).is_dir() else None
-
-    def _target_of(self, gen: Generation) -> Target | None:
-        path = self._build_path(gen.app, gen.build_digest)
-        if path is None:
-            return None
-        release = self.store.get_release(gen.app, gen.release)
-        app = self.store.get_app(gen.app)
-        config = release.config if release else (app.config if app else {})
-        return Target.load(gen.app, gen.release, gen.build_digest, path, dict(config))
-
-    def _running_target(self, host: str) -> Target | None:
-        actives = sorted(self.store.list_active(host), key=lambda a: a.service != "web")
-        for active in actives:
-            gen = self.store.get_generation(active.generation_id)
-            if gen is not None:
-                return self._target_of(gen)
-        return None
-
-    def _current_release(self, app: str) -> Target:
-        releases = self.store.list_releases(app)
-        for release in releases:
-            path = self._build_path(app, release.build_digest)
-            if path is not None:
-                return Target.load(app, release.number, release.build_digest, path,
-                                   dict(release.config))
-        raise UserError(f"{app} has no release yet", hint=f"deploy {app} first")
-
-    def _last_good(self, app: str, except_digest: str) -> Target | None:
-        good = {b.digest for b in self.store.list_builds(app) if b.good}
-        for release in self.store.list_releases(app):
-            if release.build_digest in good and release.build_digest != except_digest:
-                path = self._build_path(app, release.build_digest)
-                if path is not None:
-                    return Target.load(app, release.number, release.build_digest, path,
-                                       dict(release.config))
-        return None
-
     def _grace(self, gen: Generation) -> float:
-        target = self._target_of(gen)
+        target = targets.target_of(self.store, gen)
         spec = target.manifest.services.get(gen.service) if target else None
         return spec.stop_grace_s if spec else 10.0

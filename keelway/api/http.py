@@ -1,0 +1,64 @@
+"""What every API handler shares: JSON errors, body decoding, NDJSON lines.
+
+Errors are JSON `{"error": {"code", "message", "hint"}}` with a 4xx/5xx status and never
+a traceback; a failure nobody expected is logged and answered 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from keelway.deploy.errors import NotFoundError, OperationError, UserError
+from keelway.store import Store
+
+log = logging.getLogger("keelway.api")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def error_response(status: int, code: str, message: str, hint: str | None = None) -> web.Response:
+    return web.json_response({"error": {"code": code, "message": message, "hint": hint}},
+                             status=status)
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except NotFoundError as exc:
+        return error_response(404, exc.code, exc.message, exc.hint)
+    except UserError as exc:
+        return error_response(400, exc.code, exc.message, exc.hint)
+    except OperationError as exc:
+        return error_response(500, exc.code, exc.message, exc.hint)
+    except msgspec.ValidationError as exc:
+        return error_response(400, "bad-request", f"invalid request body: {exc}")
+    except msgspec.DecodeError as exc:
+        return error_response(400, "bad-request", f"request body is not JSON: {exc}")
+    except Exception:
+        # Protects the API loop: one failing request must not take the control plane down.
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return error_response(500, "internal", "internal error",
+                              "see the control plane log: $KEELWAY_HOME/logs/keelway.log")
+async def read_body(request: web.Request, kind: type[Any]) -> Any:
+    raw = await request.read()
+    return msgspec.json.decode(raw or b"{}", type=kind)
+
+
+async def send_line(response: web.StreamResponse, item: dict[str, Any]) -> None:
+    await response.write(msgspec.json.encode(item) + b"\n")
+
+
+def app_name(store: Store, request: web.Request) -> str:
+    """The {app} of the path, which must name an app."""
+    name = request.match_info["app"]
+    if store.get_app(name) is None:
+        raise NotFoundError(f"no app named {name}", hint="see `keelway apps`")
+    return name

@@ -1,0 +1,271 @@
+"""The API's operations: deploy, restart, config, rollback, gc.
+
+Each streams NDJSON: `{"event": "progress", ...}` lines and one final
+`{"event": "result" | "error", ...}` line, so the CLI can show progress. A request may
+carry an idempotency key: a repeat replays the recorded outcome; the same key with
+another request, or while the first runs, is a 409 conflict and runs nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from keelway.api import bodies
+from keelway.api.http import app_name, error_response, log, read_body, send_line
+from keelway.builds import gc as builds_gc
+from keelway.builds.errors import BuildError
+from keelway.builds.manifest import Mode
+from keelway.builds.stage import stage
+from keelway.deploy.deployer import Deployer, InstanceResult
+from keelway.deploy.errors import OperationError, UserError
+from keelway.home import Home, valid_app_name
+from keelway.store import Store
+from keelway.store.lifecycle import RequestState
+
+_CONFIG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+Progress = Callable[[str], None]
+Work = Callable[[Progress], Coroutine[Any, Any, dict[str, Any]]]
+
+
+def _mode(value: str | None) -> Mode | None:
+    if value is None:
+        return None
+    try:
+        return Mode(value)
+    except ValueError:
+        raise UserError(f"unknown mode {value!r}", hint="use overlap or hold") from None
+
+
+def _digest(kind: str, body: msgspec.Struct) -> str:
+    """What a key names: the request without its key, canonically encoded."""
+    fields = {f: getattr(body, f) for f in body.__struct_fields__ if f != "key"}
+    encoded = msgspec.json.encode({"kind": kind, **fields}, order="sorted")
+    return hashlib.sha256(encoded).hexdigest()
+
+
+def _final_event(task: asyncio.Task[dict[str, Any]]) -> dict[str, Any]:
+    try:
+        result = task.result()
+    except BuildError as exc:
+        return {"event": "error", "error": {
+            "code": "build-failed", "message": str(exc),
+            "hint": "fix the app and deploy again; nothing was changed"}}
+    except OperationError as exc:
+        return {"event": "error", "error": {
+            "code": exc.code, "message": exc.message, "hint": exc.hint}}
+    except Exception:
+        log.exception("operation failed")
+        return {"event": "error", "error": {
+            "code": "internal", "message": "internal error during the operation",
+            "hint": "see $KEELWAY_HOME/logs/keelway.log"}}
+    return {"event": "result", "result": result}
+
+
+class Operations:
+    def __init__(self, store: Store, home: Home, deployer: Deployer,
+                 http_port: int | None) -> None:
+        self.store = store
+        self.home = home
+        self.deployer = deployer
+        self.http_port = http_port
+        # gc must never remove a build that a deploy is staging or about to run. A deploy
+        # registers its app under this lock before staging; gc computes what is pinned
+        # and collects under the same lock, treating every build of such an app as pinned.
+        self._gc_lock = asyncio.Lock()
+        self._deploying: dict[str, int] = {}
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.post("/v1/deploy", self.deploy),
+            web.post("/v1/apps/{app}/restart", self.restart),
+            web.post("/v1/apps/{app}/config", self.config_set),
+            web.post("/v1/apps/{app}/rollback", self.rollback),
+            web.post("/v1/gc", self.gc),
+        ]
+
+    async def deploy(self, request: web.Request) -> web.StreamResponse:
+        body: bodies.DeployBody = await read_body(request, bodies.DeployBody)
+        if not valid_app_name(body.app):
+            raise UserError(f"{body.app!r} is not a valid app name",
+                            hint="start with a letter; use lowercase letters, digits and dashes")
+        mode = _mode(body.mode)
+        source = Path(body.source)
+        if not source.is_absolute():
+            raise UserError("the source path must be absolute (the CLI resolves it)")
+        if not source.exists():
+            raise UserError(f"{source} does not exist",
+                            hint="give a directory, a tarball or a git repository")
+        self.deployer.validate_hosts(body.app, body.hosts)
+
+        async def work(progress: Progress) -> dict[str, Any]:
+            progress(f"staging {source}")
+            staged = await asyncio.to_thread(
+                stage, source, builds_dir=self.home.builds_dir, app=body.app, ref=body.ref,
+                git=body.git, progress=progress,
+            )
+            progress(f"build {staged.digest[:12]} " + ("reused" if staged.reused else "staged"))
+            results = await self.deployer.deploy(body.app, staged.digest, staged.path,
+                                                 body.hosts, progress, key=body.key,
+                                                 request_digest=digest, mode=mode)
+            return {"app": body.app, "build": staged.digest,
+                    "instances": self._instances_view(results)}
+
+        digest = _digest("deploy", body)
+        async with self._gc_lock:
+            self._deploying[body.app] = self._deploying.get(body.app, 0) + 1
+        try:
+            return await self._operation(request, body.app, "deploy", body.key, digest, work)
+        finally:
+            self._deploying[body.app] -= 1
+            if not self._deploying[body.app]:
+                del self._deploying[body.app]
+
+    async def restart(self, request: web.Request) -> web.StreamResponse:
+        name = app_name(self.store, request)
+        body: bodies.RestartBody = await read_body(request, bodies.RestartBody)
+        self.deployer.instances_of(name, body.instance)
+        digest = _digest(f"restart {name}", body)
+
+        async def work(progress: Progress) -> dict[str, Any]:
+            results = await self.deployer.restart(name, body.instance, progress, body.key,
+                                                  digest)
+            return {"app": name, "instances": self._instances_view(results)}
+
+        return await self._operation(request, name, "restart", body.key, digest, work)
+
+    async def config_set(self, request: web.Request) -> web.StreamResponse:
+        name = app_name(self.store, request)
+        body: bodies.ConfigBody = await read_body(request, bodies.ConfigBody)
+        changes: dict[str, str | None] = {k: None for k in body.unset}
+        changes.update(body.set)
+        bad = [k for k in changes if not _CONFIG_NAME.match(k)]
+        if bad:
+            raise UserError(f"not a config var name: {', '.join(bad)}",
+                            hint="use letters, digits and underscores, not starting with a digit")
+        if not changes:
+            raise UserError("nothing to change", hint="give K=V to set or K to unset")
+        reserved = [k for k in changes if k.startswith("KEELWAY_") or k == "PORT"]
+        if reserved:
+            raise UserError(f"{', '.join(reserved)} is set by keelway itself")
+        digest = _digest(f"config {name}", body)
+
+        async def work(progress: Progress) -> dict[str, Any]:
+            results = await self.deployer.set_config(name, changes, progress, body.key, digest)
+            return {"app": name, "changed": sorted(changes),
+                    "instances": self._instances_view(results)}
+
+        return await self._operation(request, name, "config", body.key, digest, work)
+
+    async def rollback(self, request: web.Request) -> web.StreamResponse:
+        name = app_name(self.store, request)
+        body: bodies.RollbackBody = await read_body(request, bodies.RollbackBody)
+        digest = _digest(f"rollback {name}", body)
+
+        async def work(progress: Progress) -> dict[str, Any]:
+            results = await self.deployer.rollback(name, body.to, progress, body.key, digest)
+            return {"app": name, "instances": self._instances_view(results)}
+
+        return await self._operation(request, name, "rollback", body.key, digest, work)
+
+    def _instances_view(self, results: list[InstanceResult]) -> list[dict[str, Any]]:
+        port = self.http_port
+        return [{"host": r.host, "release": f"v{r.release}", "outcome": r.outcome,
+                 "url": f"http://{r.host}:{port}/" if port else f"http://{r.host}/"}
+                for r in results]
+
+    async def _operation(self, request: web.Request, app: str, kind: str, key: str | None,
+                         digest: str, work: Work) -> web.StreamResponse:
+        """Run `work` streaming its progress as NDJSON, under an idempotency key if given.
+
+        A key names one request: a repeat replays the recorded outcome, success or
+        failure; the same key with another request, or while it is in flight, is a
+        conflict (409) and runs nothing.
+        """
+        if key is not None:
+            claimed, fresh = self.store.begin_request(key, app, kind, digest,
+                                                      self.deployer.owner)
+            if not fresh:
+                if claimed.digest != digest:
+                    return error_response(409, "key-conflict",
+                                          f"the key {key!r} names another request",
+                                          "use a new key for a new request")
+                if claimed.state is RequestState.RUNNING:
+                    return error_response(409, "key-in-flight",
+                                          f"the request with key {key!r} is still running",
+                                          "wait for it, then repeat to see its outcome")
+                return await self._replay(request, claimed.result)
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await response.prepare(request)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[str] = asyncio.Queue()
+
+        def progress(message: str) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, message)
+
+        task = loop.create_task(work(progress))
+        try:
+            final = await self._stream(response, task, queue)
+        finally:
+            # A client that hangs up does not cancel the operation; its key stays
+            # claimed until the operation is really over.
+            if not task.done():
+                await asyncio.wait({task})
+            if key is not None:
+                final = _final_event(task)
+                state = (RequestState.SUCCEEDED if final["event"] == "result"
+                         else RequestState.FAILED)
+                self.store.finish_request(key, state, msgspec.json.encode(final).decode())
+        await response.write_eof()
+        return response
+
+    async def _replay(self, request: web.Request, recorded: str | None) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await response.prepare(request)
+        final: dict[str, Any] = json.loads(recorded) if recorded else {}
+        if "event" not in final:
+            final = {"event": "error", "error": {
+                "code": "interrupted", "message": "the request was interrupted by a "
+                "control-plane crash; its operations were reconciled",
+                "hint": "see `keelway ops`"}}
+        final["replayed"] = True
+        await send_line(response, final)
+        await response.write_eof()
+        return response
+
+    async def _stream(self, response: web.StreamResponse, task: asyncio.Task[dict[str, Any]],
+                      queue: asyncio.Queue[str]) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        while not task.done() or not queue.empty():
+            getter = loop.create_task(queue.get())
+            await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
+            if getter.done():
+                await send_line(response, {"event": "progress", "message": getter.result()})
+            else:
+                getter.cancel()
+        final = _final_event(task)
+        await send_line(response, final)
+        return final
+
+    async def gc(self, request: web.Request) -> web.Response:
+        body: bodies.GcBody = await read_body(request, bodies.GcBody)
+        async with self._gc_lock:
+            pinned = self.store.pinned_builds() | {
+                (app, digest) for app, digest in builds_gc.staged_builds(self.home.builds_dir)
+                if app in self._deploying
+            }
+            removed = await asyncio.to_thread(builds_gc.collect, self.home.builds_dir, pinned,
+                                              dry_run=body.dry_run)
+            if not body.dry_run:
+                for app, digest in removed:
+                    self.store.forget_build(app, digest)
+        return web.json_response({"removed": [{"app": a, "digest": d} for a, d in removed],
+                                  "dry_run": body.dry_run})

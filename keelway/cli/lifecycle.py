@@ -1,0 +1,133 @@
+"""Running keelway: `up`, `down`, and the router process (`router restart`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from keelway.cli.base import DEFAULT_HTTP, api_call, cli, client, json_option
+from keelway.cli.client import ApiUnavailable
+from keelway.cli.output import emit_json, fail, fail_json
+from keelway.home import Home
+
+
+@cli.command()
+@click.option("--demo", is_flag=True, help="Also deploy the bundled example app.")
+@click.option("-d", "detach", is_flag=True, help="Run in the background.")
+@click.option("--http", "http_addr", default=DEFAULT_HTTP, show_default=True,
+              help="Where the router listens.")
+@click.option("--router-workers", type=click.IntRange(1, 256), default=None,
+              help="Router processes on the listening socket (default: one per core).")
+@click.option("--trusted-proxy", "trusted", multiple=True, metavar="IP",
+              help="A front proxy whose X-Forwarded-* headers are kept (repeatable).")
+@json_option
+def up(demo: bool, detach: bool, http_addr: str, router_workers: int | None,
+       trusted: tuple[str, ...], as_json: bool) -> None:
+    """Start the control plane and the router (state in $KEELWAY_HOME)."""
+    home = Home.from_env()
+    daemon_argv = [sys.executable, "-m", "keelway.api.daemon", "--http", http_addr]
+    daemon_argv += ["--demo"] if demo else []
+    if router_workers is not None:
+        daemon_argv += ["--router-workers", str(router_workers)]
+    daemon_argv += [f"--trusted-proxy={ip}" for ip in trusted]
+    if not detach:
+        # The foreground control plane replaces this process: Ctrl-C reaches it directly.
+        os.execv(sys.executable, daemon_argv)
+    try:
+        running = client(2.0).request("GET", "/v1/ping")
+    except (ApiUnavailable, OSError):
+        running = None
+    if running is not None:
+        message = f"keelway is already running for {home.root} (pid {running['pid']})"
+        hint = "stop it first with `keelway down`"
+        if as_json:
+            fail_json("already-running", message, hint, 3)
+        fail(message, hint, 3)
+    home.ensure()
+    log_fd = os.open(home.daemon_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    start = home.daemon_log.stat().st_size
+    proc = subprocess.Popen(daemon_argv, stdin=subprocess.DEVNULL,
+                            stdout=log_fd, stderr=log_fd, start_new_session=True)
+    os.close(log_fd)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        code = proc.poll()
+        if code is not None:
+            with open(home.daemon_log, "rb") as handle:
+                handle.seek(start)
+                lines = handle.read().decode(errors="replace").splitlines()
+            errors = [ln for ln in lines if ln.startswith("error:")]
+            message = errors[-1][len("error: "):] if errors else f"the daemon exited ({code})"
+            hint = f"see {home.daemon_log}"
+            if as_json:
+                fail_json("start-failed", message, hint, code or 1)
+            fail(message, hint, code or 1)
+        try:
+            info = client(2.0).request("GET", "/v1/ping")
+            break
+        except (ApiUnavailable, OSError):
+            time.sleep(0.1)
+    else:
+        fail("the control plane did not come up in 120s", f"see {home.daemon_log}")
+    apps = client().request("GET", "/v1/status")["apps"]
+    urls = [i["url"] for a in apps for i in a["instances"]]
+    if as_json:
+        emit_json({"pid": info["pid"], "http": http_addr, "api_socket": str(home.api_socket),
+                   "urls": urls})
+        return
+    click.echo(f"keelway is running (pid {info['pid']}); router on http://{http_addr}/")
+    for url in urls:
+        click.echo(f"  {url}")
+    click.echo("stop it with `keelway down`")
+
+
+@cli.command()
+@click.option("--keep-apps", is_flag=True, help="Leave the apps' processes running.")
+@json_option
+@api_call
+def down(keep_apps: bool, as_json: bool) -> None:
+    """Stop the control plane and the router (and the apps, unless --keep-apps)."""
+    home = Home.from_env()
+    info = client().request("GET", "/v1/ping")
+    client().request("POST", "/v1/shutdown", {"keep_apps": keep_apps})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and home.api_socket.exists():
+        time.sleep(0.05)
+    # The socket goes first; the process exits after the apps and the router are down.
+    while time.monotonic() < deadline and _pid_alive(info["pid"]):
+        time.sleep(0.05)
+    if as_json:
+        emit_json({"stopped": True, "pid": info["pid"], "keep_apps": keep_apps})
+    else:
+        click.echo("keelway stopped" + (" (apps left running)" if keep_apps else ""))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@cli.group()
+def router() -> None:
+    """The router (data plane) process."""
+
+
+@router.command("restart")
+@json_option
+@api_call
+def router_restart(as_json: bool) -> None:
+    """Replace the router process without dropping a connection (socket handoff)."""
+    data = client(60.0).request("POST", "/v1/router/restart")
+    if as_json:
+        emit_json(data)
+        return
+    click.echo(f"router restarted: pid {data['old_pid']} handed over to pid {data['new_pid']}")
+

@@ -1,0 +1,219 @@
+"""Commands that change things: deploy, restart, rollback, config, stop/start,
+reconcile, gc. Long ones stream their progress; every one takes --json."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from keelway.cli.base import api_call, cli, client, json_option
+from keelway.cli.output import emit_json, fail, fail_json
+
+
+def run_operation(path: str, body: dict[str, Any], as_json: bool, what: str,
+                  app: str) -> dict[str, Any]:
+    """POST a streaming operation: progress lines to stderr, then its result or error."""
+    for item in client(None).stream("POST", path, body):
+        if item["event"] == "progress":
+            if not as_json:
+                click.echo(f"-> {item['message']}", err=True)
+        elif item["event"] == "error":
+            err = item["error"]
+            if item.get("replayed") and not as_json:
+                click.echo("(replayed: this key already ran)", err=True)
+            if as_json:
+                fail_json(err["code"], err["message"], err.get("hint"))
+            fail(err["message"], err.get("hint"))
+        elif item["event"] == "result":
+            result: dict[str, Any] = item["result"]
+            if as_json:
+                emit_json(result | ({"replayed": True} if item.get("replayed") else {}))
+            else:
+                if item.get("replayed"):
+                    click.echo("(replayed: this key already ran)", err=True)
+                click.echo(f"{what}")
+                for inst in result.get("instances", []):
+                    click.echo(f"  {inst['release']}  {inst['url']}")
+            return result
+    fail(f"the control plane closed the {path} request without a result",
+         f"see `keelway ops {app}` and $KEELWAY_HOME/logs/keelway.log")
+
+
+key_option = click.option("--key", default=None,
+                          help="Idempotency key: a repeat replays the recorded outcome.")
+
+
+@cli.command()
+@click.argument("app")
+@click.argument("source", type=click.Path())
+@click.option("--host", "hosts", multiple=True, help="A hostname to serve (repeatable).")
+@click.option("--ref", default=None, help="Deploy this git ref of SOURCE.")
+@click.option("--git", "use_git", is_flag=True, help="Deploy SOURCE's git HEAD, not its files.")
+@click.option("--mode", type=click.Choice(["overlap", "hold"]), default=None,
+              help="Swap every service this way (default: per service, from keelway.toml).")
+@key_option
+@json_option
+@api_call
+def deploy(app: str, source: str, hosts: tuple[str, ...], ref: str | None, use_git: bool,
+           mode: str | None, key: str | None, as_json: bool) -> None:
+    """Build SOURCE (a directory, tarball or git repo) and release it to APP."""
+    path = Path(source).expanduser().absolute()
+    if not path.exists():
+        message, hint = f"{source} does not exist", "give a directory, a tarball or a git repo"
+        if as_json:
+            fail_json("bad-request", message, hint)
+        fail(message, hint)
+    body = {"app": app, "source": str(path), "hosts": list(hosts), "ref": ref, "git": use_git,
+            "key": key, "mode": mode}
+    run_operation("/v1/deploy", body, as_json, f"deployed {app}", app)
+
+
+@cli.command()
+@click.argument("app")
+@click.option("--instance", default=None, help="Only this hostname.")
+@key_option
+@json_option
+@api_call
+def restart(app: str, instance: str | None, key: str | None, as_json: bool) -> None:
+    """Start new processes of what APP runs (overlap or hold per service)."""
+    run_operation(f"/v1/apps/{app}/restart", {"instance": instance, "key": key}, as_json,
+                  f"restarted {app}", app)
+
+
+@cli.command()
+@click.argument("app")
+@click.argument("release", required=False)
+@key_option
+@json_option
+@api_call
+def rollback(app: str, release: str | None, key: str | None, as_json: bool) -> None:
+    """Release the build and config of an older release (default: the one before)."""
+    number: int | None = None
+    if release is not None:
+        digits = release[1:] if release.startswith("v") else release
+        if not digits.isdigit():
+            message, hint = f"{release!r} is not a release", "name one like v3"
+            if as_json:
+                fail_json("bad-request", message, hint)
+            fail(message, hint)
+        number = int(digits)
+    run_operation(f"/v1/apps/{app}/rollback", {"to": number, "key": key}, as_json,
+                  f"rolled back {app}", app)
+
+
+@cli.group(invoke_without_command=True)
+@click.argument("app")
+@json_option
+@click.pass_context
+@api_call
+def config(ctx: click.Context, app: str, as_json: bool) -> None:
+    """Show APP's config vars, or change them: `config APP set K=V`, `config APP unset K`."""
+    ctx.obj = app
+    if ctx.invoked_subcommand is not None:
+        return
+    data = client().request("GET", f"/v1/apps/{app}/config")
+    if as_json:
+        emit_json(data)
+        return
+    if not data["config"]:
+        click.echo(f"{app} has no config vars; set one with `keelway config {app} set K=V`")
+    for name, value in sorted(data["config"].items()):
+        click.echo(f"{name}={value}")
+
+
+@config.command("set")
+@click.argument("pairs", nargs=-1, required=True)
+@key_option
+@json_option
+@click.pass_obj
+@api_call
+def config_set(app: str, pairs: tuple[str, ...], key: str | None, as_json: bool) -> None:
+    """Set K=V (a new release; processes restart per mode)."""
+    values: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            message, hint = f"{pair!r} is not K=V", "write NAME=value"
+            if as_json:
+                fail_json("bad-request", message, hint)
+            fail(message, hint)
+        values[name] = value
+    run_operation(f"/v1/apps/{app}/config", {"set": values, "key": key}, as_json,
+                  f"set {', '.join(values)} on {app}", app)
+
+
+@config.command("unset")
+@click.argument("names", nargs=-1, required=True)
+@key_option
+@json_option
+@click.pass_obj
+@api_call
+def config_unset(app: str, names: tuple[str, ...], key: str | None, as_json: bool) -> None:
+    """Remove config vars (a new release)."""
+    run_operation(f"/v1/apps/{app}/config", {"unset": list(names), "key": key}, as_json,
+                  f"unset {', '.join(names)} on {app}", app)
+
+
+@cli.command()
+@click.option("--dry-run", is_flag=True, help="Only say what it would do.")
+@json_option
+@api_call
+def reconcile(dry_run: bool, as_json: bool) -> None:
+    """Converge every instance, as boot does (leftovers, interrupted operations)."""
+    data = client(None).request("POST", "/v1/reconcile", {"dry_run": dry_run})
+    if as_json:
+        emit_json(data)
+        return
+    verb = "would" if dry_run else "did"
+    quiet = True
+    for item in data["instances"]:
+        for action in item["actions"]:
+            click.echo(f"{item['instance']}: {verb} {action}")
+            quiet = False
+        if item["error"]:
+            click.echo(f"{item['instance']}: {item['error']}")
+            quiet = False
+    if quiet:
+        click.echo("nothing to do: every instance is converged")
+
+
+def _instance_command(verb: str) -> Callable[..., None]:
+    @click.argument("app")
+    @click.option("--instance", default=None, help="Only this hostname.")
+    @json_option
+    @api_call
+    def command(app: str, instance: str | None, as_json: bool) -> None:
+        data = client(None).request("POST", f"/v1/apps/{app}/{verb}", {"instance": instance})
+        if as_json:
+            emit_json(data)
+            return
+        done = data["stopped" if verb == "stop" else "started"]
+        click.echo(f"{verb}{'ped' if verb == 'stop' else 'ed'} {', '.join(done) or 'nothing'}")
+
+    command.__doc__ = f"{verb.capitalize()} the app's instances (or one with --instance)."
+    return command
+
+
+cli.command("stop")(_instance_command("stop"))
+cli.command("start")(_instance_command("start"))
+
+
+@cli.command()
+@click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
+@json_option
+@api_call
+def gc(dry_run: bool, as_json: bool) -> None:
+    """Remove staged builds that no release or process names."""
+    data = client(None).request("POST", "/v1/gc", {"dry_run": dry_run})
+    if as_json:
+        emit_json(data)
+        return
+    verb = "would remove" if dry_run else "removed"
+    if not data["removed"]:
+        click.echo("nothing to remove")
+    for item in data["removed"]:
+        click.echo(f"{verb} {item['app']} build {item['digest'][:12]}")
+

@@ -1,0 +1,69 @@
+"""Resolving records to what can run: builds on disk, the target a generation or an
+instance runs, the last good build, and the instance's `current` link.
+
+Lookups only, apart from the `current` link, which is derived from ACTIVE and rewritten
+whole (a crash leaves it stale, never torn; boot rewrites it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from keelway.deploy.errors import UserError
+from keelway.deploy.instances import Target
+from keelway.durable import symlink_atomic
+from keelway.home import Home
+from keelway.store import Store
+from keelway.store.records import Generation
+
+
+def link_current(store: Store, home: Home, host: str) -> None:
+    """Point the instance's `current` link at the build its ACTIVE web (or any) runs.
+
+    Derived from ACTIVE, so a crash that leaves it stale is repaired at boot.
+    """
+    actives = sorted(store.list_active(host), key=lambda a: a.service != "web")
+    gen = store.get_generation(actives[0].generation_id) if actives else None
+    path = build_path(store, gen.app, gen.build_digest) if gen else None
+    if path is not None:
+        symlink_atomic(home.current_link(host), path)
+
+def build_path(store: Store, app: str, digest: str) -> Path | None:
+    build = next((b for b in store.list_builds(app) if b.digest == digest), None)
+    return Path(build.path) if build is not None and Path(build.path).is_dir() else None
+
+def target_of(store: Store, gen: Generation) -> Target | None:
+    path = build_path(store, gen.app, gen.build_digest)
+    if path is None:
+        return None
+    release = store.get_release(gen.app, gen.release)
+    app = store.get_app(gen.app)
+    config = release.config if release else (app.config if app else {})
+    return Target.load(gen.app, gen.release, gen.build_digest, path, dict(config))
+
+def running_target(store: Store, host: str) -> Target | None:
+    actives = sorted(store.list_active(host), key=lambda a: a.service != "web")
+    for active in actives:
+        gen = store.get_generation(active.generation_id)
+        if gen is not None:
+            return target_of(store, gen)
+    return None
+
+def current_release(store: Store, app: str) -> Target:
+    releases = store.list_releases(app)
+    for release in releases:
+        path = build_path(store, app, release.build_digest)
+        if path is not None:
+            return Target.load(app, release.number, release.build_digest, path,
+                               dict(release.config))
+    raise UserError(f"{app} has no release yet", hint=f"deploy {app} first")
+
+def last_good(store: Store, app: str, except_digest: str) -> Target | None:
+    good = {b.digest for b in store.list_builds(app) if b.good}
+    for release in store.list_releases(app):
+        if release.build_digest in good and release.build_digest != except_digest:
+            path = build_path(store, app, release.build_digest)
+            if path is not None:
+                return Target.load(app, release.number, release.build_digest, path,
+                                   dict(release.config))
+    return None
