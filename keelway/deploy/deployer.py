@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -285,6 +285,25 @@ class Deployer:
         if outcome.republish and mode is not Pass.MUTATION:
             await self.publisher.publish()
 
+    async def _journaled(self, app: str, host: str, kind: str,
+                         work: Callable[[Operation], Awaitable[None]]) -> Result:
+        """Run `work` as one journaled operation owned by this control plane: the
+        operation is live (the reconciler leaves it to us) until its outcome is written.
+        A crash inside `work` leaves it unfinished, for the reconciler to converge."""
+        op = self.store.begin_operation(app, host, kind, self.owner)
+        self.live_ops.add(op.id)
+        try:
+            await work(op)
+            result = Result(Outcome.DONE)
+        except StartFailed as exc:
+            result = Result(Outcome.FAILED, str(exc))
+        except OperationError as exc:
+            result = Result(Outcome.FAILED, exc.message)
+        finally:
+            self.live_ops.discard(op.id)
+        self._finish(op, result)
+        return result
+
     # -- stop / start ----------------------------------------------------------------
 
     async def stop_instance(self, inst: Instance) -> None:
@@ -292,23 +311,19 @@ class Deployer:
         async with self.lock(inst.host):
             await self._reconcile_locked(inst.host, Pass.MUTATION)
             inst = self.store.get_instance(inst.host) or inst
-            op = self.store.begin_operation(inst.app, inst.host, "stop", self.owner)
-            self.live_ops.add(op.id)
-            try:
-                if inst.state is not InstanceState.STOPPED:
-                    inst = self.store.set_instance_state(inst, InstanceState.STOPPED)
+
+            async def stop(_op: Operation) -> None:
+                current = self.store.get_instance(inst.host) or inst
+                if current.state is not InstanceState.STOPPED:
+                    self.store.set_instance_state(current, InstanceState.STOPPED)
                 if self.store.get_route(inst.host) is not None:
                     self.store.set_route(inst.host, inst.host, RouteState.GATED, None, None)
                     await self.publisher.publish()
                 for gen in self.store.live_generations(inst.host):
                     if not await self.supervisor.stop(gen, self._grace(gen)):
                         raise OperationError(f"generation {gen.id} (pid {gen.pid}) did not stop")
-                result = Result(Outcome.DONE)
-            except OperationError as exc:
-                result = Result(Outcome.FAILED, exc.message)
-            finally:
-                self.live_ops.discard(op.id)
-            self._finish(op, result)
+
+            result = await self._journaled(inst.app, inst.host, "stop", stop)
             if result.outcome is not Outcome.DONE:
                 raise OperationError(result.reason or "stop failed")
 
@@ -316,19 +331,14 @@ class Deployer:
         async with self.lock(inst.host):
             await self._reconcile_locked(inst.host, Pass.MUTATION)
             inst = self.store.get_instance(inst.host) or inst
-            op = self.store.begin_operation(inst.app, inst.host, "start", self.owner)
-            self.live_ops.add(op.id)
-            try:
-                if inst.state is not InstanceState.RUNNING:
-                    inst = self.store.set_instance_state(inst, InstanceState.RUNNING)
-                await self._respawn_active(op, inst)
-                result = Result(Outcome.DONE)
-            except (StartFailed, OperationError) as exc:
-                result = Result(Outcome.FAILED, str(exc) if isinstance(exc, StartFailed)
-                                else exc.message)
-            finally:
-                self.live_ops.discard(op.id)
-            self._finish(op, result)
+
+            async def start(op: Operation) -> None:
+                current = self.store.get_instance(inst.host) or inst
+                if current.state is not InstanceState.RUNNING:
+                    current = self.store.set_instance_state(current, InstanceState.RUNNING)
+                await self._respawn_active(op, current)
+
+            result = await self._journaled(inst.app, inst.host, "start", start)
             await self._reconcile_locked(inst.host, Pass.MUTATION)
             targets.link_current(self.store, self.home, inst.host)
             if result.outcome is not Outcome.DONE:
@@ -373,16 +383,8 @@ class Deployer:
             return
         if any(h == host and not t.done() for (h, _s), t in self._restarts.items()):
             return  # a crash restart is already waiting out its backoff
-        op = self.store.begin_operation(inst.app, host, "recover", self.owner)
-        self.live_ops.add(op.id)
-        try:
-            await self._respawn_active(op, inst)
-            result = Result(Outcome.DONE)
-        except (StartFailed, OperationError) as exc:
-            result = Result(Outcome.FAILED, str(exc))
-        finally:
-            self.live_ops.discard(op.id)
-        self._finish(op, result)
+        await self._journaled(inst.app, host, "recover",
+                              lambda op: self._respawn_active(op, inst))
 
     # -- crashes, boot, periodic -------------------------------------------------------
 
@@ -420,17 +422,8 @@ class Deployer:
             if (inst is None or inst.state is not InstanceState.RUNNING or active is None
                     or active.generation_id != gen.id):
                 return  # something newer took over while we waited
-            op = self.store.begin_operation(gen.app, gen.instance, "restart-crashed",
-                                            self.owner)
-            self.live_ops.add(op.id)
-            try:
-                await self._respawn_active(op, inst)
-                result = Result(Outcome.DONE)
-            except (StartFailed, OperationError) as exc:
-                result = Result(Outcome.FAILED, str(exc))
-            finally:
-                self.live_ops.discard(op.id)
-            self._finish(op, result)
+            result = await self._journaled(gen.app, gen.instance, "restart-crashed",
+                                           lambda op: self._respawn_active(op, inst))
             try:
                 await self._reconcile_locked(gen.instance, Pass.MUTATION)
             except OperationError as exc:
