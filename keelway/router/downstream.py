@@ -281,6 +281,15 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
         if target is None:
             return self._local(ex, NOT_FOUND, close)
         if not target.proxied:
+            if target.holding and not upgrade and method != b"CONNECT" and proxy.hold(ex, host):
+                # Parked: it goes upstream, or gets its answer, when a table decides.
+                ex.held = True
+                if framing is CHUNKED:
+                    ex.chunked_request = True
+                elif framing is NONE:
+                    ex.retry_head = head
+                ex.out.append(head)
+                return ex
             return self._local(ex, responses.unavailable(target.retry_after_s), close)
         if method == b"CONNECT":
             return self._local(ex, BAD_REQUEST, True)
@@ -415,6 +424,9 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
             self._blocks &= ~reason
             if not self._blocks and not self._closed:
                 self.transport.resume_reading()
+
+    def unhold(self, ex: Exchange) -> None:
+        self._proxy.unhold(ex)
 
     def drain(self) -> None:
         """The router is stopping: close now if idle, else after the current answer."""

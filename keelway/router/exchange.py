@@ -41,6 +41,7 @@ class Exchange:
         "client",
         "close_client",
         "head_request",
+        "held",
         "local",
         "out",
         "pool",
@@ -72,12 +73,17 @@ class Exchange:
         self.request_done = False
         self.response_started = False
         self.abandoned = False
+        # Waiting for its route to stop holding; the proxy resumes or answers it.
+        self.held = False
 
     def start(self) -> None:
         """Become the current exchange: send a local answer, or find an upstream."""
         pool = self.pool
         if pool is None:
-            if self.request_done:
+            if self.held:
+                # Its body stays in the kernel until the route resolves (bounded memory).
+                self.client.block_reading(self.client.BLOCK_CONNECTING)
+            elif self.request_done:
                 self._answer_locally()
             return
         conn = pool.acquire()
@@ -95,7 +101,7 @@ class Exchange:
             self.response_complete(keep_client=True)
 
     def request_body(self, body: bytes) -> None:
-        if self.pool is None:
+        if self.pool is None and not self.held:
             return  # a local answer ignores the body
         if self.chunked_request:
             self.out += (b"%x\r\n" % len(body), body, _CRLF)
@@ -106,7 +112,7 @@ class Exchange:
         self.request_done = True
         if self.chunked_request:
             self.out.append(_LAST_CHUNK)
-        if self.client.current is self:
+        if self.client.current is self and not self.held:
             if self.pool is None:
                 self._answer_locally()
             else:
@@ -172,8 +178,34 @@ class Exchange:
             self.close_client = True
         self.client.exchange_done(self)
 
+    def resume(self, pool: UpstreamPool) -> None:
+        """Its route serves again: go to `pool` as if it had never waited."""
+        self.held = False
+        self.pool = pool
+        if self.client.current is self:
+            self.start()
+            if self.request_done:
+                self.client.await_upstream()
+
+    def answer_instead(self, canned: responses.Canned) -> None:
+        """Its route will not serve it (gone, gated, or held too long): answer locally.
+
+        Its unread body is never read: the answer says close, and the connection ends.
+        """
+        self.held = False
+        self.out.clear()
+        self.close_client = self.close_client or not self.request_done
+        self.local = canned.pick(self.head_request, self.close_client)
+        if self.client.current is self:
+            self.client.unblock_reading(self.client.BLOCK_CONNECTING)
+            self.request_done = True  # what is left of the body is not read
+            self._answer_locally()
+
     def abandon(self) -> None:
         """The client is gone: drop the upstream connection, whose state is now unknown."""
+        if self.held:
+            self.held = False
+            self.client.unhold(self)
         self.abandoned = True
         upstream = self.upstream
         if upstream is not None:

@@ -19,7 +19,9 @@ import time
 from dataclasses import dataclass
 from typing import Final
 
+from keelway.router import responses
 from keelway.router.downstream import ClientConnection
+from keelway.router.exchange import Exchange
 from keelway.router.route_table import RouteTable, Routing, Target
 from keelway.router.upstream import UpstreamPool
 
@@ -27,6 +29,7 @@ log: Final = logging.getLogger("keelway.router")
 
 
 IDLE_GRACE_S = 1.0
+HOLD_SWEEP_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,10 @@ class ProxyOptions:
     upstream_timeout_s: float = 60.0
     close_linger_s: float = 2.0
     trusted_proxies: frozenset[str] = frozenset()
+    # A holding route's requests wait this long for the next table, at most this many
+    # at once in this process; past either bound they get 503 with Retry-After.
+    hold_timeout_s: float = 30.0
+    max_held: int = 1024
     upstream_connect_timeout_s: float = 5.0
     upstream_max_idle: int = 64
     upstream_idle_s: float = 30.0
@@ -69,6 +76,9 @@ class Proxy:
         self.draining = False
         self._pools: dict[str, UpstreamPool] = {}
         self._retiring: set[UpstreamPool] = set()
+        # Exchanges waiting on a holding route: raw Host and the monotonic deadline.
+        self._held: dict[Exchange, tuple[bytes, float]] = {}
+        self._hold_sweeper: asyncio.TimerHandle | None = None
         self._sweeper: asyncio.TimerHandle | None = None
 
     def protocol(self) -> ClientConnection:
@@ -84,6 +94,51 @@ class Proxy:
             pool = self._pools.pop(key)
             pool.retire()
             self._retiring.add(pool)
+        if self._held:
+            self._release_held()
+
+    # -- holding ------------------------------------------------------------------------
+
+    def hold(self, ex: Exchange, raw_host: bytes) -> bool:
+        """Park `ex` until a table decides its route; False when already full."""
+        if len(self._held) >= self.options.max_held:
+            return False
+        self._held[ex] = (raw_host, time.monotonic() + self.options.hold_timeout_s)
+        if self._hold_sweeper is None:
+            self._hold_sweeper = asyncio.get_running_loop().call_later(
+                HOLD_SWEEP_S, self._sweep_held)
+        return True
+
+    def unhold(self, ex: Exchange) -> None:
+        self._held.pop(ex, None)
+
+    def _release_held(self) -> None:
+        """A new table: resume what it serves, answer what it refuses, keep the rest."""
+        routing = self.routing
+        for ex, (raw_host, _deadline) in list(self._held.items()):
+            target = routing.lookup(raw_host)
+            if target is not None and target.holding:
+                continue
+            del self._held[ex]
+            if target is None:
+                ex.answer_instead(responses.NOT_FOUND)
+            elif target.proxied:
+                ex.resume(self.pool_for(target))
+            else:
+                ex.answer_instead(responses.unavailable(target.retry_after_s))
+
+    def _sweep_held(self) -> None:
+        self._hold_sweeper = None
+        now = time.monotonic()
+        for ex, (raw_host, deadline) in list(self._held.items()):
+            if deadline <= now:
+                del self._held[ex]
+                target = self.routing.lookup(raw_host)
+                retry_s = target.retry_after_s if target is not None else 5
+                ex.answer_instead(responses.unavailable(retry_s))
+        if self._held:
+            self._hold_sweeper = asyncio.get_running_loop().call_later(
+                HOLD_SWEEP_S, self._sweep_held)
 
     def inflight(self) -> dict[str, int]:
         """Requests in flight per upstream, retired pools included, until they reach 0."""

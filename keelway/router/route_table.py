@@ -148,10 +148,13 @@ def host_key(raw: bytes) -> bytes:
 class Target:
     """A compiled route: what the hot path needs, precomputed once per table."""
 
-    __slots__ = ("proxied", "retry_after_s", "upstream_host", "upstream_key", "upstream_port")
+    __slots__ = ("holding", "proxied", "retry_after_s", "upstream_host", "upstream_key",
+                 "upstream_port")
 
     def __init__(self, route: Route) -> None:
         self.proxied: Final = action_for(route.state) is Action.PROXY
+        # Requests wait (bounded) for the next table instead of getting 503 at once.
+        self.holding: Final = route.state is RouteState.HOLDING
         self.retry_after_s: Final = route.retry_after_s
         self.upstream_key: Final = route.upstream or ""
         host, port = parse_upstream(route.upstream) if route.upstream else ("", 0)

@@ -103,3 +103,23 @@ def test_a_router_restart_under_load_fails_no_request(kw: Keelway, tmp_path: Pat
     total, failed = _failures(output)
     assert total > 1000 and failed == 0, output
     assert kw.get("one.test")[0] == 200 and kw.get("two.test")[0] == 200
+
+
+def test_a_hold_mode_web_swap_under_load_holds_requests_and_fails_none(
+    kw: Keelway, tmp_path: Path
+) -> None:
+    _two_apps(kw, tmp_path)
+    load = _start_wrk(kw, tmp_path, 6)
+    try:
+        time.sleep(1.0)
+        # The old web stops before the new one starts: the route holds meanwhile.
+        kw.ok("deploy", "hello", str(hello(tmp_path, "one-again", greeting="again")),
+              "--mode", "hold")
+        output, _ = load.communicate(timeout=30)
+    finally:
+        if load.poll() is None:
+            load.kill()
+            load.wait()
+    total, failed = _failures(output)
+    assert total > 1000 and failed == 0, output
+    assert kw.get("one.test")[1].startswith(b"again")

@@ -5,6 +5,7 @@ the control plane starts it. Every loop here is bounded; every process is stoppe
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -14,14 +15,17 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
+import uvloop
 
 from keelway.router.client import RouterUnreachable, ping_sync, push_table_sync
+from keelway.router.proxy import Proxy, ProxyOptions
 from keelway.router.route_table import Route, RouteTable
 
 REPO = Path(__file__).resolve().parents[2]
@@ -263,3 +267,48 @@ def start_router(tmp_path: Path) -> Iterator[type[RouterProcess]]:
 @pytest.fixture
 def router(start_router: type[RouterProcess]) -> RouterProcess:
     return start_router()
+
+
+T = TypeVar("T")
+
+
+class InProcessRouter:
+    """The router's Proxy on a uvloop loop in a thread, listening on a loopback port."""
+
+    def __init__(self, routes: dict[str, Route], options: ProxyOptions) -> None:
+        self.loop = uvloop.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.proxy, self.server = self._run(self._start(routes, options))
+        self.port: int = self.server.sockets[0].getsockname()[1]
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=10)
+
+    @staticmethod
+    async def _start(
+        routes: dict[str, Route], options: ProxyOptions
+    ) -> tuple[Proxy, asyncio.Server]:
+        proxy = Proxy(RouteTable(version=1, routes=routes), options)
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(proxy.protocol, "127.0.0.1", 0)
+        return proxy, server
+
+    def connections(self) -> int:
+        async def count() -> int:
+            return len(self.proxy.connections)
+
+        return self._run(count())
+
+    def stop(self) -> None:
+        async def stop() -> None:
+            self.server.close()
+            await self.proxy.drain()
+            await asyncio.sleep(0.01)  # let closing transports finish
+
+        try:
+            self._run(stop())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=5)
+            self.loop.close()

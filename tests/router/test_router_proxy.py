@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Iterator
 
-import pytest
 from websockets.sync.client import connect as ws_connect
 
 from keelway.router.route_table import Route, RouteState
@@ -292,13 +291,6 @@ def test_sigterm_lets_an_in_flight_request_finish_then_exits_zero(router, upstre
     assert router.stop() == 0
     client.join(timeout=5)
     assert result == [(200, b"slow done")]
-
-
-@pytest.mark.parametrize("state", [RouteState.HOLDING])
-def test_a_holding_route_answers_like_a_gated_one_for_now(router, state) -> None:
-    router.push(1, {"blog.test": Route(state=state, retry_after_s=3)})
-    response, _ = request(router.port, "GET", "/")
-    assert (response.status, response.getheader("Retry-After")) == (503, "3")
 
 
 def test_a_client_that_half_closes_after_its_request_still_gets_the_answer(
