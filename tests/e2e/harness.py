@@ -104,6 +104,14 @@ class Keelway:
         for pid, ticks in self.started_pids:
             if process.is_alive(pid, ticks):
                 process.signal_session(pid, ticks, signal.SIGKILL)
+        # Anything else this home's control plane started (a test that failed midway,
+        # a generation that was made unkillable on purpose): found by the marker in its
+        # environment, so only our own processes are touched.
+        for pids in process.find_generation_processes(str(self.home)).values():
+            for pid in pids:
+                stat = process.read_stat(pid)
+                if stat is not None:
+                    process.signal_session(pid, stat.start_ticks, signal.SIGKILL)
 
 
 def _alive(pid: int) -> bool:
