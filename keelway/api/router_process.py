@@ -21,6 +21,7 @@ from keelway.clock import Clock
 from keelway.durable import write_atomic
 from keelway.home import Home
 from keelway.router.client import RouterControlError, ping_sync
+from keelway.router.server import bind_tcp
 from keelway.runtime import process
 
 
@@ -46,18 +47,12 @@ def parse_addr(addr: str) -> tuple[str, int]:
 
 def bind_listener(addr: str) -> socket.socket:
     host, port = parse_addr(addr)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((host, port))
+        return bind_tcp(host, port)
     except OSError as exc:
-        sock.close()
         if exc.errno == errno.EADDRINUSE:
             raise RouterPortBusy(addr) from exc
         raise
-    sock.listen(1024)
-    return sock
 
 
 def running_router(home: Home) -> RouterHandle | None:

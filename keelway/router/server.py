@@ -104,6 +104,21 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
     )
 
 
+def bind_tcp(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port (the control plane binds with this too, so
+    that a busy port is its clear error before any router starts). Raises OSError."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(LISTEN_BACKLOG)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def open_listener(config: RouterConfig) -> socket.socket:
     """The listening TCP socket, inherited or bound here. Raises StartupError."""
     if config.listen_fd is not None:
@@ -117,15 +132,10 @@ def open_listener(config: RouterConfig) -> socket.socket:
             sock.listen(LISTEN_BACKLOG)
     elif config.listen is not None:
         host, port = config.listen
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((host, port))
+            sock = bind_tcp(host, port)
         except OSError as exc:
-            sock.close()
             raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
-        sock.listen(LISTEN_BACKLOG)
     else:
         raise StartupError("give --listen-fd or --listen")
     sock.setblocking(False)
