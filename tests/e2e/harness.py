@@ -98,32 +98,43 @@ class Keelway:
         """Stop everything this test started: by `down`, then by pid if anything is left."""
         if self.daemon_pid is not None and _alive(self.daemon_pid):
             self.run("down", timeout_s=60)
-        for pid in [self.daemon_pid, *_router_pid(self.home)]:
-            if pid is not None and _alive(pid):
-                os.kill(pid, signal.SIGKILL)
         for pid, ticks in self.started_pids:
             if process.is_alive(pid, ticks):
                 process.signal_session(pid, ticks, signal.SIGKILL)
-        # Anything else this home's control plane started (a test that failed midway,
-        # a generation that was made unkillable on purpose): found by the marker in its
-        # environment, so only our own processes are touched.
-        for pids in process.find_generation_processes(str(self.home)).values():
-            for pid in pids:
-                stat = process.read_stat(pid)
-                if stat is not None:
-                    process.signal_session(pid, stat.start_ticks, signal.SIGKILL)
+        kill_home_processes(self.home)
+
+
+def kill_home_processes(home: Path) -> None:
+    """SIGKILL whatever a control plane with this home started, proven ours each time:
+    the daemon (the lock file's pid, whose environment names this home), the router
+    session (pidfile pid + start time) and every app session (the marker in its
+    environment). A test that failed midway leaks nothing; nothing else is touched."""
+    lock = home / "keelway.lock"
+    try:
+        daemon = int(lock.read_text().strip())
+        ours = f"KEELWAY_HOME={home}".encode() in Path(
+            f"/proc/{daemon}/environ").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        ours = False  # no daemon, or a recycled pid that is not ours to touch
+    if ours and _alive(daemon):
+        os.kill(daemon, signal.SIGKILL)
+    try:
+        pid, ticks = (int(x) for x in (home / "router" / "router.pid").read_text().split())
+    except (OSError, ValueError):
+        pass
+    else:
+        if process.is_alive(pid, ticks):
+            process.signal_session(pid, ticks, signal.SIGKILL)
+    for pids in process.find_generation_processes(str(home)).values():
+        for app_pid in pids:
+            stat = process.read_stat(app_pid)
+            if stat is not None:
+                process.signal_session(app_pid, stat.start_ticks, signal.SIGKILL)
 
 
 def _alive(pid: int) -> bool:
     stat = process.read_stat(pid)
     return stat is not None and stat.state != "Z"
-
-
-def _router_pid(home: Path) -> list[int | None]:
-    try:
-        return [int((home / "router" / "router.pid").read_text().split()[0])]
-    except (FileNotFoundError, ValueError):
-        return [None]
 
 
 def wait_until(predicate: Any, timeout_s: float = 10, interval_s: float = 0.05) -> bool:

@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -27,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from keelway.runtime import process
-from tests.e2e.harness import EXAMPLE, free_port
+from tests.e2e.harness import EXAMPLE, free_port, kill_home_processes
 from tests.invariants import violations
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -100,29 +99,7 @@ SCENARIOS: dict[str, tuple[list[Step], Step]] = {
 
 
 def _cleanup(home: Home) -> None:
-    """Kill what this case started, by pid: the daemon, the router, the app sessions."""
-    lock = home.root / "keelway.lock"
-    if lock.exists() and lock.read_text().strip().isdigit():
-        daemon = int(lock.read_text().strip())
-        stat = process.read_stat(daemon)
-        try:
-            ours = f"KEELWAY_HOME={home.root}".encode() in Path(
-                f"/proc/{daemon}/environ").read_bytes().split(b"\0")
-        except OSError:
-            ours = False  # gone already, or a recycled pid that is not ours to touch
-        if stat is not None and stat.state != "Z" and ours:
-            os.kill(daemon, signal.SIGKILL)
-    for gen_id, pids in process.find_generation_processes(str(home.root)).items():
-        del gen_id
-        for pid in pids:
-            stat = process.read_stat(pid)
-            if stat is not None:
-                process.signal_session(pid, stat.start_ticks, signal.SIGKILL)
-    pidfile = home.root / "router" / "router.pid"
-    if pidfile.exists():
-        pid, ticks = (int(x) for x in pidfile.read_text().split())
-        if process.is_alive(pid, ticks):
-            os.kill(pid, signal.SIGKILL)
+    kill_home_processes(home.root)
     shutil.rmtree(home.root.parent, ignore_errors=True)
 
 

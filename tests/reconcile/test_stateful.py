@@ -47,11 +47,6 @@ class Operations(RuleBasedStateMachine):
     def teardown(self) -> None:
         if hasattr(self, "kw"):
             self.kw.teardown()
-            for pids in process.find_generation_processes(str(self.kw.home)).values():
-                for pid in pids:
-                    stat = process.read_stat(pid)
-                    if stat is not None:
-                        process.signal_session(pid, stat.start_ticks, signal.SIGKILL)
 
     def _run(self, operation: str) -> int:
         kw = self.kw
