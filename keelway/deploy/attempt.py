@@ -307,14 +307,13 @@ class Attempt:
             web = restarted.get("web") or (prior.get("web") if prior.get("web") and
                                            self._alive(prior["web"]) else None)
             route = self.store.get_route(self.host)
-            want: tuple[RouteState, int | None, int | None]
-            if web is not None:
-                want = (RouteState.SERVING, web.port, web.id)
-            else:
-                want = (RouteState.GATED, None, None)
-            changed = route is not None or web is not None
-            if route is not None and (route.state, route.port, route.generation_id) == want:
-                changed = False  # untouched: the journal shows the failure, nothing else
+            want: tuple[RouteState, int | None, int | None] = (
+                (RouteState.SERVING, web.port, web.id) if web is not None
+                else (RouteState.GATED, None, None))
+            have = (route.state, route.port, route.generation_id) if route else None
+            # A route already right is left untouched (the journal shows the failure,
+            # nothing else); an instance that never had a route and has no web gets none.
+            changed = have != want and (route is not None or web is not None)
             if changed:
                 self.store.set_route(self.host, self.host, *want)
         if changed:
