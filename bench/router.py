@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from keelway.router.client import ping_sync, push_table_sync  # noqa: E402
+from keelway.router.client import RouterControlError, ping_sync, push_table_sync  # noqa: E402
 from keelway.router.route_table import Route, RouteState, RouteTable  # noqa: E402
 
 HOST = "bench.test"
@@ -192,7 +192,16 @@ def start_router(procs: Processes, tmp: Path, port: int, upstream_port: int,
     pid = procs.start(pinned(proxy_cpus(workers), argv), cwd=ROOT,
                       stderr=subprocess.DEVNULL).pid
     wait_port(port)
-    ping_sync(control)
+    # The router binds its port before its control socket: wait for both.
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            ping_sync(control)
+            break
+        except RouterControlError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
     route = Route(state=RouteState.SERVING, upstream=f"127.0.0.1:{upstream_port}")
     push_table_sync(control, RouteTable(version=1, routes={HOST: route}))
     return pid

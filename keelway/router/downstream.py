@@ -65,6 +65,7 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
     def __init__(self, proxy: Proxy) -> None:
         self._proxy = proxy
         self._options = proxy.options
+        self._idle_timeout_s = proxy.options.idle_timeout_s
         self._loop = asyncio.get_running_loop()
         self._parser = httptools.HttpRequestParser(self)
         # Set in connection_made, before any other callback; typed non-optional so the
@@ -79,7 +80,8 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
         self.current: Exchange | None = None
         self._parsing: Exchange | None = None
         self._queue: collections.deque[Exchange] = collections.deque()
-        self._blocks = 0
+        # Why reading from the client is paused: a bitmask of BLOCK_*, 0 when reading.
+        self.read_blocks = 0
         self.write_paused = False
         self._upgrading: Exchange | None = None  # after an Upgrade request: raw bytes
         self._advancing = False
@@ -277,7 +279,10 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
             self._upgrading = ex
         if url == HEALTH_PATH:
             return self._local(ex, HEALTHY, close)
-        target = proxy.routing.lookup(host)
+        routing = proxy.routing
+        target = routing.by_host.get(host)
+        if target is None:
+            target = routing.lookup(host)
         if target is None:
             return self._local(ex, NOT_FOUND, close)
         if not target.proxied:
@@ -293,8 +298,10 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
             return self._local(ex, responses.unavailable(target.retry_after_s), close)
         if method == b"CONNECT":
             return self._local(ex, BAD_REQUEST, True)
-        ex.pool = proxy.pool_for(target)
-        ex.upgrade = upgrade
+        pool = target.pool
+        ex.pool = pool if pool is not None else proxy.pool_for(target)
+        if upgrade:
+            ex.upgrade = True
         if framing is CHUNKED:
             ex.chunked_request = True
         elif framing is NONE and not upgrade:
@@ -364,14 +371,16 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
             return
         if self._advancing:
             return
-        if self._blocks:
+        if self.read_blocks:
             self.unblock_reading(self.BLOCK_CONNECTING | self.BLOCK_UPSTREAM_FULL)
         queue = self._queue
         if not queue:
             if self._client_done:
                 self.close()
-            elif not self._in_head:
-                self._extend_read(self._options.idle_timeout_s)
+            elif not self._in_head:  # _extend_read, inlined: once per keep-alive request
+                self._read_deadline = deadline = self._loop.time() + self._idle_timeout_s
+                if deadline < self._timer_at:
+                    self._arm(deadline)
             return
         self._advancing = True
         try:
@@ -410,19 +419,15 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
 
     # -- flow control and closing ----------------------------------------------------
 
-    @property
-    def blocked(self) -> bool:
-        return self._blocks != 0
-
     def block_reading(self, reason: int) -> None:
-        if not self._blocks and not self._closed:
+        if not self.read_blocks and not self._closed:
             self.transport.pause_reading()
-        self._blocks |= reason
+        self.read_blocks |= reason
 
     def unblock_reading(self, reason: int) -> None:
-        if self._blocks & reason:
-            self._blocks &= ~reason
-            if not self._blocks and not self._closed:
+        if self.read_blocks & reason:
+            self.read_blocks &= ~reason
+            if not self.read_blocks and not self._closed:
                 self.transport.resume_reading()
 
     def unhold(self, ex: Exchange) -> None:
@@ -453,8 +458,8 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
         self._lingering = True
         self._upgrading = None
         transport.write_eof()  # after the buffered answer is flushed
-        if self._blocks:
-            self._blocks = 0
+        if self.read_blocks:
+            self.read_blocks = 0
             transport.resume_reading()
         self._read_deadline = self._loop.time() + self._options.close_linger_s
         self._upstream_deadline = _NEVER
@@ -515,7 +520,7 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
         if self._upgrading is not None and self._upgrading.response_started:
             return  # a tunnel: its traffic is the application's, untimed
         if self._in_head or self._parsing is not None:
-            if self._blocks:  # the router paused reading: the client is not to blame
+            if self.read_blocks:  # the router paused reading: the client is not to blame
                 timeout_s = options.header_timeout_s if self._in_head else options.body_timeout_s
                 self._read_deadline = now + timeout_s
             else:

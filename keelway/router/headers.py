@@ -78,14 +78,28 @@ _REQUEST_KINDS: Final = {
     b"x-forwarded-host": _FORWARDED_HOST,
 }
 _RESPONSE_KINDS: Final = _COMMON
+_KEEP: Final = 9  # any other field: it crosses as it came
+_NO_RARE: Final[dict[int, bytes]] = {}
+# Field names as clients and apps spell them, with their kind: the same few dozen names
+# come in every message, so classifying a field costs one lookup, not a lower() and a
+# prefix test. Bounded like _VALID_HOSTS; past the bound a name is classified each time.
+_REQUEST_NAMES: Final[dict[bytes, int]] = {}
+_RESPONSE_NAMES: Final[dict[bytes, int]] = {}
+_NAMES_MAX: Final = 4096
 # Connection tokens that are not header names, or name headers handled above.
 _NOT_NOMINATABLE: Final = frozenset({b"close", *_REQUEST_KINDS})
 _PLAIN_CONNECTION: Final = frozenset({b"keep-alive", b"close", b"upgrade"})
+# The same values in the spellings apps use, so the usual Connection header costs no call.
+_PLAIN_CONNECTION_AS_SENT: Final = frozenset(
+    {*_PLAIN_CONNECTION, b"Keep-Alive", b"Close", b"Upgrade"}
+)
 
 _SEP: Final = b": "
 _CRLF: Final = b"\r\n"
 _HTTP11: Final = b" HTTP/1.1\r\n"
-_PROTO_HTTP: Final = b"X-Forwarded-Proto: http\r\n"
+_XFF: Final = b"X-Forwarded-For: "
+_XFH: Final = b"\r\nX-Forwarded-Host: "
+_END_PROTO_HTTP: Final = b"\r\nX-Forwarded-Proto: http\r\n\r\n"
 _UPGRADE_CONNECTION: Final = b"Connection: upgrade\r\n"
 
 # Host: a reg-name of unreserved characters or a bracketed IPv6 literal, and an optional
@@ -96,6 +110,18 @@ _HOST_SYNTAX: Final = re.compile(rb"(?:[A-Za-z0-9._~-]+|\[[0-9A-Fa-f:.]+\])(?::[
 # so that a stream of made-up hosts cannot grow it; past the bound each one pays the regex.
 _VALID_HOSTS: Final[set[bytes]] = set()
 _VALID_HOSTS_MAX: Final = 4096
+
+
+def _name_kind(name: bytes, kinds: dict[bytes, int], seen: dict[bytes, int]) -> int:
+    """A field's kind by its name in any letter case: one of `kinds`, else _DROP for the
+    Proxy-* family (and `Proxy`, the httpoxy vector), else _KEEP. Remembered in `seen`."""
+    lname = name.lower()
+    kind = kinds.get(lname)
+    if kind is None:
+        kind = _DROP if lname[:5] == b"proxy" else _KEEP
+    if len(seen) < _NAMES_MAX:
+        seen[name] = kind
+    return kind
 
 
 class BadRequest(Exception):
@@ -164,48 +190,42 @@ class RequestHeadRewriter:
     the upstream while it is parsed. Call `begin_request_head` at message begin."""
 
     __slots__ = (
-        "_rq_connection",
         "_rq_error",
-        "_rq_fields",
-        "_rq_forwarded_for",
-        "_rq_forwarded_host",
-        "_rq_forwarded_proto",
         "_rq_framing",
         "_rq_host",
         "_rq_parts",
-        "_rq_upgrade_to",
-        "_rq_url",
+        "_rq_rare",
         "head_bytes",
+        "request_fields",
         "request_length",
+        "request_url",
     )
 
     def begin_request_head(self) -> None:
         self._rq_parts: list[bytes] = [b"", b" ", b"", _HTTP11]  # method, target: at finish
-        self._rq_url = b""
+        self.request_url = b""
         self._rq_host: bytes | None = None
-        self._rq_forwarded_for: bytes | None = None
-        self._rq_forwarded_proto: bytes | None = None
-        self._rq_forwarded_host: bytes | None = None
-        self._rq_connection: bytes | None = None
-        self._rq_upgrade_to: bytes | None = None
+        # Connection, Upgrade and X-Forwarded-* values by field kind, made only when a
+        # request has one (most have none), so starting a head stays a few stores.
+        self._rq_rare: dict[int, bytes] | None = None
         self._rq_framing = NONE
         self._rq_error = False
-        self._rq_fields = 0
+        self.request_fields = 0
         self.head_bytes = 0
         self.request_length = 0
 
     def on_url(self, url: bytes) -> None:
-        self._rq_url += url
+        self.request_url += url
         self.head_bytes += len(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._rq_fields += 1
+        self.request_fields += 1
         self.head_bytes += len(name) + len(value) + 4
-        lname = name.lower()
-        kind = _REQUEST_KINDS.get(lname)
+        kind = _REQUEST_NAMES.get(name)
         if kind is None:
-            if lname[:5] != b"proxy":
-                self._rq_parts += (name, _SEP, value, _CRLF)
+            kind = _name_kind(name, _REQUEST_KINDS, _REQUEST_NAMES)
+        if kind == _KEEP:
+            self._rq_parts += (name, _SEP, value, _CRLF)
         elif kind == _HOST:
             if self._rq_host is not None:
                 self._rq_error = True  # two Host headers: which one routes?
@@ -227,28 +247,15 @@ class RequestHeadRewriter:
             if self._rq_framing is not NONE or value.lower() != b"chunked":
                 self._rq_error = True
             self._rq_framing = CHUNKED
-        elif kind == _FORWARDED_FOR:
-            seen = self._rq_forwarded_for
-            self._rq_forwarded_for = value if seen is None else seen + b", " + value
-        elif kind == _FORWARDED_PROTO:
-            seen = self._rq_forwarded_proto
-            self._rq_forwarded_proto = value if seen is None else seen + b", " + value
-        elif kind == _FORWARDED_HOST:
-            seen = self._rq_forwarded_host
-            self._rq_forwarded_host = value if seen is None else seen + b", " + value
-        elif kind == _CONNECTION:
-            seen = self._rq_connection
-            self._rq_connection = value if seen is None else seen + b"," + value
-        elif kind == _UPGRADE:
-            self._rq_upgrade_to = value
-
-    @property
-    def request_url(self) -> bytes:
-        return self._rq_url
-
-    @property
-    def request_fields(self) -> int:
-        return self._rq_fields
+        elif kind != _DROP:
+            rare = self._rq_rare
+            if rare is None:
+                rare = self._rq_rare = {}
+            seen = rare.get(kind)
+            if seen is None or kind == _UPGRADE:
+                rare[kind] = value
+            else:  # a list, as the repeated field would mean (RFC 9110 §5.3)
+                rare[kind] = seen + (b"," if kind == _CONNECTION else b", ") + value
 
     def finish_request_head(
         self, method: bytes, client_ip: bytes, upgrade: bool, trusted: bool = False
@@ -266,36 +273,37 @@ class RequestHeadRewriter:
         host = self._rq_host
         if host is None or self._rq_error:
             raise BadRequest("missing or repeated Host, or bad body framing")
-        if not valid_host(host):
+        if host not in _VALID_HOSTS and not valid_host(host):
             raise BadRequest("Host is not a hostname with an optional port")
-        url = self._rq_url
+        url = self.request_url
         if url[:1] != b"/":
-            url = self._rq_url = origin_form(url, method, host)
+            url = self.request_url = origin_form(url, method, host)
         parts = self._rq_parts
         parts[0] = method
         parts[2] = url
-        connection = self._rq_connection
+        rare = self._rq_rare or _NO_RARE
+        connection = rare.get(_CONNECTION)
         if connection is not None:
             nominated = _nominated(connection)
             if nominated:
                 parts = _drop_nominated(parts, 4, nominated)
-        if upgrade and self._rq_upgrade_to is not None:
-            parts += (b"Upgrade", _SEP, self._rq_upgrade_to, _CRLF, _UPGRADE_CONNECTION)
+        upgrade_to = rare.get(_UPGRADE)
+        if upgrade and upgrade_to is not None:
+            parts += (b"Upgrade", _SEP, upgrade_to, _CRLF, _UPGRADE_CONNECTION)
         framing = self._rq_framing
         if framing is CHUNKED:
             parts.append(b"Transfer-Encoding: chunked\r\n")
         if trusted:
             parts += _trusted_forwarding(
-                self._rq_forwarded_for,
-                self._rq_forwarded_proto,
-                self._rq_forwarded_host,
+                rare.get(_FORWARDED_FOR),
+                rare.get(_FORWARDED_PROTO),
+                rare.get(_FORWARDED_HOST),
                 client_ip,
                 host,
             )
-        else:
-            parts += (b"X-Forwarded-For: ", client_ip, b"\r\nX-Forwarded-Host: ", host, _CRLF)
-            parts.append(_PROTO_HTTP)
-        parts.append(_CRLF)
+            parts.append(_CRLF)
+        else:  # the head's last lines, in one step
+            parts += (_XFF, client_ip, _XFH, host, _END_PROTO_HTTP)
         return b"".join(parts), host, framing, connection is not None
 
 
@@ -335,7 +343,8 @@ def status_line(status: int) -> bytes:
 
 class ResponseHeadRewriter:
     """Mixin for an httptools response-parser protocol: rewrites the upstream's head
-    for the client while it is parsed. Call `begin_response_head` before each head."""
+    for the client while it is parsed. Call `begin_response_head` before the first head
+    and after an interim (1xx) one; `finish_response_head` makes ready for the next."""
 
     __slots__ = ("_rs_connection", "_rs_framing", "_rs_parts", "_rs_upgrade_to")
 
@@ -346,11 +355,11 @@ class ResponseHeadRewriter:
         self._rs_framing = UNTIL_CLOSE
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        lname = name.lower()
-        kind = _RESPONSE_KINDS.get(lname)
+        kind = _RESPONSE_NAMES.get(name)
         if kind is None:
-            if lname[:5] != b"proxy":
-                self._rs_parts += (name, _SEP, value, _CRLF)
+            kind = _name_kind(name, _RESPONSE_KINDS, _RESPONSE_NAMES)
+        if kind == _KEEP:
+            self._rs_parts += (name, _SEP, value, _CRLF)
         elif kind == _LENGTH:
             self._rs_framing = LENGTH
             self._rs_parts += (b"Content-Length", _SEP, value, _CRLF)
@@ -375,9 +384,10 @@ class ResponseHeadRewriter:
         NONE and keep their Content-Length as sent.
         """
         parts = self._rs_parts
-        parts[0] = status_line(status)
+        line = STATUS_LINES.get(status)
+        parts[0] = line if line is not None else status_line(status)
         connection = self._rs_connection
-        if connection is not None:
+        if connection is not None and connection not in _PLAIN_CONNECTION_AS_SENT:
             nominated = _nominated(connection)
             if nominated:
                 parts = _drop_nominated(parts, 1, nominated)
@@ -398,4 +408,9 @@ class ResponseHeadRewriter:
         if client_close and status >= 200:
             parts.append(b"Connection: close\r\n")
         parts.append(_CRLF)
-        return b"".join(parts), framing, until_close, client_close
+        head = b"".join(parts)
+        # begin_response_head, inlined: this runs once per proxied response.
+        self._rs_parts = [b""]
+        self._rs_connection = self._rs_upgrade_to = None
+        self._rs_framing = UNTIL_CLOSE
+        return head, framing, until_close, client_close

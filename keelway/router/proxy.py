@@ -151,6 +151,9 @@ class Proxy:
         return counts
 
     def pool_for(self, target: Target) -> UpstreamPool:
+        pool = target.pool
+        if pool is not None:
+            return pool
         pool = self._pools.get(target.upstream_key)
         if pool is None:
             options = self.options
@@ -163,6 +166,7 @@ class Proxy:
             )
             self._pools[target.upstream_key] = pool
             self._schedule_sweep()
+        target.pool = pool
         return pool
 
     def _schedule_sweep(self) -> None:

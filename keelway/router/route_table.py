@@ -14,9 +14,12 @@ a request's Host header leads to. Invariants:
 from __future__ import annotations
 
 import enum
-from typing import Annotated, Final, assert_never
+from typing import TYPE_CHECKING, Annotated, Final, assert_never
 
 import msgspec
+
+if TYPE_CHECKING:
+    from keelway.router.upstream import UpstreamPool
 
 
 class RouteState(enum.Enum):
@@ -148,8 +151,8 @@ def host_key(raw: bytes) -> bytes:
 class Target:
     """A compiled route: what the hot path needs, precomputed once per table."""
 
-    __slots__ = ("holding", "proxied", "retry_after_s", "upstream_host", "upstream_key",
-                 "upstream_port")
+    __slots__ = ("holding", "pool", "proxied", "retry_after_s", "upstream_host",
+                 "upstream_key", "upstream_port")
 
     def __init__(self, route: Route) -> None:
         self.proxied: Final = action_for(route.state) is Action.PROXY
@@ -160,24 +163,29 @@ class Target:
         host, port = parse_upstream(route.upstream) if route.upstream else ("", 0)
         self.upstream_host: Final = host
         self.upstream_port: Final = port
+        # The proxy's pool for upstream_key, remembered on first use. A target lives as
+        # long as its table is current, and a swap retires only pools no target names.
+        self.pool: UpstreamPool | None = None
 
 
 class Routing:
     """A table compiled for lookup by raw Host header bytes. Immutable after init."""
 
-    __slots__ = ("_targets", "table")
+    __slots__ = ("by_host", "table")
 
     def __init__(self, table: RouteTable) -> None:
         self.table: Final = table
-        self._targets: Final = {host.encode(): Target(r) for host, r in table.routes.items()}
+        # By the host as a route names it: a Host header that is already a bare
+        # lowercase name (the common case) finds its target with one dict lookup.
+        self.by_host: Final = {host.encode(): Target(r) for host, r in table.routes.items()}
 
     def lookup(self, raw_host: bytes) -> Target | None:
         """The target for a Host header value, or None when no route names that host."""
-        targets = self._targets
-        found = targets.get(raw_host)  # the common case: already a bare lowercase name
+        targets = self.by_host
+        found = targets.get(raw_host)
         if found is None:
             found = targets.get(host_key(raw_host))
         return found
 
     def upstream_keys(self) -> frozenset[str]:
-        return frozenset(t.upstream_key for t in self._targets.values() if t.upstream_key)
+        return frozenset(t.upstream_key for t in self.by_host.values() if t.upstream_key)

@@ -44,6 +44,7 @@ class UpstreamConnection(ResponseHeadRewriter, asyncio.Protocol):
         "_keep_alive",
         "_out",
         "_parser",
+        "_reading_paused",
         "_received",
         "_tunnel",
         "_until_close",
@@ -62,6 +63,7 @@ class UpstreamConnection(ResponseHeadRewriter, asyncio.Protocol):
         self.reused = False
         self.idle_since = 0.0
         self.write_paused = False
+        self._reading_paused = False
         self._parser = httptools.HttpResponseParser(self)
         self.begin_response_head()
         self._out: list[bytes] = []
@@ -143,9 +145,10 @@ class UpstreamConnection(ResponseHeadRewriter, asyncio.Protocol):
     # -- httptools callbacks ---------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        # The head's state was made ready when the last head finished; a connection that
+        # stops before a head finishes is closed, never reused.
         if self._complete:  # bytes after a complete response: never reuse this connection
             self._keep_alive = False
-        self.begin_response_head()
 
     # on_header: ResponseHeadRewriter's
 
@@ -156,6 +159,7 @@ class UpstreamConnection(ResponseHeadRewriter, asyncio.Protocol):
         status = self._parser.get_status_code()
         if status < 200 and status != 101:
             self._interim = True  # e.g. 100 Continue; the final response follows
+            self.begin_response_head()
             if ex.chunked_ok:
                 self._out.append(status_line(status) + _CRLF)
             return
@@ -204,8 +208,15 @@ class UpstreamConnection(ResponseHeadRewriter, asyncio.Protocol):
         client = ex.client
         if client.write_paused:
             self.pause_reading()
-        ex.flush()
-        if client.blocked:  # the request may have been held while this connected
+        out = ex.out
+        if out:  # Exchange.flush, inlined for the usual case: the request head goes now
+            transport = self.transport
+            if transport is not None:
+                transport.writelines(out)
+                out.clear()
+            else:
+                ex.flush()
+        if client.read_blocks:  # the request may have been held while this connected
             client.unblock_reading(client.BLOCK_CONNECTING)
 
     def _detach(self) -> None:
@@ -215,7 +226,8 @@ class UpstreamConnection(ResponseHeadRewriter, asyncio.Protocol):
             self.pool.inflight -= 1
 
     def _finish(self, ex: Exchange) -> None:
-        self._detach()
+        self.exchange = None  # _detach, inlined: this runs once per proxied request
+        self.pool.inflight -= 1
         self._complete = False
         reusable = self._keep_alive and ex.request_done and not ex.upgrade
         if ex.head_request:
@@ -224,11 +236,16 @@ class UpstreamConnection(ResponseHeadRewriter, asyncio.Protocol):
             reusable = False
             ex.client.unblock_reading(ex.client.BLOCK_UPSTREAM_FULL)
         if reusable:
-            self.resume_reading()
+            if self._reading_paused:
+                self.resume_reading()
             self.pool.release(self)
         else:
             self.close()
-        ex.response_complete(keep_client=ex.request_done)
+        # Exchange.response_complete, inlined: this runs once per proxied request.
+        ex.upstream = None
+        if not ex.request_done:
+            ex.close_client = True
+        ex.client.exchange_done(ex)
 
     def _fail(self, ex: Exchange, why: str) -> None:
         self._detach()
@@ -243,10 +260,12 @@ class UpstreamConnection(ResponseHeadRewriter, asyncio.Protocol):
 
     def pause_reading(self) -> None:
         if self.transport is not None:
+            self._reading_paused = True
             self.transport.pause_reading()
 
     def resume_reading(self) -> None:
         if self.transport is not None:
+            self._reading_paused = False
             self.transport.resume_reading()
 
     def close(self) -> None:
@@ -276,6 +295,9 @@ class UpstreamPool:
         self.inflight = 0
         self._retired = False
         self._last_failure_log = 0.0
+        # A coarse clock, read when a connection goes idle and advanced by each sweep:
+        # idle ages are only ever compared with limits many sweeps long.
+        self._clock = time.monotonic()
 
     def acquire(self) -> UpstreamConnection | None:
         """An idle connection ready for a request, or None (then call `connect`)."""
@@ -292,7 +314,7 @@ class UpstreamPool:
         if self._retired or len(self._idle) >= self._max_idle:
             conn.close()
             return
-        conn.idle_since = time.monotonic()
+        conn.idle_since = self._clock
         self._idle.append(conn)
 
     def forget(self, conn: UpstreamConnection) -> None:
@@ -337,8 +359,11 @@ class UpstreamPool:
             log.warning("upstream %s %s", self.key, why)
 
     def sweep(self, idle_limit_s: float) -> None:
-        """Close connections idle for longer than `idle_limit_s`."""
-        cutoff = time.monotonic() - idle_limit_s
+        """Close connections idle for longer than `idle_limit_s` (as the sweep clock
+        tells it: a connection released between sweeps counts from the last one, so it
+        may go up to one sweep interval early)."""
+        self._clock = now = time.monotonic()
+        cutoff = now - idle_limit_s
         stale = [c for c in self._idle if c.idle_since < cutoff]
         for conn in stale:
             self._idle.remove(conn)

@@ -342,3 +342,57 @@ def test_a_pooled_connection_the_upstream_dropped_is_retried_on_a_fresh_one(rout
         stop.set()
         thread.join(timeout=5)
         listener.close()
+
+
+def test_an_interim_response_leaves_nothing_in_the_final_head_or_the_next_one(router) -> None:
+    """An upstream that sends 100 Continue (with a header of its own) before each final
+    answer, twice on one pooled connection: each client sees the interim line, then a
+    final head with only the final response's fields, and the second exchange carries
+    nothing over from the first."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[int] = []
+    stop = threading.Event()
+
+    def interim_then_final() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                accepted.append(1)
+                conn.settimeout(5)
+                for n in (1, 2):
+                    buffer = b""
+                    while b"\r\n\r\n" not in buffer:
+                        buffer += conn.recv(65536)
+                    conn.sendall(
+                        b"HTTP/1.1 100 Continue\r\nX-Interim: yes\r\n\r\n"
+                        b"HTTP/1.1 200 OK\r\nX-Final: %d\r\nContent-Length: 2\r\n\r\nok" % n
+                    )
+
+    thread = threading.Thread(target=interim_then_final)
+    thread.start()
+    try:
+        router.push(1, {"blog.test": serving(f"127.0.0.1:{listener.getsockname()[1]}")})
+        with socket.create_connection(("127.0.0.1", router.port), timeout=5) as sock:
+            for n in (1, 2):
+                sock.sendall(b"GET / HTTP/1.1\r\nHost: blog.test\r\n\r\n")
+                reply = b""
+                while not reply.endswith(b"ok"):
+                    chunk = sock.recv(65536)
+                    assert chunk, reply
+                    reply += chunk
+                interim, final = reply.split(b"\r\n\r\n", 1)
+                assert interim == b"HTTP/1.1 100 Continue"
+                final_head = final.split(b"\r\n\r\n")[0]
+                assert final_head.startswith(b"HTTP/1.1 200 OK\r\n")
+                assert b"X-Final: %d" % n in final_head
+                assert b"X-Interim" not in final_head
+                assert b"X-Final: %d" % (3 - n) not in final_head
+        assert len(accepted) == 1  # the second exchange reused the pooled connection
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        listener.close()
