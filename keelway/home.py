@@ -72,6 +72,11 @@ class Home:
         return self.root / "router" / "router.pid"
 
     @property
+    def router_settings(self) -> Path:
+        """What the running router was started with: its address, workers, trusted proxies."""
+        return self.root / "router" / "settings.json"
+
+    @property
     def router_log(self) -> Path:
         return self.root / "logs" / "router.log"
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from keelway.builds.manifest import Mode, load_manifest
 from keelway.reconcile.plan import leftovers
-from keelway.router.client import get_table_sync
+from keelway.router.client import get_table_sync, ping_sync
 from keelway.runtime import process
 from keelway.store import Store
 from keelway.store.lifecycle import GenState, RouteState
@@ -82,4 +83,45 @@ def violations(home: Path) -> list[str]:
                                  "its ACTIVE web generation")
     finally:
         store.close()
+    found += router_violations(home)
     return found
+
+
+def router_processes(home: Path) -> set[int]:
+    """Main router processes (not workers) whose control socket is this home's."""
+    control = str(home / "router" / "control.sock").encode()
+    found: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"keelway.router" in argv and control in argv:
+            stat = process.read_stat(int(entry.name))
+            if stat is not None and stat.state != "Z":
+                found.add(int(entry.name))
+    return found
+
+
+def router_violations(home: Path, drain_s: float = 15.0) -> list[str]:
+    """One router serves the home and its records name it. A router it replaced may
+    still be draining: it has `drain_s` to finish and exit."""
+    pidfile = home / "router" / "router.pid"
+    try:
+        pid, ticks = (int(x) for x in pidfile.read_text().split())
+    except (OSError, ValueError):
+        return ["no router pidfile"]
+    if not process.is_alive(pid, ticks):
+        return [f"the pidfile names router {pid}, which is not alive"]
+    try:
+        answering = ping_sync(home / "router" / "control.sock", timeout_s=5)
+    except Exception as exc:
+        return [f"the router did not answer a ping: {exc}"]
+    if answering != pid:
+        return [f"router {answering} answers, but the pidfile names {pid}"]
+    deadline = time.monotonic() + drain_s
+    while (others := router_processes(home) - {pid}) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [f"router {other} is still alive beside {pid}" for other in sorted(others)]

@@ -31,7 +31,7 @@ from keelway.clock import SystemClock
 from keelway.deploy.deployer import Deployer
 from keelway.deploy.errors import OperationError
 from keelway.deploy.publisher import Publisher
-from keelway.durable import sweep_temp, write_atomic
+from keelway.durable import sweep_temp
 from keelway.home import Home
 from keelway.router.client import RouterControlError, ping_sync
 from keelway.runtime.logs import rotate_if_large
@@ -86,14 +86,23 @@ async def _wait_router(home: Home, handle: router_process.RouterHandle) -> None:
 
 async def _ensure_router(home: Home, http_addr: str,
                          settings: RouterSettings) -> router_process.RouterHandle:
-    addr_file = home.router_dir / "addr"
+    """The router for this home, serving `http_addr` with `settings`: the running one,
+    adopted, if it matches; restarted without a gap if only its settings differ; else
+    (a new address, or none running) a new one on a socket bound here."""
+    clock = SystemClock()
     running = router_process.running_router(home)
     if running is not None:
-        served = addr_file.read_text().strip() if addr_file.exists() else ""
-        if served == http_addr:
-            log.info("adopted the running router (pid %s)", running.pid)
-            return running
-        await router_process.stop_router(home, running, SystemClock())
+        recorded = router_process.recorded_settings(home)
+        if recorded is not None and recorded[0] == http_addr:
+            if recorded[1] == settings:
+                log.info("adopted the running router (pid %s)", running.pid)
+                return running
+            log.info("restarting the router (pid %s) with new settings", running.pid)
+            try:
+                return await router_process.restart_router(home, running, clock, settings)
+            except router_process.RouterRestartFailed as exc:
+                raise StartupError(str(exc), EXIT_FAILED) from exc
+        await router_process.stop_router(home, running, clock)
     try:
         listener = router_process.bind_listener(http_addr)
     except router_process.RouterPortBusy as exc:
@@ -106,8 +115,8 @@ async def _ensure_router(home: Home, http_addr: str,
         handle = router_process.spawn_router(home, listener, settings)
     finally:
         listener.close()
-    write_atomic(addr_file, f"{http_addr}\n".encode())
     await _wait_router(home, handle)
+    router_process.record_settings(home, http_addr, settings)
     return handle
 
 

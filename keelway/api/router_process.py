@@ -6,6 +6,12 @@ router runs in its own session and is not our child in spirit: it survives a cra
 the control plane and keeps serving its last route table. Its pid and start time are
 kept in a pidfile so that the next control plane adopts it instead of fighting it for
 the port.
+
+Which router is *the* router is decided by the control socket: the process that
+answers there owns it (a successor renames its socket over its predecessor's only once
+it serves). The pidfile and the settings file are records of that process, written
+after it answers, so a control plane killed between starting a router and recording it
+finds it again by asking the socket, and never binds a second one.
 """
 
 from __future__ import annotations
@@ -17,12 +23,20 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+import msgspec
+
+from keelway import failpoints
 from keelway.clock import Clock
 from keelway.durable import write_atomic
 from keelway.home import Home
 from keelway.router.client import RouterControlError, ping_sync
 from keelway.router.server import bind_tcp
 from keelway.runtime import process
+
+failpoints.declare(
+    "router.spawn.before", "router.spawn.after", "router.recorded",
+    "router.restart.before", "router.restart.after", "router.restart.took_over",
+)
 
 
 class RouterPortBusy(Exception):
@@ -56,15 +70,37 @@ def bind_listener(addr: str) -> socket.socket:
 
 
 def running_router(home: Home) -> RouterHandle | None:
-    """The router a previous control plane started, if it is still alive."""
+    """The router serving this home, if any: the one answering on its control socket
+    (recorded again if the records name another, e.g. after a crash mid-restart), else
+    the one the pidfile names, if it is still alive."""
+    try:
+        answering = ping_sync(home.router_socket, timeout_s=1.0)
+    except RouterControlError:
+        answering = None
+    if answering is not None:
+        stat = process.read_stat(answering)
+        if stat is not None and stat.state != "Z":
+            handle = RouterHandle(answering, stat.start_ticks, adopted=True)
+            if _pidfile(home) != (handle.pid, handle.start_ticks):
+                _record_pid(home, handle)
+            return handle
+    recorded = _pidfile(home)
+    if recorded is not None and process.is_alive(*recorded):
+        return RouterHandle(*recorded, adopted=True)
+    return None
+
+
+def _pidfile(home: Home) -> tuple[int, int] | None:
     try:
         pid_s, ticks_s = home.router_pidfile.read_text().split()
-        pid, ticks = int(pid_s), int(ticks_s)
+        return int(pid_s), int(ticks_s)
     except (FileNotFoundError, ValueError):
         return None
-    if process.is_alive(pid, ticks):
-        return RouterHandle(pid, ticks, adopted=True)
-    return None
+
+
+def _record_pid(home: Home, handle: RouterHandle) -> None:
+    write_atomic(home.router_pidfile, f"{handle.pid} {handle.start_ticks}\n".encode())
+    failpoints.hit("router.recorded")
 
 
 def default_workers() -> int:
@@ -84,8 +120,34 @@ class RouterSettings:
                 *(f"--trusted-proxy={ip}" for ip in self.trusted_proxies)]
 
 
+class _SettingsRecord(msgspec.Struct, frozen=True):
+    addr: str
+    workers: int
+    trusted_proxies: list[str]
+
+
+def record_settings(home: Home, addr: str, settings: RouterSettings) -> None:
+    """Note what the running router serves and how, once it answers with them."""
+    record = _SettingsRecord(addr, settings.workers, list(settings.trusted_proxies))
+    write_atomic(home.router_settings, msgspec.json.encode(record))
+
+
+def recorded_settings(home: Home) -> tuple[str, RouterSettings | None] | None:
+    """The running router's address and settings as last recorded; None if unknown.
+    A home from before settings were recorded has only the address (`router/addr`)."""
+    try:
+        record = msgspec.json.decode(home.router_settings.read_bytes(), type=_SettingsRecord)
+    except (FileNotFoundError, msgspec.DecodeError, msgspec.ValidationError):
+        try:
+            return (home.router_dir / "addr").read_text().strip(), None
+        except FileNotFoundError:
+            return None
+    return record.addr, RouterSettings(record.workers, tuple(record.trusted_proxies))
+
+
 def spawn_router(home: Home, listener: socket.socket,
                  settings: RouterSettings) -> RouterHandle:
+    failpoints.hit("router.spawn.before")
     log_fd = os.open(home.router_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
     try:
         proc = subprocess.Popen(
@@ -97,9 +159,10 @@ def spawn_router(home: Home, listener: socket.socket,
         )
     finally:
         os.close(log_fd)
+    failpoints.hit("router.spawn.after")
     stat = process.read_stat(proc.pid)
     ticks = stat.start_ticks if stat else 0
-    write_atomic(home.router_pidfile, f"{proc.pid} {ticks}\n".encode())
+    _record_pid(home, RouterHandle(proc.pid, ticks, adopted=False))
     # The Popen object is dropped on purpose: the router outlives us. Python's
     # subprocess module would warn about an unreaped child; reap it in the background
     # if it exits while we run.
@@ -138,6 +201,7 @@ async def restart_router(home: Home, old: RouterHandle, clock: Clock,
     its control socket, takes over the control path, and retires it; the old one drains
     in-flight requests and exits. If the new one fails to start, the old keeps serving.
     """
+    failpoints.hit("router.restart.before")
     log_fd = os.open(home.router_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
     try:
         proc = subprocess.Popen(
@@ -149,6 +213,7 @@ async def restart_router(home: Home, old: RouterHandle, clock: Clock,
         )
     finally:
         os.close(log_fd)
+    failpoints.hit("router.restart.after")
     deadline = clock.monotonic() + 10
     while True:
         if proc.poll() is not None:
@@ -166,9 +231,13 @@ async def restart_router(home: Home, old: RouterHandle, clock: Clock,
             raise RouterRestartFailed("the new router did not take over in 10 s; the old "
                                       "one keeps serving")
         await clock.sleep(0.05)
+    failpoints.hit("router.restart.took_over")
     stat = process.read_stat(proc.pid)
     handle = RouterHandle(proc.pid, stat.start_ticks if stat else 0, adopted=False)
-    write_atomic(home.router_pidfile, f"{handle.pid} {handle.start_ticks}\n".encode())
+    _record_pid(home, handle)
+    recorded = recorded_settings(home)
+    if recorded is not None:
+        record_settings(home, recorded[0], settings)
     _keep_for_reaping.append(proc)
     # The old router drains and exits on its own; prove it, reaping it if it is ours.
     old_proc = next((p for p in _keep_for_reaping if p.pid == old.pid), None)

@@ -16,6 +16,7 @@ from typing import Any
 
 from keelway.runtime import process
 from keelway.store import Store
+from tests.invariants import router_processes
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "hello"
@@ -125,6 +126,17 @@ def kill_home_processes(home: Path) -> None:
     else:
         if process.is_alive(pid, ticks):
             process.signal_session(pid, ticks, signal.SIGKILL)
+    # A router whose record a crash test destroyed: its command line names this home's
+    # control socket and its environment this home.
+    for pid in router_processes(home):
+        try:
+            ours = f"KEELWAY_HOME={home}".encode() in Path(
+                f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        stat = process.read_stat(pid)
+        if ours and stat is not None:
+            process.signal_session(pid, stat.start_ticks, signal.SIGKILL)
     for pids in process.find_generation_processes(str(home)).values():
         for app_pid in pids:
             stat = process.read_stat(app_pid)

@@ -7,6 +7,7 @@ socket to a new router process. Every request must succeed.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -20,6 +21,7 @@ import pytest
 from keelway.runtime import process
 from tests.deploy.apps import hello
 from tests.e2e.harness import Keelway, wait_until
+from tests.invariants import router_violations
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed")]
@@ -123,3 +125,35 @@ def test_a_hold_mode_web_swap_under_load_holds_requests_and_fails_none(
     total, failed = _failures(output)
     assert total > 1000 and failed == 0, output
     assert kw.get("one.test")[1].startswith(b"again")
+
+
+def test_up_with_new_router_settings_restarts_the_running_router_without_a_gap(
+    kw: Keelway, tmp_path: Path
+) -> None:
+    """The control plane dies; the router it leaves serves on. `up` with other router
+    settings adopts it, sees the recorded settings differ, and restarts it gaplessly."""
+    _two_apps(kw, tmp_path)
+    kw.started_pids.extend(kw.app_pids())
+    before = int((kw.home / "router" / "router.pid").read_text().split()[0])
+    assert kw.daemon_pid is not None
+    os.kill(kw.daemon_pid, signal.SIGKILL)
+    dead = kw.daemon_pid
+    assert wait_until(lambda: process.read_stat(dead) is None
+                      or process.read_stat(dead).state == "Z")  # type: ignore[union-attr]
+    load = _start_wrk(kw, tmp_path, 5)
+    try:
+        time.sleep(1.0)
+        kw.up("--router-workers", "1", "--trusted-proxy", "10.0.0.1")
+        output, _ = load.communicate(timeout=30)
+    finally:
+        if load.poll() is None:
+            load.kill()
+            load.wait()
+    total, failed = _failures(output)
+    assert total > 1000 and failed == 0, output
+    after = int((kw.home / "router" / "router.pid").read_text().split()[0])
+    assert after != before
+    settings = json.loads((kw.home / "router" / "settings.json").read_text())
+    assert (settings["workers"], settings["trusted_proxies"]) == (1, ["10.0.0.1"])
+    assert router_violations(kw.home) == []
+    assert kw.get("one.test")[0] == 200 and kw.get("two.test")[0] == 200

@@ -95,6 +95,11 @@ SCENARIOS: dict[str, tuple[list[Step], Step]] = {
     "rollback": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test"),
                   lambda h: h.ok("deploy", "hello", str(h.app_b))],
                  lambda h: h.ok("rollback", "hello")),
+    # The control plane's side of a gapless router restart: a crash after the new router
+    # took over but before it was recorded must not leave the next boot binding a second
+    # router (the port is taken) or recording the old one.
+    "router-restart": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test")],
+                       lambda h: h.ok("router", "restart")),
 }
 
 
