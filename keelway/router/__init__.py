@@ -17,4 +17,58 @@ Modules, each importing only those listed below it:
 
 The router imports nothing from the control plane (store, deploy, api): traffic keeps
 flowing when the control plane is gone.
+
+The hot path (headers, exchange, upstream, downstream) is compiled to C by mypyc when
+the package is installed (setup.py), and the compiled modules are used when all of them
+are at least as new as their sources; otherwise, or with KEELWAY_PURE_PYTHON=1, all
+four load from source. Never a mix: compiled modules reach into each other's objects
+directly, so one compiled module beside a source one would misread it.
 """
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+HOT_PATH = ("headers", "exchange", "upstream", "downstream")
+_HERE = Path(__file__).resolve().parent
+_SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
+# A wheel install writes sources and libraries in no set order; an edit made after a
+# build is older than this only if it came within seconds of it.
+_STALE_AFTER_S = 2.0
+
+
+def _compiled_is_current(here: Path) -> bool:
+    """Whether every hot module has a compiled library no older than its source."""
+    if not (here / f"native__mypyc{_SUFFIX}").exists():
+        return False
+    for name in HOT_PATH:
+        library = here / f"{name}{_SUFFIX}"
+        if not library.exists():
+            return False
+        if (here / f"{name}.py").stat().st_mtime > library.stat().st_mtime + _STALE_AFTER_S:
+            return False
+    return True
+
+
+class _FromSource:
+    """A meta-path finder that loads the hot modules from their .py files."""
+
+    @staticmethod
+    def find_spec(
+        name: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        package, _, module = name.rpartition(".")
+        if package != __name__ or module not in HOT_PATH:
+            return None
+        return importlib.util.spec_from_file_location(name, _HERE / f"{module}.py")
+
+
+NATIVE = os.environ.get("KEELWAY_PURE_PYTHON") != "1" and _compiled_is_current(_HERE)
+if not NATIVE:
+    sys.meta_path.insert(0, _FromSource())

@@ -18,19 +18,13 @@ from keelway.router.headers import (
     ResponseHeadRewriter,
 )
 
-
-class RequestHead(RequestHeadRewriter):
-    def __init__(self) -> None:
-        self.begin_request_head()
-
-
-class ResponseHead(ResponseHeadRewriter):
-    def __init__(self) -> None:
-        self.begin_response_head()
+# The rewriters are used as they are, not subclassed: compiled (mypyc), they cannot be
+# subclassed by interpreted classes, and they need no more than a begin_* call.
 
 
 def rewrite_request(raw: bytes, client_ip: bytes = b"10.0.0.9") -> tuple[bytes, bytes, Framing]:
-    head = RequestHead()
+    head = RequestHeadRewriter()
+    head.begin_request_head()
     parser = httptools.HttpRequestParser(head)
     with contextlib.suppress(httptools.HttpParserUpgrade):
         parser.feed_data(raw)
@@ -43,7 +37,8 @@ def rewrite_request(raw: bytes, client_ip: bytes = b"10.0.0.9") -> tuple[bytes, 
 def rewrite_response(
     raw: bytes, head_request: bool = False, chunked_ok: bool = True, close: bool = False
 ) -> tuple[bytes, Framing, bool, bool]:
-    head = ResponseHead()
+    head = ResponseHeadRewriter()
+    head.begin_response_head()
     parser = httptools.HttpResponseParser(head)
     with contextlib.suppress(httptools.HttpParserUpgrade):
         parser.feed_data(raw)
