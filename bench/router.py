@@ -313,6 +313,11 @@ def report(
 ) -> None:
     loaded = {name: median_run(runs) for name, runs in loaded_runs.items()}
     light = {name: median_run(runs) for name, runs in light_runs.items()}
+    native = subprocess.run(
+        [sys.executable, "-c", "import keelway.router as r; print(r.NATIVE)"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout.strip() == "True"
+    print("keelway's hot path: " + ("compiled (mypyc)" if native else "pure Python"))
     print(
         f"wrk -c{args.connections} -d{args.duration}s, median of {args.rounds} interleaved "
         f"rounds ({args.workers} worker(s) per proxy on CPU {proxy_cpus(args.workers)}, "

@@ -33,6 +33,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
+import socket
 from typing import TYPE_CHECKING, Final, cast
 
 import httptools
@@ -432,6 +434,22 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
 
     def unhold(self, ex: Exchange) -> None:
         self._proxy.unhold(ex)
+
+    def peer_gone(self) -> bool:
+        """Whether the client closed or reset the connection while reading it is paused
+        (a held request), judged by peeking at the socket as nginx checks a client
+        waiting on its upstream. Bytes still unread (a body) hide a close behind them."""
+        sock = self.transport.get_extra_info("socket")
+        if sock is None or self._closed:
+            return False
+        try:
+            with socket.socket(fileno=os.dup(sock.fileno())) as probe:
+                data = probe.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False  # nothing to read: still there, waiting
+        except OSError:
+            return True  # reset
+        return data == b""
 
     def drain(self) -> None:
         """The router is stopping: close now if idle, else after the current answer."""

@@ -128,6 +128,8 @@ class Proxy:
                 ex.answer_instead(responses.unavailable(target.retry_after_s))
 
     def _sweep_held(self) -> None:
+        """Answer what waited too long; let go of what its client gave up on, so that a
+        client that left does not keep a place from one that waits."""
         self._hold_sweeper = None
         now = time.monotonic()
         for ex, (raw_host, deadline) in list(self._held.items()):
@@ -136,6 +138,9 @@ class Proxy:
                 target = self.routing.lookup(raw_host)
                 retry_s = target.retry_after_s if target is not None else 5
                 ex.answer_instead(responses.unavailable(retry_s))
+            elif ex.client.peer_gone():
+                del self._held[ex]
+                ex.client.close()
         if self._held:
             self._hold_sweeper = asyncio.get_running_loop().call_later(
                 HOLD_SWEEP_S, self._sweep_held)

@@ -53,8 +53,17 @@ class Home:
     def up(self, **extra: str) -> int:
         done = self.cli("up", "-d", "--http", f"127.0.0.1:{self.port}", "--json",
                         env=self.env(**extra))
-        assert done.returncode == 0, done.stderr
+        assert done.returncode == 0, f"{done.stdout}{done.stderr}\n{self.logs()}"
         return int(json.loads(done.stdout)["pid"])
+
+    def logs(self) -> str:
+        """The ends of the daemon's and the router's logs, for a failure message."""
+        tails = []
+        for name in ("keelway.log", "router.log"):
+            with contextlib.suppress(OSError):
+                text = (self.root / "logs" / name).read_text(errors="replace")
+                tails.append(f"--- {name}\n" + "\n".join(text.splitlines()[-30:]))
+        return "\n".join(tails)
 
     def ok(self, *args: str) -> None:
         done = self.cli(*args)

@@ -140,8 +140,8 @@ def test_a_held_request_gets_the_answer_of_the_route_that_replaces_the_hold(
 def test_a_client_that_gives_up_while_held_frees_its_place_by_the_hold_timeout(
     held_router: InProcessRouter, upstream: Upstream
 ) -> None:
-    # Its body is not being read (bounded memory), so its going away is not seen at once;
-    # the hold timeout bounds how long its place stays taken.
+    # Its going away is seen at the next sweep (a peek at its socket) when nothing of it
+    # is unread; the hold timeout bounds how long its place stays taken in any case.
     for _ in range(3):  # more than max_held, one after the other
         with socket.create_connection(("127.0.0.1", held_router.port), timeout=5) as sock:
             sock.sendall(GET)
@@ -154,3 +154,22 @@ def test_a_client_that_gives_up_while_held_frees_its_place_by_the_hold_timeout(
                                              upstream=upstream.address)})
     client.join(5)
     assert replies[0].startswith(b"HTTP/1.1 200")
+
+
+def test_a_client_that_closes_while_held_frees_its_place_at_the_next_sweep(
+    held_router: InProcessRouter, upstream: Upstream
+) -> None:
+    """Two clients take both places and hang up; well before the hold timeout, a third
+    still finds a place (the router peeks at each held client's socket as it sweeps)."""
+    for _ in range(HOLD.max_held):
+        with socket.create_connection(("127.0.0.1", held_router.port), timeout=5) as sock:
+            sock.sendall(GET)
+            time.sleep(0.05)
+    time.sleep(0.35)  # more than a sweep (0.25 s), less than the hold timeout (0.6 s)
+    replies: list[bytes] = []
+    client = send(held_router.port, GET, replies)
+    time.sleep(0.05)
+    swap(held_router, 2, {"blog.test": Route(state=RouteState.SERVING,
+                                             upstream=upstream.address)})
+    client.join(5)
+    assert replies[0].startswith(b"HTTP/1.1 200"), replies

@@ -1,0 +1,147 @@
+"""The ground every instance operation stands on: locks, journaling, reconciliation,
+and bringing ACTIVE generations back.
+
+Owns the per-instance locks (every mutation of an instance holds its lock) and the
+journal's edges: an operation is live, so the reconciler leaves it alone, exactly while
+this control plane runs it, and its outcome is written once, after its work. Layers:
+`DeployerCore` here, `Recovery` (crashes, boot, periodic passes) on it, and `Deployer`
+(the operations users ask for) on that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from keelway import failpoints
+from keelway.clock import Clock
+from keelway.deploy import targets
+from keelway.deploy.attempt import Outcome, Result
+from keelway.deploy.errors import OperationError
+from keelway.deploy.instances import StartFailed, start_generation
+from keelway.deploy.publisher import Publisher
+from keelway.home import Home
+from keelway.reconcile.apply import FailedClosed, Reconciler
+from keelway.reconcile.plan import Mode as Pass
+from keelway.runtime.backoff import Backoff
+from keelway.runtime.supervisor import Supervisor
+from keelway.store import Store
+from keelway.store.lifecycle import GenState, InstanceState, OpState, RouteState
+from keelway.store.records import Generation, Instance, Operation
+
+log = logging.getLogger("keelway.deployer")
+
+failpoints.declare("finish.before")
+
+
+class DeployerCore:
+    """Locks, the journal's edges, reconciliation under a lock, and respawning ACTIVE."""
+
+    def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
+                 clock: Clock, owner: str) -> None:
+        self.store = store
+        self.home = home
+        self.supervisor = supervisor
+        self.publisher = publisher
+        self.clock = clock
+        self.owner = owner
+        self.reconciler = Reconciler(store, supervisor, home, self._restart_active_locked)
+        self.live_ops: set[int] = set()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._app_locks: dict[str, asyncio.Lock] = {}
+        self._backoff: dict[tuple[str, str], Backoff] = {}
+        self._restarts: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self.closing = False
+
+    def lock(self, host: str) -> asyncio.Lock:
+        return self._locks.setdefault(host, asyncio.Lock())
+
+    def _finish(self, op: Operation, result: Result) -> None:
+        failpoints.hit("finish.before")
+        latest = self.store.get_operation(op.id) or op
+        if not latest.terminal:
+            if result.outcome is Outcome.DONE:
+                self.store.finish_operation(latest, OpState.SUCCEEDED)
+            else:
+                self.store.finish_operation(latest, OpState.FAILED, error=result.reason)
+        message = f"{op.kind} {'succeeded' if result.outcome is Outcome.DONE else 'failed'}"
+        if result.reason:
+            message += f": {result.reason}"
+        self.store.add_event("op", message, app=op.app, instance=op.instance)
+
+    async def _reconcile_locked(self, host: str, mode: Pass) -> None:
+        try:
+            outcome = await self.reconciler.reconcile(host, mode, self.live_ops)
+        except FailedClosed as exc:
+            raise OperationError(
+                f"{host} is failed closed: {exc.leftover}",
+                hint="the process must go before anything else runs here: stop it, then "
+                     "`keelway reconcile`; `keelway status` shows it") from exc
+        if outcome.republish and mode is not Pass.MUTATION:
+            await self.publisher.publish()
+
+    async def _journaled(self, app: str, host: str, kind: str,
+                         work: Callable[[Operation], Awaitable[None]]) -> Result:
+        """Run `work` as one journaled operation owned by this control plane: the
+        operation is live (the reconciler leaves it to us) until its outcome is written.
+        A crash inside `work` leaves it unfinished, for the reconciler to converge."""
+        op = self.store.begin_operation(app, host, kind, self.owner)
+        self.live_ops.add(op.id)
+        try:
+            await work(op)
+            result = Result(Outcome.DONE)
+        except StartFailed as exc:
+            result = Result(Outcome.FAILED, str(exc))
+        except OperationError as exc:
+            result = Result(Outcome.FAILED, exc.message)
+        finally:
+            self.live_ops.discard(op.id)
+        self._finish(op, result)
+        return result
+
+    async def _respawn_active(self, op: Operation, inst: Instance) -> None:
+        """Bring every ACTIVE service back (the verified start path), keeping live ones,
+        then publish the route of the ACTIVE web."""
+        fresh: dict[str, Generation] = {}
+        for active in self.store.list_active(inst.host):
+            gen = self.store.get_generation(active.generation_id)
+            if gen is None:
+                continue
+            if gen.state is not GenState.GONE and (
+                    self.supervisor.is_watched(gen.id) or self.supervisor.adopt(gen)):
+                continue
+            if gen.state is not GenState.GONE:
+                self.store.record_gone(gen.id, None)
+            target = targets.target_of(self.store, gen)
+            spec = target.manifest.services.get(gen.service) if target else None
+            if target is None or spec is None:
+                continue
+            fresh[gen.service] = await start_generation(
+                store=self.store, home=self.home, supervisor=self.supervisor, op_id=op.id,
+                instance=inst.host, target=target, spec=spec, before_gen=gen.id)
+            self._backoff.setdefault((inst.host, gen.service), Backoff()).started(
+                self.clock.monotonic())
+        with self.store.tx():
+            for service, gen in fresh.items():
+                self.store.set_active(inst.host, service, gen.id)
+            web_active = self.store.get_active(inst.host, "web")
+            web = self.store.get_generation(web_active.generation_id) if web_active else None
+            if web is not None and web.state is not GenState.GONE:
+                self.store.set_route(inst.host, inst.host, RouteState.SERVING, web.port, web.id)
+        await self.publisher.publish()
+
+    async def _restart_active_locked(self, host: str) -> None:
+        """The reconciler's RESTART_ACTIVE, run under the instance lock it already holds."""
+        inst = self.store.get_instance(host)
+        if inst is None or inst.state is not InstanceState.RUNNING:
+            return
+        if any(h == host and not t.done() for (h, _s), t in self._restarts.items()):
+            return  # a crash restart is already waiting out its backoff
+        await self._journaled(inst.app, host, "recover",
+                              lambda op: self._respawn_active(op, inst))
+
+    def _grace(self, gen: Generation) -> float:
+        target = targets.target_of(self.store, gen)
+        spec = target.manifest.services.get(gen.service) if target else None
+        return spec.stop_grace_s if spec else 10.0

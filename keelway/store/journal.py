@@ -1,0 +1,223 @@
+"""The store's journal: operations and their steps, idempotency keys, events."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+from keelway.store.base import Conflict, NotFound, StoreBase
+from keelway.store.lifecycle import OpState, RequestState, StepState, check
+from keelway.store.records import Event, Operation, Request, Step
+
+
+class Journal(StoreBase):
+    """Operations, steps, idempotency keys and events."""
+
+    # -- operations and steps --------------------------------------------------------
+
+    def begin_operation(
+        self,
+        app: str,
+        instance: str,
+        kind: str,
+        owner: str,
+        key: str | None = None,
+        request_digest: str | None = None,
+        schedule_rev: int = 0,
+    ) -> Operation:
+        with self.tx() as c:
+            cur = c.execute(
+                "INSERT INTO operations(app, instance, kind, key, request_digest, state, owner,"
+                " created_at, schedule_rev) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (app, instance, kind, key, request_digest, OpState.RUNNING.value, owner,
+                 self.clock.now(), schedule_rev),
+            )
+            op_id = int(cur.lastrowid or 0)
+        op = self.get_operation(op_id)
+        assert op is not None
+        return op
+
+    def get_operation(self, op_id: int) -> Operation | None:
+        row = self._one("SELECT * FROM operations WHERE id=?", op_id)
+        return self._operation(row) if row else None
+
+    def find_operation_by_key(self, instance: str, key: str) -> Operation | None:
+        row = self._one("SELECT * FROM operations WHERE instance=? AND key=?", instance, key)
+        return self._operation(row) if row else None
+
+    def latest_operation(self, instance: str) -> Operation | None:
+        row = self._one(
+            "SELECT * FROM operations WHERE instance=? ORDER BY id DESC LIMIT 1", instance
+        )
+        return self._operation(row) if row else None
+
+    def list_operations(
+        self, app: str, instance: str | None = None, limit: int = 50
+    ) -> list[Operation]:
+        if instance is None:
+            rows = self._all(
+                "SELECT * FROM operations WHERE app=? ORDER BY id DESC LIMIT ?", app, limit
+            )
+        else:
+            rows = self._all(
+                "SELECT * FROM operations WHERE app=? AND instance=? ORDER BY id DESC LIMIT ?",
+                app, instance, limit,
+            )
+        return [self._operation(r) for r in rows]
+
+    def finish_operation(
+        self, op: Operation, state: OpState, error: str | None = None,
+        warnings: list[str] | None = None,
+    ) -> Operation:
+        check(op.state, state)
+        with self.tx() as c:
+            cur = c.execute(
+                "UPDATE operations SET state=?, error=?, warnings=?, finished_at=?,"
+                " version=version+1 WHERE id=? AND version=?",
+                (state.value, error, json.dumps(warnings if warnings is not None else op.warnings),
+                 self.clock.now(), op.id, op.version),
+            )
+            if cur.rowcount != 1:
+                raise Conflict(f"operation {op.id} changed under us")
+        new = self.get_operation(op.id)
+        assert new is not None
+        return new
+
+    def begin_step(
+        self, op_id: int, name: str, *, service: str | None = None,
+        before_gen: int | None = None, after_gen: int | None = None, detail: str | None = None,
+    ) -> int:
+        with self.tx() as c:
+            row = self._one("SELECT MAX(seq) AS s FROM steps WHERE op_id=?", op_id)
+            seq = int(row["s"] or 0) + 1 if row else 1
+            c.execute(
+                "INSERT INTO steps(op_id, seq, name, service, before_gen, after_gen, state,"
+                " detail, started_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (op_id, seq, name, service, before_gen, after_gen, StepState.PENDING.value,
+                 detail, self.clock.now()),
+            )
+        return seq
+
+    def finish_step(
+        self, op_id: int, seq: int, state: StepState, *, error: str | None = None,
+        detail: str | None = None, after_gen: int | None = None,
+    ) -> None:
+        with self.tx() as c:
+            row = self._one("SELECT state FROM steps WHERE op_id=? AND seq=?", op_id, seq)
+            if row is None:
+                raise NotFound(f"step {seq} of op {op_id}")
+            check(StepState(row["state"]), state)
+            c.execute(
+                "UPDATE steps SET state=?, error=COALESCE(?, error), detail=COALESCE(?, detail),"
+                " after_gen=COALESCE(?, after_gen), finished_at=? WHERE op_id=? AND seq=?",
+                (state.value, error, detail, after_gen, self.clock.now(), op_id, seq),
+            )
+
+    def converge_step(self, op_id: int, seq: int, detail: str,
+                      fail_with: str | None = None) -> None:
+        """Mark a step's candidate dealt with; `fail_with` also marks the step failed."""
+        with self.tx() as c:
+            if fail_with is not None:
+                row = self._one("SELECT state FROM steps WHERE op_id=? AND seq=?", op_id, seq)
+                if row is None:
+                    raise NotFound(f"step {seq} of op {op_id}")
+                old = StepState(row["state"])
+                if old is not StepState.FAILED:
+                    check(old, StepState.FAILED)
+                c.execute("UPDATE steps SET state=?, error=?, finished_at=COALESCE(finished_at, ?)"
+                          " WHERE op_id=? AND seq=?",
+                          (StepState.FAILED.value, fail_with, self.clock.now(), op_id, seq))
+            c.execute("UPDATE steps SET converged=1, detail=? WHERE op_id=? AND seq=?",
+                      (detail, op_id, seq))
+
+    def add_warnings(self, op: Operation, warnings: list[str]) -> Operation:
+        with self.tx() as c:
+            fresh = self.get_operation(op.id)
+            if fresh is None:
+                raise NotFound(f"operation {op.id}")
+            merged = fresh.warnings + [w for w in warnings if w not in fresh.warnings]
+            c.execute("UPDATE operations SET warnings=?, version=version+1 WHERE id=?",
+                      (json.dumps(merged), op.id))
+        new = self.get_operation(op.id)
+        assert new is not None
+        return new
+
+    def steps(self, op_id: int) -> list[Step]:
+        rows = self._all("SELECT * FROM steps WHERE op_id=? ORDER BY seq", op_id)
+        return [_step(r) for r in rows]
+
+    def _operation(self, row: sqlite3.Row) -> Operation:
+        return Operation(
+            id=row["id"], app=row["app"], instance=row["instance"], kind=row["kind"],
+            key=row["key"], request_digest=row["request_digest"], state=OpState(row["state"]),
+            error=row["error"], warnings=json.loads(row["warnings"]), owner=row["owner"],
+            created_at=row["created_at"], finished_at=row["finished_at"],
+            version=row["version"], steps=self.steps(row["id"]),
+            schedule_rev=row["schedule_rev"],
+        )
+
+    # -- idempotency keys --------------------------------------------------------------
+
+    def begin_request(self, key: str, app: str, kind: str, digest: str,
+                      owner: str) -> tuple[Request, bool]:
+        """Claim `key` for a request; (the existing request, False) if it was claimed."""
+        with self.tx() as c:
+            existing = self.get_request(key)
+            if existing is not None:
+                return existing, False
+            c.execute(
+                "INSERT INTO requests(key, app, kind, digest, state, owner, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (key, app, kind, digest, RequestState.RUNNING.value, owner, self.clock.now()),
+            )
+        request = self.get_request(key)
+        assert request is not None
+        return request, True
+
+    def finish_request(self, key: str, state: RequestState, result: str) -> None:
+        with self.tx() as c:
+            c.execute(
+                "UPDATE requests SET state=?, result=?, finished_at=? WHERE key=? AND state=?",
+                (state.value, result, self.clock.now(), key, RequestState.RUNNING.value),
+            )
+
+    def get_request(self, key: str) -> Request | None:
+        row = self._one("SELECT * FROM requests WHERE key=?", key)
+        if row is None:
+            return None
+        return Request(row["key"], row["app"], row["kind"], row["digest"],
+                       RequestState(row["state"]), row["result"], row["owner"],
+                       row["created_at"], row["finished_at"])
+
+    def running_requests(self) -> list[Request]:
+        rows = self._all("SELECT key FROM requests WHERE state='running'")
+        return [r for r in (self.get_request(row[0]) for row in rows) if r is not None]
+
+    # -- events ----------------------------------------------------------------------
+
+    def add_event(self, kind: str, message: str, *, app: str | None = None,
+                  instance: str | None = None) -> None:
+        with self.tx() as c:
+            c.execute(
+                "INSERT INTO events(at, app, instance, kind, message) VALUES (?, ?, ?, ?, ?)",
+                (self.clock.now(), app, instance, kind, message),
+            )
+
+    def list_events(self, app: str | None = None, limit: int = 100) -> list[Event]:
+        if app is None:
+            rows = self._all("SELECT * FROM events ORDER BY id DESC LIMIT ?", limit)
+        else:
+            rows = self._all(
+                "SELECT * FROM events WHERE app=? ORDER BY id DESC LIMIT ?", app, limit
+            )
+        return [_event(r) for r in reversed(rows)]
+
+
+def _step(r: sqlite3.Row) -> Step:
+    return Step(r["op_id"], r["seq"], r["name"], r["service"], r["before_gen"], r["after_gen"],
+                StepState(r["state"]), r["error"], r["detail"], r["started_at"],
+                r["finished_at"], bool(r["converged"]))
+
+
+def _event(r: sqlite3.Row) -> Event:
+    return Event(r["id"], r["at"], r["app"], r["instance"], r["kind"], r["message"])

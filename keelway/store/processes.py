@@ -1,0 +1,195 @@
+"""The store's view of what runs: generations and their port claims, ACTIVE,
+inhibitions, and routes."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from keelway.store.base import Conflict, NotFound, StoreBase
+from keelway.store.lifecycle import GenState, RouteState, check
+from keelway.store.records import Active, Generation, Route
+
+
+class Processes(StoreBase):
+    """Generations, port claims, ACTIVE, inhibitions and routes."""
+
+    # -- generations, ports, ACTIVE ----------------------------------------------------
+
+    def plan_generation(
+        self, *, app: str, instance: str, service: str, release: int, build_digest: str,
+        op_id: int | None, port: int | None,
+    ) -> Generation:
+        """Journal a generation before its spawn, with its port claim in the same write.
+
+        Crash after this commit, before the spawn: the reconciler finds a PLANNED row with
+        no pid, so there is no process to look for; it marks it gone and frees the claim.
+        """
+        with self.tx() as c:
+            cur = c.execute(
+                "INSERT INTO generations(app, instance, service, release, build_digest, op_id,"
+                " state, port, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (app, instance, service, release, build_digest, op_id, GenState.PLANNED.value,
+                 port, self.clock.now()),
+            )
+            gen_id = int(cur.lastrowid or 0)
+            if port is not None:
+                try:
+                    c.execute(
+                        "INSERT INTO port_claims(port, generation_id, claimed_at) VALUES (?, ?, ?)",
+                        (port, gen_id, self.clock.now()),
+                    )
+                except sqlite3.IntegrityError as exc:
+                    raise Conflict(f"port {port} is already claimed") from exc
+        gen = self.get_generation(gen_id)
+        assert gen is not None
+        return gen
+
+    def record_spawn(self, gen_id: int, pid: int, start_ticks: int) -> Generation:
+        with self.tx() as c:
+            gen = self._gen_for_update(gen_id)
+            check(gen.state, GenState.RUNNING)
+            c.execute(
+                "UPDATE generations SET state=?, pid=?, start_ticks=?, version=version+1"
+                " WHERE id=?",
+                (GenState.RUNNING.value, pid, start_ticks, gen_id),
+            )
+        return self._gen_for_update(gen_id)
+
+    def set_generation_state(self, gen_id: int, state: GenState) -> Generation:
+        with self.tx() as c:
+            gen = self._gen_for_update(gen_id)
+            check(gen.state, state)
+            c.execute(
+                "UPDATE generations SET state=?, version=version+1 WHERE id=?",
+                (state.value, gen_id),
+            )
+        return self._gen_for_update(gen_id)
+
+    def record_gone(self, gen_id: int, exit_code: int | None) -> Generation:
+        """Record a generation proven dead, and free its port claim in the same write."""
+        with self.tx() as c:
+            gen = self._gen_for_update(gen_id)
+            if gen.state is not GenState.GONE:
+                check(gen.state, GenState.GONE)
+                c.execute(
+                    "UPDATE generations SET state=?, exit_code=?, exited_at=?,"
+                    " version=version+1 WHERE id=?",
+                    (GenState.GONE.value, exit_code, self.clock.now(), gen_id),
+                )
+            c.execute("DELETE FROM port_claims WHERE generation_id=?", (gen_id,))
+            c.execute("DELETE FROM inhibitions WHERE generation_id=?", (gen_id,))
+        return self._gen_for_update(gen_id)
+
+    def get_generation(self, gen_id: int) -> Generation | None:
+        row = self._one("SELECT * FROM generations WHERE id=?", gen_id)
+        return _generation(row) if row else None
+
+    def _gen_for_update(self, gen_id: int) -> Generation:
+        gen = self.get_generation(gen_id)
+        if gen is None:
+            raise NotFound(f"generation {gen_id}")
+        return gen
+
+    def live_generations(self, instance: str | None = None) -> list[Generation]:
+        """Every generation not proven gone: the records that may name a live process."""
+        if instance is None:
+            rows = self._all("SELECT * FROM generations WHERE state != 'gone' ORDER BY id")
+        else:
+            rows = self._all(
+                "SELECT * FROM generations WHERE state != 'gone' AND instance=? ORDER BY id",
+                instance,
+            )
+        return [_generation(r) for r in rows]
+
+    def recent_generations(self, instance: str, limit: int = 20) -> list[Generation]:
+        rows = self._all(
+            "SELECT * FROM generations WHERE instance=? ORDER BY id DESC LIMIT ?", instance, limit
+        )
+        return [_generation(r) for r in rows]
+
+    def claimed_ports(self) -> set[int]:
+        return {int(r[0]) for r in self._all("SELECT port FROM port_claims")}
+
+    def get_active(self, instance: str, service: str) -> Active | None:
+        row = self._one("SELECT * FROM active WHERE instance=? AND service=?", instance, service)
+        return _active(row) if row else None
+
+    def list_active(self, instance: str | None = None) -> list[Active]:
+        if instance is None:
+            rows = self._all("SELECT * FROM active ORDER BY instance, service")
+        else:
+            rows = self._all("SELECT * FROM active WHERE instance=? ORDER BY service", instance)
+        return [_active(r) for r in rows]
+
+    def set_active(self, instance: str, service: str, generation_id: int) -> Active:
+        with self.tx() as c:
+            c.execute(
+                "INSERT INTO active(instance, service, generation_id) VALUES (?, ?, ?)"
+                " ON CONFLICT(instance, service) DO UPDATE SET"
+                " generation_id=excluded.generation_id, version=active.version+1",
+                (instance, service, generation_id),
+            )
+        active = self.get_active(instance, service)
+        assert active is not None
+        return active
+
+    def add_inhibition(self, generation_id: int, reason: str, op_id: int | None) -> None:
+        with self.tx() as c:
+            c.execute(
+                "INSERT INTO inhibitions(generation_id, reason, op_id, created_at)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (generation_id, reason, op_id, self.clock.now()),
+            )
+
+    def remove_inhibition(self, generation_id: int, reason: str) -> None:
+        with self.tx() as c:
+            c.execute("DELETE FROM inhibitions WHERE generation_id=? AND reason=?",
+                      (generation_id, reason))
+
+    def inhibitions(self, generation_id: int) -> list[str]:
+        rows = self._all("SELECT reason FROM inhibitions WHERE generation_id=?", generation_id)
+        return [r[0] for r in rows]
+
+    # -- routes ----------------------------------------------------------------------
+
+    def set_route(
+        self, host: str, instance: str, state: RouteState, port: int | None,
+        generation_id: int | None,
+    ) -> Route:
+        with self.tx() as c:
+            c.execute(
+                "INSERT INTO routes(host, instance, state, port, generation_id)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT(host) DO UPDATE SET"
+                " instance=excluded.instance, state=excluded.state, port=excluded.port,"
+                " generation_id=excluded.generation_id, version=routes.version+1",
+                (host, instance, state.value, port, generation_id),
+            )
+        route = self.get_route(host)
+        assert route is not None
+        return route
+
+    def get_route(self, host: str) -> Route | None:
+        row = self._one("SELECT * FROM routes WHERE host=?", host)
+        return _route(row) if row else None
+
+    def list_routes(self) -> list[Route]:
+        return [_route(r) for r in self._all("SELECT * FROM routes ORDER BY host")]
+
+
+def _generation(r: sqlite3.Row) -> Generation:
+    return Generation(
+        id=r["id"], app=r["app"], instance=r["instance"], service=r["service"],
+        release=r["release"], build_digest=r["build_digest"], op_id=r["op_id"],
+        state=GenState(r["state"]), pid=r["pid"], start_ticks=r["start_ticks"], port=r["port"],
+        created_at=r["created_at"], exited_at=r["exited_at"], exit_code=r["exit_code"],
+        version=r["version"],
+    )
+
+
+def _active(r: sqlite3.Row) -> Active:
+    return Active(r["instance"], r["service"], r["generation_id"], r["version"])
+
+
+def _route(r: sqlite3.Row) -> Route:
+    return Route(r["host"], r["instance"], RouteState(r["state"]), r["port"],
+                 r["generation_id"], r["version"])
