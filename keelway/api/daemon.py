@@ -99,7 +99,8 @@ async def _ensure_router(home: Home, http_addr: str,
                 return running
             log.info("restarting the router (pid %s) with new settings", running.pid)
             try:
-                return await router_process.restart_router(home, running, clock, settings)
+                return await router_process.restart_router(home, running, clock, settings,
+                                                          http_addr)
             except router_process.RouterRestartFailed as exc:
                 raise StartupError(str(exc), EXIT_FAILED) from exc
         await router_process.stop_router(home, running, clock)
@@ -184,7 +185,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     async def restart_router() -> dict[str, int]:
         nonlocal router
         old = router
-        router = await router_process.restart_router(home, old, clock, settings)
+        router = await router_process.restart_router(home, old, clock, settings, http_addr)
         await deployer.publisher.publish()  # whatever the old one took last, pushed again
         return {"old_pid": old.pid, "new_pid": router.pid}
 

@@ -196,10 +196,11 @@ class RouterRestartFailed(Exception):
 
 
 async def restart_router(home: Home, old: RouterHandle, clock: Clock,
-                         settings: RouterSettings) -> RouterHandle:
+                         settings: RouterSettings, addr: str) -> RouterHandle:
     """A gapless restart: a new router takes the listening socket from the old one over
     its control socket, takes over the control path, and retires it; the old one drains
     in-flight requests and exits. If the new one fails to start, the old keeps serving.
+    The new one is recorded (pidfile, then `addr` and `settings`) once it answers.
     """
     failpoints.hit("router.restart.before")
     log_fd = os.open(home.router_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
@@ -235,9 +236,7 @@ async def restart_router(home: Home, old: RouterHandle, clock: Clock,
     stat = process.read_stat(proc.pid)
     handle = RouterHandle(proc.pid, stat.start_ticks if stat else 0, adopted=False)
     _record_pid(home, handle)
-    recorded = recorded_settings(home)
-    if recorded is not None:
-        record_settings(home, recorded[0], settings)
+    record_settings(home, addr, settings)
     _keep_for_reaping.append(proc)
     # The old router drains and exits on its own; prove it, reaping it if it is ours.
     old_proc = next((p for p in _keep_for_reaping if p.pid == old.pid), None)

@@ -4,7 +4,8 @@ Each scenario runs once with a trace to learn every failpoint hit its operation 
 (`name@N`: the N-th hit of `name` since the daemon started). Then, for each of those
 points: a fresh home, the daemon armed to die there, the same scenario until it dies,
 a clean restart (boot reconciliation), and SPEC §5 checked; a second reconcile must
-then find nothing to do.
+then find nothing to do. Recovery itself is crashed too: the boot after a crash is
+killed at each failpoint it passes, and the boot after that must converge.
 """
 
 from __future__ import annotations
@@ -140,40 +141,56 @@ def _trace(name: str) -> list[str]:
     return points
 
 
-def _crash_at(name: str, point: str) -> list[str]:
+def _dies(pid: int, timeout_s: float = 30) -> bool:
+    """Whether the daemon `pid` is gone (or a zombie) within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        stat = process.read_stat(pid)
+        if stat is None or stat.state == "Z":
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _crash_in_operation(home: Home, name: str, point: str) -> bool:
+    """Run scenario `name` on `home` with the daemon armed to die at `point`; whether
+    it died there."""
     baseline, operation = SCENARIOS[name]
+    pid = home.up(KEELWAY_FAILPOINTS=point)
+    for step in baseline:
+        step(home)
+    with contextlib.suppress(AssertionError):
+        operation(home)  # the CLI sees the control plane die under it
+    return _dies(pid)
+
+
+def _recovered(home: Home, label: str) -> list[str]:
+    """A clean boot, then SPEC §5, a second reconcile with nothing to do, and every
+    running instance answering."""
+    home.up()
+    problems = [f"{label}: {v}" for v in violations(home.root)]
+    again = home.cli("reconcile", "--dry-run", "--json")
+    report = json.loads(again.stdout)
+    for item in report["instances"]:
+        if item["actions"] or item["error"]:
+            problems.append(f"{label}: a second reconcile would still do "
+                            f"{item['actions']} {item['error'] or ''}")
+    status = json.loads(home.cli("status", "--json").stdout)
+    for app in status["apps"]:
+        for inst in app["instances"]:
+            if inst["state"] == "running":
+                code = _get(home.port, inst["host"])
+                if code != 200:
+                    problems.append(f"{label}: {inst['host']} answers {code} after recovery")
+    return problems
+
+
+def _crash_at(name: str, point: str) -> list[str]:
     home = _fresh()
     try:
-        pid = home.up(KEELWAY_FAILPOINTS=point)
-        for step in baseline:
-            step(home)
-        with contextlib.suppress(AssertionError):
-            operation(home)  # the CLI sees the control plane die under it
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            stat = process.read_stat(pid)
-            if stat is None or stat.state == "Z":
-                break
-            time.sleep(0.05)
-        else:
+        if not _crash_in_operation(home, name, point):
             return [f"{name} {point}: the failpoint was never hit"]
-        home.up()
-        problems = [f"{name} {point}: {v}" for v in violations(home.root)]
-        again = home.cli("reconcile", "--dry-run", "--json")
-        report = json.loads(again.stdout)
-        for item in report["instances"]:
-            if item["actions"] or item["error"]:
-                problems.append(f"{name} {point}: a second reconcile would still do "
-                                f"{item['actions']} {item['error'] or ''}")
-        status = json.loads(home.cli("status", "--json").stdout)
-        for app in status["apps"]:
-            for inst in app["instances"]:
-                if inst["state"] == "running":
-                    code = _get(home.port, inst["host"])
-                    if code != 200:
-                        problems.append(f"{name} {point}: {inst['host']} answers {code} "
-                                        "after recovery")
-        return problems
+        return _recovered(home, f"{name} {point}")
     finally:
         _cleanup(home)
 
@@ -201,4 +218,57 @@ def test_a_crash_at_any_failpoint_converges_and_keeps_every_invariant(scenario: 
     names = sorted({p.split("@")[0] for p in points})
     print(f"\n{scenario}: covered {len(points)} failpoint hits "
           f"({len(names)} failpoints: {', '.join(names)})")
+    assert problems == [], "\n".join(problems)
+
+
+# A crash while recovering from a crash. The first crash leaves a deploy's candidate web
+# up but not yet ACTIVE, so the boot after it has real work: remove the candidate,
+# finish the operation, restart and republish. That boot is then killed at each
+# failpoint it passes, and the boot after that must still converge.
+RECOVERY_SCENARIO = "deploy"
+FIRST_CRASH = "ready.after"
+
+
+def _boot_points(first: str) -> list[str]:
+    """Every failpoint hit of the boot that follows a crash at `first`, as name@N."""
+    home = _fresh()
+    trace = home.root.parent / "trace"
+    try:
+        assert _crash_in_operation(home, RECOVERY_SCENARIO, first)
+        home.up(KEELWAY_FAILPOINTS_TRACE=str(trace))
+        hits = trace.read_text().splitlines() if trace.exists() else []
+    finally:
+        _cleanup(home)
+    counts: Counter[str] = Counter()
+    points = []
+    for hit in hits:
+        counts[hit] += 1
+        points.append(f"{hit}@{counts[hit]}")
+    return points
+
+
+def _crash_in_boot(first: str, point: str) -> list[str]:
+    label = f"boot after {first}, killed at {point}"
+    home = _fresh()
+    try:
+        assert _crash_in_operation(home, RECOVERY_SCENARIO, first)
+        home.cli("up", "-d", "--http", f"127.0.0.1:{home.port}", "--json",
+                 env=home.env(KEELWAY_FAILPOINTS=point))  # fails: the daemon dies booting
+        pid = int((home.root / "keelway.lock").read_text().strip())
+        if not _dies(pid, timeout_s=10):
+            return [f"{label}: the failpoint was never hit"]
+        return _recovered(home, label)
+    finally:
+        _cleanup(home)
+
+
+def test_a_crash_during_boot_recovery_converges_on_the_next_boot() -> None:
+    first = next(p for p in _trace(RECOVERY_SCENARIO) if p.startswith(f"{FIRST_CRASH}@"))
+    points = _boot_points(first)
+    assert any(p.startswith("reconcile.remove") for p in points), points
+    with ThreadPoolExecutor(PARALLEL) as pool:
+        results = list(pool.map(lambda p: _crash_in_boot(first, p), points))
+    problems = [p for result in results for p in result]
+    print(f"\nboot after a crash at {first}: covered {len(points)} failpoint hits "
+          f"({', '.join(points)})")
     assert problems == [], "\n".join(problems)
