@@ -57,6 +57,15 @@ def _failures(output: str) -> tuple[int, int]:
     return total, failed
 
 
+def _kill_daemon(kw: Keelway) -> None:
+    """SIGKILL the control plane and wait until it is gone; the router serves on."""
+    assert kw.daemon_pid is not None
+    os.kill(kw.daemon_pid, signal.SIGKILL)
+    dead = kw.daemon_pid
+    assert wait_until(lambda: process.read_stat(dead) is None
+                      or process.read_stat(dead).state == "Z")  # type: ignore[union-attr]
+
+
 def _two_apps(kw: Keelway, tmp_path: Path) -> None:
     kw.up()
     kw.ok("deploy", "hello", str(hello(tmp_path, "one")), "--host", "one.test")
@@ -71,11 +80,7 @@ def test_killing_the_control_plane_under_load_fails_no_request(
     load = _start_wrk(kw, tmp_path, 6)
     try:
         time.sleep(1.5)
-        assert kw.daemon_pid is not None
-        os.kill(kw.daemon_pid, signal.SIGKILL)
-        dead = kw.daemon_pid
-        assert wait_until(lambda: process.read_stat(dead) is None
-                          or process.read_stat(dead).state == "Z")  # type: ignore[union-attr]
+        _kill_daemon(kw)
         time.sleep(1.0)  # the control plane stays dead for a while under load
         kw.up()
         output, _ = load.communicate(timeout=30)
@@ -135,11 +140,7 @@ def test_up_with_new_router_settings_restarts_the_running_router_without_a_gap(
     _two_apps(kw, tmp_path)
     kw.started_pids.extend(kw.app_pids())
     before = int((kw.home / "router" / "router.pid").read_text().split()[0])
-    assert kw.daemon_pid is not None
-    os.kill(kw.daemon_pid, signal.SIGKILL)
-    dead = kw.daemon_pid
-    assert wait_until(lambda: process.read_stat(dead) is None
-                      or process.read_stat(dead).state == "Z")  # type: ignore[union-attr]
+    _kill_daemon(kw)
     load = _start_wrk(kw, tmp_path, 5)
     try:
         time.sleep(1.0)

@@ -6,6 +6,8 @@ upstream that records what reached it.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import http.client
 import json
@@ -13,7 +15,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from websockets.sync.client import connect as ws_connect
 
@@ -307,14 +309,25 @@ def test_a_client_that_half_closes_after_its_request_still_gets_the_answer(
     assert b'"/half"' in reply
 
 
-def test_a_pooled_connection_the_upstream_dropped_is_retried_on_a_fresh_one(router) -> None:
-    """The upstream answers with keep-alive, then closes each connection anyway (as app
-    servers with short idle timeouts do): the next request must not become a 502."""
+def _read_head(conn: socket.socket) -> bytes:
+    buffer = b""
+    while b"\r\n\r\n" not in buffer:
+        buffer += conn.recv(65536)
+    return buffer
+
+
+@contextlib.contextmanager
+def scripted_upstream(
+    answer: Callable[[socket.socket, Callable[[], bytes]], None],
+) -> Iterator[tuple[str, list[int]]]:
+    """A raw upstream on loopback: `answer(conn, read_head)` plays each accepted
+    connection, `read_head()` returning the next request head. Yields its address and
+    a list that grows by one per accepted connection."""
     listener = socket.create_server(("127.0.0.1", 0))
     accepted: list[int] = []
     stop = threading.Event()
 
-    def one_answer_per_connection() -> None:
+    def serve() -> None:
         listener.settimeout(0.1)
         while not stop.is_set():
             try:
@@ -324,24 +337,33 @@ def test_a_pooled_connection_the_upstream_dropped_is_retried_on_a_fresh_one(rout
             with conn:
                 accepted.append(1)
                 conn.settimeout(5)
-                buffer = b""
-                while b"\r\n\r\n" not in buffer:
-                    buffer += conn.recv(65536)
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-                time.sleep(0.05)  # then close, without having said so
+                answer(conn, functools.partial(_read_head, conn))
 
-    thread = threading.Thread(target=one_answer_per_connection)
+    thread = threading.Thread(target=serve)
     thread.start()
     try:
-        router.push(1, {"blog.test": serving(f"127.0.0.1:{listener.getsockname()[1]}")})
-        for _ in range(3):
-            response, body = request(router.port, "GET", "/")
-            assert (response.status, body) == (200, b"ok")
-        assert len(accepted) == 3
+        yield f"127.0.0.1:{listener.getsockname()[1]}", accepted
     finally:
         stop.set()
         thread.join(timeout=5)
         listener.close()
+
+
+def test_a_pooled_connection_the_upstream_dropped_is_retried_on_a_fresh_one(router) -> None:
+    """The upstream answers with keep-alive, then closes each connection anyway (as app
+    servers with short idle timeouts do): the next request must not become a 502."""
+
+    def one_answer_per_connection(conn: socket.socket, read_head: Callable[[], bytes]) -> None:
+        read_head()
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        time.sleep(0.05)  # then close, without having said so
+
+    with scripted_upstream(one_answer_per_connection) as (address, accepted):
+        router.push(1, {"blog.test": serving(address)})
+        for _ in range(3):
+            response, body = request(router.port, "GET", "/")
+            assert (response.status, body) == (200, b"ok")
+        assert len(accepted) == 3
 
 
 def test_an_interim_response_leaves_nothing_in_the_final_head_or_the_next_one(router) -> None:
@@ -349,33 +371,17 @@ def test_an_interim_response_leaves_nothing_in_the_final_head_or_the_next_one(ro
     answer, twice on one pooled connection: each client sees the interim line, then a
     final head with only the final response's fields, and the second exchange carries
     nothing over from the first."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    accepted: list[int] = []
-    stop = threading.Event()
 
-    def interim_then_final() -> None:
-        listener.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            with conn:
-                accepted.append(1)
-                conn.settimeout(5)
-                for n in (1, 2):
-                    buffer = b""
-                    while b"\r\n\r\n" not in buffer:
-                        buffer += conn.recv(65536)
-                    conn.sendall(
-                        b"HTTP/1.1 100 Continue\r\nX-Interim: yes\r\n\r\n"
-                        b"HTTP/1.1 200 OK\r\nX-Final: %d\r\nContent-Length: 2\r\n\r\nok" % n
-                    )
+    def interim_then_final(conn: socket.socket, read_head: Callable[[], bytes]) -> None:
+        for n in (1, 2):
+            read_head()
+            conn.sendall(
+                b"HTTP/1.1 100 Continue\r\nX-Interim: yes\r\n\r\n"
+                b"HTTP/1.1 200 OK\r\nX-Final: %d\r\nContent-Length: 2\r\n\r\nok" % n
+            )
 
-    thread = threading.Thread(target=interim_then_final)
-    thread.start()
-    try:
-        router.push(1, {"blog.test": serving(f"127.0.0.1:{listener.getsockname()[1]}")})
+    with scripted_upstream(interim_then_final) as (address, accepted):
+        router.push(1, {"blog.test": serving(address)})
         with socket.create_connection(("127.0.0.1", router.port), timeout=5) as sock:
             for n in (1, 2):
                 sock.sendall(b"GET / HTTP/1.1\r\nHost: blog.test\r\n\r\n")
@@ -392,7 +398,3 @@ def test_an_interim_response_leaves_nothing_in_the_final_head_or_the_next_one(ro
                 assert b"X-Interim" not in final_head
                 assert b"X-Final: %d" % (3 - n) not in final_head
         assert len(accepted) == 1  # the second exchange reused the pooled connection
-    finally:
-        stop.set()
-        thread.join(timeout=5)
-        listener.close()
