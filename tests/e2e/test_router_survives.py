@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,21 @@ def _failures(output: str) -> tuple[int, int]:
     return total, failed
 
 
+def _under_load(kw: Keelway, tmp_path: Path, seconds: int, settle_s: float,
+                action: Callable[[], None]) -> str:
+    """Run `action` `settle_s` into a `seconds`-long wrk run; wrk's whole output."""
+    load = _start_wrk(kw, tmp_path, seconds)
+    try:
+        time.sleep(settle_s)
+        action()
+        output, _ = load.communicate(timeout=30)
+    finally:
+        if load.poll() is None:
+            load.kill()
+            load.wait()
+    return output
+
+
 def _kill_daemon(kw: Keelway) -> None:
     """SIGKILL the control plane and wait until it is gone; the router serves on."""
     assert kw.daemon_pid is not None
@@ -77,17 +93,13 @@ def test_killing_the_control_plane_under_load_fails_no_request(
 ) -> None:
     _two_apps(kw, tmp_path)
     kw.started_pids.extend(kw.app_pids())
-    load = _start_wrk(kw, tmp_path, 6)
-    try:
-        time.sleep(1.5)
+
+    def kill_and_restart() -> None:
         _kill_daemon(kw)
         time.sleep(1.0)  # the control plane stays dead for a while under load
         kw.up()
-        output, _ = load.communicate(timeout=30)
-    finally:
-        if load.poll() is None:
-            load.kill()
-            load.wait()
+
+    output = _under_load(kw, tmp_path, 6, 1.5, kill_and_restart)
     total, failed = _failures(output)
     assert total > 1000 and failed == 0, output
 
@@ -95,15 +107,13 @@ def test_killing_the_control_plane_under_load_fails_no_request(
 def test_a_router_restart_under_load_fails_no_request(kw: Keelway, tmp_path: Path) -> None:
     _two_apps(kw, tmp_path)
     before = (kw.home / "router" / "router.pid").read_text().split()[0]
-    load = _start_wrk(kw, tmp_path, 6)
-    try:
-        time.sleep(1.5)
-        handed = kw.ok("router", "restart", "--json").json()
-        output, _ = load.communicate(timeout=30)
-    finally:
-        if load.poll() is None:
-            load.kill()
-            load.wait()
+    replies: list[dict[str, int]] = []
+
+    def restart_router() -> None:
+        replies.append(kw.ok("router", "restart", "--json").json())
+
+    output = _under_load(kw, tmp_path, 6, 1.5, restart_router)
+    handed = replies[0]
     assert str(handed["old_pid"]) == before and handed["new_pid"] != handed["old_pid"]
     assert process.read_stat(handed["old_pid"]) is None or process.read_stat(
         handed["old_pid"]).state == "Z"  # type: ignore[union-attr]
@@ -116,17 +126,13 @@ def test_a_hold_mode_web_swap_under_load_holds_requests_and_fails_none(
     kw: Keelway, tmp_path: Path
 ) -> None:
     _two_apps(kw, tmp_path)
-    load = _start_wrk(kw, tmp_path, 6)
-    try:
-        time.sleep(1.0)
+    again = str(hello(tmp_path, "one-again", greeting="again"))
+
+    def deploy_in_hold_mode() -> None:
         # The old web stops before the new one starts: the route holds meanwhile.
-        kw.ok("deploy", "hello", str(hello(tmp_path, "one-again", greeting="again")),
-              "--mode", "hold")
-        output, _ = load.communicate(timeout=30)
-    finally:
-        if load.poll() is None:
-            load.kill()
-            load.wait()
+        kw.ok("deploy", "hello", again, "--mode", "hold")
+
+    output = _under_load(kw, tmp_path, 6, 1.0, deploy_in_hold_mode)
     total, failed = _failures(output)
     assert total > 1000 and failed == 0, output
     assert kw.get("one.test")[1].startswith(b"again")
@@ -141,15 +147,8 @@ def test_up_with_new_router_settings_restarts_the_running_router_without_a_gap(
     kw.started_pids.extend(kw.app_pids())
     before = int((kw.home / "router" / "router.pid").read_text().split()[0])
     _kill_daemon(kw)
-    load = _start_wrk(kw, tmp_path, 5)
-    try:
-        time.sleep(1.0)
-        kw.up("--router-workers", "1", "--trusted-proxy", "10.0.0.1")
-        output, _ = load.communicate(timeout=30)
-    finally:
-        if load.poll() is None:
-            load.kill()
-            load.wait()
+    output = _under_load(kw, tmp_path, 5, 1.0,
+                         lambda: kw.up("--router-workers", "1", "--trusted-proxy", "10.0.0.1"))
     total, failed = _failures(output)
     assert total > 1000 and failed == 0, output
     after = int((kw.home / "router" / "router.pid").read_text().split()[0])
