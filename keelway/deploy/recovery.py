@@ -71,17 +71,27 @@ class Recovery(DeployerCore):
     async def boot(self) -> None:
         """After a control-plane start: reconcile every instance (adopt survivors, remove
         candidates of interrupted operations, restart what should run), settle keyed
-        requests that a crash interrupted, and publish the whole route table."""
+        requests that a crash interrupted, and publish the whole route table.
+
+        A router that does not answer in time (alive, but starved or stopped) does not
+        stop the boot: the router keeps serving its last table, and the periodic pass
+        republishes once it answers and differs from the store."""
         for inst in self.store.list_instances():
             async with self.lock(inst.host):
                 try:
                     await self.reconciler.reconcile(inst.host, Pass.BOOT, self.live_ops)
                 except FailedClosed as exc:
                     log.warning("%s", exc)
+                except OperationError as exc:
+                    log.warning("boot: %s: %s; the periodic pass retries", inst.host,
+                                exc.message)
                 targets.link_current(self.store, self.home, inst.host)
         for request in self.store.running_requests():
             self.settle_request_from_journal(request.key)
-        await self.publisher.publish()
+        try:
+            await self.publisher.publish()
+        except OperationError as exc:
+            log.warning("boot: %s; the periodic pass republishes", exc.message)
 
     def settle_request_from_journal(self, key: str) -> None:
         ops = [op for i in self.store.list_instances()

@@ -3,7 +3,8 @@
 The router process started by the control plane is worker 0 and the only one with a
 control socket. It spawns workers 1..N-1 as subprocesses (not forks: forking under a
 running event loop is unsafe), each inheriting the listening socket and one end of a
-socketpair, its channel. Over a channel, one line each way:
+socketpair, its channel. The worker's first line is `ready` (it accepts); then, one
+line each way:
 
     reload   -> ok V        the worker re-read the table file and serves version V
     inflight -> {...}       its requests in flight per upstream, as JSON
@@ -12,7 +13,8 @@ socketpair, its channel. Over a channel, one line each way:
 Rules: a table push is acknowledged only once every worker serves it, so a deploy never
 stops a process some worker still routes to. A worker whose channel closes (its parent
 died) drains and exits: it must not serve a table nobody can update. A worker that dies
-is spawned again by its parent.
+is spawned again by its parent. The router opens its control socket only once its
+workers are ready, so "the router answers" means every worker serves.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from keelway.router.table_file import TableFileError, load_table
 log: Final = logging.getLogger("keelway.router")
 
 CHANNEL_TIMEOUT_S: Final = 5.0
+# How long a new worker may take to import and start accepting (a starved box is slow).
+WORKER_START_TIMEOUT_S: Final = 30.0
 
 
 class Worker:
@@ -66,7 +70,20 @@ class Worker:
                 stdin=subprocess.DEVNULL)
         finally:
             theirs.close()
-        self._reader, self._writer = await asyncio.open_connection(sock=ours)
+        reader, writer = await asyncio.open_connection(sock=ours)
+        # The worker says "ready" once it accepts: the router answers on its control
+        # socket (and so counts as up) only after its workers serve, so a table pushed
+        # right after start is never waiting on a worker that is still importing. Read
+        # before the channel is published, so no request can take this line as a reply.
+        try:
+            async with asyncio.timeout(WORKER_START_TIMEOUT_S):
+                ready = await reader.readline()
+        except TimeoutError:
+            ready = b""
+        if ready.strip() != b"ready":
+            log.warning("worker %d (pid %d) did not say ready in %.0f s", self.index,
+                        self.proc.pid, WORKER_START_TIMEOUT_S)
+        self._reader, self._writer = reader, writer
         log.info("worker %d started (pid %d)", self.index, self.proc.pid)
 
     async def ask(self, line: str) -> str | None:
@@ -154,7 +171,9 @@ async def serve_channel(channel_fd: int, proxy: Proxy, state_path: Path | None,
     """A worker's side of its channel: answer the parent until told to stop or orphaned."""
     sock = socket.socket(fileno=channel_fd)
     reader, writer = await asyncio.open_connection(sock=sock)
+    writer.write(b"ready\n")  # this worker accepts already (serve made its server first)
     try:
+        await writer.drain()
         while True:
             line = (await reader.readline()).strip()
             if not line or line == b"stop":

@@ -7,12 +7,16 @@ running router whose settings differ from what `up` asks for is restarted withou
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from keelway.runtime import process
+from tests.deploy.apps import hello
 from tests.e2e.harness import Keelway, wait_until
 from tests.invariants import router_violations
 
@@ -43,3 +47,27 @@ def test_a_crash_while_starting_the_router_is_recovered_by_the_next_up(
     assert router_violations(kw.home) == []
     status, body, _ = kw.get("any.test", "/_keelway/health")
     assert (status, body) == (200, b"ok\n")
+
+
+def test_a_router_too_slow_to_answer_at_boot_does_not_stop_up_and_is_caught_up_later(
+    kw: Keelway, tmp_path: Path
+) -> None:
+    """A router that is alive but cannot answer in time (here: stopped with SIGSTOP; in
+    CI: a worker still starting on a starved box) must not make boot's publish kill the
+    control plane. `up` succeeds, and the periodic pass pushes the table once the
+    router answers again."""
+    kw.up()
+    kw.ok("deploy", "hello", str(hello(tmp_path, "one")), "--host", "one.test")
+    assert kw.daemon_pid is not None
+    os.kill(kw.daemon_pid, signal.SIGKILL)
+    dead = kw.daemon_pid
+    assert wait_until(lambda: process.read_stat(dead) is None
+                      or process.read_stat(dead).state == "Z")  # type: ignore[union-attr]
+    pid, ticks = (int(x) for x in (kw.home / "router" / "router.pid").read_text().split())
+    process.signal_session(pid, ticks, signal.SIGSTOP)
+    try:
+        kw.up()
+    finally:
+        process.signal_session(pid, ticks, signal.SIGCONT)
+    assert wait_until(lambda: kw.get("one.test")[0] == 200, timeout_s=15)
+    assert router_violations(kw.home) == []
