@@ -67,7 +67,6 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
     def __init__(self, proxy: Proxy) -> None:
         self._proxy = proxy
         self._options = proxy.options
-        self._idle_timeout_s = proxy.options.idle_timeout_s
         self._loop = asyncio.get_running_loop()
         self._parser = httptools.HttpRequestParser(self)
         # Set in connection_made, before any other callback; typed non-optional so the
@@ -379,10 +378,8 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
         if not queue:
             if self._client_done:
                 self.close()
-            elif not self._in_head:  # _extend_read, inlined: once per keep-alive request
-                self._read_deadline = deadline = self._loop.time() + self._idle_timeout_s
-                if deadline < self._timer_at:
-                    self._arm(deadline)
+            elif not self._in_head:
+                self._extend_read(self._options.idle_timeout_s)
             return
         self._advancing = True
         try:

@@ -89,7 +89,7 @@ _NAMES_MAX: Final = 4096
 # Connection tokens that are not header names, or name headers handled above.
 _NOT_NOMINATABLE: Final = frozenset({b"close", *_REQUEST_KINDS})
 _PLAIN_CONNECTION: Final = frozenset({b"keep-alive", b"close", b"upgrade"})
-# The same values in the spellings apps use, so the usual Connection header costs no call.
+# The same values in the spellings apps use, so the usual Connection header needs no lower().
 _PLAIN_CONNECTION_AS_SENT: Final = frozenset(
     {*_PLAIN_CONNECTION, b"Keep-Alive", b"Close", b"Upgrade"}
 )
@@ -169,6 +169,8 @@ def origin_form(url: bytes, method: bytes, host: bytes) -> bytes:
 
 def _nominated(connection_value: bytes) -> frozenset[bytes]:
     """Header names a Connection value lists for removal (usually none)."""
+    if connection_value in _PLAIN_CONNECTION_AS_SENT:
+        return frozenset()  # the usual value, as apps spell it: no lower() needed
     lowered = connection_value.lower()
     if lowered in _PLAIN_CONNECTION:
         return frozenset()
@@ -387,7 +389,7 @@ class ResponseHeadRewriter:
         line = STATUS_LINES.get(status)
         parts[0] = line if line is not None else status_line(status)
         connection = self._rs_connection
-        if connection is not None and connection not in _PLAIN_CONNECTION_AS_SENT:
+        if connection is not None:
             nominated = _nominated(connection)
             if nominated:
                 parts = _drop_nominated(parts, 1, nominated)
@@ -409,8 +411,5 @@ class ResponseHeadRewriter:
             parts.append(b"Connection: close\r\n")
         parts.append(_CRLF)
         head = b"".join(parts)
-        # begin_response_head, inlined: this runs once per proxied response.
-        self._rs_parts = [b""]
-        self._rs_connection = self._rs_upgrade_to = None
-        self._rs_framing = UNTIL_CLOSE
+        self.begin_response_head()
         return head, framing, until_close, client_close

@@ -208,14 +208,7 @@ class UpstreamConnection(ResponseHeadRewriter, asyncio.Protocol):
         client = ex.client
         if client.write_paused:
             self.pause_reading()
-        out = ex.out
-        if out:  # Exchange.flush, inlined for the usual case: the request head goes now
-            transport = self.transport
-            if transport is not None:
-                transport.writelines(out)
-                out.clear()
-            else:
-                ex.flush()
+        ex.flush()
         if client.read_blocks:  # the request may have been held while this connected
             client.unblock_reading(client.BLOCK_CONNECTING)
 
@@ -226,8 +219,7 @@ class UpstreamConnection(ResponseHeadRewriter, asyncio.Protocol):
             self.pool.inflight -= 1
 
     def _finish(self, ex: Exchange) -> None:
-        self.exchange = None  # _detach, inlined: this runs once per proxied request
-        self.pool.inflight -= 1
+        self._detach()
         self._complete = False
         reusable = self._keep_alive and ex.request_done and not ex.upgrade
         if ex.head_request:
@@ -241,11 +233,7 @@ class UpstreamConnection(ResponseHeadRewriter, asyncio.Protocol):
             self.pool.release(self)
         else:
             self.close()
-        # Exchange.response_complete, inlined: this runs once per proxied request.
-        ex.upstream = None
-        if not ex.request_done:
-            ex.close_client = True
-        ex.client.exchange_done(ex)
+        ex.response_complete(keep_client=ex.request_done)
 
     def _fail(self, ex: Exchange, why: str) -> None:
         self._detach()
