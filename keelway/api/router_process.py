@@ -77,14 +77,14 @@ def running_router(home: Home) -> RouterHandle | None:
         answering = ping_sync(home.router_socket, timeout_s=1.0)
     except RouterControlError:
         answering = None
+    recorded = _pidfile(home)
     if answering is not None:
         stat = process.read_stat(answering)
         if stat is not None and stat.state != "Z":
             handle = RouterHandle(answering, stat.start_ticks, adopted=True)
-            if _pidfile(home) != (handle.pid, handle.start_ticks):
+            if recorded != (handle.pid, handle.start_ticks):
                 _record_pid(home, handle)
             return handle
-    recorded = _pidfile(home)
     if recorded is not None and process.is_alive(*recorded):
         return RouterHandle(*recorded, adopted=True)
     return None

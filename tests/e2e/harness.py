@@ -95,6 +95,12 @@ class Keelway:
                             pids.append((proc["pid"], stat.start_ticks))
         return pids
 
+    def kill_daemon(self) -> None:
+        """SIGKILL the control plane and wait until it is gone; the router serves on."""
+        assert self.daemon_pid is not None
+        os.kill(self.daemon_pid, signal.SIGKILL)
+        assert gone(self.daemon_pid)
+
     def teardown(self) -> None:
         """Stop everything this test started: by `down`, then by pid if anything is left."""
         if self.daemon_pid is not None and _alive(self.daemon_pid):
@@ -142,6 +148,15 @@ def kill_home_processes(home: Path) -> None:
             stat = process.read_stat(app_pid)
             if stat is not None:
                 process.signal_session(app_pid, stat.start_ticks, signal.SIGKILL)
+
+
+def gone(pid: int, timeout_s: float = 10) -> bool:
+    """Whether `pid` exits (or is left a zombie) within `timeout_s`."""
+    def dead() -> bool:
+        stat = process.read_stat(pid)
+        return stat is None or stat.state == "Z"
+
+    return wait_until(dead, timeout_s)
 
 
 def _alive(pid: int) -> bool:

@@ -7,7 +7,6 @@ running router whose settings differ from what `up` asks for is restarted withou
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import pytest
 
 from keelway.runtime import process
 from tests.deploy.apps import hello
-from tests.e2e.harness import Keelway, wait_until
+from tests.e2e.harness import Keelway, gone, wait_until
 from tests.invariants import router_violations
 
 pytestmark = pytest.mark.slow
@@ -32,9 +31,7 @@ def _up_dies_at(kw: Keelway, point: str) -> None:
     )
     assert done.returncode != 0, done.stdout
     lock = kw.home / "keelway.lock"
-    daemon = int(lock.read_text().strip())
-    assert wait_until(lambda: process.read_stat(daemon) is None
-                      or process.read_stat(daemon).state == "Z")  # type: ignore[union-attr]
+    assert gone(int(lock.read_text().strip()))
 
 
 @pytest.mark.parametrize("point", ["router.spawn.before", "router.spawn.after",
@@ -58,11 +55,7 @@ def test_a_router_too_slow_to_answer_at_boot_does_not_stop_up_and_is_caught_up_l
     router answers again."""
     kw.up()
     kw.ok("deploy", "hello", str(hello(tmp_path, "one")), "--host", "one.test")
-    assert kw.daemon_pid is not None
-    os.kill(kw.daemon_pid, signal.SIGKILL)
-    dead = kw.daemon_pid
-    assert wait_until(lambda: process.read_stat(dead) is None
-                      or process.read_stat(dead).state == "Z")  # type: ignore[union-attr]
+    kw.kill_daemon()
     pid, ticks = (int(x) for x in (kw.home / "router" / "router.pid").read_text().split())
     process.signal_session(pid, ticks, signal.SIGSTOP)
     try:

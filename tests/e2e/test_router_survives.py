@@ -8,10 +8,8 @@ socket to a new router process. Every request must succeed.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -21,7 +19,7 @@ import pytest
 
 from keelway.runtime import process
 from tests.deploy.apps import hello
-from tests.e2e.harness import Keelway, wait_until
+from tests.e2e.harness import Keelway
 from tests.invariants import router_violations
 
 pytestmark = [pytest.mark.slow,
@@ -73,15 +71,6 @@ def _under_load(kw: Keelway, tmp_path: Path, seconds: int, settle_s: float,
     return output
 
 
-def _kill_daemon(kw: Keelway) -> None:
-    """SIGKILL the control plane and wait until it is gone; the router serves on."""
-    assert kw.daemon_pid is not None
-    os.kill(kw.daemon_pid, signal.SIGKILL)
-    dead = kw.daemon_pid
-    assert wait_until(lambda: process.read_stat(dead) is None
-                      or process.read_stat(dead).state == "Z")  # type: ignore[union-attr]
-
-
 def _two_apps(kw: Keelway, tmp_path: Path) -> None:
     kw.up()
     kw.ok("deploy", "hello", str(hello(tmp_path, "one")), "--host", "one.test")
@@ -95,7 +84,7 @@ def test_killing_the_control_plane_under_load_fails_no_request(
     kw.started_pids.extend(kw.app_pids())
 
     def kill_and_restart() -> None:
-        _kill_daemon(kw)
+        kw.kill_daemon()
         time.sleep(1.0)  # the control plane stays dead for a while under load
         kw.up()
 
@@ -146,7 +135,7 @@ def test_up_with_new_router_settings_restarts_the_running_router_without_a_gap(
     _two_apps(kw, tmp_path)
     kw.started_pids.extend(kw.app_pids())
     before = int((kw.home / "router" / "router.pid").read_text().split()[0])
-    _kill_daemon(kw)
+    kw.kill_daemon()
     output = _under_load(kw, tmp_path, 5, 1.0,
                          lambda: kw.up("--router-workers", "1", "--trusted-proxy", "10.0.0.1"))
     total, failed = _failures(output)

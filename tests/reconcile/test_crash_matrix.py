@@ -17,7 +17,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -26,8 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from keelway.runtime import process
-from tests.e2e.harness import EXAMPLE, free_port, kill_home_processes
+from tests.e2e.harness import EXAMPLE, free_port, gone, kill_home_processes
 from tests.invariants import violations
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -141,17 +139,6 @@ def _trace(name: str) -> list[str]:
     return points
 
 
-def _dies(pid: int, timeout_s: float = 30) -> bool:
-    """Whether the daemon `pid` is gone (or a zombie) within `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        stat = process.read_stat(pid)
-        if stat is None or stat.state == "Z":
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def _crash_in_operation(home: Home, name: str, point: str) -> bool:
     """Run scenario `name` on `home` with the daemon armed to die at `point`; whether
     it died there."""
@@ -161,7 +148,7 @@ def _crash_in_operation(home: Home, name: str, point: str) -> bool:
         step(home)
     with contextlib.suppress(AssertionError):
         operation(home)  # the CLI sees the control plane die under it
-    return _dies(pid)
+    return gone(pid, timeout_s=30)
 
 
 def _recovered(home: Home, label: str) -> list[str]:
@@ -255,7 +242,7 @@ def _crash_in_boot(first: str, point: str) -> list[str]:
         home.cli("up", "-d", "--http", f"127.0.0.1:{home.port}", "--json",
                  env=home.env(KEELWAY_FAILPOINTS=point))  # fails: the daemon dies booting
         pid = int((home.root / "keelway.lock").read_text().strip())
-        if not _dies(pid, timeout_s=10):
+        if not gone(pid, timeout_s=10):
             return [f"{label}: the failpoint was never hit"]
         return _recovered(home, label)
     finally:
