@@ -4,7 +4,9 @@ Start order keeps every failure clear and harmless: the home lock first (one con
 plane per home), then the router's port (a busy port fails before the store is even
 opened), then the store, boot recovery, and last the API socket, so a client that can
 connect sees a converged system. The router and the apps run in sessions of their own
-and survive this process; only `keelway down` (or Ctrl-C in the foreground) stops them.
+and survive this process; only `keelway down` (or Ctrl-C in the foreground) stops them,
+and `down --keep-apps` leaves both running. While this process runs it brings a dead
+router back at once (keelway.api.router_supervisor).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from aiohttp import web
 
 from keelway.api import router_process
 from keelway.api.router_process import RouterSettings
+from keelway.api.router_supervisor import RouterSupervisor
 from keelway.api.server import Api
 from keelway.builds.stage import stage, sweep
 from keelway.clock import SystemClock
@@ -33,7 +36,6 @@ from keelway.deploy.errors import OperationError
 from keelway.deploy.publisher import Publisher
 from keelway.durable import sweep_temp
 from keelway.home import Home
-from keelway.router.client import RouterControlError, ping_sync
 from keelway.runtime.logs import rotate_if_large
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
@@ -72,53 +74,29 @@ def _take_lock(home: Home) -> int:
     return fd
 
 
-async def _wait_router(home: Home, handle: router_process.RouterHandle) -> None:
-    for _ in range(200):
-        if router_process.router_exited():
-            raise StartupError(f"the router exited at start; see {home.router_log}", EXIT_FAILED)
-        try:
-            ping_sync(home.router_socket, timeout_s=0.5)
-            return
-        except RouterControlError:
-            await asyncio.sleep(0.05)
-    raise StartupError(f"the router did not answer; see {home.router_log}", EXIT_FAILED)
-
-
-async def _ensure_router(home: Home, http_addr: str,
-                         settings: RouterSettings) -> router_process.RouterHandle:
-    """The router for this home, serving `http_addr` with `settings`: the running one,
-    adopted, if it matches; restarted without a gap if only its settings differ; else
-    (a new address, or none running) a new one on a socket bound here."""
-    clock = SystemClock()
-    running = router_process.running_router(home)
-    if running is not None:
-        recorded = router_process.recorded_settings(home)
-        if recorded is not None and recorded[0] == http_addr:
-            if recorded[1] == settings:
-                log.info("adopted the running router (pid %s)", running.pid)
-                return running
-            log.info("restarting the router (pid %s) with new settings", running.pid)
-            try:
-                return await router_process.restart_router(home, running, clock, settings,
-                                                          http_addr)
-            except router_process.RouterRestartFailed as exc:
-                raise StartupError(str(exc), EXIT_FAILED) from exc
-        await router_process.stop_router(home, running, clock)
+async def _boot_router(home: Home, http_addr: str,
+                       settings: RouterSettings) -> RouterSupervisor:
+    """The router for this home (adopted, restarted or started: RouterSupervisor.boot),
+    its failures turned into the exit codes `keelway up` reports."""
     try:
-        listener = router_process.bind_listener(http_addr)
+        return await RouterSupervisor.boot(home, http_addr, settings, SystemClock())
     except router_process.RouterPortBusy as exc:
         raise StartupError(
             f"{exc}; is another server using it? Pick another with `keelway up --http ADDR`",
             EXIT_PORT_BUSY) from exc
+    except (router_process.RouterStartFailed, router_process.RouterRestartFailed) as exc:
+        raise StartupError(str(exc), EXIT_FAILED) from exc
     except (OSError, ValueError) as exc:
         raise StartupError(f"cannot listen on {http_addr}: {exc}", EXIT_FAILED) from exc
-    try:
-        handle = router_process.spawn_router(home, listener, settings)
-    finally:
-        listener.close()
-    await _wait_router(home, handle)
-    router_process.record_settings(home, http_addr, settings)
-    return handle
+
+
+def _router_addr(home: Home, asked: str | None) -> str:
+    """Where the router listens: where asked, else where it already listens (or last
+    did), so `keelway up` never moves a serving router; else the default."""
+    if asked is not None:
+        return asked
+    recorded = router_process.recorded_settings(home)
+    return recorded[0] if recorded is not None else DEFAULT_HTTP
 
 
 async def _rotate_logs_forever(home: Home) -> None:
@@ -129,7 +107,7 @@ async def _rotate_logs_forever(home: Home) -> None:
             rotate_if_large(path)
 
 
-async def run(home: Home, http_addr: str, demo: bool, announce: Callable[[str], None],
+async def run(home: Home, http_addr: str | None, demo: bool, announce: Callable[[str], None],
               router: RouterSettings | None = None) -> int:
     """Run the control plane until shutdown; returns the process exit code."""
     home.ensure()
@@ -139,7 +117,8 @@ async def run(home: Home, http_addr: str, demo: bool, announce: Callable[[str], 
         announce(f"error: {exc}")
         return exc.exit_code
     try:
-        return await _run_locked(home, http_addr, demo, announce, router or RouterSettings())
+        return await _run_locked(home, _router_addr(home, http_addr), demo, announce,
+                                 router or RouterSettings())
     except StartupError as exc:
         announce(f"error: {exc}")
         return exc.exit_code
@@ -150,7 +129,7 @@ async def run(home: Home, http_addr: str, demo: bool, announce: Callable[[str], 
 async def _run_locked(home: Home, http_addr: str, demo: bool,
                       announce: Callable[[str], None], settings: RouterSettings) -> int:
     clock = SystemClock()
-    router = await _ensure_router(home, http_addr, settings)
+    router = await _boot_router(home, http_addr, settings)
     http_port = router_process.parse_addr(http_addr)[1]
     sweep(home.builds_dir)
     for directory in (home.router_dir, home.root / "env", home.root / "current"):
@@ -182,14 +161,8 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, request_shutdown, False)
 
-    async def restart_router() -> dict[str, int]:
-        nonlocal router
-        old = router
-        router = await router_process.restart_router(home, old, clock, settings, http_addr)
-        await deployer.publisher.publish()  # whatever the old one took last, pushed again
-        return {"old_pid": old.pid, "new_pid": router.pid}
-
-    api = Api(store, home, deployer, http_port, request_shutdown, restart_router)
+    router.watch(deployer.publisher.publish)
+    api = Api(store, home, deployer, http_port, request_shutdown, router)
     # Open log streams (`logs -f`) must not hold a shutdown for long.
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False,
                            shutdown_timeout=2.0)
@@ -205,8 +178,8 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     rotation = loop.create_task(_rotate_logs_forever(home))
     periodic = loop.create_task(deployer.periodic())
 
-    announce(f"keelway {'adopted' if router.adopted else 'started'} the router on "
-             f"http://{http_addr}/ (pid {router.pid})")
+    announce(f"keelway {'adopted' if router.handle.adopted else 'started'} the router on "
+             f"http://{http_addr}/ (pid {router.handle.pid})")
     announce(f"API on {home.api_socket}; state in {home.root}")
     for inst in store.list_instances():
         announce(f"serving {inst.app}: http://{inst.host}:{http_port}/")
@@ -222,7 +195,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     if not keep_apps:
         await _stop_all(store, supervisor)
     await supervisor.shutdown()
-    if not await router_process.stop_router(home, router, clock):
+    if not await router.stop(keep_serving=keep_apps):
         announce("warning: the router did not stop; it is still serving")
     store.close()
     return 0
@@ -254,7 +227,9 @@ async def _deploy_demo(home: Home, store: Store, deployer: Deployer,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="keelway-daemon")
-    parser.add_argument("--http", default=DEFAULT_HTTP)
+    parser.add_argument("--http", default=None,
+                        help=f"where the router listens (default: where it already does, "
+                             f"else {DEFAULT_HTTP})")
     parser.add_argument("--demo", action="store_true")
     parser.add_argument("--router-workers", type=int,
                         default=router_process.default_workers())

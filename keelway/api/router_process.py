@@ -1,4 +1,5 @@
-"""The router as a process of its own: bind, spawn, adopt, stop.
+"""The router as a process of its own: bind, spawn, adopt, stop, and the signs of its
+death. Keeping it alive is keelway.api.router_supervisor's; this module has the verbs.
 
 The control plane binds the listening socket itself, so a port already in use is a
 clear error before anything else starts, and hands the bound fd to the router. The
@@ -16,8 +17,10 @@ finds it again by asking the socket, and never binds a second one.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -29,7 +32,7 @@ from keelway import failpoints
 from keelway.clock import Clock
 from keelway.durable import write_atomic
 from keelway.home import Home
-from keelway.router.client import RouterControlError, ping_sync
+from keelway.router.client import RouterControlError, ping_sync, take_listener
 from keelway.router.server import bind_tcp
 from keelway.runtime import process
 
@@ -161,31 +164,87 @@ def spawn_router(home: Home, listener: socket.socket,
         os.close(log_fd)
     failpoints.hit("router.spawn.after")
     stat = process.read_stat(proc.pid)
-    ticks = stat.start_ticks if stat else 0
-    _record_pid(home, RouterHandle(proc.pid, ticks, adopted=False))
-    # The Popen object is dropped on purpose: the router outlives us. Python's
-    # subprocess module would warn about an unreaped child; reap it in the background
-    # if it exits while we run.
-    _keep_for_reaping.append(proc)
-    return RouterHandle(proc.pid, ticks, adopted=False)
+    handle = RouterHandle(proc.pid, stat.start_ticks if stat else 0, adopted=False)
+    _record_pid(home, handle)
+    _children[proc.pid] = proc
+    return handle
 
 
-_keep_for_reaping: list[subprocess.Popen[bytes]] = []
+# The routers this process started, kept to reap them (and read how they ended) once
+# they exit: the Popen object is never waited on in the foreground, because the router
+# outlives us and a blocking wait would stall the event loop.
+_children: dict[int, subprocess.Popen[bytes]] = {}
 
 
-def router_exited() -> bool:
-    return any(p.poll() is not None for p in _keep_for_reaping)
+def reap(handle: RouterHandle) -> int | None:
+    """Reap `handle` if it is a router we started and it has exited; its exit status
+    (negative: the signal that killed it), or None if it runs or is not our child (an
+    adopted router's status goes to whoever its parent is now)."""
+    proc = _children.get(handle.pid)
+    if proc is None or proc.poll() is None:
+        return None
+    del _children[handle.pid]
+    return proc.returncode
+
+
+class RouterStartFailed(Exception):
+    """A router we started exited or did not answer; the message says which."""
+
+
+async def wait_answering(home: Home, handle: RouterHandle, timeout_s: float,
+                         clock: Clock) -> None:
+    """Until the router `handle` answers on the control socket (which it opens only once
+    every worker serves). Raises RouterStartFailed if it exits first or stays silent
+    for `timeout_s`; a silent one is killed, so a failed start leaves nothing behind."""
+    deadline = clock.monotonic() + timeout_s
+    while True:
+        code = reap(handle)
+        if code is not None:
+            raise RouterStartFailed(f"the router exited at start ({describe_exit(code)}); "
+                                    f"see {home.router_log}")
+        try:
+            if await asyncio.to_thread(ping_sync, home.router_socket, 0.5) == handle.pid:
+                return
+        except RouterControlError:
+            pass
+        if clock.monotonic() > deadline:
+            process.signal_session(handle.pid, handle.start_ticks, signal.SIGKILL)
+            await process.wait_gone(handle.pid, handle.start_ticks, clock, 5.0)
+            reap(handle)
+            raise RouterStartFailed(f"the router did not answer in {timeout_s:.0f} s; "
+                                    f"see {home.router_log}")
+        await clock.sleep(0.02)
+
+
+def describe_exit(code: int | None) -> str:
+    """How a router ended, for the log and `status`."""
+    if code is None:
+        return "exit status unknown: not our child"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def borrow_listener(home: Home) -> socket.socket | None:
+    """A copy of the listening socket of the router serving this home, asked for over
+    its control socket (the handoff a gapless restart uses, without the retire: the
+    router serves on). Holding it lets us start a successor on the same socket if that
+    router dies; None if it would not hand it over."""
+    try:
+        listener, conn = take_listener(home.router_socket, timeout_s=2.0)
+    except RouterControlError:
+        return None
+    conn.close()
+    return listener
 
 
 async def stop_router(home: Home, handle: RouterHandle, clock: Clock) -> bool:
     """SIGTERM the router (it finishes in-flight requests), prove it gone."""
-    proc = next((p for p in _keep_for_reaping if p.pid == handle.pid), None)
-    if proc is not None:
-        proc.terminate()
     gone = await process.stop(handle.pid, handle.start_ticks, grace_s=15.0, clock=clock)
-    if proc is not None:
-        proc.wait()
-        _keep_for_reaping.remove(proc)
+    reap(handle)
     if gone:
         home.router_pidfile.unlink(missing_ok=True)
     return gone
@@ -215,20 +274,24 @@ async def restart_router(home: Home, old: RouterHandle, clock: Clock,
     finally:
         os.close(log_fd)
     failpoints.hit("router.restart.after")
+    new = RouterHandle(proc.pid, 0, adopted=False)
+    _children[proc.pid] = proc
     deadline = clock.monotonic() + 10
     while True:
-        if proc.poll() is not None:
+        code = reap(new)
+        if code is not None:
             raise RouterRestartFailed(
-                f"the new router exited ({proc.returncode}); the old one keeps serving; "
+                f"the new router {describe_exit(code)}; the old one keeps serving; "
                 f"see {home.router_log}")
         try:
-            if ping_sync(home.router_socket, timeout_s=0.5) == proc.pid:
+            if await asyncio.to_thread(ping_sync, home.router_socket, 0.5) == proc.pid:
                 break
         except RouterControlError:
             pass
         if clock.monotonic() > deadline:
             proc.kill()
-            proc.wait()
+            await asyncio.to_thread(proc.wait)
+            reap(new)
             raise RouterRestartFailed("the new router did not take over in 10 s; the old "
                                       "one keeps serving")
         await clock.sleep(0.05)
@@ -237,13 +300,9 @@ async def restart_router(home: Home, old: RouterHandle, clock: Clock,
     handle = RouterHandle(proc.pid, stat.start_ticks if stat else 0, adopted=False)
     _record_pid(home, handle)
     record_settings(home, addr, settings)
-    _keep_for_reaping.append(proc)
     # The old router drains and exits on its own; prove it, reaping it if it is ours.
-    old_proc = next((p for p in _keep_for_reaping if p.pid == old.pid), None)
     gone = await process.wait_gone(old.pid, old.start_ticks, clock, 20.0)
-    if old_proc is not None:
-        old_proc.wait()
-        _keep_for_reaping.remove(old_proc)
+    reap(old)
     if not gone:
         raise RouterRestartFailed(f"the old router (pid {old.pid}) did not exit after "
                                   "handing over; it still drains")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +19,9 @@ from keelway import __version__
 from keelway.api import bodies
 from keelway.api.http import app_name, errors_middleware, read_body, send_line
 from keelway.api.operations import Operations
-from keelway.api.router_process import RouterRestartFailed
-from keelway.api.views import operation_view, status_view
+from keelway.api.router_process import RouterRestartFailed, RouterStartFailed
+from keelway.api.router_supervisor import RouterSupervisor
+from keelway.api.views import operation_view, router_view, status_view
 from keelway.deploy.deployer import Deployer
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
 from keelway.home import Home
@@ -31,9 +32,8 @@ from keelway.store import Store
 class Api:
     def __init__(self, store: Store, home: Home, deployer: Deployer, http_port: int | None,
                  on_shutdown: Callable[[bool], None],
-                 restart_router: Callable[[], Awaitable[dict[str, int]]] | None = None,
-                 ) -> None:
-        self.restart_router = restart_router
+                 router: RouterSupervisor | None = None) -> None:
+        self.router = router
         self.store = store
         self.home = home
         self.deployer = deployer
@@ -90,8 +90,10 @@ class Api:
         app = request.query.get("app")
         if app is not None and self.store.get_app(app) is None:
             raise NotFoundError(f"no app named {app}", hint="see `keelway apps`")
-        return web.json_response(status_view(self.store, self.http_port, app,
-                                             self.deployer.live_ops))
+        view = status_view(self.store, self.http_port, app, self.deployer.live_ops)
+        if self.router is not None:
+            view["router"] = router_view(self.router.health())
+        return web.json_response(view)
 
     async def releases(self, request: web.Request) -> web.Response:
         name = app_name(self.store, request)
@@ -175,11 +177,11 @@ class Api:
         return web.json_response({"started": [i.host for i in instances]})
 
     async def router_restart(self, _request: web.Request) -> web.Response:
-        if self.restart_router is None:
+        if self.router is None:
             raise UserError("this control plane cannot restart the router")
         try:
-            result = await self.restart_router()
-        except RouterRestartFailed as exc:
+            result = await self.router.restart()
+        except (RouterRestartFailed, RouterStartFailed) as exc:
             raise OperationError(str(exc), hint="see $KEELWAY_HOME/logs/router.log") from exc
         return web.json_response(result)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from keelway.api.router_supervisor import RouterHealth
 from keelway.reconcile.plan import leftovers as unconverged
 from keelway.store import Store
 from keelway.store.lifecycle import GenState
@@ -91,3 +92,16 @@ def status_view(store: Store, http_port: int | None, app_filter: str | None,
             ],
         })
     return {"apps": out, "leftovers": leftovers}
+
+
+def router_view(health: RouterHealth) -> dict[str, Any]:
+    """The router's health for `status`: who serves, since when, and if it is down,
+    why and when the next start is tried."""
+    return {
+        "state": health.state.value, "pid": health.pid, "addr": health.addr,
+        "workers": health.workers, "adopted": health.adopted, "up_since": health.up_since,
+        "down_since": health.down_since, "restarts": health.restarts,
+        "last_restart_reason": health.last_restart_reason,
+        "last_restart_at": health.last_restart_at, "next_retry_at": health.next_retry_at,
+        "last_error": health.last_error, "death_watch": health.death_watch,
+    }

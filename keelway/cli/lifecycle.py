@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from keelway.cli.base import DEFAULT_HTTP, api_call, cli, client, json_option
-from keelway.cli.client import ApiUnavailable
+from keelway.cli.client import ApiError, ApiUnavailable
 from keelway.cli.output import emit_json, fail, fail_json
 from keelway.home import Home
 
@@ -19,18 +19,20 @@ from keelway.home import Home
 @cli.command()
 @click.option("--demo", is_flag=True, help="Also deploy the bundled example app.")
 @click.option("-d", "detach", is_flag=True, help="Run in the background.")
-@click.option("--http", "http_addr", default=DEFAULT_HTTP, show_default=True,
-              help="Where the router listens.")
+@click.option("--http", "http_addr", default=None, metavar="ADDR",
+              help=f"Where the router listens (default: where it already does, else "
+                   f"{DEFAULT_HTTP}).")
 @click.option("--router-workers", type=click.IntRange(1, 256), default=None,
               help="Router processes on the listening socket (default: one per core).")
 @click.option("--trusted-proxy", "trusted", multiple=True, metavar="IP",
               help="A front proxy whose X-Forwarded-* headers are kept (repeatable).")
 @json_option
-def up(demo: bool, detach: bool, http_addr: str, router_workers: int | None,
+def up(demo: bool, detach: bool, http_addr: str | None, router_workers: int | None,
        trusted: tuple[str, ...], as_json: bool) -> None:
     """Start the control plane and the router (state in $KEELWAY_HOME)."""
     home = Home.from_env()
-    daemon_argv = [sys.executable, "-m", "keelway.api.daemon", "--http", http_addr]
+    daemon_argv = [sys.executable, "-m", "keelway.api.daemon"]
+    daemon_argv += ["--http", http_addr] if http_addr is not None else []
     daemon_argv += ["--demo"] if demo else []
     if router_workers is not None:
         daemon_argv += ["--router-workers", str(router_workers)]
@@ -43,11 +45,8 @@ def up(demo: bool, detach: bool, http_addr: str, router_workers: int | None,
     except (ApiUnavailable, OSError):
         running = None
     if running is not None:
-        message = f"keelway is already running for {home.root} (pid {running['pid']})"
-        hint = "stop it first with `keelway down`"
-        if as_json:
-            fail_json("already-running", message, hint, 3)
-        fail(message, hint, 3)
+        _already_running(home, running["pid"], as_json)
+        return
     home.ensure()
     log_fd = os.open(home.daemon_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     start = home.daemon_log.stat().st_size
@@ -74,24 +73,51 @@ def up(demo: bool, detach: bool, http_addr: str, router_workers: int | None,
             time.sleep(0.1)
     else:
         fail("the control plane did not come up in 120s", f"see {home.daemon_log}")
-    apps = client().request("GET", "/v1/status")["apps"]
-    urls = [i["url"] for a in apps for i in a["instances"]]
+    status = client().request("GET", "/v1/status")
+    urls = [i["url"] for a in status["apps"] for i in a["instances"]]
+    addr = status["router"]["addr"]
     if as_json:
-        emit_json({"pid": info["pid"], "http": http_addr, "api_socket": str(home.api_socket),
+        emit_json({"pid": info["pid"], "http": addr, "api_socket": str(home.api_socket),
                    "urls": urls})
         return
-    click.echo(f"keelway is running (pid {info['pid']}); router on http://{http_addr}/")
+    click.echo(f"keelway is running (pid {info['pid']}); router on http://{addr}/")
     for url in urls:
         click.echo(f"  {url}")
     click.echo("stop it with `keelway down`")
 
 
+def _already_running(home: Home, pid: int, as_json: bool) -> None:
+    """`up -d` with the control plane up: an error, unless its router is down (it
+    crashes at start, say, and waits out its backoff); then `up` means start it now."""
+    router = client().request("GET", "/v1/status").get("router")
+    if router is not None and router["state"] == "down":
+        try:
+            data = client(60.0).request("POST", "/v1/router/restart")
+        except ApiError as exc:
+            if as_json:
+                fail_json(exc.code, exc.message, exc.hint)
+            fail(exc.message, exc.hint)
+        if as_json:
+            emit_json({"pid": pid, "already_running": True, "router_started": data})
+            return
+        click.echo(f"keelway is already running (pid {pid}); its router was down: started "
+                   f"it again (pid {data['new_pid']}) on http://{router['addr']}/")
+        return
+    message = f"keelway is already running for {home.root} (pid {pid})"
+    hint = "stop it first with `keelway down`"
+    if as_json:
+        fail_json("already-running", message, hint, 3)
+    fail(message, hint, 3)
+
+
 @cli.command()
-@click.option("--keep-apps", is_flag=True, help="Leave the apps' processes running.")
+@click.option("--keep-apps", is_flag=True,
+              help="Leave the apps' processes and the router running (traffic flows on).")
 @json_option
 @api_call
 def down(keep_apps: bool, as_json: bool) -> None:
-    """Stop the control plane and the router (and the apps, unless --keep-apps)."""
+    """Stop the control plane, the router and the apps (with --keep-apps, only the
+    control plane: the router and the apps serve on, and `up` adopts them)."""
     home = Home.from_env()
     info = client().request("GET", "/v1/ping")
     client().request("POST", "/v1/shutdown", {"keep_apps": keep_apps})
@@ -104,7 +130,8 @@ def down(keep_apps: bool, as_json: bool) -> None:
     if as_json:
         emit_json({"stopped": True, "pid": info["pid"], "keep_apps": keep_apps})
     else:
-        click.echo("keelway stopped" + (" (apps left running)" if keep_apps else ""))
+        click.echo("keelway stopped" + (" (the router and the apps serve on)" if keep_apps
+                                        else ""))
 
 
 def _pid_alive(pid: int) -> bool:
@@ -124,10 +151,15 @@ def router() -> None:
 @json_option
 @api_call
 def router_restart(as_json: bool) -> None:
-    """Replace the router process without dropping a connection (socket handoff)."""
+    """Replace the router process without dropping a connection (socket handoff); a
+    dead router is started again at once."""
     data = client(60.0).request("POST", "/v1/router/restart")
     if as_json:
         emit_json(data)
+        return
+    if data["was_dead"]:
+        click.echo(f"router started: pid {data['old_pid']} was dead, pid {data['new_pid']} "
+                   "serves on the same socket")
         return
     click.echo(f"router restarted: pid {data['old_pid']} handed over to pid {data['new_pid']}")
 

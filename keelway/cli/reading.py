@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import click
@@ -38,6 +39,8 @@ def status(app: str | None, as_json: bool) -> None:
     if as_json:
         emit_json(data)
         return
+    if data.get("router"):
+        _router_health(data["router"])
     if not data["apps"]:
         click.echo("no apps yet: deploy one with `keelway deploy NAME PATH`")
     for item in data["apps"]:
@@ -71,6 +74,31 @@ def status(app: str | None, as_json: bool) -> None:
     for left in data["leftovers"]:
         click.echo(f"leftover: {left['instance']} {left['service']} generation {left['id']} "
                    f"(pid {left['pid']}); `keelway stop` and `keelway start` clear it")
+
+
+def _router_health(router: dict[str, Any]) -> None:
+    """One line on the router, and a second on its restarts if it had any."""
+    where = f"http://{router['addr']}/ ({router['workers']} workers)"
+    if router["state"] == "serving":
+        click.echo(f"router: serving {where}, pid {router['pid']}"
+                   f"{' (adopted)' if router['adopted'] else ''}, started "
+                   f"{ago(router['up_since'])}")
+    elif router["state"] == "starting":
+        click.echo(f"router: starting on {where}")
+    else:
+        retry = (f"; next try {_when(router['next_retry_at'])}" if router["next_retry_at"]
+                 else "")
+        error = f"; last error: {router['last_error']}" if router["last_error"] else ""
+        click.echo(f"router: DOWN on {where} since {ago(router['down_since'])}{retry}{error}"
+                   "; `keelway router restart` tries now")
+    if router["restarts"]:
+        click.echo(f"  restarts: {router['restarts']}, last {ago(router['last_restart_at'])}: "
+                   f"{router['last_restart_reason']}")
+
+
+def _when(at: float) -> str:
+    seconds = max(0, round(at - time.time()))
+    return f"in {seconds}s"
 
 
 @cli.command()
