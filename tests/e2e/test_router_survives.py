@@ -146,3 +146,24 @@ def test_up_with_new_router_settings_restarts_the_running_router_without_a_gap(
     assert (settings["workers"], settings["trusted_proxies"]) == (1, ["10.0.0.1"])
     assert router_violations(kw.home) == []
     assert kw.get("one.test")[0] == 200 and kw.get("two.test")[0] == 200
+
+
+def test_down_keep_apps_then_up_under_load_fails_no_request(
+    kw: Keelway, tmp_path: Path
+) -> None:
+    """Upgrading keelway is `down --keep-apps`, then `up`: the router and the apps serve
+    on meanwhile, and the new control plane adopts them."""
+    _two_apps(kw, tmp_path)
+    kw.started_pids.extend(kw.app_pids())
+    before = (kw.home / "router" / "router.pid").read_text()
+
+    def down_and_up() -> None:
+        kw.ok("down", "--keep-apps")
+        time.sleep(1.0)  # no control plane for a while under load
+        kw.up()
+
+    output = _under_load(kw, tmp_path, 6, 1.5, down_and_up)
+    total, failed = _failures(output)
+    assert total > 1000 and failed == 0, output
+    assert (kw.home / "router" / "router.pid").read_text() == before
+    assert router_violations(kw.home) == []
