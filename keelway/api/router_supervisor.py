@@ -315,8 +315,8 @@ class RouterSupervisor:
         self._next_retry_at = None
         self._started_mono = self._clock.monotonic()
         self._starting = True
-        failpoints.hit("router.respawn.before")
         try:
+            failpoints.hit("router.respawn.before")
             listener = self._listener
             if listener is None:
                 # An adopted router that would not lend its socket: bind the address
@@ -325,17 +325,18 @@ class RouterSupervisor:
                 self._listener = listener
             handle = spawn_router(self.home, listener, self.settings)
             await wait_answering(self.home, handle, START_TIMEOUT_S, self._clock)
+            record_settings(self.home, self.addr, self.settings)
+            failpoints.hit("router.respawn.after")
+            log.info("the router serves again on %s (pid %s)", self.addr, handle.pid)
+            await self._publish()
         except RouterStartFailed as exc:
             self._last_error = str(exc)
             log.error("%s", exc)
             raise
         finally:
             self._starting = False
-        record_settings(self.home, self.addr, self.settings)
-        failpoints.hit("router.respawn.after")
+        # Watched from here; a death since it answered is seen at once when armed.
         self._serving(handle, reason)
-        log.info("the router serves again on %s (pid %s)", self.addr, handle.pid)
-        await self._publish()
         return handle
 
     async def _bind_when_free(self) -> socket.socket:

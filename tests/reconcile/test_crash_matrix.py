@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import EXAMPLE, free_port, gone, kill_home_processes
+from tests.e2e.harness import EXAMPLE, free_port, gone, kill_home_processes, wait_until
 from tests.invariants import violations
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -108,7 +109,26 @@ SCENARIOS: dict[str, tuple[list[Step], Step]] = {
     # router (the port is taken) or recording the old one.
     "router-restart": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test")],
                        lambda h: h.ok("router", "restart")),
+    # The router dies and the control plane starts a successor on the same socket: a
+    # crash anywhere in that must leave the next boot starting or adopting exactly one.
+    "router-respawn": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test")],
+                       lambda h: _kill_router_until_respawned(h)),
 }
+
+
+def _kill_router_until_respawned(home: Home) -> None:
+    """SIGKILL the router's main process; return once the control plane has started
+    and published to its successor (AssertionError if the control plane dies first)."""
+    killed = int((home.root / "router" / "router.pid").read_text().split()[0])
+    os.kill(killed, signal.SIGKILL)
+
+    def respawned() -> bool:
+        done = home.cli("status", "--json")
+        assert done.returncode == 0, "the control plane is gone"
+        router = json.loads(done.stdout)["router"]
+        return bool(router["restarts"] >= 1 and router["pid"] not in (None, killed))
+
+    assert wait_until(respawned, timeout_s=30)
 
 
 def _cleanup(home: Home) -> None:
