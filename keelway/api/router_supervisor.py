@@ -102,16 +102,20 @@ class RouterHealth:
     death_watch: str
 
 
-class _DeathWatch:
-    """Calls `on_death` once, soon after the process `handle` names has exited."""
+class DeathWatch:
+    """Calls `on_death` once, soon after the process `handle` names has exited (our
+    child or not). `pidfd=False` is the fallback where the kernel has none."""
 
-    def __init__(self, handle: RouterHandle, on_death: Callable[[], object]) -> None:
+    def __init__(self, handle: RouterHandle, on_death: Callable[[], object],
+                 pidfd: bool = True) -> None:
         self._loop = asyncio.get_running_loop()
         self._on_death = on_death
         self._fd: int | None = None
         self._poll: asyncio.Task[None] | None = None
         self.kind = "pidfd"
         try:
+            if not pidfd:
+                raise OSError("pidfds not wanted")
             self._fd = os.pidfd_open(handle.pid)
         except ProcessLookupError:
             self._loop.call_soon(self._fire)
@@ -178,7 +182,7 @@ class RouterSupervisor:
         self._handle = handle
         self._listener = listener
         self._lock = asyncio.Lock()
-        self._watch: _DeathWatch | None = None
+        self._watch: DeathWatch | None = None
         self._death_kind = "pidfd"
         self._tasks: set[asyncio.Task[None]] = set()
         self._retry: asyncio.Task[None] | None = None
@@ -257,7 +261,7 @@ class RouterSupervisor:
 
     def _arm(self, handle: RouterHandle) -> None:
         self._disarm()
-        self._watch = _DeathWatch(handle, lambda: self._spawn_task(self._died(handle)))
+        self._watch = DeathWatch(handle, lambda: self._spawn_task(self._died(handle)))
         self._death_kind = self._watch.kind
 
     def _disarm(self) -> None:
