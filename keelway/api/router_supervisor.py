@@ -327,9 +327,12 @@ class RouterSupervisor:
                 # again, once its workers let go of it.
                 listener = await self._bind_when_free()
                 self._listener = listener
-            handle = spawn_router(self.home, listener, self.settings)
+            # Off the event loop: the spawn and the records fsync, and the API and the
+            # app supervisor keep running meanwhile.
+            handle = await asyncio.to_thread(spawn_router, self.home, listener,
+                                             self.settings)
             await wait_answering(self.home, handle, START_TIMEOUT_S, self._clock)
-            record_settings(self.home, self.addr, self.settings)
+            await asyncio.to_thread(record_settings, self.home, self.addr, self.settings)
             failpoints.hit("router.respawn.after")
             log.info("the router serves again on %s (pid %s)", self.addr, handle.pid)
             await self._publish()
