@@ -396,15 +396,20 @@ class RouterSupervisor:
                                                self.addr)
                 except RouterRestartFailed:
                     await self._adopt_whoever_answers(old)
-                    raise
-                self._serving(new, "router restart (asked for)")
-                await self._publish()
-                return {"old_pid": old.pid, "new_pid": new.pid, "was_dead": False}
+                    if process.is_alive(self._handle.pid, self._handle.start_ticks):
+                        raise
+                    old = self._handle  # it died under the handoff: start one below
+                else:
+                    self._serving(new, "router restart (asked for)")
+                    await self._publish()
+                    return {"old_pid": old.pid, "new_pid": new.pid, "was_dead": False}
             # Asked for: try now, whatever the backoff said; a failure keeps the backoff.
             reason = f"router restart (asked for; pid {old.pid} was dead)"
+            self._down_since = self._down_since or self._clock.now()
             try:
                 new = await self._start(reason)
             except RouterStartFailed:
+                self._streak = max(self._streak, 1)  # the next try waits, never spins
                 await self._start_or_retry(reason)
                 raise
             return {"old_pid": old.pid, "new_pid": new.pid, "was_dead": True}
