@@ -148,20 +148,29 @@ def recorded_settings(home: Home) -> tuple[str, RouterSettings | None] | None:
     return record.addr, RouterSettings(record.workers, tuple(record.trusted_proxies))
 
 
-def spawn_router(home: Home, listener: socket.socket,
-                 settings: RouterSettings) -> RouterHandle:
-    failpoints.hit("router.spawn.before")
+def _popen_router(home: Home, source: list[str],
+                  pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
+    """Start a router process in a session of its own (it outlives us), its output
+    appended to the router log; `source` says where its listening socket comes from."""
     log_fd = os.open(home.router_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
     try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "keelway.router", "--listen-fd", str(listener.fileno()),
-             "--control", str(home.router_socket), "--state", str(home.router_state),
-             *settings.argv()],
-            pass_fds=(listener.fileno(),), stdin=subprocess.DEVNULL, stdout=log_fd,
-            stderr=log_fd, start_new_session=True, close_fds=True,
+        return subprocess.Popen(
+            [sys.executable, "-m", "keelway.router", *source,
+             "--control", str(home.router_socket), "--state", str(home.router_state)],
+            pass_fds=pass_fds, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
+            start_new_session=True, close_fds=True,
         )
     finally:
         os.close(log_fd)
+
+
+def spawn_router(home: Home, listener: socket.socket,
+                 settings: RouterSettings) -> RouterHandle:
+    """A router on `listener` (its fd is inherited), recorded in the pidfile. Blocking
+    (a fork and an fsync): call it from a thread where an event loop runs."""
+    failpoints.hit("router.spawn.before")
+    proc = _popen_router(home, ["--listen-fd", str(listener.fileno()), *settings.argv()],
+                         (listener.fileno(),))
     failpoints.hit("router.spawn.after")
     stat = process.read_stat(proc.pid)
     handle = RouterHandle(proc.pid, stat.start_ticks if stat else 0, adopted=False)
@@ -262,17 +271,8 @@ async def restart_router(home: Home, old: RouterHandle, clock: Clock,
     The new one is recorded (pidfile, then `addr` and `settings`) once it answers.
     """
     failpoints.hit("router.restart.before")
-    log_fd = os.open(home.router_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
-    try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "keelway.router", "--takeover", str(home.router_socket),
-             "--control", str(home.router_socket), "--state", str(home.router_state),
-             *settings.argv()],
-            stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, start_new_session=True,
-            close_fds=True,
-        )
-    finally:
-        os.close(log_fd)
+    proc = await asyncio.to_thread(
+        _popen_router, home, ["--takeover", str(home.router_socket), *settings.argv()])
     failpoints.hit("router.restart.after")
     new = RouterHandle(proc.pid, 0, adopted=False)
     _children[proc.pid] = proc
@@ -298,8 +298,8 @@ async def restart_router(home: Home, old: RouterHandle, clock: Clock,
     failpoints.hit("router.restart.took_over")
     stat = process.read_stat(proc.pid)
     handle = RouterHandle(proc.pid, stat.start_ticks if stat else 0, adopted=False)
-    _record_pid(home, handle)
-    record_settings(home, addr, settings)
+    await asyncio.to_thread(_record_pid, home, handle)
+    await asyncio.to_thread(record_settings, home, addr, settings)
     # The old router drains and exits on its own; prove it, reaping it if it is ours.
     gone = await process.wait_gone(old.pid, old.start_ticks, clock, 20.0)
     reap(old)

@@ -243,12 +243,12 @@ class RouterSupervisor:
                     raise
                 await clock.sleep(0.1)
         try:
-            handle = spawn_router(home, listener, settings)
+            handle = await asyncio.to_thread(spawn_router, home, listener, settings)
             await wait_answering(home, handle, START_TIMEOUT_S, clock)
         except BaseException:
             listener.close()
             raise
-        record_settings(home, addr, settings)
+        await asyncio.to_thread(record_settings, home, addr, settings)
         return cls(home, addr, settings, clock, handle, listener)
 
     # -- supervision --------------------------------------------------------------------
