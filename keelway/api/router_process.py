@@ -2,11 +2,11 @@
 death. Keeping it alive is keelway.api.router_supervisor's; this module has the verbs.
 
 The control plane binds the listening socket itself, so a port already in use is a
-clear error before anything else starts, and hands the bound fd to the router. The
-router runs in its own session and is not our child in spirit: it survives a crash of
-the control plane and keeps serving its last route table. Its pid and start time are
-kept in a pidfile so that the next control plane adopts it instead of fighting it for
-the port.
+clear error before anything else starts, and hands the bound fd to the router (keeping
+a copy, so that a successor can start on the very same socket). The router runs in its
+own session and is not our child in spirit: it survives a crash of the control plane
+and keeps serving its last route table. Its pid and start time are kept in a pidfile so
+that the next control plane adopts it instead of fighting it for the port.
 
 Which router is *the* router is decided by the control socket: the process that
 answers there owns it (a successor renames its socket over its predecessor's only once
