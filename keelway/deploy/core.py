@@ -129,7 +129,7 @@ class DeployerCore:
             web = self.store.get_generation(web_active.generation_id) if web_active else None
             if web is not None and web.state is not GenState.GONE:
                 self.store.set_route(inst.host, inst.host, RouteState.SERVING, web.port, web.id)
-        await self.publisher.publish()
+        await self.publisher.publish(inst.host)
 
     async def _restart_active_locked(self, host: str) -> None:
         """The reconciler's RESTART_ACTIVE, run under the instance lock it already holds."""
