@@ -228,6 +228,7 @@ class Deployer(Recovery):
             op = self.store.begin_operation(target.app, host, kind, self.owner, key=key,
                                             request_digest=request_digest, schedule_rev=rev)
             self.live_ops.add(op.id)
+            faulted = False
             try:
                 self._mint_key(op, host)
                 result = await Attempt(
@@ -235,10 +236,15 @@ class Deployer(Recovery):
                     target, fallback, rev, write_release, progress).run()
             except OperationError as exc:
                 result = Result(Outcome.FAILED, exc.message)
+            except Exception as exc:  # journaled as what it is (see DeployerCore)
+                result, faulted = Result(Outcome.FAILED, self._record_fault(op, exc)), True
             finally:
                 self.live_ops.discard(op.id)
-            self._finish(op, result)
-            await self._reconcile_locked(host, Pass.MUTATION)
+            if faulted:
+                await self._converge_fault(host)
+            else:
+                self._finish(op, result)
+                await self._reconcile_locked(host, Pass.MUTATION)
             targets.link_current(self.store, self.home, host)
             return result
 

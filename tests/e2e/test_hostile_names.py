@@ -4,12 +4,13 @@ A hostname that passed `deploy` but not the router's table once made every later
 operation of every app fail with "internal error" and was journaled as a crash. These
 drive the real CLI and daemon: such a name is refused up front; a route the router
 refuses anyway (one written by an older keelway) fails only its own instance, saying
-why; a config value the environment would cut short is refused.
+why; an exception inside an operation is journaled and answered as what it is.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,31 @@ def test_a_route_the_router_refuses_fails_only_its_own_instance_and_says_why(
     for app in ("hello", "other"):
         assert not any(CRASH in str(op["error"]) for op in _ops(kw, app))
     assert kw.ok("status", "--json").json()["leftovers"] == []
+
+
+def test_an_exception_inside_an_operation_is_journaled_and_answered_as_what_it_is(
+    kw: Keelway,
+) -> None:
+    kw.up()
+    kw.ok("deploy", "hello", str(EXAMPLE), "--host", "one.test")
+    env_file = kw.home / "env" / "one.test.env"
+    saved = env_file.read_bytes()
+    env_file.unlink()
+    env_file.mkdir()  # reading the instance key now raises inside the operation
+    result = kw.run("restart", "hello", "--json")
+    assert result.code == 1
+    error = result.json()["error"]
+    assert error["code"] != "internal" and "Is a directory" in error["message"]
+    latest = _ops(kw, "hello")[0]
+    assert latest["kind"] == "restart" and latest["state"] == "failed"
+    assert str(latest["error"]).startswith("instance key: IsADirectoryError")
+    assert CRASH not in str(latest["error"])
+    assert _serves(kw, "one.test", "v1")
+    env_file.rmdir()
+    env_file.write_bytes(saved)
+    os.chmod(env_file, 0o600)
+    kw.ok("restart", "hello")
+    assert _serves(kw, "one.test", "v1")
 
 
 def test_a_config_value_with_a_nul_or_over_the_limits_is_refused_and_changes_nothing(
