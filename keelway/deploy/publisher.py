@@ -100,8 +100,8 @@ class Publisher:
             if mine:
                 raise RouteRefused(
                     "; ".join(f"publish route for {h!r}: {refused[h]}" for h in mine),
-                    hint="every other route was published; this one needs a valid "
-                         "hostname (see `keelway status`)")
+                    hint="every other route was published; this one stays unrouted "
+                         "until its record is valid (see the router log)")
         return applied.version
 
     def _note(self, refused: dict[str, str]) -> None:
