@@ -131,12 +131,10 @@ def accept(offer: TableOffer) -> tuple[RouteTable, dict[str, str]]:
     routes: dict[str, Route] = {}
     refused: dict[str, str] = {}
     for host, raw in offer.routes.items():
-        if not names.HOST.accepts(host):
-            refused[host] = f"{host!r} is not a valid hostname"
-            continue
         try:
+            names.HOST.check(host)
             routes[host] = _route_decoder.decode(raw)
-        except msgspec.DecodeError as exc:
+        except (names.InvalidName, msgspec.DecodeError) as exc:
             refused[host] = str(exc)
     return RouteTable(version=offer.version, routes=routes), refused
 
@@ -169,9 +167,10 @@ def host_key(raw: bytes) -> bytes:
     """Map a Host header value onto a table key: lowercase, port and trailing dot removed.
 
     `Blog.Test:8080` -> `blog.test`; `[::1]:8080` -> `[::1]`. Pure and cheap: it runs
-    once per request, so it checks nothing itself. For every host the host rule accepts,
-    each spelling of it in a Host header maps back onto it; anything else maps onto a
-    key that the rule refuses, so no route can name it (tests/test_names.py).
+    once per request, so it checks nothing itself: headers.py has refused a malformed
+    Host before. For every host the host rule accepts, each spelling of it (any case, a
+    port, a trailing dot) maps back onto it, and a key the rule accepts is always the
+    header's own name before its port (tests/test_names.py).
     """
     raw = raw.lower()
     if raw[:1] == b"[":
