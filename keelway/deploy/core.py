@@ -135,11 +135,15 @@ class DeployerCore:
 
     async def _converge_fault(self, host: str) -> None:
         """Converge a faulted operation now, under the lock the caller holds, so it is
-        terminal when the caller answers; a failure here is left to the next pass."""
+        terminal when the caller answers; a failure here is left to the next pass (the
+        op stays unfinished and not live), and the caller still answers the fault."""
         try:
             await self._reconcile_locked(host, Pass.MUTATION)
         except OperationError as exc:
             log.warning("after a fault on %s: %s", host, exc.message)
+        except Exception:
+            # Whatever raised inside the operation may well raise here too (a full disk).
+            log.exception("after a fault on %s: could not converge it yet", host)
 
     async def _respawn_active(self, op: Operation, inst: Instance) -> None:
         """Bring every ACTIVE service back (the verified start path), keeping live ones,
