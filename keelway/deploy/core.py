@@ -121,10 +121,12 @@ class DeployerCore:
         unfinished, not live: the reconciler converges it (`_converge_fault`).
         """
         log.exception("op %d %s on %s raised", op.id, op.kind, op.instance)
-        latest = self.store.get_operation(op.id) or op
-        pending = [s.name for s in latest.steps if s.state is StepState.PENDING]
-        error = (f"{pending[-1]}: " if pending else "") + f"{type(exc).__name__}: {exc}"
+        error = f"{type(exc).__name__}: {exc}"
         try:
+            latest = self.store.get_operation(op.id) or op
+            pending = [s.name for s in latest.steps if s.state is StepState.PENDING]
+            if pending:
+                error = f"{pending[-1]}: {error}"  # where it happened, then what
             seq = self.store.begin_step(op.id, FAULT_STEP)
             self.store.finish_step(op.id, seq, StepState.FAILED, error=error)
         except Exception:
