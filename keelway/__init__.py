@@ -10,7 +10,8 @@ Layering (imports only point down this list; checked by tests/test_layering.py):
     router         the data plane; its own process, fed route tables over a socket
     builds         staging, manifests, build commands, gc
     store          the SQLite records and their schema
-    durable, failpoints, clock, home    leaf modules with no keelway imports
+    durable, failpoints, clock, home, names    leaf modules with no keelway imports
+                                              (names: the rule of every name a user gives)
 
 The router never imports the store, the deployer or the API: traffic must not depend
 on anything the control plane owns.

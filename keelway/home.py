@@ -6,22 +6,12 @@ Nothing else builds paths under the home by hand, so the layout can be read here
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
-# Hostnames name directories and files below, so only DNS-safe lowercase labels pass.
-_LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
-_HOST_RE = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
-_APP_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
-
-
-def valid_host(host: str) -> bool:
-    return bool(_HOST_RE.match(host))
-
-
-def valid_app_name(name: str) -> bool:
-    return bool(_APP_RE.match(name))
+# Instance hosts name directories and files below. Only names that keelway/names.py's
+# HOST rule accepts ever get here (the API and the deployer check them first), and each
+# of those is one safe path component: no `/`, never `.` or `..`.
 
 
 def default_root() -> Path:

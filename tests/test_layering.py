@@ -11,6 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "keelway"
 
 # Which keelway packages each layer may import (besides itself and the leaf modules).
 LEAVES = {"keelway.durable", "keelway.failpoints", "keelway.clock", "keelway.home",
+          "keelway.names",
           "keelway", "keelway.testing"}
 ALLOWED = {
     "router": set(),
@@ -46,6 +47,13 @@ def test_each_layer_imports_only_the_layers_below_it() -> None:
                 if target != layer and target not in allowed:
                     wrong.append(f"{path.relative_to(PACKAGE)} imports {name}")
     assert wrong == []
+
+
+def test_the_leaf_modules_import_nothing_of_keelway() -> None:
+    # What lets every layer, the router included, import them.
+    leaves = [name for name in LEAVES if name.count(".") == 1 and name != "keelway.testing"]
+    wrong = {name: _imports(PACKAGE / f"{name.split('.')[1]}.py") for name in leaves}
+    assert {name: found for name, found in wrong.items() if found} == {}
 
 
 def test_the_cli_starts_without_aiohttp_uvloop_or_rich() -> None:

@@ -1,8 +1,14 @@
-"""Request bodies of the JSON API (msgspec Structs: unknown fields are refused)."""
+"""Request bodies of the JSON API (msgspec Structs: unknown fields are refused), and the
+check of the names and values they carry, by the one rule of each (keelway/names.py).
+
+A check raises `names.InvalidName` (answered 400) before anything is staged or written.
+"""
 
 from __future__ import annotations
 
 import msgspec
+
+from keelway import names
 
 
 class DeployBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -14,6 +20,11 @@ class DeployBody(msgspec.Struct, forbid_unknown_fields=True):
     key: str | None = None
     mode: str | None = None
 
+    def check(self) -> None:
+        names.APP.check(self.app)
+        for host in self.hosts:
+            names.HOST.check(host)
+
 
 class RestartBody(msgspec.Struct, forbid_unknown_fields=True):
     instance: str | None = None
@@ -24,6 +35,16 @@ class ConfigBody(msgspec.Struct, forbid_unknown_fields=True):
     set: dict[str, str] = {}
     unset: list[str] = []
     key: str | None = None
+
+    def changes(self) -> dict[str, str | None]:
+        """The checked changes, None for an unset (a name both unset and set is set)."""
+        changes: dict[str, str | None] = {}
+        for name in self.unset:
+            changes[names.CONFIG_NAME.check(name)] = None
+        for name, value in self.set.items():
+            names.check_config_set(name, value)
+            changes[name] = value
+        return changes
 
 
 class RollbackBody(msgspec.Struct, forbid_unknown_fields=True):

@@ -14,6 +14,7 @@ import msgspec
 from aiohttp import web
 
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
+from keelway.names import InvalidName
 from keelway.store import Store
 
 log = logging.getLogger("keelway.api")
@@ -36,6 +37,8 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error_response(404, exc.code, exc.message, exc.hint)
     except UserError as exc:
         return error_response(400, exc.code, exc.message, exc.hint)
+    except InvalidName as exc:
+        return error_response(400, "bad-request", exc.message, exc.hint)
     except OperationError as exc:
         return error_response(500, exc.code, exc.message, exc.hint)
     except msgspec.ValidationError as exc:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import re
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -27,11 +26,11 @@ from keelway.builds.manifest import Mode
 from keelway.builds.stage import stage
 from keelway.deploy.deployer import Deployer, InstanceResult
 from keelway.deploy.errors import OperationError, UserError
-from keelway.home import Home, valid_app_name
+from keelway.home import Home
+from keelway.names import InvalidName
 from keelway.store import Store
 from keelway.store.lifecycle import RequestState
 
-_CONFIG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 Progress = Callable[[str], None]
 Work = Callable[[Progress], Coroutine[Any, Any, dict[str, Any]]]
 
@@ -62,6 +61,9 @@ def _final_event(task: asyncio.Task[dict[str, Any]]) -> dict[str, Any]:
     except OperationError as exc:
         return {"event": "error", "error": {
             "code": exc.code, "message": exc.message, "hint": exc.hint}}
+    except InvalidName as exc:
+        return {"event": "error", "error": {
+            "code": "bad-request", "message": exc.message, "hint": exc.hint}}
     except Exception:
         log.exception("operation failed")
         return {"event": "error", "error": {
@@ -94,9 +96,7 @@ class Operations:
 
     async def deploy(self, request: web.Request) -> web.StreamResponse:
         body: bodies.DeployBody = await read_body(request, bodies.DeployBody)
-        if not valid_app_name(body.app):
-            raise UserError(f"{body.app!r} is not a valid app name",
-                            hint="start with a letter; use lowercase letters, digits and dashes")
+        body.check()
         mode = _mode(body.mode)
         source = Path(body.source)
         if not source.is_absolute():
@@ -145,17 +145,12 @@ class Operations:
     async def config_set(self, request: web.Request) -> web.StreamResponse:
         name = app_name(self.store, request)
         body: bodies.ConfigBody = await read_body(request, bodies.ConfigBody)
-        changes: dict[str, str | None] = {k: None for k in body.unset}
-        changes.update(body.set)
-        bad = [k for k in changes if not _CONFIG_NAME.match(k)]
-        if bad:
-            raise UserError(f"not a config var name: {', '.join(bad)}",
-                            hint="use letters, digits and underscores, not starting with a digit")
+        changes = body.changes()
         if not changes:
             raise UserError("nothing to change", hint="give K=V to set or K to unset")
-        reserved = [k for k in changes if k.startswith("KEELWAY_") or k == "PORT"]
-        if reserved:
-            raise UserError(f"{', '.join(reserved)} is set by keelway itself")
+        # The whole resulting config, checked before the answer starts streaming, so a
+        # refusal is a 400 that changed nothing; set_config checks it again at its start.
+        self.deployer.new_config(name, changes)
         digest = _digest(f"config {name}", body)
 
         async def work(progress: Progress) -> dict[str, Any]:

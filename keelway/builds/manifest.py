@@ -6,7 +6,7 @@ write.
 
 Rules:
 - A Procfile line is `name: command`; `#` starts a comment line; blank lines are skipped.
-  Names match `[a-z][a-z0-9_-]*` and are unique. `release` is the one-shot release
+  Names follow keelway/names.py's SERVICE rule and are unique. `release` is the one-shot release
   command, not a service. A `web` process is required: keelway routes HTTP to it.
 - keelway.toml holds `[build] command` and `[services.<name>]` tables with `mode`,
   `health`, `settle`, `stop_grace`, `idle`. Unknown keys and services not in the
@@ -25,6 +25,7 @@ from pathlib import Path
 
 import msgspec
 
+from keelway import names
 from keelway.builds.errors import ManifestError
 
 PROCFILE = "Procfile"
@@ -36,7 +37,6 @@ DEFAULT_HEALTH = "/"
 DEFAULT_SETTLE_S = 10.0
 DEFAULT_STOP_GRACE_S = 10.0
 
-_NAME_RE = re.compile(r"[a-z][a-z0-9_-]*")
 _DURATION_RE = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h))+")
 _DURATION_PART_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -135,11 +135,9 @@ def parse_procfile(text: str) -> dict[str, str]:
         where = f"{PROCFILE} line {lineno}"
         if not sep:
             raise ManifestError(f"{where}: expected `name: command`, got {line!r}")
-        if not _NAME_RE.fullmatch(name):
-            raise ManifestError(
-                f"{where}: process name {name!r} must start with a lowercase letter and "
-                "contain only lowercase letters, digits, '-' and '_'"
-            )
+        if not names.SERVICE.accepts(name):
+            raise ManifestError(f"{where}: process name {name!r} is not valid: "
+                                f"{names.SERVICE.hint}")
         if not command:
             raise ManifestError(f"{where}: process {name!r} has no command after the ':'")
         if name in seen_on:

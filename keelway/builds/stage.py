@@ -40,6 +40,7 @@ from enum import Enum
 from pathlib import Path
 from typing import IO
 
+from keelway import names
 from keelway.builds.build_step import BUILD_TIMEOUT_S, build_env, run_step
 from keelway.builds.errors import BuildError, SourceError, StagingError
 from keelway.builds.extract import safe_extract_tar
@@ -57,7 +58,6 @@ from keelway.durable import TEMP_PREFIX, fsync_dir
 
 Progress = Callable[[str], None]
 
-APP_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 VENV_DIR = ".venv"
 REQUIREMENTS = "requirements.txt"
@@ -101,11 +101,9 @@ def stage(
     BuildCommandError, StagingError); after any exception nothing new is named in
     `builds_dir/<app>` and the temp directory is removed (a crash leaves it to `sweep`).
     """
-    if not APP_NAME_RE.fullmatch(app):
-        raise SourceError(
-            f"app name {app!r} must be 1-63 lowercase letters, digits, '-' or '_', "
-            "starting with a letter or digit"
-        )
+    if not names.APP.accepts(app):
+        # The API refused it already; this guards the path builds/<app> for any caller.
+        raise SourceError(f"app name {app!r} is not valid: {names.APP.hint}")
     source = Path(source)
     app_dir = Path(builds_dir) / app
     try:

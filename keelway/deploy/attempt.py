@@ -126,7 +126,11 @@ class Attempt:
                 for spec in hold:
                     candidates[spec.name] = await self._start(spec, prior.get(spec.name))
             await self._activate(candidates, prior, overlap)
+            # From the ACTIVE transaction on, a failure must put back what it replaced,
+            # a failed publish included: ACTIVE already names the candidates.
             activated = True
+            await self._publish("publish", serving=True)
+            self._say("published")
             await self._settle(candidates)
             self.gate("before the result counts")
         except Superseded as exc:
@@ -175,7 +179,9 @@ class Attempt:
             assert route is not None
             self.store.set_route(self.host, self.host, RouteState.HOLDING, route.port,
                                  route.generation_id)
-            await self._publish("withdraw traffic")
+            # Withdrawing needs no check of our own route: one the router refused is not
+            # served at all, which is withdrawn too.
+            await self._publish("withdraw traffic", serving=False)
         for spec in hold:
             old = prior.get(spec.name)
             if old is None:
@@ -194,7 +200,8 @@ class Attempt:
 
     async def _activate(self, candidates: dict[str, Generation], prior: dict[str, Generation],
                         overlap: list[ServiceSpec]) -> None:
-        """ACTIVE, route, retirement marks (and the release row) in one transaction."""
+        """ACTIVE, route, retirement marks (and the release row) in one transaction; the
+        caller publishes."""
         seq = self.store.begin_step(self.op.id, "activate", detail=", ".join(
             f"{s}={g.id}" for s, g in candidates.items()))
         failpoints.hit("activate.before")
@@ -217,13 +224,13 @@ class Attempt:
                 self.store.set_instance_state(inst, InstanceState.RUNNING)
         failpoints.hit("activate.after")
         self.store.finish_step(self.op.id, seq, StepState.SUCCEEDED)
-        await self._publish("publish")
-        self._say("published")
 
-    async def _publish(self, name: str) -> None:
+    async def _publish(self, name: str, *, serving: bool) -> None:
+        """A publish step; when it puts this instance's route `serving`, a refusal of
+        that route fails the attempt (RouteRefused names it), and only this attempt."""
         seq = self.store.begin_step(self.op.id, name)
         try:
-            await self.publisher.publish()
+            await self.publisher.publish(self.host if serving else None)
         except OperationError as exc:
             self.store.finish_step(self.op.id, seq, StepState.FAILED, error=exc.message)
             raise AppFailed(exc.message, exc.hint) from exc
@@ -318,7 +325,7 @@ class Attempt:
                 self.store.set_route(self.host, self.host, *want)
         if changed:
             try:
-                await self.publisher.publish()
+                await self.publisher.publish(self.host)
             except OperationError as exc:
                 self._say(f"could not republish: {exc.message}")
         if activated:

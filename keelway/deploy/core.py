@@ -3,7 +3,11 @@ and bringing ACTIVE generations back.
 
 Owns the per-instance locks (every mutation of an instance holds its lock) and the
 journal's edges: an operation is live, so the reconciler leaves it alone, exactly while
-this control plane runs it, and its outcome is written once, after its work. Layers:
+this control plane runs it, and its outcome is written once, after its work. An
+exception an operation raises is journaled as what it is (a `fault` step with the
+error), and the operation is then converged by the reconciler as after a crash: its
+effects are in an unknown state, and that path removes unpublished candidates and keeps
+a hold release that executed down. Layers:
 `DeployerCore` here, `Recovery` (crashes, boot, periodic passes) on it, and `Deployer`
 (the operations users ask for) on that.
 """
@@ -23,11 +27,12 @@ from keelway.deploy.instances import StartFailed, start_generation
 from keelway.deploy.publisher import Publisher
 from keelway.home import Home
 from keelway.reconcile.apply import FailedClosed, Reconciler
+from keelway.reconcile.plan import FAULT_STEP
 from keelway.reconcile.plan import Mode as Pass
 from keelway.runtime.backoff import Backoff
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
-from keelway.store.lifecycle import GenState, InstanceState, OpState, RouteState
+from keelway.store.lifecycle import GenState, InstanceState, OpState, RouteState, StepState
 from keelway.store.records import Generation, Instance, Operation
 
 log = logging.getLogger("keelway.deployer")
@@ -85,9 +90,11 @@ class DeployerCore:
                          work: Callable[[Operation], Awaitable[None]]) -> Result:
         """Run `work` as one journaled operation owned by this control plane: the
         operation is live (the reconciler leaves it to us) until its outcome is written.
-        A crash inside `work` leaves it unfinished, for the reconciler to converge."""
+        A crash inside `work` leaves it unfinished, for the reconciler to converge; an
+        exception is journaled as a fault and converged at once. Run under `host`'s lock."""
         op = self.store.begin_operation(app, host, kind, self.owner)
         self.live_ops.add(op.id)
+        faulted = False
         try:
             await work(op)
             result = Result(Outcome.DONE)
@@ -95,10 +102,50 @@ class DeployerCore:
             result = Result(Outcome.FAILED, str(exc))
         except OperationError as exc:
             result = Result(Outcome.FAILED, exc.message)
+        except Exception as exc:
+            result, faulted = Result(Outcome.FAILED, self._record_fault(op, exc)), True
         finally:
             self.live_ops.discard(op.id)
-        self._finish(op, result)
+        if faulted:
+            await self._converge_fault(host)
+        else:
+            self._finish(op, result)
         return result
+
+    def _record_fault(self, op: Operation, exc: Exception) -> str:
+        """Journal an exception raised inside `op` as a failed `fault` step; returns the
+        error as the operation's outcome will say it. Call from the `except` block.
+
+        `except Exception` around an operation is the journal's edge, like the top of a
+        loop: whatever went wrong, the journal must say it, never "a crash". The op stays
+        unfinished, not live: the reconciler converges it (`_converge_fault`).
+        """
+        log.exception("op %d %s on %s raised", op.id, op.kind, op.instance)
+        error = f"{type(exc).__name__}: {exc}"
+        try:
+            latest = self.store.get_operation(op.id) or op
+            pending = [s.name for s in latest.steps if s.state is StepState.PENDING]
+            if pending:
+                error = f"{pending[-1]}: {error}"  # where it happened, then what
+            seq = self.store.begin_step(op.id, FAULT_STEP)
+            self.store.finish_step(op.id, seq, StepState.FAILED, error=error)
+        except Exception:
+            # The store itself fails (a full disk, say): the op converges as interrupted,
+            # and the caller still hears the real error.
+            log.exception("op %d: could not journal its fault", op.id)
+        return error
+
+    async def _converge_fault(self, host: str) -> None:
+        """Converge a faulted operation now, under the lock the caller holds, so it is
+        terminal when the caller answers; a failure here is left to the next pass (the
+        op stays unfinished and not live), and the caller still answers the fault."""
+        try:
+            await self._reconcile_locked(host, Pass.MUTATION)
+        except OperationError as exc:
+            log.warning("after a fault on %s: %s", host, exc.message)
+        except Exception:
+            # Whatever raised inside the operation may well raise here too (a full disk).
+            log.exception("after a fault on %s: could not converge it yet", host)
 
     async def _respawn_active(self, op: Operation, inst: Instance) -> None:
         """Bring every ACTIVE service back (the verified start path), keeping live ones,
@@ -129,7 +176,7 @@ class DeployerCore:
             web = self.store.get_generation(web_active.generation_id) if web_active else None
             if web is not None and web.state is not GenState.GONE:
                 self.store.set_route(inst.host, inst.host, RouteState.SERVING, web.port, web.id)
-        await self.publisher.publish()
+        await self.publisher.publish(inst.host)
 
     async def _restart_active_locked(self, host: str) -> None:
         """The reconciler's RESTART_ACTIVE, run under the instance lock it already holds."""

@@ -15,14 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from keelway import failpoints
+from keelway import failpoints, names
 from keelway.builds.manifest import Mode
 from keelway.deploy import targets
 from keelway.deploy.attempt import Attempt, Cause, Outcome, Result
 from keelway.deploy.errors import AppFailed, NotFoundError, OperationError, UserError
 from keelway.deploy.instances import Target
 from keelway.deploy.recovery import Recovery
-from keelway.home import valid_host
 from keelway.reconcile.plan import Mode as Pass
 from keelway.runtime.environment import ensure_instance_key
 from keelway.store.lifecycle import InstanceState, RouteState, StepState
@@ -53,9 +52,10 @@ class Deployer(Recovery):
     def validate_hosts(self, app: str, hosts: list[str]) -> None:
         """Refuse bad or foreign hostnames before anything is staged or written."""
         for host in hosts:
-            if not valid_host(host):
-                raise UserError(f"{host!r} is not a valid hostname",
-                                hint="use lowercase letters, digits, dots and dashes")
+            try:
+                names.HOST.check(host)
+            except names.InvalidName as exc:
+                raise UserError(exc.message, hint=exc.hint) from None
             owner = self.store.get_instance(host)
             if owner is not None and owner.app != app:
                 raise UserError(f"{host} already belongs to app {owner.app}",
@@ -79,10 +79,14 @@ class Deployer(Recovery):
                      request_digest: str | None = None,
                      mode: Mode | None = None) -> list[InstanceResult]:
         """Release a staged build to every instance of `app` (and to new `hosts`)."""
-        self.validate_hosts(app, hosts)
-        self.store.ensure_app(app)
+        try:
+            names.APP.check(app)
+        except names.InvalidName as exc:
+            raise UserError(exc.message, hint=exc.hint) from None
         known = [i.host for i in self.store.list_instances(app)]
         targets = known + [h for h in hosts if h not in known] or [f"{app}.localhost"]
+        self.validate_hosts(app, [h for h in targets if h not in known])
+        self.store.ensure_app(app)
         for host in targets:
             self.store.ensure_instance(host, app)
         self.store.record_build(app, build_digest, str(build_path))
@@ -96,22 +100,32 @@ class Deployer(Recovery):
                          progress: Progress = _quiet, key: str | None = None,
                          request_digest: str | None = None) -> list[InstanceResult]:
         """A new release with changed config vars (None unsets); restarts per mode."""
+        config = self.new_config(app, changes)
+        current = targets.current_release(self.store, app)
+        changed = ", ".join(sorted(changes))
+        verb = "Set" if all(v is not None for v in changes.values()) else "Update"
+        return await self._rollout(app, "config", Cause.CONFIG, current.build_digest,
+                                   current.build_path, config, f"{verb} {changed}",
+                                   [i.host for i in self.store.list_instances(app)], progress,
+                                   key, request_digest)
+
+    def new_config(self, app: str, changes: dict[str, str | None]) -> dict[str, str]:
+        """`app`'s config with `changes` applied (None unsets), refused with a UserError
+        unless the whole of it passes the config rules: every process carries all of it."""
         app_record = self.store.get_app(app)
         if app_record is None:
             raise NotFoundError(f"no app named {app}", hint="see `keelway apps`")
-        current = targets.current_release(self.store, app)
         config = dict(app_record.config)
         for name, value in changes.items():
             if value is None:
                 config.pop(name, None)
             else:
                 config[name] = value
-        names = ", ".join(sorted(changes))
-        verb = "Set" if all(v is not None for v in changes.values()) else "Update"
-        return await self._rollout(app, "config", Cause.CONFIG, current.build_digest,
-                                   current.build_path, config, f"{verb} {names}",
-                                   [i.host for i in self.store.list_instances(app)], progress,
-                                   key, request_digest)
+        try:
+            names.check_config(config)
+        except names.InvalidName as exc:
+            raise UserError(exc.message, hint=exc.hint) from None
+        return config
 
     async def rollback(self, app: str, to: int | None, progress: Progress = _quiet,
                        key: str | None = None,
@@ -214,6 +228,7 @@ class Deployer(Recovery):
             op = self.store.begin_operation(target.app, host, kind, self.owner, key=key,
                                             request_digest=request_digest, schedule_rev=rev)
             self.live_ops.add(op.id)
+            faulted = False
             try:
                 self._mint_key(op, host)
                 result = await Attempt(
@@ -221,10 +236,15 @@ class Deployer(Recovery):
                     target, fallback, rev, write_release, progress).run()
             except OperationError as exc:
                 result = Result(Outcome.FAILED, exc.message)
+            except Exception as exc:  # journaled as what it is (see DeployerCore)
+                result, faulted = Result(Outcome.FAILED, self._record_fault(op, exc)), True
             finally:
                 self.live_ops.discard(op.id)
-            self._finish(op, result)
-            await self._reconcile_locked(host, Pass.MUTATION)
+            if faulted:
+                await self._converge_fault(host)
+            else:
+                self._finish(op, result)
+                await self._reconcile_locked(host, Pass.MUTATION)
             targets.link_current(self.store, self.home, host)
             return result
 

@@ -32,3 +32,10 @@ class AppFailed(OperationError):
 
 class RouterUnavailable(OperationError):
     code = "router-unavailable"
+
+
+class RouteRefused(OperationError):
+    """A route of this instance was refused (left out of the router's table); every
+    other route was published."""
+
+    code = "route-refused"

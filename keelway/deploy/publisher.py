@@ -5,6 +5,12 @@ pushed with a fresh version. Crash between the two: the row names the new genera
 the router still the old one; boot republishes the whole table, so the router converges
 to the store. The router refuses a table older than the one it has, so a slow push can
 never undo a newer one.
+
+One bad route never stops another's: each row is checked on its own (here, then again
+by the router), a refused one is left out of the table (its host gets no route) and the
+rest are pushed. The refusal is reported to the one instance it belongs to: a publish
+made for that instance raises `RouteRefused`, so its operation fails saying why, and
+every other instance's publishes go on.
 """
 
 from __future__ import annotations
@@ -13,15 +19,15 @@ import asyncio
 import logging
 from pathlib import Path
 
-from keelway import failpoints
-from keelway.deploy.errors import RouterUnavailable
+from keelway import failpoints, names
+from keelway.deploy.errors import RouteRefused, RouterUnavailable
 from keelway.router import route_table as rt
 from keelway.router.client import (
     RouterControlError,
     RouterRefused,
     get_table,
     inflight,
-    push_table,
+    push_routes,
 )
 from keelway.store import Store
 from keelway.store.records import Route
@@ -33,45 +39,77 @@ failpoints.declare("publish.before", "publish.after")
 RETRY_AFTER_S = 5
 
 
-def table_of(routes: list[Route], version: int) -> rt.RouteTable:
+def table_of(routes: list[Route], version: int) -> tuple[rt.RouteTable, dict[str, str]]:
+    """The router's table for the store's route rows, and each row refused (by host,
+    with the reason), which the table leaves out."""
     entries: dict[str, rt.Route] = {}
+    refused: dict[str, str] = {}
     for route in routes:
         state = rt.RouteState(route.state.value)
         upstream = f"127.0.0.1:{route.port}" if route.port is not None else None
         if state is rt.RouteState.SERVING and upstream is None:
             state = rt.RouteState.GATED  # nothing to serve with: answer 503, never guess
-        entries[route.host] = rt.Route(state=state, upstream=upstream,
-                                       retry_after_s=RETRY_AFTER_S)
-    return rt.RouteTable(version=version, routes=entries)
+        try:
+            names.HOST.check(route.host)
+            entries[route.host] = rt.Route(state=state, upstream=upstream,
+                                           retry_after_s=RETRY_AFTER_S)
+        except ValueError as exc:  # InvalidName, or a route that fails its own checks
+            refused[route.host] = str(exc)
+    return rt.RouteTable(version=version, routes=entries), refused
 
 
 class Publisher:
     def __init__(self, store: Store, control_socket: Path) -> None:
         self.store = store
         self.control_socket = control_socket
+        # What the last publish refused, so a lasting refusal is logged once, not per push.
+        self._refused: dict[str, str] = {}
 
-    async def publish(self) -> int:
-        """Push the store's whole route table; returns the version the router applied."""
+    async def publish(self, instance: str | None = None) -> int:
+        """Push the store's whole route table; returns the version the router applied.
+
+        With `instance`, a route of that instance that was refused (here or by the
+        router) raises RouteRefused after the push: the rest of the table is applied
+        all the same. Refusals of other instances' routes are only logged.
+        """
+        routes = self.store.list_routes()
         version = self.store.next_route_table_version()
         failpoints.hit("publish.before")
+        table, refused = table_of(routes, version)
         try:
             try:
-                applied = await push_table(self.control_socket,
-                                           table_of(self.store.list_routes(), version))
+                applied = await push_routes(self.control_socket, table)
             except RouterRefused:
                 # The router kept a table from a store we no longer have (a new home
                 # database, a restored backup): jump past its version and push again.
                 served = await get_table(self.control_socket)
                 version = self.store.next_route_table_version(at_least=served.version)
-                applied = await push_table(self.control_socket,
-                                           table_of(self.store.list_routes(), version))
+                table, refused = table_of(routes, version)
+                applied = await push_routes(self.control_socket, table)
         except RouterControlError as exc:
             raise RouterUnavailable(
                 f"could not push routes to the router: {exc}",
                 hint="check `keelway status`; the router restarts with `keelway up`",
             ) from exc
         failpoints.hit("publish.after")
-        return applied
+        refused.update(applied.refused)
+        self._note(refused)
+        if instance is not None:
+            owner = {route.host: route.instance for route in routes}
+            mine = sorted(h for h in refused if owner.get(h, h) == instance)
+            if mine:
+                raise RouteRefused(
+                    "; ".join(f"publish route for {h!r}: {refused[h]}" for h in mine),
+                    hint="every other route was published; this one stays unrouted "
+                         "until its record is valid (see the router log)")
+        return applied.version
+
+    def _note(self, refused: dict[str, str]) -> None:
+        for host, why in refused.items():
+            if self._refused.get(host) != why:
+                log.warning("the route for %r is refused, left out of the table: %s",
+                            host, why)
+        self._refused = refused
 
     async def in_sync(self) -> bool:
         """Whether the router serves exactly the store's routes (any version)."""
@@ -79,7 +117,7 @@ class Publisher:
             served = await get_table(self.control_socket)
         except RouterControlError:
             return False
-        return served.routes == table_of(self.store.list_routes(), served.version).routes
+        return served.routes == table_of(self.store.list_routes(), served.version)[0].routes
 
     async def drained(self, port: int, bound_s: float, poll_s: float = 0.02) -> bool:
         """Wait until the router carries no request to 127.0.0.1:`port`, up to `bound_s`.

@@ -5,7 +5,9 @@ The rules (SPEC §4 Reconciler, §5):
 - A candidate recorded by a step of the latest operation is kept when ACTIVE names it,
   and removed otherwise; a step is converged once, then never looked at again.
 - An operation that is not terminal and not owned by a live task here was interrupted:
-  it is finalized, succeeded only when every step had succeeded.
+  it is finalized, succeeded only when every step had succeeded. One whose own code
+  raised is converged the same way (its effects are as unknown as after a crash), but
+  finalized with the error its `fault` step recorded, not as a crash.
 - A candidate that cannot be removed fails the instance closed: the step stays
   unconverged and the operation unfinalized, so nothing newer can hide the leftover.
 - Inhibitions: `replacement-pending` is stale once the candidate is converged (its old
@@ -31,6 +33,8 @@ RETIREMENT_PENDING = "retirement-pending"
 # A step of this name is written before a hold-mode release execs anything of the new
 # build (its release command or its first process): the execution evidence.
 HOLD_EXEC_STEP = "hold exec"
+# A failed step of this name records an exception the operation itself raised.
+FAULT_STEP = "fault"
 RELEASE_KINDS = frozenset({"deploy", "rollback"})
 
 
@@ -157,7 +161,7 @@ def plan(records: Records, observed: Observed, mode: Mode) -> list[Action]:
             actions.append(Action(
                 Kind.FINALIZE, op_id=op.id,
                 state=OpState.SUCCEEDED if ok else OpState.FAILED,
-                reason=None if ok else "interrupted by a control-plane crash",
+                reason=None if ok else _why_interrupted(op),
             ))
 
     running = records.instance.state is InstanceState.RUNNING
@@ -209,6 +213,11 @@ def plan(records: Records, observed: Observed, mode: Mode) -> list[Action]:
             actions.append(Action(Kind.RESTORE_ROUTE, generation=web, service="web"))
         actions.append(Action(Kind.REPUBLISH))
     return actions
+
+
+def _why_interrupted(op: Operation) -> str:
+    faults = [s.error for s in op.steps if s.name == FAULT_STEP and s.error]
+    return faults[-1] if faults else "interrupted by a control-plane crash"
 
 
 def _hold_candidate_published(op: Operation, active_ids: set[int]) -> bool:

@@ -15,7 +15,7 @@ import asyncio
 import os
 import socket
 import time
-from typing import Final
+from typing import Final, NamedTuple
 
 import msgspec
 
@@ -31,7 +31,7 @@ from keelway.router.control_wire import (
     encode_line,
     reply_decoder,
 )
-from keelway.router.route_table import RouteTable
+from keelway.router.route_table import RouteTable, TableOffer
 
 DEFAULT_TIMEOUT_S: Final = 5.0
 SocketPath = str | os.PathLike[str]
@@ -73,6 +73,18 @@ def _version_of(reply: Reply) -> int:
     return reply.version
 
 
+class Applied(NamedTuple):
+    """What a router did with a pushed table: the version it serves now, and the hosts
+    whose entries it refused (left out), each with its reason."""
+
+    version: int
+    refused: dict[str, str]
+
+
+def _applied(reply: Reply) -> Applied:
+    return Applied(_version_of(reply), dict(reply.refused or {}))
+
+
 def _table_of(reply: Reply) -> RouteTable:
     if reply.table is None:
         raise _missing("table")
@@ -103,14 +115,22 @@ async def _call(sock_path: SocketPath, request: msgspec.Struct, timeout_s: float
     return _check(line)
 
 
+async def push_routes(
+    sock_path: SocketPath, table: RouteTable, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> Applied:
+    """Send `table` to the router; returns the version it now serves (saved to disk) and
+    the entries it refused, each alone (the rest apply).
+
+    Raises RouterRefused for a stale table, RouterUnreachable otherwise.
+    """
+    return _applied(await _call(sock_path, SetTable(table=TableOffer.of(table)), timeout_s))
+
+
 async def push_table(
     sock_path: SocketPath, table: RouteTable, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> int:
-    """Send `table` to the router; returns the version it now serves (saved to disk).
-
-    Raises RouterRefused for a stale or invalid table, RouterUnreachable otherwise.
-    """
-    return _version_of(await _call(sock_path, SetTable(table=table), timeout_s))
+    """`push_routes`, for a caller that needs only the version."""
+    return (await push_routes(sock_path, table, timeout_s)).version
 
 
 async def get_table(sock_path: SocketPath, timeout_s: float = DEFAULT_TIMEOUT_S) -> RouteTable:
@@ -164,7 +184,7 @@ def push_table_sync(
     sock_path: SocketPath, table: RouteTable, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> int:
     """Blocking `push_table`."""
-    return _version_of(_call_sync(sock_path, SetTable(table=table), timeout_s))
+    return _version_of(_call_sync(sock_path, SetTable(table=TableOffer.of(table)), timeout_s))
 
 
 def get_table_sync(sock_path: SocketPath, timeout_s: float = DEFAULT_TIMEOUT_S) -> RouteTable:
@@ -181,6 +201,7 @@ def ping_sync(sock_path: SocketPath, timeout_s: float = DEFAULT_TIMEOUT_S) -> in
 
 
 __all__ = [
+    "Applied",
     "RouterControlError",
     "RouterRefused",
     "RouterUnreachable",
@@ -188,6 +209,7 @@ __all__ = [
     "get_table_sync",
     "inflight",
     "ping_sync",
+    "push_routes",
     "push_table",
     "push_table_sync",
     "retire_over",

@@ -1,8 +1,10 @@
 """The router's control server: route table updates over a unix socket.
 
-Owns the order of an update: validate -> refuse a stale version -> persist -> swap ->
-reply. Updates run one at a time (a lock), so the version check and the swap see the
-same current table. Crash windows: after the file is written and before the swap, a
+Owns the order of an update: validate each entry -> refuse a stale version -> persist ->
+swap -> reply. An entry that fails validation is refused alone and named in the reply;
+the rest of the table applies, so one bad route never blocks every other app's. Updates
+run one at a time (a lock), so the version check and the swap see the same current
+table. Crash windows: after the file is written and before the swap, a
 restart loads the new table and the control plane, which got no reply, pushes again
 (same version: accepted); a failed write swaps nothing and replies an error, so memory
 and disk never disagree.
@@ -41,7 +43,7 @@ from keelway.router.control_wire import (
     request_decoder,
 )
 from keelway.router.proxy import Proxy
-from keelway.router.route_table import RouteTable
+from keelway.router.route_table import TableOffer, accept
 from keelway.router.table_file import save_table
 from keelway.router.workers import WorkerSet
 
@@ -161,8 +163,13 @@ class ControlServer:
                     time.sleep(0.01)
             raise OSError("could not hand off the listening socket: the peer is not reading")
 
-    async def apply(self, table: RouteTable) -> Reply:
-        """Persist then swap `table` unless its version is older than the current one."""
+    async def apply(self, offer: TableOffer) -> Reply:
+        """Persist then swap the valid part of `offer` unless its version is older than
+        the current one; the reply names every refused entry with its reason."""
+        table, refused = accept(offer)
+        for host, why in refused.items():
+            log.warning("route table v%d: refused the route for %r: %s", offer.version, host,
+                        why)
         async with self._lock:
             current = self._proxy.routing.table
             if table.version < current.version:
@@ -189,7 +196,7 @@ class ControlServer:
                 log.error("route table v%d: a worker did not apply it", table.version)
                 return Reply(ok=False, error="a router worker did not apply the table")
             log.info("route table v%d applied (%d routes)", table.version, len(table.routes))
-            return Reply(ok=True, version=table.version)
+            return Reply(ok=True, version=table.version, refused=refused or None)
 
 
 def request_or_none(line: bytes) -> object:

@@ -3,7 +3,8 @@
 Shared by the router's control server and its clients, so both sides read one
 definition. One request per line, one reply per line, in order:
 
-    {"op":"set","table":{...}}  -> {"ok":true,"version":N}
+    {"op":"set","table":{...}}  -> {"ok":true,"version":N}, plus "refused":{host:why}
+                                   for entries refused alone (the rest apply)
     {"op":"get"}                -> {"ok":true,"table":{...}}
     {"op":"ping"}               -> {"ok":true,"pid":PID}
     {"op":"handoff"}            -> {"ok":true,"pid":PID} with the listening socket
@@ -20,13 +21,13 @@ from typing import Final
 
 import msgspec
 
-from keelway.router.route_table import RouteTable
+from keelway.router.route_table import RouteTable, TableOffer
 
 MAX_LINE_BYTES: Final = 16 * 1024 * 1024
 
 
 class SetTable(msgspec.Struct, tag_field="op", tag="set", frozen=True):
-    table: RouteTable
+    table: TableOffer
 
 
 class GetTable(msgspec.Struct, tag_field="op", tag="get", frozen=True):
@@ -58,6 +59,7 @@ class Reply(msgspec.Struct, frozen=True, omit_defaults=True):
     table: RouteTable | None = None
     pid: int | None = None
     inflight: dict[str, int] | None = None
+    refused: dict[str, str] | None = None
     error: str | None = None
 
 

@@ -4,7 +4,11 @@ Owns the wire/disk format of a table (JSON via msgspec), its validation, and the
 a request's Host header leads to. Invariants:
 
 - a `RouteTable` that exists is valid: decoding and construction both run the same checks
-  (`__post_init__`), so the router never holds a table it could not have accepted;
+  (`__post_init__`), so the router never holds a table it could not have accepted; a
+  route's host follows the one host rule (keelway/names.py), the same the API applies;
+- a table offered to the router (`TableOffer`, what a push or the file on disk carries)
+  is accepted entry by entry (`accept`): a bad entry is refused alone, with its reason,
+  and every other entry applies, so one tenant's bad route never takes another's down;
 - a table is never mutated after construction; the router swaps a whole `Routing` in one
   attribute assignment, so a request sees either the old table or the new one, never a mix;
 - host keys are lowercase names without a port; `host_key` maps any Host header onto that
@@ -17,6 +21,8 @@ import enum
 from typing import TYPE_CHECKING, Annotated, Final, assert_never
 
 import msgspec
+
+from keelway import names
 
 if TYPE_CHECKING:
     from keelway.router.upstream import UpstreamPool
@@ -56,8 +62,6 @@ def action_for(state: RouteState) -> Action:
 
 
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
-_MAX_HOST_CHARS: Final = 253
-_HOST_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyz0123456789.-_[]:")
 
 
 def parse_upstream(address: str) -> tuple[str, int]:
@@ -101,29 +105,58 @@ class RouteTable(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         for host in self.routes:
-            _check_host(host)
+            names.HOST.check(host)
 
 
-def _check_host(host: str) -> None:
-    if not host or len(host) > _MAX_HOST_CHARS:
-        raise ValueError(f"host {host!r} is empty or too long")
-    if host != host.lower():
-        raise ValueError(f"host {host!r} must be lowercase")
-    if not set(host) <= _HOST_CHARS:
-        raise ValueError(f"host {host!r} has characters a hostname cannot have")
-    if host_key(host.encode()) != host.encode():
-        raise ValueError(f"host {host!r} must not carry a port or a trailing dot")
+class TableOffer(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A table as it is pushed or saved, each entry still to be checked on its own by
+    `accept`. Only its frame (the version, a map of hosts) must be right as a whole."""
+
+    version: NonNegative
+    routes: dict[str, msgspec.Raw] = msgspec.field(default_factory=dict)
+
+    @classmethod
+    def of(cls, table: RouteTable) -> TableOffer:
+        return cls(version=table.version, routes={
+            host: msgspec.Raw(_route_encoder.encode(route))
+            for host, route in table.routes.items()})
+
+
+def accept(offer: TableOffer) -> tuple[RouteTable, dict[str, str]]:
+    """The valid part of `offer` as a table, and each refused host with the reason.
+
+    A refused host is left out of the table (no route: 404), never kept on what it had:
+    an older route there could send traffic to a generation ACTIVE no longer names.
+    """
+    routes: dict[str, Route] = {}
+    refused: dict[str, str] = {}
+    for host, raw in offer.routes.items():
+        try:
+            names.HOST.check(host)
+            routes[host] = _route_decoder.decode(raw)
+        except (names.InvalidName, msgspec.DecodeError) as exc:
+            refused[host] = str(exc)
+    return RouteTable(version=offer.version, routes=routes), refused
 
 
 EMPTY_TABLE: Final = RouteTable(version=0)
 
 _table_decoder: Final = msgspec.json.Decoder(RouteTable)
+_offer_decoder: Final = msgspec.json.Decoder(TableOffer)
+_route_decoder: Final = msgspec.json.Decoder(Route)
+_route_encoder: Final = msgspec.json.Encoder()
 
 
 def decode_table(data: bytes) -> RouteTable:
     """Decode and validate a JSON table; raises `msgspec.ValidationError` or
     `msgspec.DecodeError` (both `msgspec.DecodeError`) with a message that says why."""
     return _table_decoder.decode(data)
+
+
+def decode_offer(data: bytes) -> TableOffer:
+    """Decode the frame of a table; raises `msgspec.DecodeError` only when the frame is
+    wrong (not JSON, no version, routes not a map): entries are `accept`'s to judge."""
+    return _offer_decoder.decode(data)
 
 
 def encode_table(table: RouteTable) -> bytes:
@@ -134,7 +167,10 @@ def host_key(raw: bytes) -> bytes:
     """Map a Host header value onto a table key: lowercase, port and trailing dot removed.
 
     `Blog.Test:8080` -> `blog.test`; `[::1]:8080` -> `[::1]`. Pure and cheap: it runs
-    once per request.
+    once per request, so it checks nothing itself: headers.py has refused a malformed
+    Host before. For every host the host rule accepts, each spelling of it (any case, a
+    port, a trailing dot) maps back onto it, and a key the rule accepts is always the
+    header's own name before its port (tests/test_names.py).
     """
     raw = raw.lower()
     if raw[:1] == b"[":

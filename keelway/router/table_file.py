@@ -1,19 +1,25 @@
 """The router's route table on disk: the last table it accepted, so that a restarted
 router serves what it served before, with no control plane running.
 
-Invariant: the file holds a complete, valid table or does not exist. It is written with
+Invariant: the file holds a complete, valid table or does not exist. A file written by an
+older keelway may hold an entry today's rules refuse: that entry is left out at load (and
+logged), never the whole table, so a router restart keeps every other app served. It is written with
 `durable.write_atomic` (temp -> fsync -> rename -> fsync dir) before the table is swapped
 in, and temp leftovers of a crash are swept at load.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+from typing import Final
 
 import msgspec
 
 from keelway.durable import sweep_temp, write_atomic
-from keelway.router.route_table import RouteTable, decode_table, encode_table
+from keelway.router.route_table import RouteTable, accept, decode_offer, encode_table
+
+log: Final = logging.getLogger("keelway.router")
 
 
 class TableFileError(Exception):
@@ -33,9 +39,13 @@ def load_table(path: Path) -> RouteTable | None:
     except OSError as exc:
         raise TableFileError(f"read route table {path}: {exc.strerror}") from exc
     try:
-        return decode_table(data)
+        offer = decode_offer(data)
     except msgspec.DecodeError as exc:
         raise TableFileError(f"decode route table {path}: {exc}") from exc
+    table, refused = accept(offer)
+    for host, why in refused.items():
+        log.warning("route table %s: left out the route for %r: %s", path, host, why)
+    return table
 
 
 def save_table(path: Path, table: RouteTable) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from keelway.reconcile.plan import (
+    FAULT_STEP,
     HOLD_EXEC_STEP,
     REPLACEMENT_PENDING,
     RETIREMENT_PENDING,
@@ -100,6 +101,23 @@ def test_an_interrupted_hold_release_that_executed_marks_the_instance_down() -> 
     actions = plan(records, observed(2), Mode.BOOT)
     assert any(a.kind is Kind.MARK_DOWN for a in actions)
     assert not any(a.kind is Kind.RESTART_ACTIVE for a in actions)
+
+
+def test_an_operation_that_raised_converges_as_interrupted_and_says_its_own_error() -> None:
+    fault = Step(7, 4, FAULT_STEP, None, None, None, StepState.FAILED,
+                 "publish: ValueError: boom", None, 0.0, None, False)
+    records = Records(inst(), op([step(1, "stop worker", before=1),
+                                  step(2, HOLD_EXEC_STEP),
+                                  step(3, "spawn worker", after=2), fault]),
+                      False, {"worker": 1}, [gen(2, "worker")])
+    actions = plan(records, observed(2), Mode.MUTATION)
+    # The same convergence as after a crash: the unpublished candidate goes, and a hold
+    # release that executed keeps the instance down...
+    assert (Kind.REMOVE_CANDIDATE, 2) in kinds(actions)
+    assert any(a.kind is Kind.MARK_DOWN for a in actions)
+    # ...but the outcome is the error the operation recorded, not a crash.
+    finalize = next(a for a in actions if a.kind is Kind.FINALIZE)
+    assert finalize.state is OpState.FAILED and finalize.reason == "publish: ValueError: boom"
 
 
 def test_an_interrupted_restart_in_hold_mode_rebuilds_from_active() -> None:

@@ -66,7 +66,7 @@ def test_bad_json_is_answered_with_an_error_and_the_connection_stays_usable(rout
         sock.connect(str(router.control))
         sock.sendall(
             b"this is not json\n"
-            b'{"op":"set","table":{"version":1,"routes":{"Bad Host":{"state":"gated"}}}}\n'
+            b'{"op":"set","table":{"version":-1,"routes":{}}}\n'
             b'{"op":"launch"}\n'
             b'{"op":"ping"}\n'
         )
@@ -82,6 +82,60 @@ def test_bad_json_is_answered_with_an_error_and_the_connection_stays_usable(rout
     assert all(reply["error"] for reply in decoded[:3])
     assert decoded[3]["pid"] == router.pid
     assert get_table_sync(router.control).version == 0
+
+
+def _call(router, line: bytes) -> dict[str, object]:
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(5)
+        sock.connect(str(router.control))
+        sock.sendall(line + b"\n")
+        reply = b""
+        while not reply.endswith(b"\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+    return json.loads(reply)  # type: ignore[no-any-return]
+
+
+def test_a_pushed_table_with_bad_entries_applies_the_rest_and_names_each_refused_one(
+    router, upstream
+) -> None:
+    routes = {
+        "blog.test": {"state": "serving", "upstream": upstream.address},
+        "two.test\n": {"state": "gated"},
+        "under_score.test": {"state": "gated"},
+        "x.test": {"state": "serving"},
+        "y.test": {"state": "serving", "upstream": "127.0.0.1:70000"},
+    }
+    line = json.dumps({"op": "set", "table": {"version": 4, "routes": routes}}).encode()
+    reply = _call(router, line)
+    assert reply["ok"] is True and reply["version"] == 4
+    refused = reply["refused"]
+    assert isinstance(refused, dict)
+    assert sorted(refused) == ["two.test\n", "under_score.test", "x.test", "y.test"]
+    assert "not a valid hostname" in refused["two.test\n"]
+    assert "needs an upstream" in refused["x.test"]
+    assert set(get_table_sync(router.control).routes) == {"blog.test"}
+    assert set(decode_table(router.state.read_bytes()).routes) == {"blog.test"}
+    assert status_for(router.port, "blog.test") == 200
+    assert status_for(router.port, "x.test") == 404
+
+
+def test_a_saved_table_with_entries_todays_rules_refuse_keeps_serving_the_rest(
+    start_router, upstream, tmp_path
+) -> None:
+    state = tmp_path / "routes.json"
+    state.write_text(json.dumps({"version": 6, "routes": {
+        "blog.test": {"state": "serving", "upstream": upstream.address},
+        "under_score.test": {"state": "gated"},  # an older router's rule let this in
+        "Bad.Host": {"state": "gated"},
+    }}))
+    router = start_router(state=state)
+    served = get_table_sync(router.control)
+    assert served.version == 6 and set(served.routes) == {"blog.test"}
+    assert status_for(router.port, "blog.test") == 200
+    assert "left out the route for 'under_score.test'" in router.log.read_text()
 
 
 def test_the_asyncio_client_pushes_and_reads_back(router, upstream) -> None:
