@@ -131,7 +131,9 @@ class ControlServer:
             case Handoff():
                 if self._listener is None:
                     return Reply(ok=False, error="this router has no listening socket to hand off")
-                log.info("handing the listening socket to a new router")
+                # Asked by a successor about to take over, or by a control plane keeping a copy
+                # so it can start one if this router dies; only a `retire` means we stop.
+                log.info("lending a copy of the listening socket")
                 return Reply(ok=True, pid=os.getpid())
             case Inflight():
                 counts = self._proxy.inflight()
