@@ -31,7 +31,7 @@ from keelway.durable import write_atomic
 from keelway.home import Home
 from keelway.router.client import RouterControlError, ping_sync
 from keelway.router.server import bind_tcp
-from keelway.runtime import process
+from keelway.runtime import logs, process
 
 failpoints.declare(
     "router.spawn.before", "router.spawn.after", "router.recorded",
@@ -148,7 +148,7 @@ def recorded_settings(home: Home) -> tuple[str, RouterSettings | None] | None:
 def spawn_router(home: Home, listener: socket.socket,
                  settings: RouterSettings) -> RouterHandle:
     failpoints.hit("router.spawn.before")
-    log_fd = os.open(home.router_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    log_fd = logs.open_for_append(home.router_log)
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "keelway.router", "--listen-fd", str(listener.fileno()),
@@ -203,7 +203,7 @@ async def restart_router(home: Home, old: RouterHandle, clock: Clock,
     The new one is recorded (pidfile, then `addr` and `settings`) once it answers.
     """
     failpoints.hit("router.restart.before")
-    log_fd = os.open(home.router_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    log_fd = logs.open_for_append(home.router_log)
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "keelway.router", "--takeover", str(home.router_socket),

@@ -13,7 +13,10 @@ import click
 from keelway.cli.base import DEFAULT_HTTP, api_call, cli, client, json_option
 from keelway.cli.client import ApiUnavailable
 from keelway.cli.output import emit_json, fail, fail_json
+from keelway.durable import DISK_FULL_HINT
 from keelway.home import Home
+
+_DAEMON_DISK_FULL = 5  # keelway.api.daemon.EXIT_DISK_FULL, which the CLI does not import
 
 
 @cli.command()
@@ -64,6 +67,9 @@ def up(demo: bool, detach: bool, http_addr: str, router_workers: int | None,
             errors = [ln for ln in lines if ln.startswith("error:")]
             message = errors[-1][len("error: "):] if errors else f"the daemon exited ({code})"
             hint = f"see {home.daemon_log}"
+            if code == _DAEMON_DISK_FULL:  # its log line may not have fit on the disk
+                message = message if errors else f"the disk is full: {home.root} has no room"
+                hint = DISK_FULL_HINT
             if as_json:
                 fail_json("start-failed", message, hint, code or 1)
             fail(message, hint, code or 1)
