@@ -16,7 +16,7 @@ import os
 import shutil
 from pathlib import Path
 
-from keelway.durable import PRIVATE_FILE_MODE
+from keelway.durable import PRIVATE_FILE_MODE, disk_full
 
 MAX_LOG_BYTES = 10 * 1024 * 1024
 KEEP_ROTATED = 3
@@ -41,17 +41,31 @@ def parse_log_name(path: Path) -> tuple[str, int] | None:
 
 
 def rotate_if_large(path: Path, max_bytes: int = MAX_LOG_BYTES, keep: int = KEEP_ROTATED) -> bool:
+    """Rotate `path` if it is over `max_bytes`; True if it did.
+
+    The copy is made first, under a name no reader takes for a log, and only then are
+    the older copies shifted: a copy the disk has no room for leaves the log and its
+    copies as they were (False), and the next call tries again.
+    """
     try:
         size = path.stat().st_size
     except FileNotFoundError:
         return False
     if size <= max_bytes:
         return False
+    pending = path.with_name(f"{path.name}.rotating")
+    try:
+        _copy_private(path, pending)
+    except OSError as exc:
+        pending.unlink(missing_ok=True)
+        if disk_full(exc):
+            return False
+        raise
     for n in range(keep - 1, 0, -1):
         older = path.with_name(f"{path.name}.{n}")
         if older.exists():
             os.replace(older, path.with_name(f"{path.name}.{n + 1}"))
-    _copy_private(path, path.with_name(f"{path.name}.1"))
+    os.replace(pending, path.with_name(f"{path.name}.1"))
     with open(path, "r+b") as handle:
         handle.truncate(0)
     return True

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from keelway.deploy.recovery import PERIODIC_S
+from keelway.runtime import process
 from tests.disk import fill, mounted_tmpfs
 from tests.e2e.harness import EXAMPLE, Keelway, free_port, wait_until
 
@@ -66,9 +70,13 @@ def test_a_full_disk_fails_each_command_clearly_changes_nothing_and_recovers_by_
         assert kw.store_dump() == before, command
     assert kw.ok("releases", "hello", "--json").out == releases
     assert kw.get("one.test", "/health")[0] == 200  # traffic flows on meanwhile
+    for pid, ticks in kw.app_pids():  # a crash now cannot even be recorded
+        process.signal_session(pid, ticks, signal.SIGKILL)
+    time.sleep(PERIODIC_S + 1)  # the periodic pass meets the full disk at least once
 
-    filler.unlink()  # no manual step after this: the same commands simply work
-    kw.ok("config", "hello", "set", "GREETING=roomy")
+    filler.unlink()  # no manual step after this: the crashed app comes back by itself,
+    assert wait_until(lambda: kw.get("one.test", "/health")[0] == 200, timeout_s=30)
+    kw.ok("config", "hello", "set", "GREETING=roomy")  # and the same commands simply work
     kw.ok("restart", "hello")
     kw.ok("deploy", "hello", str(EXAMPLE))
     assert wait_until(lambda: kw.get("one.test")[0] == 200, timeout_s=20)
