@@ -290,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     # Unbuffered, as `python -u`: a line a full disk refuses is lost, not kept in a
     # buffer whose flush at exit would fail again and turn the exit code into 120.
     sys.stdout = io.TextIOWrapper(io.FileIO(sys.stdout.fileno(), "w", closefd=False),
+                                  encoding=sys.stdout.encoding, errors=sys.stdout.errors,
                                   write_through=True)
 
     def announce(message: str) -> None:

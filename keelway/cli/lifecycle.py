@@ -66,12 +66,12 @@ def up(demo: bool, detach: bool, http_addr: str, router_workers: int | None,
                 lines = handle.read().decode(errors="replace").splitlines()
             errors = [ln for ln in lines if ln.startswith("error:")]
             message = errors[-1][len("error: "):] if errors else f"the daemon exited ({code})"
-            hint = f"see {home.daemon_log}"
+            hint, kind = f"see {home.daemon_log}", "start-failed"
             if code == _DAEMON_DISK_FULL:  # its log line may not have fit on the disk
                 message = message if errors else f"the disk is full: {home.root} has no room"
-                hint = DISK_FULL_HINT
+                hint, kind = DISK_FULL_HINT, "disk-full"
             if as_json:
-                fail_json("start-failed", message, hint, code or 1)
+                fail_json(kind, message, hint, code or 1)
             fail(message, hint, code or 1)
         try:
             info = client(2.0).request("GET", "/v1/ping")

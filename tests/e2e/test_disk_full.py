@@ -88,6 +88,7 @@ def test_a_full_disk_fails_each_command_clearly_changes_nothing_and_recovers_by_
     fill_to_the_last_byte(kw.home / "logs" / "keelway.log")
     result = kw.run("up", "-d", "--http", f"127.0.0.1:{kw.http_port}", "--json")
     assert result.code != 0
+    assert result.json()["error"]["code"] == "disk-full", result.out
     assert result.json()["error"]["message"].startswith("the disk is full"), result.out
 
     filler.unlink()
