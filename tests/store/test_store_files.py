@@ -80,6 +80,25 @@ def test_a_write_that_meets_a_full_disk_is_rolled_back_whole_and_works_once_ther
         store.close()
 
 
+def test_a_statement_that_sqlite_rolls_back_itself_on_a_full_disk_raises_disk_full(
+    tmp_path: Path,
+) -> None:
+    """SQLite ends the transaction itself when a statement meets SQLITE_FULL; a second
+    ROLLBACK must not replace that error with "no transaction is active"."""
+    store = Store(tmp_path / "keelway.db")
+    try:
+        store.ensure_app("blog")
+        pages = store._one("PRAGMA page_count")[0]
+        store._conn.execute(f"PRAGMA max_page_count = {pages + 1}")  # SQLite's own limit
+        with pytest.raises(DiskFull, match="the disk is full"):
+            _write_big(store, "big")
+        store._conn.execute("PRAGMA max_page_count = 1073741823")
+        _write_big(store, "big")
+        assert "big" in _keys(store)
+    finally:
+        store.close()
+
+
 def test_opening_a_store_on_a_full_disk_says_the_disk_is_full(small_disk: Path) -> None:
     filler = fill(small_disk)
     with pytest.raises(DiskFull, match=r"open the store .*: the disk is full"):
