@@ -129,13 +129,11 @@ def _ignore_file(tar: tarfile.TarFile, plan: list[_Planned]) -> bytes | None:
         member = item.member
         if not (member.isreg() or member.islnk()):
             raise SourceError(f"{IGNORE_FILE} in the archive must be a regular file")
-        if member.size > MAX_IGNORE_FILE_BYTES:
-            raise SourceError(f"{IGNORE_FILE} is over {MAX_IGNORE_FILE_BYTES} bytes")
         source = tar.extractfile(member)
         if source is None:  # unreachable for a file or hard link; refuse rather than guess
             raise UnsafeArchiveError(f"archive member {member.name!r} has no data", member.name)
         with source:
-            return source.read(MAX_IGNORE_FILE_BYTES + 1)
+            return source.read(MAX_IGNORE_FILE_BYTES + 1)  # IgnoreRules refuses one too big
     return None
 
 

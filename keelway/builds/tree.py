@@ -75,9 +75,8 @@ def _read_ignore_file(source: Path) -> bytes | None:
         return None
     if not stat.S_ISREG(info.st_mode):
         raise SourceError(f"{IGNORE_FILE} must be a regular file, not a link or directory")
-    if info.st_size > MAX_IGNORE_FILE_BYTES:
-        raise SourceError(f"{IGNORE_FILE} is over {MAX_IGNORE_FILE_BYTES} bytes")
-    return path.read_bytes()
+    with open(path, "rb") as handle:
+        return handle.read(MAX_IGNORE_FILE_BYTES + 1)  # IgnoreRules refuses one too big
 
 
 def _copy_file(source: Path, target: Path, mode: int) -> None:

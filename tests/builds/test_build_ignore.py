@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from keelway.builds.errors import SourceError
-from keelway.builds.ignore import IgnoreRules
+from keelway.builds.ignore import MAX_IGNORE_FILE_BYTES, IgnoreRules
 from keelway.builds.stage import stage
 
 MakeApp = Callable[..., Path]
@@ -116,6 +116,8 @@ def test_an_unreadable_pattern_is_refused_naming_its_line() -> None:
         IgnoreRules.parse("/\n")
     with pytest.raises(SourceError, match="not UTF-8"):
         IgnoreRules.from_file(b"\xff\xfe\n")
+    with pytest.raises(SourceError, match="is over"):
+        IgnoreRules.from_file(b"#" * (MAX_IGNORE_FILE_BYTES + 1))
 
 
 # staging with them
