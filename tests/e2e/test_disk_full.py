@@ -65,7 +65,7 @@ def test_a_full_disk_fails_each_command_clearly_changes_nothing_and_recovers_by_
 
     filler = fill(kw.home.parent)
     for command in (("config", "hello", "set", "GREETING=full"), ("restart", "hello"),
-                    ("deploy", "hello", str(EXAMPLE))):
+                    ("deploy", "hello", str(EXAMPLE)), ("stop", "hello")):
         says_disk_full(kw, *command)
         assert kw.store_dump() == before, command
     assert kw.ok("releases", "hello", "--json").out == releases
