@@ -1,6 +1,13 @@
 """Where everything lives under $KEELWAY_HOME; the one place that names paths.
 
 Nothing else builds paths under the home by hand, so the layout can be read here whole.
+
+Nothing under the home is readable by group or other, with no exception: the home and
+its directories are 0700, files 0600 (builds: 0700 for an executable, and a sealed build
+drops the write bits). The store and its `-wal`/`-shm` hold config values, the env files
+instance keys, the data dirs tenants' databases, builds the app's source. The daemon
+runs with umask 0077, so what it and its children (router, build steps, apps) create is
+owner-only from the first instant.
 """
 
 from __future__ import annotations
@@ -12,6 +19,13 @@ from pathlib import Path
 # Instance hosts name directories and files below. Only names that keelway/names.py's
 # HOST rule accepts ever get here (the API and the deployer check them first), and each
 # of those is one safe path component: no `/`, never `.` or `..`.
+
+
+# What a process keelway starts runs with (the daemon sets it at start, and children
+# inherit it): files 0600, directories 0700, whatever the code creating them asks for.
+PRIVATE_UMASK = 0o077
+PRIVATE_DIR_MODE = 0o700
+_SUBDIRS = ("logs", "logs/apps", "router", "builds", "data", "env", "current", "run")
 
 
 def default_root() -> Path:
@@ -94,8 +108,13 @@ class Home:
         return self.root / "logs" / "apps" / instance
 
     def ensure(self) -> None:
-        for sub in ("", "logs", "logs/apps", "router", "builds", "data", "env", "current",
-                    "run"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
-        # The env files hold instance keys: nobody else may list or read them.
-        os.chmod(self.root / "env", 0o700)
+        """Lay the home's directories down, each 0700 from its creation.
+
+        A home laid down by an older keelway (0755 directories) is narrowed here; that
+        chmod is a one-time upgrade, not how a new directory gets its mode.
+        """
+        self.root.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
+        for path in (self.root, *(self.root / sub for sub in _SUBDIRS)):
+            path.mkdir(mode=PRIVATE_DIR_MODE, exist_ok=True)
+            if path.stat().st_mode & 0o777 & ~PRIVATE_DIR_MODE:
+                os.chmod(path, PRIVATE_DIR_MODE)

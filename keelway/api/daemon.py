@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import contextlib
 import fcntl
+import io
 import logging
 import os
 import signal
@@ -34,8 +35,8 @@ from keelway.clock import SystemClock
 from keelway.deploy.deployer import Deployer
 from keelway.deploy.errors import OperationError
 from keelway.deploy.publisher import Publisher
-from keelway.durable import sweep_temp
-from keelway.home import Home
+from keelway.durable import disk_full, disk_full_message, sweep_temp
+from keelway.home import PRIVATE_UMASK, Home
 from keelway.runtime.logs import rotate_if_large
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
@@ -45,6 +46,7 @@ log = logging.getLogger("keelway.daemon")
 EXIT_ALREADY_RUNNING = 3
 EXIT_PORT_BUSY = 4
 EXIT_FAILED = 1
+EXIT_DISK_FULL = 5  # `keelway up` knows it: the log that would say so may be full too
 DEFAULT_HTTP = "127.0.0.1:8080"
 DEMO_APP = "demo"
 DEMO_HOST = "demo.localhost"
@@ -109,7 +111,24 @@ async def _rotate_logs_forever(home: Home) -> None:
 
 async def run(home: Home, http_addr: str | None, demo: bool, announce: Callable[[str], None],
               router: RouterSettings | None = None) -> int:
-    """Run the control plane until shutdown; returns the process exit code."""
+    """Run the control plane until shutdown; returns the process exit code.
+
+    A full disk at start (the lock, the router's records, the store) is said as such and
+    exits EXIT_DISK_FULL, which `up` shows even when the log it goes to could not grow:
+    the next `up` once there is room starts as usual (nothing was changed half-way).
+    """
+    try:
+        return await _run_home(home, http_addr, demo, announce, router)
+    except Exception as exc:  # a filter, not a catch-all: anything else goes on up
+        if not disk_full(exc):
+            raise
+        log.warning("start: %s", exc)
+        announce(f"error: {disk_full_message(exc)}")
+        return EXIT_DISK_FULL
+
+
+async def _run_home(home: Home, http_addr: str | None, demo: bool, announce: Callable[[str], None],
+                    router: RouterSettings | None) -> int:
     home.ensure()
     try:
         lock_fd = _take_lock(home)
@@ -235,13 +254,26 @@ def main(argv: list[str] | None = None) -> int:
                         default=router_process.default_workers())
     parser.add_argument("--trusted-proxy", action="append", default=[])
     args = parser.parse_args(argv)
+    # Before anything is created: what this process, the router, build steps and the
+    # apps create is then owner-only from its first instant (see keelway/home.py).
+    os.umask(PRIVATE_UMASK)
     settings = RouterSettings(max(1, args.router_workers), tuple(args.trusted_proxy))
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import uvloop
 
+    # Unbuffered, as `python -u`: a line a full disk refuses is lost, not kept in a
+    # buffer whose flush at exit would fail again and turn the exit code into 120.
+    sys.stdout = io.TextIOWrapper(io.FileIO(sys.stdout.fileno(), "w", closefd=False),
+                                  encoding=sys.stdout.encoding, errors=sys.stdout.errors,
+                                  write_through=True)
+
     def announce(message: str) -> None:
-        print(message, flush=True)
+        try:
+            print(message, flush=True)
+        except OSError as exc:
+            if not disk_full(exc):  # a full disk drops the line; the exit code says it
+                raise
 
     with contextlib.suppress(KeyboardInterrupt):
         return uvloop.run(run(Home.from_env(), args.http, args.demo, announce, settings))

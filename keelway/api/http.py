@@ -14,6 +14,7 @@ import msgspec
 from aiohttp import web
 
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
+from keelway.durable import DISK_FULL_HINT, disk_full, disk_full_message
 from keelway.names import InvalidName
 from keelway.store import Store
 
@@ -45,7 +46,10 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error_response(400, "bad-request", f"invalid request body: {exc}")
     except msgspec.DecodeError as exc:
         return error_response(400, "bad-request", f"request body is not JSON: {exc}")
-    except Exception:
+    except Exception as exc:
+        if disk_full(exc):
+            log.warning("%s %s: %s", request.method, request.path, disk_full_message(exc))
+            return error_response(507, "disk-full", disk_full_message(exc), DISK_FULL_HINT)
         # Protects the API loop: one failing request must not take the control plane down.
         log.exception("unhandled error in %s %s", request.method, request.path)
         return error_response(500, "internal", "internal error",

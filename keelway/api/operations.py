@@ -26,6 +26,7 @@ from keelway.builds.manifest import Mode
 from keelway.builds.stage import stage
 from keelway.deploy.deployer import Deployer, InstanceResult
 from keelway.deploy.errors import OperationError, UserError
+from keelway.durable import DISK_FULL_HINT, disk_full, disk_full_message
 from keelway.home import Home
 from keelway.names import InvalidName
 from keelway.store import Store
@@ -52,6 +53,11 @@ def _digest(kind: str, body: msgspec.Struct) -> str:
 
 
 def _final_event(task: asyncio.Task[dict[str, Any]]) -> dict[str, Any]:
+    failure = task.exception()
+    if failure is not None and disk_full(failure):
+        # whatever layer met it (staging, the store, a log): the same answer
+        return {"event": "error", "error": {
+            "code": "disk-full", "message": disk_full_message(failure), "hint": DISK_FULL_HINT}}
     try:
         result = task.result()
     except BuildError as exc:

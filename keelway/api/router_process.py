@@ -34,7 +34,7 @@ from keelway.durable import write_atomic
 from keelway.home import Home
 from keelway.router.client import RouterControlError, ping_sync, take_listener
 from keelway.router.server import bind_tcp
-from keelway.runtime import process
+from keelway.runtime import logs, process
 
 failpoints.declare(
     "router.spawn.before", "router.spawn.after", "router.recorded",
@@ -152,7 +152,7 @@ def _popen_router(home: Home, source: list[str],
                   pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
     """Start a router process in a session of its own (it outlives us), its output
     appended to the router log; `source` says where its listening socket comes from."""
-    log_fd = os.open(home.router_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    log_fd = logs.open_for_append(home.router_log)
     try:
         return subprocess.Popen(
             [sys.executable, "-m", "keelway.router", *source,

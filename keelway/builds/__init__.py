@@ -3,6 +3,7 @@
 Modules, lowest first (each imports only those above it, plus keelway.durable):
 
     errors      the BuildError tree, named for whose fault it is
+    ignore      which source entries a build leaves out (defaults, .keelwayignore)
     manifest    Procfile + keelway.toml -> Manifest (pure parsing and validation)
     extract     safe tar extraction
     tree        copy, digest, seal, flush and remove a staged tree

@@ -12,9 +12,15 @@ member that is not an earlier regular file of the archive; device files, fifos a
 other special type; the same path twice (except directories); a file under a
 non-directory; archives over `max_members` or `max_bytes`.
 
-Normalised: `./` prefixes dropped; owners ignored; files become 0644, or 0755 when the
-owner could execute them (setuid, setgid, sticky and group/other write bits are never
-written); directories become 0755.
+Normalised: `./` prefixes dropped; owners ignored; files become 0600, or 0700 when the
+owner could execute them (setuid, setgid, sticky and every group/other bit are never
+written: a build may hold secrets of its own, see keelway/home.py); directories 0700.
+
+Left out: what the default ignores and the archive's own root `.keelwayignore` name
+(keelway/builds/ignore.py), decided after every member has passed the checks above (a
+hostile member is refused even when it would be left out) and before anything is
+written, so a left-out file never reaches the disk. A kept hard link to a left-out file
+is written as a copy of that file's data.
 
 The single top directory is stripped: when every member lies under one top-level
 directory (as in GitHub and `git archive --prefix` tarballs), that directory becomes
@@ -36,7 +42,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from keelway.builds.errors import UnsafeArchiveError
+from keelway.builds.errors import SourceError, UnsafeArchiveError
+from keelway.builds.ignore import IGNORE_FILE, MAX_IGNORE_FILE_BYTES, IgnoreRules
 
 MAX_MEMBERS = 200_000
 MAX_BYTES = 4 * 1024**3
@@ -53,6 +60,8 @@ class _Planned:
     member: tarfile.TarInfo
     parts: Parts  # path inside dest, top dir stripped; never empty
     link_parts: Parts  # hard links: the target member's path, stripped
+    # a hard link whose target is left out: its data (the target's) is written instead
+    link_as_copy: bool = False
 
 
 def safe_extract_tar(
@@ -65,17 +74,19 @@ def safe_extract_tar(
     """Extract `archive` (.tar, .tar.gz/.tgz, .tar.bz2, .tar.xz) into the directory `dest`.
 
     `dest` must be empty or missing. Raises UnsafeArchiveError (naming the member) before
-    writing anything if any member is refused; on an OSError mid-write `dest` holds a
-    partial tree that the caller must remove.
+    writing anything if any member is refused, SourceError if its `.keelwayignore` is
+    unreadable; on an OSError mid-write `dest` holds a partial tree that the caller must
+    remove.
     """
     dest = Path(dest)
     with _open(archive) as tar:
         try:
             plan = _check(tar, max_members=max_members, max_bytes=max_bytes)
+            plan = _leave_out_ignored(tar, plan)
         except _UNREADABLE as exc:
             # nothing is written during the check: any failure here is the archive's
             raise _unreadable(archive, exc) from exc
-        dest.mkdir(parents=True, exist_ok=True)
+        dest.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
         for item in plan:
             # an OSError here (disk full, permissions) is the box's, not the archive's
             _write(tar, item, dest)
@@ -91,6 +102,39 @@ def _open(archive: Path) -> tarfile.TarFile:
 
 def _unreadable(archive: Path, exc: BaseException) -> UnsafeArchiveError:
     return UnsafeArchiveError(f"{Path(archive).name} is not a readable tar archive: {exc}")
+
+
+def _leave_out_ignored(tar: tarfile.TarFile, plan: list[_Planned]) -> list[_Planned]:
+    """The plan without what the ignore rules leave out (see the module header)."""
+    rules = IgnoreRules.from_file(_ignore_file(tar, plan))
+    kept: list[_Planned] = []
+    kept_files: set[Parts] = set()
+    for item in plan:
+        member = item.member
+        if rules.ignored_below("/".join(item.parts), is_dir=member.isdir()):
+            continue
+        if member.islnk() and item.link_parts not in kept_files:
+            item = _Planned(member, item.parts, item.link_parts, link_as_copy=True)
+        if not member.isdir() and not member.issym():
+            kept_files.add(item.parts)
+        kept.append(item)
+    return kept
+
+
+def _ignore_file(tar: tarfile.TarFile, plan: list[_Planned]) -> bytes | None:
+    """The data of the archive's root `.keelwayignore`, or None when it has none."""
+    for item in plan:
+        if item.parts != (IGNORE_FILE,):
+            continue
+        member = item.member
+        if not (member.isreg() or member.islnk()):
+            raise SourceError(f"{IGNORE_FILE} in the archive must be a regular file")
+        source = tar.extractfile(member)
+        if source is None:  # unreachable for a file or hard link; refuse rather than guess
+            raise UnsafeArchiveError(f"archive member {member.name!r} has no data", member.name)
+        with source:
+            return source.read(MAX_IGNORE_FILE_BYTES + 1)  # IgnoreRules refuses one too big
+    return None
 
 
 def _split(name: str, member: str, *, link: bool = False) -> Parts:
@@ -253,33 +297,47 @@ def _kind(member: tarfile.TarInfo) -> str:
     return f"special file (type {member.type!r})"
 
 
+DIR_MODE = 0o700
+
+
 def file_mode(mode: int) -> int:
-    """The mode keelway gives a file: 0755 if its owner could execute it, else 0644."""
-    return 0o755 if mode & stat.S_IXUSR else 0o644
+    """The mode keelway gives a file: 0700 if its owner could execute it, else 0600."""
+    return 0o700 if mode & stat.S_IXUSR else 0o600
 
 
 def _write(tar: tarfile.TarFile, item: _Planned, dest: Path) -> None:
     member = item.member
     target = dest.joinpath(*item.parts)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    _mkdirs(dest, item.parts[:-1])
     if member.isdir():
-        target.mkdir(mode=0o755, exist_ok=True)
-        os.chmod(target, 0o755)
+        if not target.is_dir():
+            target.mkdir(mode=DIR_MODE)
     elif member.issym():
         os.symlink(member.linkname, target)
-    elif member.islnk():
+    elif member.islnk() and not item.link_as_copy:
         os.link(dest.joinpath(*item.link_parts), target, follow_symlinks=False)
     else:
-        source = tar.extractfile(member)
+        source = tar.extractfile(member)  # a hard link's: its target's data
         if source is None:  # unreachable for a regular member; refuse rather than guess
             raise UnsafeArchiveError(f"archive member {member.name!r} has no data", member.name)
         mode = file_mode(member.mode)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
         fd = os.open(target, flags, mode)
+        # Only a umask that masks the owner's own bits changes it, but the owner's x bit
+        # is part of the digest; group and other stay clear either way.
+        os.fchmod(fd, mode)
         with source, os.fdopen(fd, "wb") as out:
             while chunk := source.read(_COPY_CHUNK_BYTES):
                 out.write(chunk)
-        os.chmod(target, mode)  # umask may have narrowed it
+
+
+def _mkdirs(dest: Path, parts: Parts) -> None:
+    """The directories above a member that the archive did not list, each 0700."""
+    here = dest
+    for part in parts:
+        here = here / part
+        if not here.is_dir():
+            here.mkdir(mode=DIR_MODE)
 
 
 def _recheck_symlinks(dest: Path, plan: list[_Planned]) -> None:

@@ -15,6 +15,9 @@ Invariants:
   which is sealed (read-only), flushed, then renamed to `<digest>`, then the parent
   directory is flushed. A crash at any point before the rename leaves only `.tmp-`
   entries, which `sweep` removes at control-plane boot; after it, the build is whole.
+- The same tree gives the same build whichever way it comes: a directory, a tarball and a
+  git export all stage only what the ignore rules keep (keelway/builds/ignore.py: the
+  defaults and the source's root `.keelwayignore`).
 - The manifest is validated before any build step runs and before anything is named.
 - A BuildError leaves nothing named and no temp behind.
 - No process started by a build outlives it: each step runs in its own process group,
@@ -50,7 +53,6 @@ from keelway.builds.tree import (
     content_digest,
     copy_source_dir,
     fsync_tree,
-    prune,
     remove_tree,
     seal,
 )
@@ -114,10 +116,9 @@ def stage(
                 "stage from a directory that does not contain keelway's state"
             )
         if not app_dir.is_dir():
-            app_dir.mkdir(parents=True, exist_ok=True)
+            app_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             fsync_dir(app_dir.parent)  # the build's name must survive a crash with it
-        tmp = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=app_dir))
-        os.chmod(tmp, 0o755)  # mkdtemp's 0700: a build is readable like its files
+        tmp = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=app_dir))  # 0700, as a build is
     except OSError as exc:
         raise StagingError(f"stage {app} from {source}: {exc}") from exc
     try:
@@ -173,10 +174,8 @@ def _stage_into(
             copy_source_dir(source, tmp)
         case SourceKind.TARBALL:
             safe_extract_tar(source, tmp)
-            prune(tmp)
         case SourceKind.GIT:
             _export_git(source, ref, tmp, progress)
-            prune(tmp)
     progress("checking the manifest")
     manifest = load_manifest(tmp)
     digest = content_digest(tmp)
@@ -272,7 +271,8 @@ def _build(
     requirements = tmp / REQUIREMENTS
     has_venv = requirements.is_file()
     env = build_env(tmp, venv if has_venv else None, app=app, digest=digest)
-    with open(tmp / BUILD_LOG, "ab") as log:
+    log_fd = os.open(tmp / BUILD_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(log_fd, "ab") as log:
         if has_venv:
             progress("creating a virtualenv for requirements.txt")
             run_step(

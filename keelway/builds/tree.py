@@ -1,14 +1,17 @@
 """A staged tree on disk: copy it in, name it by its content, seal it, flush it, remove it.
 
-Owns: the canonical content digest (the name of every build), which source entries a
-build never contains, and the read-only "sealed" state of a finished build.
+Owns: the canonical content digest (the name of every build), copying a source
+directory in, and the read-only "sealed" state of a finished build.
 
 Invariants:
 - The digest depends only on content: sorted relative paths, entry type, the owner's
   executable bit, file bytes and symlink targets. Not on mtimes, owners, other mode bits
   or the order a directory lists. A directory and a tarball of it give the same digest.
-- `.git`, `__pycache__` and `.venv` (at any depth) and a top-level `.keelway-build.log`
-  never enter a staged tree: they are local state or build outputs, not source.
+- What the ignore rules leave out (keelway/builds/ignore.py: the defaults and the
+  source's `.keelwayignore`) is never read, let alone copied: a left-out directory is
+  not even listed.
+- Copied files are created with their final mode, 0600 or 0700 (extract.file_mode), and
+  directories 0700: nothing in a build is readable by group or other.
 - A sealed tree has no write bits. Root ignores that, so it is a signal of immutability
   (to people and to well-behaved code), not a guarantee; `remove_tree` restores write
   permission on directories first so removal works for any user.
@@ -25,28 +28,28 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from keelway.builds.errors import SourceError
-from keelway.builds.extract import file_mode
+from keelway.builds.extract import DIR_MODE, file_mode
+from keelway.builds.ignore import BUILD_LOG, IGNORE_FILE, MAX_IGNORE_FILE_BYTES, IgnoreRules
 from keelway.durable import fsync_dir
 
-BUILD_LOG = ".keelway-build.log"
-SKIPPED_NAMES = frozenset({".git", "__pycache__", ".venv"})
+__all__ = ["BUILD_LOG", "content_digest", "copy_source_dir", "fsync_tree", "remove_tree",
+           "seal"]
+
 _DIGEST_DOMAIN = b"keelway-tree-v1\0"
 _READ_CHUNK_BYTES = 1024 * 1024
 _WRITE_BITS = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
 
 
-def _skipped(rel: Path) -> bool:
-    return rel.name in SKIPPED_NAMES or (len(rel.parts) == 1 and rel.name == BUILD_LOG)
-
-
 def copy_source_dir(source: Path, dest: Path) -> None:
-    """Copy the directory `source` into the existing empty directory `dest`.
+    """Copy the directory `source` into the existing empty directory `dest`, leaving out
+    what the ignore rules name.
 
-    Files get keelway's modes (0644/0755); symlinks are copied as links and must resolve
+    Files get keelway's modes (0600/0700); symlinks are copied as links and must resolve
     inside `source`; special files are refused. Raises SourceError naming the entry.
     """
     root = os.path.realpath(source)
-    for rel, entry in _scan(Path(source), Path()):
+    rules = IgnoreRules.from_file(_read_ignore_file(Path(source)))
+    for rel, entry in _scan(Path(source), Path(), rules):
         target = dest / rel
         if entry.is_symlink():
             resolved = os.path.realpath(entry)
@@ -57,32 +60,44 @@ def copy_source_dir(source: Path, dest: Path) -> None:
                 )
             os.symlink(os.readlink(entry), target)
         elif entry.is_dir():
-            target.mkdir(mode=0o755)
+            target.mkdir(mode=DIR_MODE)
         elif entry.is_file():
-            shutil.copyfile(entry, target, follow_symlinks=False)
-            os.chmod(target, file_mode(entry.lstat().st_mode))
+            _copy_file(entry, target, file_mode(entry.lstat().st_mode))
         else:
             raise SourceError(f"{rel} is a {_kind(entry)}: only files, dirs and links are staged")
 
 
-def _scan(base: Path, rel: Path) -> Iterator[tuple[Path, Path]]:
-    """(relative path, absolute path) of every non-skipped entry, parents first."""
+def _read_ignore_file(source: Path) -> bytes | None:
+    path = source / IGNORE_FILE
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        raise SourceError(f"{IGNORE_FILE} must be a regular file, not a link or directory")
+    with open(path, "rb") as handle:
+        return handle.read(MAX_IGNORE_FILE_BYTES + 1)  # IgnoreRules refuses one too big
+
+
+def _copy_file(source: Path, target: Path, mode: int) -> None:
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    os.fchmod(fd, mode)  # the owner's x bit is in the digest, whatever the umask
+    with open(source, "rb") as src, os.fdopen(fd, "wb") as out:
+        shutil.copyfileobj(src, out, _READ_CHUNK_BYTES)
+
+
+def _scan(base: Path, rel: Path, rules: IgnoreRules) -> Iterator[tuple[Path, Path]]:
+    """(relative path, absolute path) of every entry the rules keep, parents first."""
     with os.scandir(base / rel) as listing:
         entries = sorted(listing, key=lambda e: e.name)
     for entry in entries:
         child = rel / entry.name
-        if _skipped(child):
+        is_dir = entry.is_dir(follow_symlinks=False)
+        if rules.ignored(child.as_posix(), is_dir=is_dir):
             continue
         yield child, Path(entry.path)
-        if entry.is_dir(follow_symlinks=False):
-            yield from _scan(base, child)
-
-
-def prune(root: Path) -> None:
-    """Remove what a build never contains from an extracted tree (see module header)."""
-    for rel, path in _walk_all(root):
-        if _skipped(rel) and os.path.lexists(path):
-            remove_tree(path)
+        if is_dir:
+            yield from _scan(base, child, rules)
 
 
 def _walk_all(root: Path) -> list[tuple[Path, Path]]:

@@ -13,7 +13,10 @@ import click
 from keelway.cli.base import DEFAULT_HTTP, api_call, cli, client, json_option
 from keelway.cli.client import ApiError, ApiUnavailable
 from keelway.cli.output import emit_json, fail, fail_json
+from keelway.durable import DISK_FULL_HINT
 from keelway.home import Home
+
+_DAEMON_DISK_FULL = 5  # keelway.api.daemon.EXIT_DISK_FULL, which the CLI does not import
 
 
 @cli.command()
@@ -62,9 +65,12 @@ def up(demo: bool, detach: bool, http_addr: str | None, router_workers: int | No
                 lines = handle.read().decode(errors="replace").splitlines()
             errors = [ln for ln in lines if ln.startswith("error:")]
             message = errors[-1][len("error: "):] if errors else f"the daemon exited ({code})"
-            hint = f"see {home.daemon_log}"
+            hint, kind = f"see {home.daemon_log}", "start-failed"
+            if code == _DAEMON_DISK_FULL:  # its log line may not have fit on the disk
+                message = message if errors else f"the disk is full: {home.root} has no room"
+                hint, kind = DISK_FULL_HINT, "disk-full"
             if as_json:
-                fail_json("start-failed", message, hint, code or 1)
+                fail_json(kind, message, hint, code or 1)
             fail(message, hint, code or 1)
         try:
             info = client(2.0).request("GET", "/v1/ping")

@@ -36,7 +36,7 @@ def read_env_file(path: Path) -> dict[str, str]:
 
 def write_env_file(path: Path, values: dict[str, str]) -> None:
     body = "".join(f"{k}={v}\n" for k, v in sorted(values.items()))
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     write_atomic(path, body.encode(), mode=0o600)
 
 

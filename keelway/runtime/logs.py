@@ -5,6 +5,9 @@ O_APPEND. Rotation copies the file aside and truncates it in place (copytruncate
 the process never reopens anything, so rotation needs no cooperation from the app and
 works while the control plane is down and back. The few bytes written between the copy
 and the truncate may be lost; that is the price of not piping logs through us.
+
+A log may hold whatever an app prints, secrets included: every log file and rotated copy
+is created 0600 (`open_for_append`, `_copy_private`), never widened later.
 """
 
 from __future__ import annotations
@@ -13,12 +16,21 @@ import os
 import shutil
 from pathlib import Path
 
+from keelway.durable import PRIVATE_FILE_MODE, disk_full
+
 MAX_LOG_BYTES = 10 * 1024 * 1024
 KEEP_ROTATED = 3
+_COPY_CHUNK_BYTES = 1024 * 1024
 
 
 def log_path(log_dir: Path, service: str, gen_id: int) -> Path:
     return log_dir / f"{service}.{gen_id}.log"
+
+
+def open_for_append(path: Path) -> int:
+    """A descriptor to hand a child as its stdout/stderr: O_APPEND, created 0600."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE_FILE_MODE)
 
 
 def parse_log_name(path: Path) -> tuple[str, int] | None:
@@ -29,20 +41,40 @@ def parse_log_name(path: Path) -> tuple[str, int] | None:
 
 
 def rotate_if_large(path: Path, max_bytes: int = MAX_LOG_BYTES, keep: int = KEEP_ROTATED) -> bool:
+    """Rotate `path` if it is over `max_bytes`; True if it did.
+
+    The copy is made first, under a name no reader takes for a log, and only then are
+    the older copies shifted: a copy the disk has no room for leaves the log and its
+    copies as they were (False), and the next call tries again.
+    """
     try:
         size = path.stat().st_size
     except FileNotFoundError:
         return False
     if size <= max_bytes:
         return False
+    pending = path.with_name(f"{path.name}.rotating")
+    try:
+        _copy_private(path, pending)
+    except OSError as exc:
+        pending.unlink(missing_ok=True)
+        if disk_full(exc):
+            return False
+        raise
     for n in range(keep - 1, 0, -1):
         older = path.with_name(f"{path.name}.{n}")
         if older.exists():
             os.replace(older, path.with_name(f"{path.name}.{n + 1}"))
-    shutil.copyfile(path, path.with_name(f"{path.name}.1"))
+    os.replace(pending, path.with_name(f"{path.name}.1"))
     with open(path, "r+b") as handle:
         handle.truncate(0)
     return True
+
+
+def _copy_private(source: Path, dest: Path) -> None:
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, PRIVATE_FILE_MODE)
+    with open(source, "rb") as src, os.fdopen(fd, "wb") as out:
+        shutil.copyfileobj(src, out, _COPY_CHUNK_BYTES)
 
 
 def tail_lines(path: Path, lines: int, chunk_bytes: int = 64 * 1024) -> tuple[list[str], int]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from keelway.clock import Clock
+from keelway.runtime import logs
 
 
 @dataclass(frozen=True)
@@ -102,8 +103,7 @@ async def spawn(
     Output goes straight to a file, not through a pipe to us, so the process keeps
     running and logging while the control plane is down.
     """
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    log_fd = logs.open_for_append(log_path)
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv,

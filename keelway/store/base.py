@@ -2,18 +2,29 @@
 
 The rules the whole store keeps are in keelway/store/store.py; `tx()` is how it keeps
 the first of them.
+
+The database holds config values, so it is created 0600 before SQLite opens it: SQLite
+gives its `-wal` and `-shm` the database's mode, so all three are private from the start.
+
+A full disk (SQLITE_FULL, ENOSPC) fails the one transaction that met it: it is rolled
+back, whatever SQLite did on its own, and `DiskFull` says so. The connection stays usable,
+so the store works again as soon as there is room, with nothing to reopen.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from keelway.clock import Clock, SystemClock
+from keelway.durable import PRIVATE_FILE_MODE, create_private, disk_full
 from keelway.store import schema
+
+_SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
 
 
 class StoreError(Exception):
@@ -28,21 +39,27 @@ class NotFound(StoreError):
     pass
 
 
+class DiskFull(StoreError):
+    """A write met a full disk and was rolled back whole; retry once there is room."""
+
+    def __init__(self, what: str, path: Path) -> None:
+        super().__init__(f"{what} {path}: the disk is full")
+        self.filename = str(path)  # as an OSError names it, for durable.disk_full_message
+
+
 class StoreBase:
     """The connection, transactions and query helpers every part of the store shares."""
 
     def __init__(self, path: Path, clock: Clock | None = None) -> None:
         self.path = Path(path)
         self.clock: Clock = clock or SystemClock()
-        self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._conn.row_factory = sqlite3.Row
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        # FULL: a committed operation step survives power loss, not just a process crash.
-        self._conn.execute("PRAGMA synchronous=FULL")
-        self._conn.execute("PRAGMA foreign_keys=ON")
-        self._conn.execute("PRAGMA busy_timeout=5000")
         self._depth = 0
-        schema.migrate(self._conn)
+        try:
+            self._conn = _connect(self.path)
+        except BaseException as exc:
+            if disk_full(exc):
+                raise DiskFull("open the store", self.path) from exc
+            raise
 
     def close(self) -> None:
         self._conn.close()
@@ -61,12 +78,18 @@ class StoreBase:
         self._depth = 1
         try:
             yield self._conn
-        except BaseException:
-            self._depth = 0
-            self._conn.execute("ROLLBACK")
+            self._conn.execute("COMMIT")
+        except BaseException as exc:
+            # A COMMIT that fails (SQLITE_FULL) may or may not have rolled back by
+            # itself; either way no transaction may stay open, or every later BEGIN
+            # would fail long after the disk has room again.
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            if disk_full(exc) and not isinstance(exc, DiskFull):
+                raise DiskFull("write to the store", self.path) from exc
             raise
-        self._depth = 0
-        self._conn.execute("COMMIT")
+        finally:
+            self._depth = 0
 
     def _one(self, sql: str, *args: Any) -> sqlite3.Row | None:
         row: sqlite3.Row | None = self._conn.execute(sql, args).fetchone()
@@ -89,3 +112,31 @@ class StoreBase:
                 (str(new),),
             )
         return new
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    """The store's connection, its schema current; nothing is left open on failure."""
+    _lay_down_private(path)
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA journal_mode=WAL")
+        # FULL: a committed operation step survives power loss, not just a process crash.
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("PRAGMA busy_timeout=5000")
+        schema.migrate(conn)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _lay_down_private(path: Path) -> None:
+    """Create the database file 0600 before SQLite does, and narrow a store an older
+    keelway left 0644 (with its side files), once, at open."""
+    create_private(path)
+    for candidate in (path, *(path.with_name(path.name + s) for s in _SQLITE_SIDE_FILES)):
+        with contextlib.suppress(FileNotFoundError):
+            if candidate.stat().st_mode & 0o077:
+                os.chmod(candidate, PRIVATE_FILE_MODE)

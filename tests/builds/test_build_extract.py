@@ -162,7 +162,9 @@ def test_a_lone_top_level_file_is_not_stripped(tmp_path: Path) -> None:
     assert (dest / "Procfile").read_bytes() == PROCFILE
 
 
-def test_setuid_setgid_sticky_and_group_write_bits_are_stripped(tmp_path: Path) -> None:
+def test_setuid_setgid_sticky_and_every_group_and_other_bit_are_stripped(
+    tmp_path: Path,
+) -> None:
     entries = [
         *good(),
         Entry("suid", data=b"x", mode=0o6777),
@@ -171,9 +173,9 @@ def test_setuid_setgid_sticky_and_group_write_bits_are_stripped(tmp_path: Path) 
     ]
     dest = tmp_path / "dest"
     safe_extract_tar(write_tar(tmp_path / "x.tar", entries), dest)
-    assert stat.S_IMODE(os.stat(dest / "suid").st_mode) == 0o755
-    assert stat.S_IMODE(os.stat(dest / "plain").st_mode) == 0o644
-    assert stat.S_IMODE(os.stat(dest / "dir").st_mode) == 0o755
+    assert stat.S_IMODE(os.stat(dest / "suid").st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(dest / "plain").st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(dest / "dir").st_mode) == 0o700
 
 
 @pytest.mark.parametrize("compression", ["", "gz", "bz2", "xz"])

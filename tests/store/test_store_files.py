@@ -1,0 +1,107 @@
+"""The store's files: private from creation, and a full disk fails one write whole."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from keelway.store import Store
+from keelway.store.base import DiskFull
+from tests.disk import fill, mounted_tmpfs
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    yield from mounted_tmpfs(tmp_path / "disk", 4 * 1024 * 1024)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_a_new_store_and_its_wal_and_shm_are_created_private_whatever_the_umask(
+    tmp_path: Path,
+) -> None:
+    old_umask = os.umask(0o022)
+    try:
+        store = Store(tmp_path / "keelway.db")
+        store.ensure_app("blog")
+    finally:
+        os.umask(old_umask)
+    try:
+        for name in ("keelway.db", "keelway.db-wal", "keelway.db-shm"):
+            assert mode(tmp_path / name) == 0o600, name
+    finally:
+        store.close()
+
+
+def test_a_store_an_older_keelway_left_readable_by_others_is_narrowed_when_opened(
+    tmp_path: Path,
+) -> None:
+    Store(tmp_path / "keelway.db").close()
+    os.chmod(tmp_path / "keelway.db", 0o644)
+    store = Store(tmp_path / "keelway.db")
+    try:
+        assert mode(tmp_path / "keelway.db") == 0o600
+    finally:
+        store.close()
+
+
+def _write_big(store: Store, key: str) -> None:
+    with store.tx() as conn:
+        conn.execute("INSERT INTO meta(key, value) VALUES (?, ?)", (key, "v" * 1_000_000))
+
+
+def _keys(store: Store) -> set[str]:
+    return {row["key"] for row in store._all("SELECT key FROM meta")}
+
+
+def test_a_write_that_meets_a_full_disk_is_rolled_back_whole_and_works_once_there_is_room(
+    small_disk: Path,
+) -> None:
+    store = Store(small_disk / "keelway.db")
+    try:
+        store.ensure_app("blog")
+        before = (store.dump(), _keys(store))
+        filler = fill(small_disk)
+        with pytest.raises(DiskFull, match="the disk is full"):
+            _write_big(store, "big")
+        assert (store.dump(), _keys(store)) == before
+        filler.unlink()
+        _write_big(store, "big")  # the same connection, nothing reopened
+        store.ensure_app("news")
+        assert "big" in _keys(store)
+        assert [a.name for a in store.list_apps()] == ["blog", "news"]
+    finally:
+        store.close()
+
+
+def test_a_statement_that_sqlite_rolls_back_itself_on_a_full_disk_raises_disk_full(
+    tmp_path: Path,
+) -> None:
+    """SQLite ends the transaction itself when a statement meets SQLITE_FULL; a second
+    ROLLBACK must not replace that error with "no transaction is active"."""
+    store = Store(tmp_path / "keelway.db")
+    try:
+        store.ensure_app("blog")
+        pages = store._one("PRAGMA page_count")[0]
+        store._conn.execute(f"PRAGMA max_page_count = {pages + 1}")  # SQLite's own limit
+        with pytest.raises(DiskFull, match="the disk is full"):
+            _write_big(store, "big")
+        store._conn.execute("PRAGMA max_page_count = 1073741823")
+        _write_big(store, "big")
+        assert "big" in _keys(store)
+    finally:
+        store.close()
+
+
+def test_opening_a_store_on_a_full_disk_says_the_disk_is_full(small_disk: Path) -> None:
+    filler = fill(small_disk)
+    with pytest.raises(DiskFull, match=r"open the store .*: the disk is full"):
+        Store(small_disk / "keelway.db")
+    filler.unlink()
+    Store(small_disk / "keelway.db").close()
