@@ -5,12 +5,16 @@ pushed with a fresh version. Crash between the two: the row names the new genera
 the router still the old one; boot republishes the whole table, so the router converges
 to the store. The router refuses a table older than the one it has, so a slow push can
 never undo a newer one.
+
+A web waiting out its crash backoff has its route gated; its Retry-After says when the
+retry is due (rounded up to a whole second), not the default.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from pathlib import Path
 
 from keelway import failpoints
@@ -33,15 +37,21 @@ failpoints.declare("publish.before", "publish.after")
 RETRY_AFTER_S = 5
 
 
-def table_of(routes: list[Route], version: int) -> rt.RouteTable:
+def table_of(routes: list[Route], version: int,
+             retry_in_s: dict[str, float] | None = None) -> rt.RouteTable:
+    """The router's table for the store's routes; `retry_in_s` maps a host whose web
+    waits out a crash backoff to the seconds until its retry."""
     entries: dict[str, rt.Route] = {}
     for route in routes:
         state = rt.RouteState(route.state.value)
         upstream = f"127.0.0.1:{route.port}" if route.port is not None else None
         if state is rt.RouteState.SERVING and upstream is None:
             state = rt.RouteState.GATED  # nothing to serve with: answer 503, never guess
+        retry_after_s = RETRY_AFTER_S
+        if state is rt.RouteState.GATED and retry_in_s and route.host in retry_in_s:
+            retry_after_s = max(1, math.ceil(retry_in_s[route.host]))
         entries[route.host] = rt.Route(state=state, upstream=upstream,
-                                       retry_after_s=RETRY_AFTER_S)
+                                       retry_after_s=retry_after_s)
     return rt.RouteTable(version=version, routes=entries)
 
 
@@ -50,21 +60,25 @@ class Publisher:
         self.store = store
         self.control_socket = control_socket
 
+    def _table(self, version: int) -> rt.RouteTable:
+        now = self.store.clock.now()
+        retry_in_s = {r.instance: r.retry_at - now for r in self.store.pending_retries()
+                      if r.service == "web" and r.retry_at > now}
+        return table_of(self.store.list_routes(), version, retry_in_s)
+
     async def publish(self) -> int:
         """Push the store's whole route table; returns the version the router applied."""
         version = self.store.next_route_table_version()
         failpoints.hit("publish.before")
         try:
             try:
-                applied = await push_table(self.control_socket,
-                                           table_of(self.store.list_routes(), version))
+                applied = await push_table(self.control_socket, self._table(version))
             except RouterRefused:
                 # The router kept a table from a store we no longer have (a new home
                 # database, a restored backup): jump past its version and push again.
                 served = await get_table(self.control_socket)
                 version = self.store.next_route_table_version(at_least=served.version)
-                applied = await push_table(self.control_socket,
-                                           table_of(self.store.list_routes(), version))
+                applied = await push_table(self.control_socket, self._table(version))
         except RouterControlError as exc:
             raise RouterUnavailable(
                 f"could not push routes to the router: {exc}",
@@ -79,7 +93,7 @@ class Publisher:
             served = await get_table(self.control_socket)
         except RouterControlError:
             return False
-        return served.routes == table_of(self.store.list_routes(), served.version).routes
+        return served.routes == self._table(served.version).routes
 
     async def drained(self, port: int, bound_s: float, poll_s: float = 0.02) -> bool:
         """Wait until the router carries no request to 127.0.0.1:`port`, up to `bound_s`.

@@ -2,6 +2,8 @@
 
 Three quick tries, then 1, 2, 4, 8 and at most 15 minutes between tries; a generation
 that stayed up for 5 minutes resets the count, so a rare crash is retried at once.
+Times are wall-clock seconds: the count and the retry time are persisted (store table
+`backoff`) and must mean the same thing to the next control plane.
 """
 
 from __future__ import annotations

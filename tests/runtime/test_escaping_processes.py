@@ -1,0 +1,96 @@
+"""A daemonizing app (its web leaves a setsid()ed grandchild behind) through the real CLI
+and daemon: after stop, redeploy, `down`, and a reconcile after a SIGKILLed control
+plane, no process carrying the home's marker is alive unless a live record names its
+generation (SPEC §5 invariant 5, §6). Run with cgroups where the box has them, and with
+the proc-scan fallback forced."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from keelway.runtime import tree
+from keelway.runtime.tree import ProcessTrees
+from keelway.store import Store
+from tests.deploy.apps import daemonizing
+from tests.e2e.harness import Keelway, wait_until
+from tests.invariants import violations
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(params=["auto", "proc-scan"])
+def mechanism(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The daemon inherits the test's environment: "proc-scan" forces the fallback."""
+    monkeypatch.setenv(tree.FORCE_ENV, request.param)
+    return str(request.param)
+
+
+def _trees(kw: Keelway) -> dict[int, list[int]]:
+    """Every live process of the home's trees, by generation (cgroups and marker)."""
+    return {g: [m.pid for m in members]
+            for g, members in ProcessTrees.found(kw.home).scan().items() if members}
+
+
+def _live_generations(kw: Keelway) -> set[int]:
+    store = Store(kw.home / "keelway.db")
+    try:
+        return {g.id for g in store.live_generations()}
+    finally:
+        store.close()
+
+
+def _unnamed(kw: Keelway) -> dict[int, list[int]]:
+    live = _live_generations(kw)
+    return {g: pids for g, pids in _trees(kw).items() if g not in live}
+
+
+def _web(kw: Keelway) -> dict[str, object]:
+    inst = kw.ok("status", "--json").json()["apps"][0]["instances"][0]
+    return next(p for p in inst["processes"] if p["service"] == "web" and p["active"])
+
+
+def test_stop_redeploy_and_down_leave_no_process_of_a_daemonizing_app(
+    kw: Keelway, tmp_path: Path, mechanism: str
+) -> None:
+    kw.up()
+    kw.ok("deploy", "hello", str(daemonizing(tmp_path, "v1")), "--host", "one.test")
+    first = int(_web(kw)["id"])  # type: ignore[call-overload]
+    assert len(_trees(kw)[first]) >= 2  # the leader and its detached grandchild
+
+    kw.ok("deploy", "hello", str(daemonizing(tmp_path, "v2", greeting="howdy from")))
+    assert first not in _trees(kw), "the old web's daemonized child outlived the redeploy"
+    assert _unnamed(kw) == {}
+
+    kw.ok("stop", "hello")
+    assert _trees(kw) == {}, "a process of the stopped instance is still alive"
+    kw.ok("start", "hello")
+    assert kw.get("one.test")[0] == 200
+
+    kw.ok("down")
+    assert _trees(kw) == {}, "a process outlived `keelway down`"
+    if mechanism == "auto":
+        assert ProcessTrees.found(kw.home).homes == (), "down left the home's cgroups"
+
+
+def test_a_reconcile_after_a_killed_control_plane_removes_what_a_dead_leader_left(
+    kw: Keelway, tmp_path: Path, mechanism: str
+) -> None:
+    kw.up()
+    kw.ok("deploy", "hello", str(daemonizing(tmp_path, "v1")), "--host", "one.test")
+    web = _web(kw)
+    gen, pid = int(web["id"]), int(web["pid"])  # type: ignore[call-overload]
+    kw.kill_daemon()
+    os.kill(pid, signal.SIGKILL)  # the leader dies while nobody watches; its child lives
+    assert wait_until(lambda: pid not in _trees(kw).get(gen, []), 5)
+    assert _trees(kw).get(gen), "the daemonized grandchild should still be alive here"
+
+    kw.up()
+    assert gen not in _trees(kw), "boot left the dead leader's descendants alive"
+    assert violations(kw.home) == []
+    assert kw.get("one.test")[0] == 200  # and the web was restarted
+    again = kw.ok("reconcile", "--dry-run", "--json").json()
+    assert all(not item["actions"] for item in again["instances"]), again
