@@ -63,7 +63,7 @@ class Publisher:
     def _table(self, version: int) -> rt.RouteTable:
         now = self.store.clock.now()
         retry_in_s = {r.instance: r.retry_at - now for r in self.store.pending_retries()
-                      if r.service == "web" and r.retry_at > now}
+                      if r.service == "web"}
         return table_of(self.store.list_routes(), version, retry_in_s)
 
     async def publish(self) -> int:
