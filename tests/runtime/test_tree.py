@@ -171,3 +171,18 @@ def test_the_mechanism_says_what_it_is_for_doctor(tmp_path: Path,
     chosen = ProcessTrees.choose(tmp_path)
     assert chosen.describe() in {m.value for m in Mechanism}
     chosen.forget_home()
+
+
+def test_a_leader_that_cannot_join_its_cgroup_refuses_to_run_the_app(tmp_path: Path) -> None:
+    # A tree outside its cgroup could outlive its stop: better not to run at all.
+    broken = ProcessTrees(tmp_path, Mechanism.CGROUP_V1, (tmp_path / "no-such-cgroup",))
+    argv = broken.enter_argv(GEN, [sys.executable, "-c", "print('ran')"])
+
+    async def scenario() -> int:
+        spawned = await process.spawn(argv, cwd=tmp_path, env=dict(os.environ),
+                                      log_path=tmp_path / "out.log")
+        return await spawned.proc.wait()
+
+    assert asyncio.run(scenario()) == 125
+    log = (tmp_path / "out.log").read_text()
+    assert "cannot join the cgroup" in log and "ran" not in log
