@@ -78,6 +78,9 @@ class Recovery(DeployerCore):
             if gate:
                 self.store.set_route(gen.instance, gen.instance, RouteState.GATED, None, None)
         failpoints.hit("backoff.after")
+        self.store.add_event("backoff", f"{gen.service} restarts in {delay:g}s (crash "
+                             f"{backoff.failures} in a row)", app=gen.app,
+                             instance=gen.instance)
         if gate:
             try:
                 await self.publisher.publish()

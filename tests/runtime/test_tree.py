@@ -142,12 +142,12 @@ def test_only_a_cgroup_catches_a_descendant_that_clears_its_environment(
 def test_a_term_ignoring_tree_is_killed_after_the_grace_with_nothing_forked_away(
     trees: ProcessTrees, tmp_path: Path
 ) -> None:
-    # The grandchild ignores SIGTERM and forks a new child every few milliseconds:
+    # The grandchild ignores SIGTERM and forks a new child every 20 ms:
     # only a tree held still (frozen or stopped) is killed whole.
     forks = ("import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
              "        for _ in range(300):\n"
              "            if os.fork(): break\n"
-             "            time.sleep(0.005)")
+             "            time.sleep(0.02)")
 
     async def scenario() -> None:
         spawned, _pidfile = await _spawn(trees, tmp_path, SLEEPS, exec_line=forks)
