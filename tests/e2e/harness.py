@@ -148,8 +148,7 @@ def kill_home_processes(home: Path) -> None:
             process.signal_session(pid, stat.start_ticks, signal.SIGKILL)
     trees = ProcessTrees.found(home)
     for gen_id, members in trees.scan().items():
-        for member in members:
-            process.signal_session(member.pid, member.start_ticks, signal.SIGKILL)
+        for member in members:  # found in the home's cgroup or by its marker: ours
             with contextlib.suppress(ProcessLookupError):
                 os.kill(member.pid, signal.SIGKILL)
         wait_until(lambda gen_id=gen_id: not trees.members(gen_id, None), 5)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -94,3 +96,30 @@ def test_a_reconcile_after_a_killed_control_plane_removes_what_a_dead_leader_lef
     assert kw.get("one.test")[0] == 200  # and the web was restarted
     again = kw.ok("reconcile", "--dry-run", "--json").json()
     assert all(not item["actions"] for item in again["instances"]), again
+
+
+def test_reconcile_finds_and_removes_a_process_that_no_live_record_names(
+    kw: Keelway, tmp_path: Path
+) -> None:
+    # What an older keelway left behind: a daemonized child of a generation that its
+    # record already calls gone (the leader's death was taken for the tree's).
+    kw.up()
+    kw.ok("deploy", "hello", str(daemonizing(tmp_path, "v1")), "--host", "one.test")
+    old = int(_web(kw)["id"])  # type: ignore[call-overload]
+    kw.ok("restart", "hello")
+    assert old not in _live_generations(kw)
+    env = {**os.environ, tree.SUPERVISOR_MARK: str(kw.home), tree.GENERATION_MARK: str(old)}
+    leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                env=env, start_new_session=True)
+    try:
+        assert wait_until(lambda: leftover.pid in _unnamed(kw).get(old, []), 5)
+        report = kw.ok("reconcile", "--dry-run").out
+        # The periodic pass (every 5 s) removes it too; until it does, reconcile says so.
+        if leftover.poll() is None:
+            assert f"would remove-tree generation {old}" in report
+        kw.ok("reconcile")
+        assert leftover.wait(timeout=10) == -signal.SIGKILL
+        assert _unnamed(kw) == {}
+    finally:
+        if leftover.poll() is None:
+            leftover.kill()
