@@ -24,10 +24,17 @@ from tests.invariants import violations
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(params=["auto", "proc-scan"])
-def mechanism(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The daemon inherits the test's environment: "proc-scan" forces the fallback."""
+@pytest.fixture(params=["auto", "cgroup-v2", "proc-scan"])
+def mechanism(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
+              tmp_path: Path) -> str:
+    """The daemon inherits the test's environment: "proc-scan" forces the fallback,
+    "cgroup-v2" the v2 hierarchy (a hybrid box's too), where the box has one."""
     monkeypatch.setenv(tree.FORCE_ENV, request.param)
+    if request.param == "cgroup-v2":
+        probe = ProcessTrees.choose(tmp_path / "probe")
+        probe.forget_home()
+        if probe.mechanism is not tree.Mechanism.CGROUP_V2:
+            pytest.skip("no writable cgroup v2 hierarchy on this box")
     return str(request.param)
 
 
@@ -74,8 +81,7 @@ def test_stop_redeploy_and_down_leave_no_process_of_a_daemonizing_app(
 
     kw.ok("down")
     assert _trees(kw) == {}, "a process outlived `keelway down`"
-    if mechanism == "auto":
-        assert ProcessTrees.found(kw.home).homes == (), "down left the home's cgroups"
+    assert ProcessTrees.found(kw.home).homes == (), "down left the home's cgroups"
 
 
 def test_a_reconcile_after_a_killed_control_plane_removes_what_a_dead_leader_left(
