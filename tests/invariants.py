@@ -17,6 +17,9 @@ from keelway.store.lifecycle import GenState, RouteState
 def violations(home: Path) -> list[str]:
     """Every broken invariant, as sentences; [] when all hold."""
     found: list[str] = []
+    # Scanned before the records are read: a generation's row is written before its
+    # cgroup or process exists, so one spawned meanwhile is never taken for a stray.
+    trees = ProcessTrees.found(home).scan()
     store = Store(home / "keelway.db")
     try:
         live = store.live_generations()
@@ -27,7 +30,7 @@ def violations(home: Path) -> list[str]:
         # 5. No process keelway started is alive unless a record names it: every
         # process of the home's trees (its cgroups, and /proc scanned for the home's
         # marker: descendants and setsid()ed daemons too) belongs to a live generation.
-        for gen_id, members in ProcessTrees.found(home).scan().items():
+        for gen_id, members in trees.items():
             if gen_id in by_id:
                 continue
             if members:
