@@ -21,7 +21,7 @@ from keelway.deploy.core import DeployerCore, log
 from keelway.deploy.errors import OperationError
 from keelway.reconcile.apply import FailedClosed
 from keelway.reconcile.plan import Mode as Pass
-from keelway.runtime.backoff import Backoff
+from keelway.runtime.backoff import next_retry
 from keelway.store.lifecycle import InstanceState, OpState, RequestState, RouteState
 from keelway.store.records import CrashRetry, Generation
 
@@ -62,16 +62,14 @@ class Recovery(DeployerCore):
         now = self.clock.now()
         prior = self.store.get_crash_retry(gen.instance, gen.service)
         # "Stable" is measured from the crashed generation's own start, so a long-lived
-        # generation's crash is retried quickly however the previous loop ended. The same
-        # generation counted again means its restart failed: that never resets the count.
-        again = prior is not None and prior.generation_id == gen.id
-        backoff = Backoff(failures=prior.failures if prior else 0,
-                          last_start=None if again else gen.created_at)
-        delay = backoff.delay_after_crash(now)
+        # generation's crash is retried quickly however the previous loop ended.
+        failures, delay = next_retry(
+            prior.failures if prior else 0, started_at=gen.created_at, now=now,
+            same_generation=prior is not None and prior.generation_id == gen.id)
         failpoints.hit("backoff.before")
         with self.store.tx():
             self.store.record_crash(CrashRetry(gen.instance, gen.service, gen.id,
-                                               backoff.failures, now, now + delay))
+                                               failures, now, now + delay))
             route = self.store.get_route(gen.instance)
             gate = (gen.service == "web" and route is not None
                     and route.state is RouteState.SERVING and route.generation_id == gen.id)
@@ -79,7 +77,7 @@ class Recovery(DeployerCore):
                 self.store.set_route(gen.instance, gen.instance, RouteState.GATED, None, None)
         failpoints.hit("backoff.after")
         self.store.add_event("backoff", f"{gen.service} restarts in {delay:g}s (crash "
-                             f"{backoff.failures} in a row)", app=gen.app,
+                             f"{failures} in a row)", app=gen.app,
                              instance=gen.instance)
         if gate:
             try:
