@@ -20,7 +20,8 @@ the best mechanism the box allows, chosen once per control plane (`ProcessTrees.
 
 A generation whose cgroup directory does not exist (started under proc-scan, or by a
 keelway before cgroups) is looked for by the scan, whatever the box's mechanism now is,
-so a change of mechanism between two control planes never loses a tree.
+and cgroups the home already has in other hierarchies (`legacy`) are still read and
+removed, so a change of mechanism between two control planes never loses a tree.
 
 Rules kept here:
 - A tree is gone only when every process ever seen in it is dead by pid + start time
@@ -84,21 +85,25 @@ def home_id(home_root: Path) -> str:
 class ProcessTrees:
     """The process trees of one home's generations, by one mechanism.
 
-    `homes` are the per-home cgroup directories, one per hierarchy, the first being the
-    one membership is read from (v1: freezer; v2: the unified one); empty for
-    proc-scan.
+    `homes` are the per-home cgroup directories new generations join, one per
+    hierarchy, the first being the one membership is read from (v1: freezer; v2: the
+    unified one); empty for proc-scan. `legacy` are the home's directories in other
+    hierarchies, left by a control plane that used another mechanism: read and
+    cleaned, never joined.
     """
 
     home_root: Path
     mechanism: Mechanism
     homes: tuple[Path, ...] = ()
+    legacy: tuple[Path, ...] = ()
 
     @classmethod
     def choose(cls, home_root: Path, root: Path = CGROUP_ROOT) -> ProcessTrees:
         """The best mechanism this box allows (or the one FORCE_ENV names), tried by
         creating the home's cgroup directories; proc-scan when none is writable."""
         want = os.environ.get(FORCE_ENV, "auto")
-        scan = cls(home_root, Mechanism.PROC_SCAN)
+        existing = cls.found(home_root, root).homes
+        scan = cls(home_root, Mechanism.PROC_SCAN, (), existing)
         if want == "proc-scan":
             return scan
         hid = home_id(home_root)
@@ -122,7 +127,8 @@ class ProcessTrees:
             except OSError as exc:
                 log.info("%s not usable here (%s)", mechanism.value, exc)
                 continue
-            return cls(home_root, mechanism, homes)
+            return cls(home_root, mechanism, homes,
+                       tuple(h for h in existing if h not in homes))
         if want != "auto":
             log.warning("%s=%s is not available on this box; using proc-scan", FORCE_ENV,
                         want)
@@ -152,7 +158,12 @@ class ProcessTrees:
     # -- a generation's cgroup -----------------------------------------------------------
 
     def _dirs(self, gen_id: int) -> list[Path]:
+        """The generation's cgroups in the hierarchies new generations join."""
         return [home / f"g{gen_id}" for home in self.homes]
+
+    def _all_dirs(self, gen_id: int) -> list[Path]:
+        """... and in the ones an earlier control plane used: where to look and clean."""
+        return [home / f"g{gen_id}" for home in self.homes + self.legacy]
 
     def create(self, gen_id: int) -> None:
         """Make the generation's cgroups (before its spawn). Idempotent."""
@@ -170,7 +181,7 @@ class ProcessTrees:
         """Remove the generation's cgroups once its tree is gone; False while any member
         lives (the kernel refuses). A directory already gone counts as removed."""
         removed = True
-        for path in self._dirs(gen_id):
+        for path in self._all_dirs(gen_id):
             try:
                 path.rmdir()
             except FileNotFoundError:
@@ -183,7 +194,7 @@ class ProcessTrees:
     def forget_home(self) -> None:
         """Remove the home's own cgroup directories if no generation's is left in them
         (after `down`, so a box does not collect one empty directory per home)."""
-        for home in self.homes:
+        for home in self.homes + self.legacy:
             with contextlib.suppress(OSError):
                 home.rmdir()
 
@@ -191,7 +202,7 @@ class ProcessTrees:
 
     def _cgroup_members(self, gen_id: int) -> list[ProcStat] | None:
         """Members by cgroup, or None when the generation has no cgroup directory."""
-        for path in self._dirs(gen_id):
+        for path in self._all_dirs(gen_id):
             try:
                 raw = (path / "cgroup.procs").read_text()
             except FileNotFoundError:
@@ -218,7 +229,7 @@ class ProcessTrees:
         """Every generation of the home that has a tree on this box (a cgroup directory,
         even an empty one, or a process carrying the marker), with its live members."""
         found: dict[int, list[ProcStat]] = {}
-        for home in self.homes:
+        for home in self.homes + self.legacy:
             with contextlib.suppress(FileNotFoundError):
                 for entry in os.scandir(home):
                     name = entry.name
@@ -236,7 +247,7 @@ class ProcessTrees:
     async def kill(self, gen_id: int, leader: Leader | None) -> list[ProcStat]:
         """SIGKILL every member with the tree held still, so that none forks a child
         that the kill misses; returns the members it signalled."""
-        dirs = [d for d in self._dirs(gen_id) if d.is_dir()]
+        dirs = [d for d in self._all_dirs(gen_id) if d.is_dir()]
         primary = dirs[0] if dirs else None
         if primary is not None and (primary / "cgroup.kill").exists():
             victims = self.members(gen_id, leader)

@@ -186,3 +186,28 @@ def test_a_leader_that_cannot_join_its_cgroup_refuses_to_run_the_app(tmp_path: P
     assert asyncio.run(scenario()) == 125
     log = (tmp_path / "out.log").read_text()
     assert "cannot join the cgroup" in log and "ran" not in log
+
+
+def test_a_tree_started_in_a_cgroup_is_still_found_and_cleaned_under_proc_scan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A control plane with cgroups started it; the next one was told to use proc-scan.
+    first = ProcessTrees.choose(tmp_path / "home")
+    if not first.uses_cgroups:
+        pytest.skip("no writable cgroup on this box")
+    clears = ('open(sys.argv[1], "w").write(str(os.getpid())); '
+              'os.execv("/usr/bin/env", ["env", "-i", "/bin/sleep", "60"])')
+
+    async def scenario() -> None:
+        spawned, _pidfile = await _spawn(first, tmp_path, EXITS, exec_line=clears)
+        await spawned.proc.wait()
+        monkeypatch.setenv(tree.FORCE_ENV, "proc-scan")
+        later = ProcessTrees.choose(tmp_path / "home")
+        assert later.mechanism is Mechanism.PROC_SCAN and later.legacy
+        assert later.members(GEN, None), "the env-cleared member is only in the cgroup"
+        assert await tree.stop(later, GEN, None, grace_s=0, clock=SystemClock())
+        assert later.remove(GEN) and GEN not in later.scan()
+        later.forget_home()
+
+    asyncio.run(scenario())
+    assert ProcessTrees.found(tmp_path / "home").homes == ()
