@@ -9,6 +9,7 @@ from keelway.builds.manifest import Mode, load_manifest
 from keelway.reconcile.plan import leftovers
 from keelway.router.client import get_table_sync, ping_sync
 from keelway.runtime import process
+from keelway.runtime.tree import ProcessTrees
 from keelway.store import Store
 from keelway.store.lifecycle import GenState, RouteState
 
@@ -16,6 +17,9 @@ from keelway.store.lifecycle import GenState, RouteState
 def violations(home: Path) -> list[str]:
     """Every broken invariant, as sentences; [] when all hold."""
     found: list[str] = []
+    # Scanned before the records are read: a generation's row is written before its
+    # cgroup or process exists, so one spawned meanwhile is never taken for a stray.
+    trees = ProcessTrees.found(home).scan()
     store = Store(home / "keelway.db")
     try:
         live = store.live_generations()
@@ -23,13 +27,19 @@ def violations(home: Path) -> list[str]:
         alive = {g.id for g in live if g.pid and g.start_ticks
                  and process.is_alive(g.pid, g.start_ticks)}
 
-        # 5. No process keelway started is alive unless a record names it.
-        for gen_id, pids in process.find_generation_processes(str(home)).items():
-            gen = by_id.get(gen_id)
-            for pid in pids:
-                if gen is None or gen.pid != pid:
-                    found.append(f"process {pid} of generation {gen_id} is alive but no "
-                                 "record names it")
+        # 5. No process keelway started is alive unless a record names it: every
+        # process of the home's trees (its cgroups, and /proc scanned for the home's
+        # marker: descendants and setsid()ed daemons too) belongs to a live generation.
+        for gen_id, members in trees.items():
+            if gen_id in by_id:
+                continue
+            if members:
+                pids = ", ".join(str(m.pid) for m in members)
+                found.append(f"process {pids} of generation {gen_id} is alive but no live "
+                             "record names it")
+            else:
+                found.append(f"the cgroup of generation {gen_id} is left behind, its "
+                             "generation gone")
         # A record that is not gone must not name a dead process for long (boot converges).
         for gen in live:
             if gen.id not in alive:
@@ -76,9 +86,9 @@ def violations(home: Path) -> list[str]:
                 if entry.state.value != "serving":
                     continue
                 web = store.get_active(host, "web")
-                gen = store.get_generation(web.generation_id) if web else None
-                if gen is None or gen.state is GenState.GONE or (
-                        entry.upstream != f"127.0.0.1:{gen.port}"):
+                web_gen = store.get_generation(web.generation_id) if web else None
+                if web_gen is None or web_gen.state is GenState.GONE or (
+                        entry.upstream != f"127.0.0.1:{web_gen.port}"):
                     found.append(f"the router sends {host} to {entry.upstream}, which is not "
                                  "its ACTIVE web generation")
     finally:

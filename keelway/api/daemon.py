@@ -212,7 +212,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     home.api_socket.unlink(missing_ok=True)
     await deployer.close()
     if not keep_apps:
-        await _stop_all(store, supervisor)
+        await _stop_all(store, supervisor, deployer)
     await supervisor.shutdown()
     if not await router.stop(keep_serving=keep_apps):
         announce("warning: the router did not stop; it is still serving")
@@ -220,10 +220,13 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     return 0
 
 
-async def _stop_all(store: Store, supervisor: Supervisor) -> None:
-    """Stop every app process for `down`; instances stay `running`, so `up` restarts them."""
+async def _stop_all(store: Store, supervisor: Supervisor, deployer: Deployer) -> None:
+    """Stop every app process tree for `down` (each after its service's stop_grace);
+    instances stay `running`, so `up` restarts them."""
     gens = store.live_generations()
-    await asyncio.gather(*(supervisor.stop(g, 10.0) for g in gens))
+    await asyncio.gather(*(supervisor.stop(g, deployer.stop_grace(g)) for g in gens))
+    await supervisor.remove_strays()
+    supervisor.trees.forget_home()
 
 
 async def _deploy_demo(home: Home, store: Store, deployer: Deployer,

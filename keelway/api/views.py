@@ -9,7 +9,7 @@ from typing import Any
 from keelway.api.router_supervisor import RouterHealth
 from keelway.reconcile.plan import leftovers as unconverged
 from keelway.store import Store
-from keelway.store.lifecycle import GenState
+from keelway.store.lifecycle import GenState, InstanceState
 from keelway.store.records import Generation, Operation
 
 
@@ -74,8 +74,13 @@ def status_view(store: Store, http_port: int | None, app_filter: str | None,
                     "warnings": latest.warnings if latest else [],
                     "next": "stop the leftover process, then `keelway reconcile`",
                 }
+            # A crash loop waiting out its backoff (only while the instance should run).
+            crashed = [{"service": r.service, "generation": r.generation_id,
+                        "failures": r.failures, "retry_at": r.retry_at}
+                       for r in store.pending_retries(inst.host)
+                       if inst.state is InstanceState.RUNNING]
             instances.append({
-                "host": inst.host, "state": inst.state.value, "url": url,
+                "host": inst.host, "state": inst.state.value, "url": url, "crashed": crashed,
                 "down_reason": inst.down_reason, "failed_closed": failed_closed,
                 "release": (f"v{running[0].release}" if running else None),
                 "route": ({"state": route.state.value, "port": route.port} if route else None),

@@ -51,6 +51,12 @@ def status(app: str | None, as_json: bool) -> None:
             if inst.get("down_reason"):
                 notes.append(f"{inst['host']} is down: {inst['down_reason']}; deploy a fix, "
                              f"`keelway rollback {item['name']}` or `keelway start`")
+            for crash in inst.get("crashed", []):
+                at = crash["retry_at"]
+                notes.append(f"{inst['host']} {crash['service']}: crashed, next retry at "
+                             f"{time.strftime('%H:%M:%S', time.localtime(at))} (in "
+                             f"{max(0, round(at - time.time()))}s; crash {crash['failures']} "
+                             "in a row)")
             if inst.get("failed_closed"):
                 closed = inst["failed_closed"]
                 notes.append(f"{inst['host']} is failed closed, leftover "

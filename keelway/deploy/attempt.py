@@ -371,7 +371,9 @@ class Attempt:
                 self._say(f"could not republish: {exc.message}")
         for gen in gens:
             if gen.state is not GenState.GONE:
-                await self._stop(gen, 10.0, f"stop {gen.service} ({label})")
+                spec = self.target.manifest.services.get(gen.service)
+                await self._stop(gen, spec.stop_grace_s if spec else 10.0,
+                                 f"stop {gen.service} ({label})")
 
     def _alive(self, gen: Generation) -> bool:
         latest = self.store.get_generation(gen.id)

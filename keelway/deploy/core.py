@@ -29,7 +29,6 @@ from keelway.home import Home
 from keelway.reconcile.apply import FailedClosed, Reconciler
 from keelway.reconcile.plan import FAULT_STEP
 from keelway.reconcile.plan import Mode as Pass
-from keelway.runtime.backoff import Backoff
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
 from keelway.store.lifecycle import GenState, InstanceState, OpState, RouteState, StepState
@@ -51,11 +50,11 @@ class DeployerCore:
         self.publisher = publisher
         self.clock = clock
         self.owner = owner
-        self.reconciler = Reconciler(store, supervisor, home, self._restart_active_locked)
+        self.reconciler = Reconciler(store, supervisor, home, self._restart_active_locked,
+                                     self.stop_grace)
         self.live_ops: set[int] = set()
         self._locks: dict[str, asyncio.Lock] = {}
         self._app_locks: dict[str, asyncio.Lock] = {}
-        self._backoff: dict[tuple[str, str], Backoff] = {}
         self._restarts: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.closing = False
 
@@ -147,19 +146,24 @@ class DeployerCore:
             # Whatever raised inside the operation may well raise here too (a full disk).
             log.exception("after a fault on %s: could not converge it yet", host)
 
-    async def _respawn_active(self, op: Operation, inst: Instance) -> None:
-        """Bring every ACTIVE service back (the verified start path), keeping live ones,
-        then publish the route of the ACTIVE web."""
+    async def _respawn_active(self, op: Operation, inst: Instance,
+                              waiting: frozenset[str] = frozenset()) -> None:
+        """Bring every ACTIVE service back (the verified start path), keeping live ones
+        and those `waiting` out a crash backoff, then publish the route of the ACTIVE
+        web."""
         fresh: dict[str, Generation] = {}
         for active in self.store.list_active(inst.host):
             gen = self.store.get_generation(active.generation_id)
-            if gen is None:
+            if gen is None or gen.service in waiting:
                 continue
             if gen.state is not GenState.GONE and (
                     self.supervisor.is_watched(gen.id) or self.supervisor.adopt(gen)):
                 continue
-            if gen.state is not GenState.GONE:
-                self.store.record_gone(gen.id, None)
+            # Its leader is dead; its tree (a daemonized child) may not be: it must be
+            # proven gone before a successor takes its key.
+            if not await self.supervisor.stop(gen, self.stop_grace(gen)):
+                raise OperationError(f"{gen.service} generation {gen.id} (pid {gen.pid}) "
+                                     "left processes that could not be stopped")
             target = targets.target_of(self.store, gen)
             spec = target.manifest.services.get(gen.service) if target else None
             if target is None or spec is None:
@@ -167,8 +171,6 @@ class DeployerCore:
             fresh[gen.service] = await start_generation(
                 store=self.store, home=self.home, supervisor=self.supervisor, op_id=op.id,
                 instance=inst.host, target=target, spec=spec, before_gen=gen.id)
-            self._backoff.setdefault((inst.host, gen.service), Backoff()).started(
-                self.clock.monotonic())
         with self.store.tx():
             for service, gen in fresh.items():
                 self.store.set_active(inst.host, service, gen.id)
@@ -178,17 +180,29 @@ class DeployerCore:
                 self.store.set_route(inst.host, inst.host, RouteState.SERVING, web.port, web.id)
         await self.publisher.publish(inst.host)
 
-    async def _restart_active_locked(self, host: str) -> None:
-        """The reconciler's RESTART_ACTIVE, run under the instance lock it already holds."""
+    async def _restart_active_locked(self, host: str,
+                                     waiting: frozenset[str] = frozenset()) -> None:
+        """The reconciler's RESTART_ACTIVE, run under the instance lock it already holds.
+        Services `waiting` out a crash backoff, or whose crash restart is already
+        scheduled, are left to that restart."""
         inst = self.store.get_instance(host)
         if inst is None or inst.state is not InstanceState.RUNNING:
             return
-        if any(h == host and not t.done() for (h, _s), t in self._restarts.items()):
-            return  # a crash restart is already waiting out its backoff
+        waiting = waiting | {s for (h, s), task in self._restarts.items()
+                             if h == host and not task.done()}
+        if all(a.service in waiting or self._running(a.generation_id)
+               for a in self.store.list_active(host)):
+            return
         await self._journaled(inst.app, host, "recover",
-                              lambda op: self._respawn_active(op, inst))
+                              lambda op: self._respawn_active(op, inst, waiting))
 
-    def _grace(self, gen: Generation) -> float:
+    def _running(self, gen_id: int) -> bool:
+        gen = self.store.get_generation(gen_id)
+        return gen is not None and gen.state is not GenState.GONE and (
+            self.supervisor.is_watched(gen.id) or self.supervisor.adopt(gen))
+
+    def stop_grace(self, gen: Generation) -> float:
+        """The service's stop_grace: SIGTERM its tree, SIGKILL what is left after this."""
         target = targets.target_of(self.store, gen)
         spec = target.manifest.services.get(gen.service) if target else None
         return spec.stop_grace_s if spec else 10.0

@@ -264,7 +264,7 @@ class Deployer(Recovery):
                     self.store.set_route(inst.host, inst.host, RouteState.GATED, None, None)
                     await self.publisher.publish()
                 for gen in self.store.live_generations(inst.host):
-                    if not await self.supervisor.stop(gen, self._grace(gen)):
+                    if not await self.supervisor.stop(gen, self.stop_grace(gen)):
                         raise OperationError(f"generation {gen.id} (pid {gen.pid}) did not stop")
 
             result = await self._journaled(inst.app, inst.host, "stop", stop)

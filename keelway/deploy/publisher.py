@@ -11,12 +11,16 @@ by the router), a refused one is left out of the table (its host gets no route) 
 rest are pushed. The refusal is reported to the one instance it belongs to: a publish
 made for that instance raises `RouteRefused`, so its operation fails saying why, and
 every other instance's publishes go on.
+
+A web waiting out its crash backoff has its route gated; its Retry-After says when the
+retry is due (rounded up to a whole second), not the default.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from pathlib import Path
 
 from keelway import failpoints, names
@@ -39,9 +43,12 @@ failpoints.declare("publish.before", "publish.after")
 RETRY_AFTER_S = 5
 
 
-def table_of(routes: list[Route], version: int) -> tuple[rt.RouteTable, dict[str, str]]:
+def table_of(routes: list[Route], version: int,
+             retry_in_s: dict[str, float] | None = None,
+             ) -> tuple[rt.RouteTable, dict[str, str]]:
     """The router's table for the store's route rows, and each row refused (by host,
-    with the reason), which the table leaves out."""
+    with the reason), which the table leaves out. `retry_in_s` maps an instance whose
+    web waits out a crash backoff to the seconds until its retry."""
     entries: dict[str, rt.Route] = {}
     refused: dict[str, str] = {}
     for route in routes:
@@ -49,10 +56,13 @@ def table_of(routes: list[Route], version: int) -> tuple[rt.RouteTable, dict[str
         upstream = f"127.0.0.1:{route.port}" if route.port is not None else None
         if state is rt.RouteState.SERVING and upstream is None:
             state = rt.RouteState.GATED  # nothing to serve with: answer 503, never guess
+        retry_after_s = RETRY_AFTER_S
+        if state is rt.RouteState.GATED and retry_in_s and route.instance in retry_in_s:
+            retry_after_s = max(1, math.ceil(retry_in_s[route.instance]))
         try:
             names.HOST.check(route.host)
             entries[route.host] = rt.Route(state=state, upstream=upstream,
-                                           retry_after_s=RETRY_AFTER_S)
+                                           retry_after_s=retry_after_s)
         except ValueError as exc:  # InvalidName, or a route that fails its own checks
             refused[route.host] = str(exc)
     return rt.RouteTable(version=version, routes=entries), refused
@@ -65,6 +75,13 @@ class Publisher:
         # What the last publish refused, so a lasting refusal is logged once, not per push.
         self._refused: dict[str, str] = {}
 
+    def _table(self, routes: list[Route], version: int,
+               ) -> tuple[rt.RouteTable, dict[str, str]]:
+        now = self.store.clock.now()
+        retry_in_s = {r.instance: r.retry_at - now for r in self.store.pending_retries()
+                      if r.service == "web"}
+        return table_of(routes, version, retry_in_s)
+
     async def publish(self, instance: str | None = None) -> int:
         """Push the store's whole route table; returns the version the router applied.
 
@@ -75,7 +92,7 @@ class Publisher:
         routes = self.store.list_routes()
         version = self.store.next_route_table_version()
         failpoints.hit("publish.before")
-        table, refused = table_of(routes, version)
+        table, refused = self._table(routes, version)
         try:
             try:
                 applied = await push_routes(self.control_socket, table)
@@ -84,7 +101,7 @@ class Publisher:
                 # database, a restored backup): jump past its version and push again.
                 served = await get_table(self.control_socket)
                 version = self.store.next_route_table_version(at_least=served.version)
-                table, refused = table_of(routes, version)
+                table, refused = self._table(routes, version)
                 applied = await push_routes(self.control_socket, table)
         except RouterControlError as exc:
             raise RouterUnavailable(
@@ -117,7 +134,7 @@ class Publisher:
             served = await get_table(self.control_socket)
         except RouterControlError:
             return False
-        return served.routes == table_of(self.store.list_routes(), served.version)[0].routes
+        return served.routes == self._table(self.store.list_routes(), served.version)[0].routes
 
     async def drained(self, port: int, bound_s: float, poll_s: float = 0.02) -> bool:
         """Wait until the router carries no request to 127.0.0.1:`port`, up to `bound_s`.

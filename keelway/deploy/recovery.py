@@ -1,12 +1,19 @@
 """Recovery: what runs without a user asking. Crash restarts with backoff, the boot
 pass that converges every instance after a control-plane start, `keelway reconcile`,
 and the periodic pass that only ever tries a lock, never waits behind an operation.
+
+The backoff of a crashed service is persisted with its crash (`backoff.before/after`),
+so a control-plane restart neither resets it nor restarts early: boot leaves a service
+whose retry is not yet due to a restart scheduled for that time. Meanwhile its route is
+gated (503 + Retry-After until the retry), not left on a dead port (502).
+Every pass also removes process trees that no live record names (invariant 5).
 """
 
 from __future__ import annotations
 
 import asyncio
 
+from keelway import failpoints
 from keelway.builds.manifest import ServiceKind
 from keelway.deploy import targets
 from keelway.deploy.attempt import Outcome
@@ -14,11 +21,13 @@ from keelway.deploy.core import DeployerCore, log
 from keelway.deploy.errors import OperationError
 from keelway.reconcile.apply import FailedClosed
 from keelway.reconcile.plan import Mode as Pass
-from keelway.runtime.backoff import Backoff
-from keelway.store.lifecycle import InstanceState, OpState, RequestState
-from keelway.store.records import Generation
+from keelway.runtime.backoff import next_retry
+from keelway.store.lifecycle import InstanceState, OpState, RequestState, RouteState
+from keelway.store.records import CrashRetry, Generation
 
 PERIODIC_S = 5.0
+
+failpoints.declare("backoff.before", "backoff.after")
 
 
 class Recovery(DeployerCore):
@@ -40,10 +49,60 @@ class Recovery(DeployerCore):
         spec = target.manifest.services.get(gen.service) if target else None
         if code == 0 and spec is not None and spec.kind is ServiceKind.WORKER:
             return
-        backoff = self._backoff.setdefault((gen.instance, gen.service), Backoff())
-        delay = backoff.delay_after_crash(self.clock.monotonic())
+        delay = await self._record_crash(gen)
+        self._schedule_restart(gen, delay)
+
+    async def _record_crash(self, gen: Generation) -> float:
+        """Persist the crash and its retry time, and gate a route that served the dead
+        web, in one write; returns the delay until the retry.
+
+        Crash before the write: boot restarts the service at once (the one crash it
+        never saw is not counted). Crash after: boot waits for the recorded retry time,
+        and the route stays gated until the restart publishes it again."""
+        now = self.clock.now()
+        prior = self.store.get_crash_retry(gen.instance, gen.service)
+        # "Stable" is measured from the crashed generation's own start, so a long-lived
+        # generation's crash is retried quickly however the previous loop ended.
+        failures, delay = next_retry(
+            prior.failures if prior else 0, started_at=gen.created_at, now=now,
+            same_generation=prior is not None and prior.generation_id == gen.id)
+        failpoints.hit("backoff.before")
+        with self.store.tx():
+            self.store.record_crash(CrashRetry(gen.instance, gen.service, gen.id,
+                                               failures, now, now + delay))
+            route = self.store.get_route(gen.instance)
+            gate = (gen.service == "web" and route is not None
+                    and route.state is RouteState.SERVING and route.generation_id == gen.id)
+            if gate:
+                self.store.set_route(gen.instance, gen.instance, RouteState.GATED, None, None)
+        failpoints.hit("backoff.after")
+        self.store.add_event("backoff", f"{gen.service} restarts in {delay:g}s (crash "
+                             f"{failures} in a row)", app=gen.app,
+                             instance=gen.instance)
+        if gate:
+            try:
+                await self.publisher.publish()
+            except OperationError as exc:
+                log.warning("gating %s after a crash: %s", gen.instance, exc.message)
+        return delay
+
+    def _schedule_restart(self, gen: Generation, delay_s: float) -> None:
         self._restarts[(gen.instance, gen.service)] = asyncio.get_running_loop().create_task(
-            self._restart_later(gen, delay))
+            self._restart_later(gen, delay_s))
+
+    async def _restart_active_locked(self, host: str,
+                                     waiting: frozenset[str] = frozenset()) -> None:
+        """RESTART_ACTIVE after a control-plane restart honours the persisted backoff: a
+        service whose retry is not yet due gets a restart scheduled for then."""
+        now = self.clock.now()
+        later = [r for r in self.store.pending_retries(host) if r.retry_at > now]
+        for retry in later:
+            task = self._restarts.get((host, retry.service))
+            gen = self.store.get_generation(retry.generation_id)
+            if (task is None or task.done()) and gen is not None:
+                self._schedule_restart(gen, retry.retry_at - now)
+        await super()._restart_active_locked(
+            host, waiting | frozenset(r.service for r in later))
 
     async def _restart_later(self, gen: Generation, delay_s: float) -> None:
         await self.clock.sleep(delay_s)
@@ -69,13 +128,15 @@ class Recovery(DeployerCore):
                 await self.on_exit(latest, latest.exit_code)
 
     async def boot(self) -> None:
-        """After a control-plane start: reconcile every instance (adopt survivors, remove
-        candidates of interrupted operations, restart what should run), settle keyed
-        requests that a crash interrupted, and publish the whole route table.
+        """After a control-plane start: remove trees no record names, reconcile every
+        instance (adopt survivors, remove candidates of interrupted operations, restart
+        what should run), settle keyed requests that a crash interrupted, and publish
+        the whole route table.
 
         A router that does not answer in time (alive, but starved or stopped) does not
         stop the boot: the router keeps serving its last table, and the periodic pass
         republishes once it answers and differs from the store."""
+        await self._remove_strays()
         for inst in self.store.list_instances():
             async with self.lock(inst.host):
                 try:
@@ -101,9 +162,31 @@ class Recovery(DeployerCore):
             key, RequestState.SUCCEEDED if ok else RequestState.FAILED,
             '{"replayed": "journal", "ok": %s}' % ("true" if ok else "false"))
 
+    async def _remove_strays(self) -> list[int]:
+        try:
+            strays = await self.supervisor.remove_strays()
+        except OSError as exc:
+            log.warning("could not sweep stray process trees: %s", exc)
+            return []
+        for gen_id in strays:
+            log.warning("removed the process tree of generation %s, which no live record "
+                        "names", gen_id)
+        return strays
+
+    def _stray_report(self, strays: list[int]) -> list[dict[str, object]]:
+        """Strays as `reconcile` reports them: under their instance when a record says."""
+        by_host: dict[str, list[str]] = {}
+        for gen_id in strays:
+            gen = self.store.get_generation(gen_id)
+            by_host.setdefault(gen.instance if gen else "(unknown)", []).append(
+                f"remove-tree generation {gen_id} (no live record names it)")
+        return [{"instance": host, "actions": actions, "error": None}
+                for host, actions in sorted(by_host.items())]
+
     async def reconcile_all(self, dry_run: bool) -> list[dict[str, object]]:
         """`keelway reconcile`: what boot does, on demand; --dry-run only plans."""
-        report: list[dict[str, object]] = []
+        strays = self.supervisor.strays() if dry_run else await self._remove_strays()
+        report: list[dict[str, object]] = self._stray_report(strays)
         republish = False
         for inst in self.store.list_instances():
             async with self.lock(inst.host):
@@ -128,6 +211,7 @@ class Recovery(DeployerCore):
         """The background pass: only *tries* each lock, never waits behind an operation."""
         while not self.closing:
             await self.clock.sleep(PERIODIC_S)
+            await self._remove_strays()
             republish = False
             for inst in self.store.list_instances():
                 lock = self.lock(inst.host)

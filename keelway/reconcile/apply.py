@@ -27,6 +27,7 @@ failpoints.declare("reconcile.remove.before", "reconcile.remove.after",
                    "reconcile.finalize.before")
 
 RestartActive = Callable[[str], Awaitable[None]]
+Grace = Callable[[Generation], float]
 
 
 class FailedClosed(Exception):
@@ -63,31 +64,33 @@ def gather(store: Store, host: str, live_ops: set[int]) -> Records | None:
     )
 
 
-def observe(records: Records, supervisor: Supervisor, home: Home) -> Observed:
+def observe(records: Records, supervisor: Supervisor) -> Observed:
+    """What /proc (and the cgroups) say of the generations the records name. A tree is
+    looked at only for a generation whose leader is dead or unrecorded: the common case
+    costs one stat read per generation."""
     alive = {g.id for g in records.live if g.pid is not None and g.start_ticks is not None
              and process.is_alive(g.pid, g.start_ticks)}
-    unrecorded = [g for g in records.live if g.pid is None]
-    orphans: set[int] = set()
-    if unrecorded:
-        found = process.find_generation_processes(str(home.root))
-        orphans = {g.id for g in unrecorded if g.id in found}
+    orphans = {g.id for g in records.live if g.id not in alive and supervisor.trees.members(
+        g.id, (g.pid, g.start_ticks) if g.pid is not None and g.start_ticks is not None
+        else None)}
     watched = {g.id for g in records.live if supervisor.is_watched(g.id)}
     return Observed(frozenset(alive), frozenset(watched), frozenset(orphans))
 
 
 class Reconciler:
     def __init__(self, store: Store, supervisor: Supervisor, home: Home,
-                 restart_active: RestartActive) -> None:
+                 restart_active: RestartActive, grace: Grace) -> None:
         self.store = store
         self.supervisor = supervisor
         self.home = home
         self.restart_active = restart_active
+        self.grace = grace  # the service's stop_grace: SIGTERM, then SIGKILL after this
 
     def plan_for(self, host: str, mode: Mode, live_ops: set[int]) -> list[Action]:
         records = gather(self.store, host, live_ops)
         if records is None:
             return []
-        return plan(records, observe(records, self.supervisor, self.home), mode)
+        return plan(records, observe(records, self.supervisor), mode)
 
     async def reconcile(self, host: str, mode: Mode, live_ops: set[int]) -> Outcome:
         """Plan and apply for one instance; the caller holds (or tried) its lock."""
@@ -124,10 +127,10 @@ class Reconciler:
                         outcome.republish = True
                 case Kind.RECORD_GONE:
                     assert action.generation is not None
-                    self.store.record_gone(action.generation, None)
-                case Kind.REMOVE_STRAY | Kind.RETIRE:
+                    self.supervisor.bury(action.generation, None)
+                case Kind.REMOVE_STRAY | Kind.RETIRE | Kind.REMOVE_DESCENDANTS:
                     gen = self._gen(action)
-                    if gen is not None and not await self.supervisor.stop(gen, 10.0):
+                    if gen is not None and not await self.supervisor.stop(gen, self.grace(gen)):
                         self.store.add_event("leftover", f"{gen.service} generation {gen.id} "
                                              f"(pid {gen.pid}) could not be stopped",
                                              app=gen.app, instance=host)
@@ -158,7 +161,9 @@ class Reconciler:
         gone = True
         if gen is not None:
             failpoints.hit("reconcile.remove.before")
-            gone = await self._stop_including_orphans(gen)
+            # A candidate whose pid a crash kept from the journal is found by its tree
+            # (cgroup or environment) inside stop, like any other.
+            gone = await self.supervisor.stop(gen, self.grace(gen))
             failpoints.hit("reconcile.remove.after")
         if not gone:
             assert gen is not None
@@ -171,15 +176,3 @@ class Reconciler:
         self.store.converge_step(action.op_id, action.seq,
                                  f"converged: removed candidate {action.generation}",
                                  fail_with=action.reason)
-
-    async def _stop_including_orphans(self, gen: Generation) -> bool:
-        if gen.pid is None:
-            # Spawned but never recorded: find it by its environment and record it, so
-            # that the stop below proves its death like any other.
-            found = process.find_generation_processes(str(self.home.root)).get(gen.id, [])
-            for pid in found:
-                stat = process.read_stat(pid)
-                if stat is not None:
-                    gen = self.store.record_spawn(gen.id, pid, stat.start_ticks)
-                    break
-        return await self.supervisor.stop(gen, 10.0)

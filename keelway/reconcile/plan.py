@@ -18,6 +18,10 @@ The rules (SPEC §4 Reconciler, §5):
   back: the instance is marked down, so no path rebuilds the old build under its data.
 - Interrupted convergence never touches traffic: only BOOT and PERIODIC passes adopt,
   restart and republish, through the verified start path.
+- A generation is its whole process tree: one whose leader died while descendants live
+  (a daemonizing app) is not gone; its descendants are removed before it is recorded
+  gone, and an ACTIVE one is then restarted. A tree its own watcher is removing is left
+  to that watcher.
 """
 
 from __future__ import annotations
@@ -50,7 +54,8 @@ class Observed:
 
     alive: frozenset[int]  # generation ids whose recorded pid + start time is alive
     watched: frozenset[int]  # generation ids this control plane already supervises
-    # generation ids with a process found by its environment but no pid in the journal
+    # generation ids whose leader is dead or was never recorded (a crash between spawn
+    # and record) but whose process tree still has a live member
     orphans: frozenset[int] = frozenset()
 
 
@@ -74,6 +79,7 @@ class Kind(enum.Enum):
     MARK_DOWN = "mark-down"
     RECORD_GONE = "record-gone"
     REMOVE_STRAY = "remove-stray"
+    REMOVE_DESCENDANTS = "remove-descendants"
     RETIRE = "retire"
     ADOPT = "adopt"
     RESTART_ACTIVE = "restart-active"
@@ -170,7 +176,11 @@ def plan(records: Records, observed: Observed, mode: Mode) -> list[Action]:
             continue
         alive = gen.id in observed.alive or gen.id in observed.orphans
         if gen.id in active_ids:
-            if not alive:
+            if gen.id in observed.orphans and gen.id not in observed.alive:
+                if gen.id not in observed.watched:
+                    actions.append(Action(Kind.REMOVE_DESCENDANTS, generation=gen.id,
+                                          service=gen.service, reason="its leader exited"))
+            elif not alive:
                 actions.append(Action(Kind.RECORD_GONE, generation=gen.id, service=gen.service))
             elif mode is not Mode.MUTATION and gen.id not in observed.watched:
                 actions.append(Action(Kind.ADOPT, generation=gen.id, service=gen.service))
@@ -197,9 +207,10 @@ def plan(records: Records, observed: Observed, mode: Mode) -> list[Action]:
                                                           for a in actions):
         live_ids = {g.id for g in records.live}
         for service, gen_id in sorted(records.active.items()):
-            alive = gen_id in live_ids and (gen_id in observed.alive
-                                            or gen_id in observed.orphans)
-            if not alive:
+            # Restarted once its leader is dead; a watcher still removing the tree of a
+            # leader that just died restarts it itself (the crash path, with backoff).
+            alive = gen_id in live_ids and gen_id in observed.alive
+            if not alive and not (gen_id in live_ids and gen_id in observed.watched):
                 actions.append(Action(Kind.RESTART_ACTIVE, generation=gen_id, service=service))
         # The recovery path: a route left holding or pointing elsewhere by an interrupted
         # operation goes back to the ACTIVE web once that web is alive (it was verified

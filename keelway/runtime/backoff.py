@@ -2,6 +2,8 @@
 
 Three quick tries, then 1, 2, 4, 8 and at most 15 minutes between tries; a generation
 that stayed up for 5 minutes resets the count, so a rare crash is retried at once.
+Times are wall-clock seconds: the count and the retry time are persisted (store table
+`backoff`) and must mean the same thing to the next control plane.
 """
 
 from __future__ import annotations
@@ -29,3 +31,17 @@ class Backoff:
         delay = schedule[min(self.failures, len(schedule) - 1)]
         self.failures += 1
         return delay
+
+
+def next_retry(failures_before: int, *, started_at: float, now: float,
+               same_generation: bool) -> tuple[int, float]:
+    """The crash count and the delay after a generation that started at `started_at`
+    crashed at `now`, given the persisted count of the crashes before it.
+
+    `same_generation`: the crash counted last was this very generation's, i.e. the
+    restart that should have replaced it failed; that never resets the count, however
+    long ago the generation first started.
+    """
+    backoff = Backoff(failures_before, None if same_generation else started_at)
+    delay = backoff.delay_after_crash(now)
+    return backoff.failures, delay

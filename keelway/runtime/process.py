@@ -1,9 +1,11 @@
-"""The process verbs: spawn, reap, stop, kill, and proof of death.
+"""The process verbs: spawn, reap, stop, kill, and proof of death, for one session.
 
-Every generation runs as the leader of its own session (start_new_session), so its
-session id is its pid and every process it forks stays findable by that id. A process
-is *gone* only when no process of that session is left alive, proven by reaping or by
-/proc: pid and start time together, because a pid alone may have been reused.
+Every process keelway starts leads its own session (start_new_session), so its session
+id is its pid and every process it forks stays findable by that id, unless it calls
+setsid() itself: a generation's whole tree, detached descendants included, is
+runtime.tree's business (the router, one session, is stopped here). A process is
+*gone* only when proven by reaping or by /proc: pid and start time together, because a
+pid alone may have been reused.
 
 Signals go only to processes whose session id is the generation's pid and whose start
 time is not before the leader's, so keelway never signals a process it did not start.
@@ -159,30 +161,3 @@ async def stop(
         return True
     signal_session(pid, start_ticks, signal.SIGKILL)
     return await wait_gone(pid, start_ticks, clock, 5.0, proc)
-
-
-def find_generation_processes(supervisor_mark: str) -> dict[int, list[int]]:
-    """Session leaders whose environment says keelway at `supervisor_mark` started them,
-    by generation id. This is how a process whose pid the journal never recorded (a
-    crash between the spawn and the write) is found; it is read only when needed."""
-    found: dict[int, list[int]] = {}
-    want = f"KEELWAY_SUPERVISOR={supervisor_mark}".encode()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        pid = int(entry.name)
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if want not in environ:
-            continue
-        stat = read_stat(pid)
-        if stat is None or stat.session != pid or stat.state == "Z":
-            continue
-        for item in environ:
-            if item.startswith(b"KEELWAY_GENERATION="):
-                value = item.split(b"=", 1)[1]
-                if value.isdigit():
-                    found.setdefault(int(value), []).append(pid)
-    return found

@@ -4,7 +4,11 @@ It owns the process handles of this control plane and nothing else; what a gener
 *should* be is the deployer's business. Rules it keeps:
 - A generation's row (with its port claim) is written before its spawn, and its pid and
   start time right after, before anything waits on it or routes to it.
-- A generation is recorded gone only on proof (reaped, or pid + start time dead).
+- A generation is its whole process tree (runtime.tree): it is recorded gone only when
+  every process of that tree is proven dead (reaped, or pid + start time dead), and its
+  cgroup is removed before the record says so. A leader that exits while descendants
+  live (a daemonizing app) has them killed at once, as systemd's control-group mode
+  does: the generation ended, and what it left behind must not hold its key or port.
 - An unexpected exit is reported to `on_exit` once; the caller decides whether to
   restart (published generations of running instances) with backoff.
 - Adoption: after a control-plane restart, generations that are still alive are
@@ -23,9 +27,10 @@ from pathlib import Path
 from keelway import failpoints
 from keelway.clock import Clock
 from keelway.home import Home
-from keelway.runtime import process
+from keelway.runtime import process, tree
 from keelway.runtime.health import probe_http
 from keelway.runtime.logs import log_path
+from keelway.runtime.tree import ProcessTrees
 from keelway.store import Store
 from keelway.store.lifecycle import GenState
 from keelway.store.records import Generation
@@ -33,7 +38,8 @@ from keelway.testing.danger import refuses_to_die
 
 log = logging.getLogger("keelway.supervisor")
 
-failpoints.declare("spawn.before", "spawn.after", "spawn.recorded", "stop.before", "stop.after")
+failpoints.declare("spawn.before", "spawn.after", "spawn.recorded", "stop.before", "stop.after",
+                   "cgroup.created", "cgroup.remove.before", "cgroup.remove.after")
 
 
 def shell_argv(command: str) -> list[str]:
@@ -74,11 +80,14 @@ class _Handle:
 
 
 class Supervisor:
-    def __init__(self, store: Store, home: Home, clock: Clock, on_exit: ExitCallback) -> None:
+    def __init__(self, store: Store, home: Home, clock: Clock, on_exit: ExitCallback,
+                 trees: ProcessTrees | None = None) -> None:
         self.store = store
         self.home = home
         self.clock = clock
         self.on_exit = on_exit
+        self.trees = trees or ProcessTrees.choose(home.root)
+        log.info("process trees: %s", self.trees.describe())
         self._handles: dict[int, _Handle] = {}
 
     # -- spawn -----------------------------------------------------------------------
@@ -89,12 +98,17 @@ class Supervisor:
         """Start a PLANNED generation; returns it RUNNING with pid and start time recorded.
 
         Crash between the spawn and the record: the process runs with no pid in the
-        journal; it carries KEELWAY_GENERATION and KEELWAY_SUPERVISOR in its
-        environment, which is how the reconciler finds and removes it.
+        journal; it is in the generation's cgroup and carries KEELWAY_GENERATION and
+        KEELWAY_SUPERVISOR in its environment, which is how the reconciler finds and
+        removes its tree. Crash after the cgroup is made, before the spawn: an empty
+        cgroup of a PLANNED generation, removed with it.
         """
         path = log_path(self.home.log_dir(gen.instance), gen.service, gen.id)
         failpoints.hit("spawn.before")
-        spawned = await process.spawn(shell_argv(command), cwd=cwd, env=env, log_path=path)
+        self.trees.create(gen.id)
+        failpoints.hit("cgroup.created")
+        argv = self.trees.enter_argv(gen.id, shell_argv(command))
+        spawned = await process.spawn(argv, cwd=cwd, env=env, log_path=path)
         failpoints.hit("spawn.after")
         running = self.store.record_spawn(gen.id, spawned.pid, spawned.start_ticks)
         failpoints.hit("spawn.recorded")
@@ -130,13 +144,16 @@ class Supervisor:
             while process.is_alive(handle.pid, handle.start_ticks):
                 await self.clock.sleep(0.2)
             code = None  # not our child: its exit status went to someone else
-        # The leader is gone; its session may still have members (the app forked).
-        gone = process.session_members(handle.pid, handle.start_ticks) == [] or await (
-            process.stop(handle.pid, handle.start_ticks, grace_s=0.0, clock=self.clock)
-        )
+        # The leader is gone; its tree may still have members (the app forked, or
+        # daemonized a child): they go now, and only then is the generation gone.
+        gone = await tree.stop(self.trees, handle.gen_id, (handle.pid, handle.start_ticks),
+                               grace_s=0.0, clock=self.clock)
         handle.exit_code = code
         if gone:
-            self.store.record_gone(handle.gen_id, code)
+            gone = self.bury(handle.gen_id, code)
+        if not gone:
+            log.warning("generation %s exited but its tree could not be removed",
+                        handle.gen_id)
         handle.exited.set()
         self._handles.pop(handle.gen_id, None)
         if not handle.stopping:
@@ -209,34 +226,67 @@ class Supervisor:
     # -- stop ------------------------------------------------------------------------
 
     async def stop(self, gen: Generation, grace_s: float) -> bool:
-        """Stop a generation and record it gone; False if it could not be proven gone."""
+        """Stop a generation's whole tree and record it gone; False if some process of
+        it could not be proven gone (the record stays, naming the leftover)."""
         if gen.state is GenState.GONE:
             return True
-        if gen.pid is None or gen.start_ticks is None:
-            # PLANNED, never spawned (or the spawn was never recorded: the reconciler's
-            # /proc scan is what finds such a process, not this path).
-            self.store.record_gone(gen.id, None)
-            return True
-        if refuses_to_die(gen.id) and process.is_alive(gen.pid, gen.start_ticks):
+        leader = (gen.pid, gen.start_ticks) if gen.pid is not None and (
+            gen.start_ticks is not None) else None
+        if leader is not None and refuses_to_die(gen.id) and process.is_alive(*leader):
             return False
         handle = self._handles.get(gen.id)
         if handle is not None:
             handle.stopping = True
-        if gen.state is not GenState.STOPPING:
+        if leader is not None and gen.state is not GenState.STOPPING:
             self.store.set_generation_state(gen.id, GenState.STOPPING)
+        # No leader recorded: PLANNED, or spawned with the record lost to a crash; its
+        # tree, if any, is found by its cgroup or its environment all the same.
         failpoints.hit("stop.before")
-        gone = await process.stop(
-            gen.pid, gen.start_ticks, grace_s=grace_s, clock=self.clock,
-            proc=handle.proc if handle else None,
-        )
+        gone = await tree.stop(self.trees, gen.id, leader, grace_s=grace_s, clock=self.clock,
+                               proc=handle.proc if handle else None)
         failpoints.hit("stop.after")
         if not gone:
             return False
         if handle is not None:
-            await handle.exited.wait()
-        else:
-            self.store.record_gone(gen.id, None)
-        return True
+            await handle.exited.wait()  # its watcher buries it
+            latest = self.store.get_generation(gen.id)
+            return latest is None or latest.state is GenState.GONE
+        return self.bury(gen.id, None)
+
+    def bury(self, gen_id: int, exit_code: int | None) -> bool:
+        """Record a generation whose tree is proven gone: its cgroup first, then the
+        record. Crash between the two: a record naming a dead tree with no cgroup, which
+        the reconciler records gone. False if the cgroup still has a member."""
+        failpoints.hit("cgroup.remove.before")
+        removed = self.trees.remove(gen_id)
+        failpoints.hit("cgroup.remove.after")
+        if removed:
+            self.store.record_gone(gen_id, exit_code)
+        return removed
+
+    async def remove_strays(self) -> list[int]:
+        """Kill and remove every tree of the home that no live record names (invariant 5):
+        left by a crash between a proof and its cgroup's removal, or by a keelway that
+        recorded a leader gone while its descendants lived. Returns their generation ids.
+
+        The records are read after the scan: a generation's row is written before its
+        cgroup or process exists, so a tree being spawned right now is never a stray.
+        """
+        strays = self.strays()
+        for gen_id in strays:
+            if await tree.stop(self.trees, gen_id, None, grace_s=0.0, clock=self.clock):
+                failpoints.hit("cgroup.remove.before")
+                self.trees.remove(gen_id)
+                failpoints.hit("cgroup.remove.after")
+            else:
+                log.warning("a stray tree of generation %s could not be removed", gen_id)
+        return strays
+
+    def strays(self) -> list[int]:
+        """The generations whose tree `remove_strays` removes (`reconcile --dry-run`)."""
+        found = self.trees.scan()
+        live = {g.id for g in self.store.live_generations()}
+        return sorted(set(found) - live)
 
     async def shutdown(self) -> None:
         """Stop watching (the control plane exits); the processes keep running."""

@@ -1,5 +1,5 @@
 """The store's view of what runs: generations and their port claims, ACTIVE,
-inhibitions, and routes."""
+inhibitions, crash-restart backoff, and routes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sqlite3
 
 from keelway.store.base import Conflict, NotFound, StoreBase
 from keelway.store.lifecycle import GenState, RouteState, check
-from keelway.store.records import Active, Generation, Route
+from keelway.store.records import Active, CrashRetry, Generation, Route
 
 
 class Processes(StoreBase):
@@ -150,6 +150,35 @@ class Processes(StoreBase):
         rows = self._all("SELECT reason FROM inhibitions WHERE generation_id=?", generation_id)
         return [r[0] for r in rows]
 
+    # -- crash-restart backoff ---------------------------------------------------------
+
+    def record_crash(self, retry: CrashRetry) -> None:
+        """Persist a crash and when its restart is due (one row per instance+service)."""
+        with self.tx() as c:
+            c.execute(
+                "INSERT INTO backoff(instance, service, generation_id, failures, crashed_at,"
+                " retry_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(instance, service) DO UPDATE"
+                " SET generation_id=excluded.generation_id, failures=excluded.failures,"
+                " crashed_at=excluded.crashed_at, retry_at=excluded.retry_at",
+                (retry.instance, retry.service, retry.generation_id, retry.failures,
+                 retry.crashed_at, retry.retry_at),
+            )
+
+    def get_crash_retry(self, instance: str, service: str) -> CrashRetry | None:
+        row = self._one("SELECT * FROM backoff WHERE instance=? AND service=?", instance,
+                        service)
+        return _crash_retry(row) if row else None
+
+    def pending_retries(self, instance: str | None = None) -> list[CrashRetry]:
+        """Backoffs still waiting to restart what ACTIVE names: the crashed generation is
+        still the ACTIVE one (anything newer made the row stale) and is recorded gone."""
+        sql = ("SELECT b.* FROM backoff b JOIN active a ON a.instance=b.instance AND"
+               " a.service=b.service AND a.generation_id=b.generation_id JOIN generations g"
+               " ON g.id=b.generation_id WHERE g.state='gone'")
+        rows = (self._all(sql + " ORDER BY b.instance, b.service") if instance is None else
+                self._all(sql + " AND b.instance=? ORDER BY b.service", instance))
+        return [_crash_retry(r) for r in rows]
+
     # -- routes ----------------------------------------------------------------------
 
     def set_route(
@@ -184,6 +213,11 @@ def _generation(r: sqlite3.Row) -> Generation:
         created_at=r["created_at"], exited_at=r["exited_at"], exit_code=r["exit_code"],
         version=r["version"],
     )
+
+
+def _crash_retry(r: sqlite3.Row) -> CrashRetry:
+    return CrashRetry(r["instance"], r["service"], r["generation_id"], r["failures"],
+                      r["crashed_at"], r["retry_at"])
 
 
 def _active(r: sqlite3.Row) -> Active:

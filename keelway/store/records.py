@@ -128,6 +128,18 @@ class Generation(msgspec.Struct, frozen=True):
     version: int
 
 
+class CrashRetry(msgspec.Struct, frozen=True):
+    """The backoff of one service of one instance: `generation_id` crashed (the
+    `failures`-th crash in a row) and is restarted at `retry_at` (wall clock)."""
+
+    instance: str
+    service: str
+    generation_id: int
+    failures: int
+    crashed_at: float
+    retry_at: float
+
+
 class Active(msgspec.Struct, frozen=True):
     instance: str
     service: str

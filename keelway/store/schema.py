@@ -160,6 +160,21 @@ MIGRATIONS: list[str] = [
         finished_at REAL
     );
     """,
+    # 3: crash-restart backoff, so that a control-plane restart does not reset it. One
+    # row per instance and service: the generation whose crash it counts, how many
+    # crashes in a row, and the wall-clock time of the next restart (a wall clock, since
+    # it must mean the same thing to the next control plane).
+    """
+    CREATE TABLE backoff (
+        instance TEXT NOT NULL,
+        service TEXT NOT NULL,
+        generation_id INTEGER NOT NULL,
+        failures INTEGER NOT NULL,
+        crashed_at REAL NOT NULL,
+        retry_at REAL NOT NULL,
+        PRIMARY KEY (instance, service)
+    );
+    """,
 ]
 
 

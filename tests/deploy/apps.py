@@ -37,3 +37,27 @@ DIES_AFTER_READY = (
 # A web that takes 2 s before it listens: a slow boot, to be superseded meanwhile.
 SLOW_BOOT = "python3 -c \"import time, runpy; time.sleep(2); runpy.run_path('web.py', " \
             "run_name='__main__')\""
+
+
+# Runs a script after daemonizing a child the classic way (fork, setsid, fork): the
+# grandchild leaves its leader's session and is re-parented away from it, and lives on
+# with the generation's environment (its marker, the instance key) until it is killed.
+DAEMONIZE_PY = '''\
+import os, runpy, sys, time
+
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(3600)
+    os._exit(0)
+os.wait()
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+'''
+
+
+def daemonizing(root: Path, name: str, **kwargs: str) -> Path:
+    """hello whose web leaves a setsid()ed grandchild behind, as a daemonizing app does."""
+    app = hello(root, name, web_cmd="python3 daemonize.py web.py", **kwargs)
+    (app / "daemonize.py").write_text(DAEMONIZE_PY)
+    return app

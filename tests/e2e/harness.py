@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from keelway.runtime import process
+from keelway.runtime.tree import ProcessTrees
 from keelway.store import Store
 from tests.invariants import router_processes
 
@@ -114,8 +116,9 @@ class Keelway:
 def kill_home_processes(home: Path) -> None:
     """SIGKILL whatever a control plane with this home started, proven ours each time:
     the daemon (the lock file's pid, whose environment names this home), the router
-    session (pidfile pid + start time) and every app session (the marker in its
-    environment). A test that failed midway leaks nothing; nothing else is touched."""
+    session (pidfile pid + start time) and every app process tree (its cgroup, or the
+    marker in its environment), whose cgroups go too. A test that failed midway leaks
+    nothing; nothing else is touched."""
     lock = home / "keelway.lock"
     try:
         daemon = int(lock.read_text().strip())
@@ -143,11 +146,14 @@ def kill_home_processes(home: Path) -> None:
         stat = process.read_stat(pid)
         if ours and stat is not None:
             process.signal_session(pid, stat.start_ticks, signal.SIGKILL)
-    for pids in process.find_generation_processes(str(home)).values():
-        for app_pid in pids:
-            stat = process.read_stat(app_pid)
-            if stat is not None:
-                process.signal_session(app_pid, stat.start_ticks, signal.SIGKILL)
+    trees = ProcessTrees.found(home)
+    for gen_id, members in trees.scan().items():
+        for member in members:  # found in the home's cgroup or by its marker: ours
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(member.pid, signal.SIGKILL)
+        wait_until(lambda gen_id=gen_id: not trees.members(gen_id, None), 5)
+        trees.remove(gen_id)
+    trees.forget_home()
 
 
 def gone(pid: int, timeout_s: float = 10) -> bool:

@@ -6,6 +6,10 @@ points: a fresh home, the daemon armed to die there, the same scenario until it 
 a clean restart (boot reconciliation), and SPEC §5 checked; a second reconcile must
 then find nothing to do. Recovery itself is crashed too: the boot after a crash is
 killed at each failpoint it passes, and the boot after that must converge.
+
+Every web here daemonizes a grandchild (fork, setsid, fork), so invariant 5's scan of
+the home's cgroups and of /proc for its marker has a detached descendant to find at
+every point: a tree half-stopped by the crash must be whole-gone after recovery.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.deploy.apps import DAEMONIZE_PY
 from tests.e2e.harness import EXAMPLE, free_port, gone, kill_home_processes, wait_until
 from tests.invariants import violations
 
@@ -78,6 +84,8 @@ def _app(root: Path, name: str, greeting: str) -> Path:
         '[services.worker]\nsettle = "0.2s"\nstop_grace = "2s"\n')
     web = app / "web.py"
     web.write_text(web.read_text().replace("hello from", greeting))
+    (app / "daemonize.py").write_text(DAEMONIZE_PY)
+    (app / "Procfile").write_text("web: python3 daemonize.py web.py\nworker: python3 worker.py\n")
     return app
 
 
@@ -90,6 +98,29 @@ def _fresh() -> Home:
 
 
 Step = Callable[[Home], None]
+
+
+def _web(h: Home) -> dict[str, object] | None:
+    """The ACTIVE web process as status shows it, or None when the daemon is gone."""
+    done = h.cli("status", "--json", timeout_s=10)
+    if done.returncode != 0:
+        return None
+    inst = json.loads(done.stdout)["apps"][0]["instances"][0]
+    return next(p for p in inst["processes"] if p["service"] == "web" and p["active"])
+
+
+def _crash_the_web(h: Home) -> None:
+    """The app crashes: SIGKILL the web's leader (its daemonized child lives on), then
+    wait for the supervisor to remove the tree, back off and restart it (or to die)."""
+    web = _web(h)
+    assert web is not None
+    os.kill(int(web["pid"]), signal.SIGKILL)  # type: ignore[call-overload]
+
+    def settled() -> bool:
+        now = _web(h)
+        return now is None or (now["id"] != web["id"] and now["state"] in ("running", "ready"))
+
+    assert wait_until(settled, 30, 0.1)
 
 SCENARIOS: dict[str, tuple[list[Step], Step]] = {
     # name: (baseline steps, the operation under test)
@@ -113,6 +144,11 @@ SCENARIOS: dict[str, tuple[list[Step], Step]] = {
     # crash anywhere in that must leave the next boot starting or adopting exactly one.
     "router-respawn": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test")],
                        lambda h: _kill_router_until_respawned(h)),
+    # The supervisor's own path: a published web crashes, its leftover tree is killed and
+    # its cgroup removed, the crash and its retry time are persisted with the route
+    # gated, and after the backoff it is restarted and published again.
+    "crash-restart": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test")],
+                      _crash_the_web),
 }
 
 
@@ -172,23 +208,29 @@ def _crash_in_operation(home: Home, name: str, point: str) -> bool:
 
 
 def _recovered(home: Home, label: str) -> list[str]:
-    """A clean boot, then SPEC §5, a second reconcile with nothing to do, and every
-    running instance answering."""
+    """A clean boot, every running instance answering, then SPEC §5 and a second
+    reconcile with nothing to do. A crash after a web's crash was persisted leaves its
+    restart to the backoff (at most a quick try's 2 s away): an instance may take that
+    long to answer again, and the checks wait for it."""
     home.up()
-    problems = [f"{label}: {v}" for v in violations(home.root)]
+    problems = []
+    status = json.loads(home.cli("status", "--json").stdout)
+    for app in status["apps"]:
+        for inst in app["instances"]:
+            if inst["state"] == "running":
+                deadline = time.monotonic() + 10
+                while (code := _get(home.port, inst["host"])) != 200 and (
+                        time.monotonic() < deadline):
+                    time.sleep(0.1)
+                if code != 200:
+                    problems.append(f"{label}: {inst['host']} answers {code} after recovery")
+    problems += [f"{label}: {v}" for v in violations(home.root)]
     again = home.cli("reconcile", "--dry-run", "--json")
     report = json.loads(again.stdout)
     for item in report["instances"]:
         if item["actions"] or item["error"]:
             problems.append(f"{label}: a second reconcile would still do "
                             f"{item['actions']} {item['error'] or ''}")
-    status = json.loads(home.cli("status", "--json").stdout)
-    for app in status["apps"]:
-        for inst in app["instances"]:
-            if inst["state"] == "running":
-                code = _get(home.port, inst["host"])
-                if code != 200:
-                    problems.append(f"{label}: {inst['host']} answers {code} after recovery")
     return problems
 
 

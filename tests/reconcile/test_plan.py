@@ -178,3 +178,23 @@ def test_a_route_left_holding_by_a_crash_goes_back_to_the_active_web_on_recovery
     assert (Kind.RESTORE_ROUTE, 1) in kinds(plan(records, observed(1, watched=(1,)),
                                                  Mode.BOOT))
     assert kinds(plan(records, observed(1, watched=(1,)), Mode.MUTATION)) == []
+
+
+def test_an_active_generation_whose_leader_died_with_descendants_alive_is_not_gone() -> None:
+    # Its leader is dead (not in `alive`) but its tree has a member (a daemonized child):
+    # the descendants are removed first, never recorded gone; then the web is restarted.
+    records = Records(inst(), op([step(1, "spawn web", after=2)], OpState.SUCCEEDED),
+                      False, {"web": 2}, [gen(2)], routed={HOST: 2},
+                      route_state=RouteState.SERVING)
+    seen = Observed(frozenset(), frozenset(), orphans=frozenset({2}))
+    actions = kinds(plan(records, seen, Mode.BOOT))
+    assert actions == [(Kind.REMOVE_DESCENDANTS, 2), (Kind.RESTART_ACTIVE, 2)]
+    assert (Kind.RECORD_GONE, 2) not in kinds(plan(records, seen, Mode.MUTATION))
+
+
+def test_a_tree_its_own_watcher_is_removing_is_left_to_the_watcher() -> None:
+    records = Records(inst(), op([step(1, "spawn web", after=2)], OpState.SUCCEEDED),
+                      False, {"web": 2}, [gen(2)], routed={HOST: 2},
+                      route_state=RouteState.SERVING)
+    seen = Observed(frozenset(), frozenset({2}), orphans=frozenset({2}))
+    assert kinds(plan(records, seen, Mode.PERIODIC)) == []

@@ -1,7 +1,10 @@
 """Random sequences of operations and crashes; SPEC §5 must hold after every step.
 
 Each rule drives the real CLI against a real daemon. `crash` SIGKILLs the control plane
-at a random moment of a random operation, then starts it again (boot reconciliation).
+at a random moment of a random operation, then starts it again (boot reconciliation);
+`crash_app` SIGKILLs the web's leader, as an app crash. Every web daemonizes a
+grandchild (fork, setsid, fork), so invariant 5's scan of the home's cgroups and of
+/proc for its marker has detached descendants to find after every step.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from keelway.runtime import process
-from tests.deploy.apps import hello
-from tests.e2e.harness import Keelway, free_port
+from tests.deploy.apps import daemonizing, hello
+from tests.e2e.harness import Keelway, free_port, wait_until
 from tests.invariants import violations
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -37,8 +40,8 @@ class Operations(RuleBasedStateMachine):
         root = Path(tempfile.mkdtemp(prefix="kws-", dir="/tmp"))
         self.kw = Keelway(home=root / "h", http_port=free_port())
         self.apps = {
-            "a": hello(root, "a", settle="0.2s"),
-            "b": hello(root, "b", settle="0.2s", greeting="howdy from"),
+            "a": daemonizing(root, "a", settle="0.2s"),
+            "b": daemonizing(root, "b", settle="0.2s", greeting="howdy from"),
             "broken": hello(root, "broken", web_cmd="python3 -c 'raise SystemExit(4)'"),
         }
         self.kw.up()
@@ -85,6 +88,28 @@ class Operations(RuleBasedStateMachine):
     @rule()
     def reconcile(self) -> None:
         self.kw.ok("reconcile")
+
+    @rule()
+    def crash_app(self) -> None:
+        """SIGKILL the ACTIVE web's leader; return once the supervisor has removed its
+        tree and either restarted it or is waiting out a slow (a minute or more) retry,
+        so the invariants are checked on a settled system."""
+        inst = self.kw.ok("status", "--json").json()["apps"][0]["instances"][0]
+        web = next((p for p in inst["processes"] if p["service"] == "web" and p["active"]
+                    and p["state"] != "gone"), None)
+        if web is None or inst["state"] != "running":
+            return
+        os.kill(web["pid"], signal.SIGKILL)
+
+        def settled() -> bool:
+            now = self.kw.ok("status", "--json").json()["apps"][0]["instances"][0]
+            if any(c["service"] == "web" and c["retry_at"] - time.time() > 30
+                   for c in now["crashed"]):
+                return True
+            return any(p["service"] == "web" and p["active"] and p["id"] != web["id"]
+                       and p["state"] in ("running", "ready") for p in now["processes"])
+
+        assert wait_until(settled, 30, 0.1)
 
     @invariant()
     def spec_invariants_hold(self) -> None:

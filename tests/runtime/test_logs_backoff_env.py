@@ -4,7 +4,13 @@ import stat
 from pathlib import Path
 
 from keelway.home import Home
-from keelway.runtime.backoff import QUICK_DELAYS_S, SLOW_DELAYS_S, STABLE_RESET_S, Backoff
+from keelway.runtime.backoff import (
+    QUICK_DELAYS_S,
+    SLOW_DELAYS_S,
+    STABLE_RESET_S,
+    Backoff,
+    next_retry,
+)
 from keelway.runtime.environment import (
     INSTANCE_KEY,
     ensure_instance_key,
@@ -82,3 +88,24 @@ def test_a_generation_gets_the_contract_environment_and_nothing_of_ours(
     assert env["GREETING"] == "hi"
     assert INSTANCE_KEY in env
     assert "KEELWAY_HOME" not in env
+
+
+def test_a_persisted_count_resumes_where_the_last_control_plane_left_it() -> None:
+    # Four crashes counted before a restart of the control plane: the fifth waits 2 min.
+    assert next_retry(4, started_at=100.0, now=110.0, same_generation=False) == (5, 120.0)
+
+
+def test_a_failed_restart_counts_again_however_old_its_generation_is() -> None:
+    # The generation crashed after an hour (the count reset), and every restart meant to
+    # replace it failed before it was ready: the count still climbs.
+    failures, delay = next_retry(0, started_at=0.0, now=3600.0, same_generation=False)
+    assert (failures, delay) == (1, QUICK_DELAYS_S[0])
+    for expected in (*QUICK_DELAYS_S[1:], *SLOW_DELAYS_S[:2]):
+        failures, delay = next_retry(failures, started_at=0.0, now=3700.0,
+                                     same_generation=True)
+        assert delay == expected
+
+
+def test_a_successor_that_stayed_up_five_minutes_starts_the_count_again() -> None:
+    assert next_retry(7, started_at=0.0, now=STABLE_RESET_S, same_generation=False) == (
+        1, QUICK_DELAYS_S[0])

@@ -141,3 +141,24 @@ def test_events_are_listed_oldest_first_and_kept_per_app(store: Store, clock: Fa
     store.add_event("op", "two", app="blog")
     store.add_event("op", "other", app="shop")
     assert [e.message for e in store.list_events("blog")] == ["one", "two"]
+
+
+def test_a_crash_backoff_survives_reopening_and_goes_stale_once_active_moves_on(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    from keelway.store.records import CrashRetry
+
+    store = Store(tmp_path / "k.db", clock)
+    crashed = _gen(store)
+    store.set_active("a.test", "web", crashed)
+    store.record_gone(crashed, 7)
+    store.record_crash(CrashRetry("a.test", "web", crashed, 4, clock.now(), clock.now() + 60))
+    store.close()
+    store = Store(tmp_path / "k.db", clock)  # as a restarted control plane does
+    assert [(r.generation_id, r.failures, r.retry_at) for r in store.pending_retries()] == [
+        (crashed, 4, clock.now() + 60)]
+    successor = _gen(store, port=4001)
+    store.set_active("a.test", "web", successor)
+    assert store.pending_retries("a.test") == []  # the retry belonged to the old one
+    assert store.get_crash_retry("a.test", "web") is not None  # its count is kept
+    store.close()

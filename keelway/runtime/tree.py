@@ -1,0 +1,394 @@
+"""A generation's whole process tree: who belongs to it, how it is stopped, how it is
+proven gone (SPEC §3 Stop/Gone, §6: "a generation is its whole process tree, detached
+descendants included").
+
+An app may fork, double-fork or setsid() a child (a daemonizing app); that child holds
+the instance key and maybe the port as much as its leader does. Membership comes from
+the best mechanism the box allows, chosen once per control plane (`ProcessTrees.choose`):
+
+- cgroup v2, or cgroup v1 (freezer, plus pids where mounted): every generation gets its
+  own cgroup `keelway/<home id>/g<generation>`, which its leader joins before it execs
+  the app (`enter_argv`), so every descendant is a member from its first instruction,
+  whatever it does to its session or its environment. Killing freezes the cgroup first
+  (v2: `cgroup.kill`), so nothing forks away mid-kill.
+- proc-scan, where no cgroup is writable: a member is a process whose environment
+  carries the home's marker and the generation's id (KEELWAY_SUPERVISOR,
+  KEELWAY_GENERATION, set by runtime.environment), or that shares its leader's session.
+  Killing SIGSTOPs every member first, for the same reason. A descendant that both
+  leaves the session (setsid) *and* clears its environment (`env -i`) is invisible to
+  this scan: only a cgroup catches it.
+
+A generation whose cgroup directory does not exist (started under proc-scan, or by a
+keelway before cgroups) is looked for by the scan, whatever the box's mechanism now is,
+and cgroups the home already has in other hierarchies (`legacy`) are still read and
+removed, so a change of mechanism between two control planes never loses a tree.
+
+Rules kept here:
+- A tree is gone only when every process ever seen in it is dead by pid + start time
+  (or reaped) and a fresh look finds no member: never assumed from the leader alone.
+- keelway signals only processes it has just found to be members.
+- A cgroup directory is removed only once its tree is proven gone (the kernel refuses
+  otherwise); one left by a crash is found by `scan` and removed by the sweep.
+`KEELWAY_PROCESS_TREE=proc-scan|cgroup-v1|cgroup-v2` forces a mechanism (tests use it
+to run the fallback on a box that has cgroups).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import hashlib
+import logging
+import os
+import signal
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from keelway import failpoints
+from keelway.clock import Clock
+from keelway.runtime.process import ProcStat, is_alive, read_stat, session_members
+
+log = logging.getLogger("keelway.tree")
+
+failpoints.declare("tree.kill.before", "tree.kill.after")
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+FORCE_ENV = "KEELWAY_PROCESS_TREE"
+SUPERVISOR_MARK = "KEELWAY_SUPERVISOR"
+GENERATION_MARK = "KEELWAY_GENERATION"
+# The leader joins its cgroups before it execs the app: `echo 0` moves the writing shell
+# itself, and exec keeps the pid and the cgroup. A join that fails refuses to run the
+# app at all (exit 125, said in its log), since an untracked tree could outlive its stop.
+_ENTER = ('while [ "$1" != -- ]; do echo 0 > "$1" || { echo "keelway: cannot join the '
+          'cgroup $1" >&2; exit 125; }; shift; done; shift; exec "$@"')
+_KILL_BOUND_S = 5.0
+
+
+class Mechanism(enum.Enum):
+    CGROUP_V1 = "cgroup v1 (pids/freezer)"
+    CGROUP_V1_FREEZER = "cgroup v1 (freezer)"
+    CGROUP_V2 = "cgroup v2"
+    PROC_SCAN = "proc-scan"
+
+
+Leader = tuple[int, int]  # pid, start ticks
+
+
+def home_id(home_root: Path) -> str:
+    """The name a home's cgroups live under: homes on one box never share a cgroup."""
+    return hashlib.sha256(str(home_root).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class ProcessTrees:
+    """The process trees of one home's generations, by one mechanism.
+
+    `homes` are the per-home cgroup directories new generations join, one per
+    hierarchy, the first being the one membership is read from (v1: freezer; v2: the
+    unified one); empty for proc-scan. `legacy` are the home's directories in other
+    hierarchies, left by a control plane that used another mechanism: read and
+    cleaned, never joined.
+    """
+
+    home_root: Path
+    mechanism: Mechanism
+    homes: tuple[Path, ...] = ()
+    legacy: tuple[Path, ...] = ()
+
+    @classmethod
+    def choose(cls, home_root: Path, root: Path = CGROUP_ROOT) -> ProcessTrees:
+        """The best mechanism this box allows (or the one FORCE_ENV names), tried by
+        creating the home's cgroup directories; proc-scan when none is writable."""
+        want = os.environ.get(FORCE_ENV, "auto")
+        existing = cls.found(home_root, root).homes
+        scan = cls(home_root, Mechanism.PROC_SCAN, (), existing)
+        if want == "proc-scan":
+            return scan
+        hid = home_id(home_root)
+        pure_v2 = (root / "cgroup.controllers").exists()
+        unified = root if pure_v2 else root / "unified"
+        tries: list[tuple[Mechanism, tuple[Path, ...]]] = []
+        if want in ("auto", "cgroup-v2") and pure_v2:
+            tries.append((Mechanism.CGROUP_V2, (unified,)))
+        if want in ("auto", "cgroup-v1") and (root / "freezer" / "cgroup.procs").exists():
+            if (root / "pids" / "cgroup.procs").exists():
+                tries.append((Mechanism.CGROUP_V1, (root / "freezer", root / "pids")))
+            tries.append((Mechanism.CGROUP_V1_FREEZER, (root / "freezer",)))
+        if want in ("auto", "cgroup-v2") and not pure_v2 and (
+                unified / "cgroup.procs").exists():
+            tries.append((Mechanism.CGROUP_V2, (unified,)))  # a hybrid box's v2 half
+        for mechanism, hierarchies in tries:
+            homes = tuple(h / "keelway" / hid for h in hierarchies)
+            try:
+                for home in homes:
+                    home.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                log.info("%s not usable here (%s)", mechanism.value, exc)
+                continue
+            return cls(home_root, mechanism, homes,
+                       tuple(h for h in existing if h not in homes))
+        if want != "auto":
+            log.warning("%s=%s is not available on this box; using proc-scan", FORCE_ENV,
+                        want)
+        return scan
+
+    @classmethod
+    def found(cls, home_root: Path, root: Path = CGROUP_ROOT) -> ProcessTrees:
+        """The home's trees as a box already has them, creating nothing: every
+        hierarchy holding a cgroup directory of the home (for checks and teardown)."""
+        hid = home_id(home_root)
+        hierarchies = (root / "freezer", root / "pids", root / "unified", root)
+        homes = tuple(h / "keelway" / hid for h in hierarchies
+                      if (h / "keelway" / hid).is_dir())
+        v1 = bool(homes) and homes[0].parent.parent.name in ("freezer", "pids")
+        mechanism = (Mechanism.PROC_SCAN if not homes else
+                     Mechanism.CGROUP_V1 if v1 else Mechanism.CGROUP_V2)
+        return cls(home_root, mechanism, homes)
+
+    @property
+    def uses_cgroups(self) -> bool:
+        return bool(self.homes)
+
+    def describe(self) -> str:
+        """What `doctor` says: "cgroup v1 (pids/freezer)", "cgroup v2" or "proc-scan"."""
+        return self.mechanism.value
+
+    # -- a generation's cgroup -----------------------------------------------------------
+
+    def _dirs(self, gen_id: int) -> list[Path]:
+        """The generation's cgroups in the hierarchies new generations join."""
+        return [home / f"g{gen_id}" for home in self.homes]
+
+    def _all_dirs(self, gen_id: int) -> list[Path]:
+        """... and in the ones an earlier control plane used: where to look and clean."""
+        return [home / f"g{gen_id}" for home in self.homes + self.legacy]
+
+    def create(self, gen_id: int) -> None:
+        """Make the generation's cgroups (before its spawn). Idempotent."""
+        for path in self._dirs(gen_id):
+            path.mkdir(parents=True, exist_ok=True)
+
+    def enter_argv(self, gen_id: int, argv: list[str]) -> list[str]:
+        """`argv`, started so that its process joins the generation's cgroups first."""
+        if not self.uses_cgroups:
+            return argv
+        procs = [str(path / "cgroup.procs") for path in self._dirs(gen_id)]
+        return ["/bin/sh", "-c", _ENTER, "keelway-enter", *procs, "--", *argv]
+
+    def remove(self, gen_id: int) -> bool:
+        """Remove the generation's cgroups once its tree is gone; False while any member
+        lives (the kernel refuses). A directory already gone counts as removed."""
+        removed = True
+        for path in self._all_dirs(gen_id):
+            try:
+                path.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.warning("cannot remove cgroup %s: %s", path, exc)
+                removed = False
+        return removed
+
+    def forget_home(self) -> None:
+        """Remove the home's own cgroup directories if no generation's is left in them
+        (after `down`, so a box does not collect one empty directory per home)."""
+        for home in self.homes + self.legacy:
+            with contextlib.suppress(OSError):
+                home.rmdir()
+
+    # -- membership ----------------------------------------------------------------------
+
+    def _cgroup_members(self, gen_id: int) -> list[ProcStat] | None:
+        """Members by cgroup, or None when the generation has no cgroup directory."""
+        for path in self._all_dirs(gen_id):
+            try:
+                raw = (path / "cgroup.procs").read_text()
+            except FileNotFoundError:
+                continue
+            return _live(int(pid) for pid in raw.split())
+        return None
+
+    def members(self, gen_id: int, leader: Leader | None) -> list[ProcStat]:
+        """The live processes of a generation's tree, its leader included."""
+        found = self._cgroup_members(gen_id)
+        if found is None:
+            found = marked_processes(self.home_root).get(gen_id, [])
+            if leader is not None:
+                # An env-clearing child that stayed in its leader's session.
+                found += session_members(leader[0], leader[1])
+        by_pid = {m.pid: m for m in found}
+        if leader is not None and leader[0] not in by_pid and is_alive(*leader):
+            stat = read_stat(leader[0])
+            if stat is not None:
+                by_pid[stat.pid] = stat
+        return list(by_pid.values())
+
+    def scan(self) -> dict[int, list[ProcStat]]:
+        """Every generation of the home that has a tree on this box (a cgroup directory,
+        even an empty one, or a process carrying the marker), with its live members."""
+        found: dict[int, list[ProcStat]] = {}
+        for home in self.homes + self.legacy:
+            with contextlib.suppress(FileNotFoundError):
+                for entry in os.scandir(home):
+                    name = entry.name
+                    if entry.is_dir() and name[:1] == "g" and name[1:].isdigit():
+                        gen_id = int(name[1:])
+                        if gen_id not in found:
+                            found[gen_id] = self._cgroup_members(gen_id) or []
+        for gen_id, procs in marked_processes(self.home_root).items():
+            known = {m.pid for m in found.setdefault(gen_id, [])}
+            found[gen_id] += [p for p in procs if p.pid not in known]
+        return found
+
+    # -- killing -------------------------------------------------------------------------
+
+    async def kill(self, gen_id: int, leader: Leader | None) -> list[ProcStat]:
+        """SIGKILL every member with the tree held still, so that none forks a child
+        that the kill misses; returns the members it signalled."""
+        dirs = [d for d in self._all_dirs(gen_id) if d.is_dir()]
+        primary = dirs[0] if dirs else None
+        if primary is not None and (primary / "cgroup.kill").exists():
+            victims = self.members(gen_id, leader)
+            _write(primary / "cgroup.kill", "1")  # v2: the kernel kills forks in flight too
+            return victims
+        if primary is not None and (primary / "freezer.state").exists():
+            async with _frozen_v1(primary):
+                victims = self.members(gen_id, leader)
+                _signal(victims, signal.SIGKILL)
+            return victims
+        if primary is not None and (primary / "cgroup.freeze").exists():
+            async with _frozen_v2(primary):
+                victims = self.members(gen_id, leader)
+                _signal(victims, signal.SIGKILL)
+            return victims
+        # proc-scan (or a tree without a cgroup): stop everyone until a scan finds no
+        # member still running, then kill them all. SIGKILL works on stopped processes.
+        victims = []
+        for _ in range(20):
+            victims = self.members(gen_id, leader)
+            running = [m for m in victims if m.state not in ("T", "t")]
+            if not running:
+                break
+            _signal(running, signal.SIGSTOP)
+        _signal(victims, signal.SIGKILL)
+        return victims
+
+
+async def stop(trees: ProcessTrees, gen_id: int, leader: Leader | None, *, grace_s: float,
+               clock: Clock, proc: asyncio.subprocess.Process | None = None,
+               poll_s: float = 0.02) -> bool:
+    """SIGTERM the whole tree, SIGKILL it after `grace_s` (at once when `grace_s` <= 0);
+    True once every process ever seen in it is proven dead and no member is left.
+
+    `proc` is the leader's asyncio process when it is our child: it must be reaped too.
+    False means something survived SIGKILL for 5 s (uninterruptible sleep): the caller
+    keeps its record and reports the leftover, never assumes it dead.
+    """
+    seen: set[Leader] = set()
+
+    def look() -> list[ProcStat]:
+        members = trees.members(gen_id, leader)
+        seen.update((m.pid, m.start_ticks) for m in members)
+        return members
+
+    def proven() -> bool:
+        reaped = proc is None or proc.returncode is not None
+        return reaped and not look() and not any(is_alive(*p) for p in seen)
+
+    async def wait(bound_s: float) -> bool:
+        deadline = clock.monotonic() + bound_s
+        while not proven():
+            if clock.monotonic() >= deadline:
+                return False
+            await clock.sleep(poll_s)
+        return True
+
+    members = look()
+    if not members and proven():
+        return True
+    if grace_s > 0:
+        _signal(members, signal.SIGTERM)
+        if await wait(grace_s):
+            return True
+    failpoints.hit("tree.kill.before")
+    deadline = clock.monotonic() + _KILL_BOUND_S
+    while True:
+        seen.update((m.pid, m.start_ticks) for m in await trees.kill(gen_id, leader))
+        if await wait(min(0.5, _KILL_BOUND_S)):
+            failpoints.hit("tree.kill.after")
+            return True
+        if clock.monotonic() >= deadline:
+            return False
+
+
+def marked_processes(home_root: Path) -> dict[int, list[ProcStat]]:
+    """Live processes whose environment says keelway at `home_root` started them, by
+    generation id: the proc-scan's view of every tree of the home, session leaders and
+    descendants alike."""
+    want = f"{SUPERVISOR_MARK}={home_root}".encode()
+    prefix = f"{GENERATION_MARK}=".encode()
+    found: dict[int, list[ProcStat]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if want not in environ:
+            continue
+        gen = next((item[len(prefix):] for item in environ if item.startswith(prefix)), b"")
+        stat = read_stat(pid)
+        if gen.isdigit() and stat is not None and stat.state != "Z":
+            found.setdefault(int(gen), []).append(stat)
+    return found
+
+
+def _live(pids: Iterable[int]) -> list[ProcStat]:
+    stats = (read_stat(pid) for pid in pids)
+    return [s for s in stats if s is not None and s.state != "Z"]
+
+
+def _signal(members: list[ProcStat], sig: signal.Signals) -> None:
+    for member in members:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(member.pid, sig)
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as handle:
+        handle.write(value)
+
+
+async def _wait_for(predicate: Callable[[], bool], tries: int = 100) -> None:
+    """Poll briefly: a freeze takes microseconds unless a member sleeps in the kernel;
+    then the kill goes ahead anyway and the caller's proof decides."""
+    for _ in range(tries):
+        if predicate():
+            return
+        await asyncio.sleep(0.005)
+
+
+@contextlib.asynccontextmanager
+async def _frozen_v1(path: Path) -> AsyncIterator[None]:
+    state = path / "freezer.state"
+    _write(state, "FROZEN")
+    await _wait_for(lambda: state.read_text().strip() == "FROZEN")
+    try:
+        yield
+    finally:
+        # A SIGKILL lands when a frozen task thaws: thaw, always.
+        _write(state, "THAWED")
+
+
+@contextlib.asynccontextmanager
+async def _frozen_v2(path: Path) -> AsyncIterator[None]:
+    _write(path / "cgroup.freeze", "1")
+    await _wait_for(lambda: "frozen 1" in (path / "cgroup.events").read_text())
+    try:
+        yield
+    finally:
+        _write(path / "cgroup.freeze", "0")
