@@ -19,6 +19,7 @@ from keelway.deploy import targets
 from keelway.deploy.attempt import Outcome
 from keelway.deploy.core import DeployerCore, log
 from keelway.deploy.errors import OperationError
+from keelway.durable import disk_full, disk_full_message
 from keelway.reconcile.apply import FailedClosed
 from keelway.reconcile.plan import Mode as Pass
 from keelway.runtime.backoff import next_retry
@@ -211,30 +212,47 @@ class Recovery(DeployerCore):
         """The background pass: only *tries* each lock, never waits behind an operation."""
         while not self.closing:
             await self.clock.sleep(PERIODIC_S)
-            await self._remove_strays()
-            republish = False
-            for inst in self.store.list_instances():
-                lock = self.lock(inst.host)
-                if lock.locked():
-                    continue
-                async with lock:
-                    try:
-                        outcome = await self.reconciler.reconcile(inst.host, Pass.PERIODIC,
-                                                                  self.live_ops)
-                        republish = republish or outcome.republish
-                    except FailedClosed as exc:
-                        log.warning("periodic pass: %s", exc)
-                    except Exception:
-                        # Protects the periodic loop: one bad instance must not stop it.
-                        log.exception("periodic pass failed for %s", inst.host)
-            if republish:
+            try:
+                await self._periodic_pass()
+            except Exception as exc:
+                # Protects the loop: a pass that fails (a full disk, say) is tried again
+                # next time, and the loop never ends because of it.
+                _log_pass_failure("periodic pass", exc)
+
+    async def _periodic_pass(self) -> None:
+        await self._remove_strays()
+        republish = False
+        for inst in self.store.list_instances():
+            lock = self.lock(inst.host)
+            if lock.locked():
+                continue
+            async with lock:
                 try:
-                    if not await self.publisher.in_sync():
-                        await self.publisher.publish()
-                except OperationError as exc:
-                    log.warning("periodic republish: %s", exc.message)
+                    outcome = await self.reconciler.reconcile(inst.host, Pass.PERIODIC,
+                                                              self.live_ops)
+                    republish = republish or outcome.republish
+                except FailedClosed as exc:
+                    log.warning("periodic pass: %s", exc)
+                except Exception as exc:
+                    # One bad instance must not stop the pass for the others.
+                    _log_pass_failure(f"periodic pass for {inst.host}", exc)
+        if republish:
+            try:
+                if not await self.publisher.in_sync():
+                    await self.publisher.publish()
+            except OperationError as exc:
+                log.warning("periodic republish: %s", exc.message)
 
     async def close(self) -> None:
         self.closing = True
         for task in list(self._restarts.values()):
             task.cancel()
+
+
+def _log_pass_failure(what: str, exc: Exception) -> None:
+    """A full disk is expected weather, said in one line every pass until there is room;
+    anything else is a bug, logged with its traceback."""
+    if disk_full(exc):
+        log.warning("%s: %s", what, disk_full_message(exc))
+    else:
+        log.error("%s failed", what, exc_info=exc)
