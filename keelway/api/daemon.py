@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import fcntl
 import io
 import logging
@@ -87,8 +88,14 @@ async def _boot_router(home: Home, http_addr: str,
             f"{exc}; is another server using it? Pick another with `keelway up --http ADDR`",
             EXIT_PORT_BUSY) from exc
     except (router_process.RouterStartFailed, router_process.RouterRestartFailed) as exc:
+        # A router that could not start on a full disk (its log, its records) says only
+        # that it exited; the disk is the cause worth naming, and run() names it.
+        if os.statvfs(home.root).f_bavail == 0:
+            raise OSError(errno.ENOSPC, f"{exc}; no space is left under {home.root}") from exc
         raise StartupError(str(exc), EXIT_FAILED) from exc
     except (OSError, ValueError) as exc:
+        if disk_full(exc):
+            raise  # run() says the disk is full, not "cannot listen"
         raise StartupError(f"cannot listen on {http_addr}: {exc}", EXIT_FAILED) from exc
 
 
