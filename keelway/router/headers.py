@@ -145,7 +145,11 @@ def origin_form(url: bytes, method: bytes, host: bytes) -> bytes:
     when its authority equals Host, ignoring letter case: RFC 9112 says the authority
     wins, but routing by one host while the app reads another is a confused deputy, and
     no client talking to an origin sends two different ones. Raises BadRequest."""
-    if url == b"*" or method == b"CONNECT":
+    if url == b"*":
+        if method != b"OPTIONS":  # only OPTIONS can mean the server itself (RFC 9112 §3.2.4)
+            raise BadRequest("asterisk-form target on a method other than OPTIONS")
+        return url
+    if method == b"CONNECT":
         return url
     lowered = url[:8].lower()
     if lowered.startswith(b"http://"):
@@ -197,6 +201,7 @@ class RequestHeadRewriter:
         "_rq_host",
         "_rq_parts",
         "_rq_rare",
+        "_rq_trailing",
         "head_bytes",
         "request_fields",
         "request_length",
@@ -212,6 +217,7 @@ class RequestHeadRewriter:
         self._rq_rare: dict[int, bytes] | None = None
         self._rq_framing = NONE
         self._rq_error = False
+        self._rq_trailing = False
         self.request_fields = 0
         self.head_bytes = 0
         self.request_length = 0
@@ -220,9 +226,18 @@ class RequestHeadRewriter:
         self.request_url += url
         self.head_bytes += len(url)
 
+    def begin_trailers(self) -> None:
+        """The head is behind (a chunk began): from here a field is a trailer, counted
+        from zero and dropped. Called at every chunk; only the last one has trailers."""
+        self._rq_trailing = True
+        self.request_fields = 0
+        self.head_bytes = 0
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self.request_fields += 1
         self.head_bytes += len(name) + len(value) + 4
+        if self._rq_trailing:
+            return  # a trailer: counted for the limits, never kept nor forwarded
         kind = _REQUEST_NAMES.get(name)
         if kind is None:
             kind = _name_kind(name, _REQUEST_KINDS, _REQUEST_NAMES)
