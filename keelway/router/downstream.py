@@ -127,6 +127,10 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
         # A new connection must begin its first request as promptly as a head must end.
         self._read_deadline = self._loop.time() + self._options.header_timeout_s
         self._arm(self._read_deadline)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.fileno() >= self._proxy.fd_ceiling:
+            self._proxy.fd_shortage.note("a client connection came in the reserve")
+            self._refuse(responses.NO_DESCRIPTORS)
 
     def data_received(self, data: bytes) -> None:
         if self._tunnel:
@@ -496,6 +500,9 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
     def unhold(self, ex: Exchange) -> None:
         self._proxy.unhold(ex)
 
+    def note_fd_shortage(self, what: str) -> None:
+        self._proxy.fd_shortage.note(what)
+
     def peer_gone(self) -> bool:
         """Whether the client closed or reset the connection while reading it is paused
         (a held request), judged by peeking at the socket as nginx checks a client
@@ -504,7 +511,11 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
         if sock is None or self._closed:
             return False
         try:
-            with socket.socket(fileno=os.dup(sock.fileno())) as probe:
+            fd = os.dup(sock.fileno())
+        except OSError:
+            return False  # out of descriptors: it cannot be told, so it waits on
+        try:
+            with socket.socket(fileno=fd) as probe:
                 data = probe.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
         except BlockingIOError:
             return False  # nothing to read: still there, waiting
