@@ -191,6 +191,12 @@ class UpstreamConnection(ResponseHeadRewriter, asyncio.Protocol):
         else:
             self._out.append(body)
 
+    def on_chunk_header(self) -> None:
+        self.begin_trailers()
+
+    def on_chunk_complete(self) -> None:
+        self.end_trailers()
+
     def on_message_complete(self) -> None:
         if self._interim:
             self._interim = False

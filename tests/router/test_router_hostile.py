@@ -1055,3 +1055,38 @@ def test_options_asterisk_is_forwarded_as_it_came(
     assert statuses(raw) == [200]
     assert app.connections() == [b"OPTIONS * HTTP/1.1\r\nHost: blog.test\r\n"
                                  + FORWARDED % b"blog.test"]
+
+
+def test_an_apps_response_trailers_never_reach_the_next_response_on_its_connection(
+    start_proxy: Any,
+) -> None:
+    """Trailers come after the head was rewritten: they must be dropped, not collected
+    into the head of the next response on that (pooled, shared) upstream connection."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    answers = [
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5\r\nfirst\r\n0\r\nSet-Cookie: session=first-client\r\nX-Cache: stale\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecond",
+    ]
+
+    def app() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            for answer in answers:
+                buffer = b""
+                while b"\r\n\r\n" not in buffer:
+                    buffer += conn.recv(65536)
+                conn.sendall(answer)
+            conn.recv(65536)
+
+    thread = threading.Thread(target=app, daemon=True)
+    thread.start()
+    try:
+        router = start_proxy({"blog.test": serving(f"127.0.0.1:{listener.getsockname()[1]}")})
+        get = b"GET / HTTP/1.1\r\nHost: blog.test\r\nConnection: close\r\n\r\n"
+        first, second = exchange(router.port, get), exchange(router.port, get)
+    finally:
+        listener.close()
+    assert first == (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                     b"5\r\nfirst\r\n0\r\n\r\n")
+    assert second == b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\nConnection: close\r\n\r\nsecond"
