@@ -886,6 +886,41 @@ def test_bytes_after_an_upgrade_answered_200_are_parsed_as_the_next_request(
     assert other.connections() == other_sees
 
 
+def test_an_upgrade_pipelined_behind_another_request_waits_its_turn_then_its_answer(
+    start_proxy: Any, start_raw_upstream: Any, no_errors_logged: None
+) -> None:
+    app = start_raw_upstream()
+    router = start_proxy({"blog.test": serving(app.address)})
+    first = b"GET /first HTTP/1.1\r\nHost: blog.test\r\n\r\n"
+    last = b"GET /last HTTP/1.1\r\nHost: blog.test\r\nX-Forwarded-For: 203.0.113.7\r\n\r\n"
+    raw = exchange(router.port, first + UPGRADE + last + b"GET / HTTP/1.1\r\nHost: x\r\n")
+    assert statuses(raw) == [200, 200, 200, 408]
+    # /first's connection is pooled and carries the Upgrade request next; an upgrading
+    # connection is never reused, so /last opens another.
+    assert app.connections() == [
+        b"GET /first HTTP/1.1\r\nHost: blog.test\r\n" + FORWARDED % b"blog.test" + UPGRADE_SENT,
+        b"GET /last HTTP/1.1\r\nHost: blog.test\r\n" + FORWARDED % b"blog.test",
+    ]
+
+
+@pytest.mark.parametrize("host", [b"nobody.test", b"blog.test"])
+def test_an_upgrade_the_router_answers_itself_leaves_what_follows_to_the_parser(
+    start_proxy: Any, start_raw_upstream: Any, host: bytes, no_errors_logged: None
+) -> None:
+    """A 404 (no such site) or the health page is written before the parser hands over
+    the bytes after the head: they are still parsed, in order, as the next request."""
+    app = start_raw_upstream()
+    router = start_proxy({"blog.test": serving(app.address)})
+    target = b"/ws" if host == b"nobody.test" else b"/_keelway/health"
+    upgrade = UPGRADE.replace(b"Host: blog.test", b"Host: " + host).replace(b"/ws", target)
+    raw = exchange(router.port, upgrade + b"GET /next HTTP/1.1\r\nHost: blog.test\r\n"
+                   b"Connection: close\r\n\r\n")
+    assert statuses(raw) == [404 if host == b"nobody.test" else 200, 200]
+    assert app.connections() == [
+        b"GET /next HTTP/1.1\r\nHost: blog.test\r\n" + FORWARDED % b"blog.test"
+    ]
+
+
 def test_bytes_sent_before_the_101_go_through_the_tunnel_after_it_both_ways(
     start_proxy: Any, start_raw_upstream: Any, no_errors_logged: None
 ) -> None:
