@@ -106,9 +106,11 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
         self._close_after_answer = False
         self._in_head = _NO_HEAD
         self._body_left = 0
-        # Inside a chunked body, between a chunk-size line and the chunk's end, and the
-        # bytes of reads there that carried no body data (the trailer section's size).
+        # Inside a chunked body, between a chunk-size line and the chunk's end; chunks
+        # begun on this connection; the bytes of whole reads inside one chunk that
+        # carried no body data (only the last chunk's trailer section can be so long).
         self._chunk_open = False
+        self._chunks_begun = 0
         self._chunk_tail_bytes = 0
         self._lingering = False
         self._read_deadline = _NEVER
@@ -140,9 +142,9 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
             return
         if self._awaiting_head:
             self._unparsed_head_bytes += len(data)
-        # Whether this read begins after a chunk-size line, and the body budget then:
-        # if it ends there with no body data, it was all trailer section.
-        in_chunk = self._chunk_open
+        # If this read ends in the chunk it began in, with no body data, it was all
+        # trailer section: no chunk began and the body budget did not move.
+        chunks_begun = self._chunks_begun
         body_left = self._body_left
         try:
             self._parser.feed_data(data)
@@ -171,7 +173,11 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
                     self._extend_read(self._options.header_timeout_s)
             elif self._parsing is not None:
                 self._extend_read(self._options.body_timeout_s)
-                if in_chunk and self._chunk_open and self._body_left == body_left:
+                if (
+                    self._chunk_open
+                    and self._chunks_begun == chunks_begun
+                    and self._body_left == body_left
+                ):
                     self._chunk_tail_bytes += len(data)
                     self._check_trailers()
         current = self.current
@@ -257,6 +263,7 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
 
     def on_chunk_header(self) -> None:
         self._chunk_open = True
+        self._chunks_begun += 1
         self._chunk_tail_bytes = 0
         self.begin_trailers()
 

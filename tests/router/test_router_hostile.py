@@ -1035,6 +1035,28 @@ def assert_still_serves_raw(port: int) -> None:
     assert statuses(raw) == [200]
 
 
+def test_a_read_that_ends_one_chunked_body_and_begins_another_is_not_counted_as_trailers(
+    start_proxy: Any, start_raw_upstream: Any, no_errors_logged: None
+) -> None:
+    """Both empty bodies leave the body budget where it was, and the read is larger than
+    the head limit: only the chunk count tells it began a new chunk, not a trailer."""
+    app = start_raw_upstream()
+    router = start_proxy({"blog.test": serving(app.address)})
+    big = b"X-Big: " + b"b" * 6000 + b"\r\n"
+    reads = [
+        post(b"Transfer-Encoding: chunked\r\n", b"0\r\n"),
+        b"X-T: " + b"t" * 3000 + b"\r\n\r\n" + post(b"Transfer-Encoding: chunked\r\n" + big,
+                                                  b"0\r\n"),
+        b"\r\nGET /x HTTP/1.1\r\nHost: blog.test\r\nConnection: close\r\n\r\n",
+    ]
+    with socket.create_connection(("127.0.0.1", router.port), timeout=3) as sock:
+        for data in reads:
+            sock.sendall(data)
+            time.sleep(0.05)
+        raw = read_all(sock, 3)
+    assert statuses(raw) == [200, 200, 200]
+
+
 @pytest.mark.slow
 def test_a_50_mb_trailer_flood_is_refused_and_the_router_does_not_grow(
     router: Any, start_raw_upstream: Any
