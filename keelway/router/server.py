@@ -219,12 +219,18 @@ def raise_open_files_limit() -> int:
     1024, is far below what a proxy needs); returns the soft limit in force after. A
     refusal leaves the limit as it was, with a warning: the router still serves."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
+    if hard == resource.RLIM_INFINITY:  # Linux refuses more than fs.nr_open
         try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        except (ValueError, OSError) as exc:
-            log.warning("cannot raise the open-files limit from %d to %d: %s", soft, hard, exc)
-            return soft
+            hard = int(Path("/proc/sys/fs/nr_open").read_text())
+        except (OSError, ValueError):
+            hard = 1 << 20
+    if soft == hard:
+        return soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as exc:
+        log.warning("cannot raise the open-files limit from %d to %d: %s", soft, hard, exc)
+        return soft
     return hard
 
 

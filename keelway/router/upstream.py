@@ -343,7 +343,7 @@ class UpstreamPool:
         exc = task.exception()
         if exc is not None:
             if isinstance(exc, OSError) and exc.errno in _NO_DESCRIPTORS:
-                # Not the upstream's fault: this process is out of descriptors.
+                # Not the upstream's fault: this process (or the system) is out of them.
                 ex.client.note_fd_shortage(f"a connect to upstream {self.key} failed")
                 ex.upstream_failed(responses.NO_DESCRIPTORS)
                 return
