@@ -13,6 +13,16 @@ Owns the client half of every exchange. Invariants:
   wait; one bitmask holds these reasons so that one clearing never resumes another's pause;
 - the hot path is callbacks only: an exchange costs one small object and no coroutine,
   unless the upstream pool misses;
+- a connection becomes a tunnel only after the upstream answers 101. Until then what
+  the client sent after an Upgrade request is held unparsed (one read at most: the
+  client is not read meanwhile) and goes nowhere; an answer other than 101 hands it to
+  the parser as the next request, under every rule any request meets. An Upgrade
+  request with a body is refused (400): httptools skips the body of a request that
+  asks to upgrade, so the router could not frame it;
+- a chunked body's trailer section meets the head's limits (431 past them): its fields
+  are counted as they are parsed and dropped (see headers), and reads that carry no
+  body data after a chunk-size line are counted whole, which bounds a trailer field
+  still growing inside the parser;
 - a request the router refuses (malformed, over a limit, too slow) is answered in turn
   with `Connection: close`, and nothing after it on the connection is parsed or
   forwarded; a body already partly forwarded leaves with its upstream connection, which
@@ -63,6 +73,7 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
     BLOCK_QUEUE: Final = 1
     BLOCK_UPSTREAM_FULL: Final = 2
     BLOCK_CONNECTING: Final = 4
+    BLOCK_UPGRADE: Final = 8
 
     def __init__(self, proxy: Proxy) -> None:
         self._proxy = proxy
@@ -84,13 +95,23 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
         # Why reading from the client is paused: a bitmask of BLOCK_*, 0 when reading.
         self.read_blocks = 0
         self.write_paused = False
-        self._upgrading: Exchange | None = None  # after an Upgrade request: raw bytes
+        # After an Upgrade request until its answer: the exchange, and the client's bytes
+        # after its head (b"" until the parser hands them over; None: no upgrade pending).
+        self._upgrading: Exchange | None = None
+        self._held: bytes | None = None
+        self._tunnel = False  # the upstream answered 101: bytes pass through unparsed
         self._advancing = False
         self._client_done = False
         self._closed = False
         self._close_after_answer = False
         self._in_head = _NO_HEAD
         self._body_left = 0
+        # Inside a chunked body, between a chunk-size line and the chunk's end; chunks
+        # begun on this connection; the bytes of whole reads inside one chunk that
+        # carried no body data (only the last chunk's trailer section can be so long).
+        self._chunk_open = False
+        self._chunks_begun = 0
+        self._chunk_tail_bytes = 0
         self._lingering = False
         self._read_deadline = _NEVER
         self._upstream_deadline = _NEVER
@@ -108,21 +129,29 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
         # A new connection must begin its first request as promptly as a head must end.
         self._read_deadline = self._loop.time() + self._options.header_timeout_s
         self._arm(self._read_deadline)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.fileno() >= self._proxy.fd_ceiling:
+            self._proxy.fd_shortage.note("a client connection came in the reserve")
+            self._refuse(responses.NO_DESCRIPTORS)
 
     def data_received(self, data: bytes) -> None:
-        if self._upgrading is not None:
+        if self._tunnel:
             self._forward_raw(data)
             return
         if self._parser_dead:
             return
         if self._awaiting_head:
             self._unparsed_head_bytes += len(data)
+        # If this read ends in the chunk it began in, with no body data, it was all
+        # trailer section: no chunk began and the body budget did not move.
+        chunks_begun = self._chunks_begun
+        body_left = self._body_left
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade as exc:
-            rest = data[exc.args[0] :]
-            if rest:
-                self._forward_raw(rest)
+            if self._held is not None and not self._parser_dead:
+                self._held = data[exc.args[0] :]
+                self.block_reading(self.BLOCK_UPGRADE)
         except httptools.HttpParserCallbackError:
             # A bug of ours inside a callback: log it, and end only this connection.
             log.exception("closing a client connection after an internal error")
@@ -144,6 +173,13 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
                     self._extend_read(self._options.header_timeout_s)
             elif self._parsing is not None:
                 self._extend_read(self._options.body_timeout_s)
+                if (
+                    self._chunk_open
+                    and self._chunks_begun == chunks_begun
+                    and self._body_left == body_left
+                ):
+                    self._chunk_tail_bytes += len(data)
+                    self._check_trailers()
         current = self.current
         if current is not None and current.out:
             current.flush()
@@ -155,7 +191,7 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
         if current is None:
             return None  # nothing owed: close now
         self._client_done = True
-        if self._upgrading is current and current.upstream is not None:
+        if self._tunnel and current.upstream is not None:
             transport = current.upstream.transport
             if transport is not None and transport.can_write_eof():
                 transport.write_eof()
@@ -225,6 +261,25 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
                 return
             ex.request_body(body)
 
+    def on_chunk_header(self) -> None:
+        self._chunk_open = True
+        self._chunks_begun += 1
+        self._chunk_tail_bytes = 0
+        self.begin_trailers()
+
+    def on_chunk_complete(self) -> None:
+        self._chunk_open = False
+        self._check_trailers()  # the last chunk completes after its trailer section
+
+    def _check_trailers(self) -> None:
+        options = self._options
+        if (
+            self.request_fields > options.max_header_count
+            or self.head_bytes > options.max_header_bytes
+            or self._chunk_tail_bytes > options.max_header_bytes
+        ) and not self._parser_dead:
+            self._refuse(responses.HEADERS_TOO_LARGE)
+
     def on_message_complete(self) -> None:
         self._awaiting_head = True
         ex = self._parsing
@@ -271,13 +326,17 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
         if framing is LENGTH and self.request_length > options.max_body_bytes:
             self._refuse(responses.BODY_TOO_LARGE)
             return None
+        if upgrade and (framing is CHUNKED or self.request_length):
+            self._refuse(BAD_REQUEST)  # the parser skips its body: it cannot be framed
+            return None
         url = self.request_url
-        close = not (http11 and keep_alive) or proxy.draining or upgrade
+        close = not (http11 and keep_alive) or proxy.draining
         ex = Exchange(self, method == b"HEAD", close, http11)
         if upgrade:
-            # Everything after this head is the upgraded protocol's, not HTTP: the
-            # connection ends with this exchange unless the upstream switches (101).
+            # What follows this head waits, unparsed, for the answer: forwarded raw
+            # after a 101, parsed as the next request after anything else.
             self._upgrading = ex
+            self._held = b""
         if url == HEALTH_PATH:
             return self._local(ex, HEALTHY, close)
         routing = proxy.routing
@@ -370,13 +429,16 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
             else:
                 self.close()
             return
+        if ex is self._upgrading:  # answered without switching protocols
+            self._upgrading = None
+            self._loop.call_soon(self._parse_held)
         if self._advancing:
             return
         if self.read_blocks:
             self.unblock_reading(self.BLOCK_CONNECTING | self.BLOCK_UPSTREAM_FULL)
         queue = self._queue
         if not queue:
-            if self._client_done:
+            if self._client_done and self._held is None:
                 self.close()
             elif not self._in_head:
                 self._extend_read(self._options.idle_timeout_s)
@@ -394,27 +456,40 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
         if not queue:
             self.unblock_reading(self.BLOCK_QUEUE)
             if self.current is None and not self._closed:
-                if self._client_done:
+                if self._client_done and self._held is None:
                     self.close()
                 elif not self._in_head:
                     self._extend_read(self._options.idle_timeout_s)
 
     def start_tunnel(self) -> None:
         """The upstream switched protocols (101): the current exchange never ends; bytes
-        pass through unparsed both ways until either side closes."""
-        self.unblock_reading(self.BLOCK_QUEUE)
+        pass through unparsed both ways until either side closes, starting with what the
+        client sent after its Upgrade request."""
+        self._tunnel = True
+        self._upgrading = None
+        held, self._held = self._held, None
+        if held:
+            self._forward_raw(held)
+        self.unblock_reading(self.BLOCK_UPGRADE | self.BLOCK_QUEUE)
 
     def _forward_raw(self, data: bytes) -> None:
-        ex = self._upgrading
-        if ex is None or ex.pool is None:
-            return  # an upgrade answered locally: the connection closes after the answer
-        upstream = ex.upstream
-        if upstream is not None and upstream.transport is not None and not ex.out:
+        ex = self.current
+        upstream = ex.upstream if ex is not None else None
+        if upstream is not None and upstream.transport is not None:
             upstream.transport.write(data)
-        else:
-            ex.out.append(data)
-            if ex is self.current:
-                ex.flush()
+
+    def _parse_held(self) -> None:
+        """An Upgrade request was answered without a switch: what the client sent after
+        it is HTTP, parsed now as the next request (httptools resumes after an upgrade),
+        and reading resumes."""
+        held, self._held = self._held, None
+        if held is None or self._closed or self._parser_dead:
+            return
+        self.unblock_reading(self.BLOCK_UPGRADE)
+        if held:
+            self.data_received(held)
+        if self._client_done and self.current is None and not self._queue:
+            self.close()
 
     # -- flow control and closing ----------------------------------------------------
 
@@ -432,6 +507,9 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
     def unhold(self, ex: Exchange) -> None:
         self._proxy.unhold(ex)
 
+    def note_fd_shortage(self, what: str) -> None:
+        self._proxy.fd_shortage.note(what)
+
     def peer_gone(self) -> bool:
         """Whether the client closed or reset the connection while reading it is paused
         (a held request), judged by peeking at the socket as nginx checks a client
@@ -440,7 +518,11 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
         if sock is None or self._closed:
             return False
         try:
-            with socket.socket(fileno=os.dup(sock.fileno())) as probe:
+            fd = os.dup(sock.fileno())
+        except OSError:
+            return False  # out of descriptors: it cannot be told, so it waits on
+        try:
+            with socket.socket(fileno=fd) as probe:
                 data = probe.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
         except BlockingIOError:
             return False  # nothing to read: still there, waiting
@@ -472,6 +554,7 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
             return
         self._lingering = True
         self._upgrading = None
+        self._held = None
         transport.write_eof()  # after the buffered answer is flushed
         if self.read_blocks:
             self.read_blocks = 0
@@ -532,8 +615,8 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
 
     def _read_overdue(self, now: float) -> None:
         options = self._options
-        if self._upgrading is not None and self._upgrading.response_started:
-            return  # a tunnel: its traffic is the application's, untimed
+        if self._tunnel:
+            return  # its traffic is the application's, untimed
         if self._in_head or self._parsing is not None:
             if self.read_blocks:  # the router paused reading: the client is not to blame
                 timeout_s = options.header_timeout_s if self._in_head else options.body_timeout_s

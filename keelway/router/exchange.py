@@ -142,10 +142,11 @@ class Exchange:
         self.out = [head]
         pool.connect(self)
 
-    def upstream_failed(self) -> None:
-        """The upstream could not be reached or broke off: 502 if nothing was sent yet,
-        otherwise the client connection closes (a truncated response is never dressed
-        up as a complete one)."""
+    def upstream_failed(self, answer: responses.Canned | None = None) -> None:
+        """The upstream could not be reached or broke off: `answer` (502 unless the
+        router itself was short of something) if nothing was sent yet, otherwise the
+        client connection closes (a truncated response is never dressed up as a
+        complete one)."""
         self.upstream = None
         if self.abandoned:
             return
@@ -154,7 +155,8 @@ class Exchange:
             return
         self.response_started = True
         close = self.close_client or not self.request_done
-        self.client.transport.write(responses.BAD_GATEWAY.pick(self.head_request, close))
+        canned = responses.BAD_GATEWAY if answer is None else answer
+        self.client.transport.write(canned.pick(self.head_request, close))
         self.close_client = close
         self.response_complete(keep_client=self.request_done)
 

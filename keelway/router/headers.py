@@ -15,8 +15,16 @@ Owns which headers cross the proxy and how bodies are framed on each side. Rules
   Content-Length must be plain digits and appear once; Transfer-Encoding must be exactly
   `chunked` (any letter case), appear once, and never with Content-Length; Host must
   appear once and be a hostname or IP literal with an optional port; a request target
-  is origin-form (`/...`), `*`, or absolute-form whose authority equals Host (then sent
-  upstream as origin-form), so the router and the app always agree on the host.
+  is origin-form (`/...`), `*` (OPTIONS only, as nginx has it), or absolute-form whose
+  authority equals Host (then sent upstream as origin-form), so the router and the app
+  always agree on the host;
+- a trailer field (parsed after the head, at the end of a chunked body) never crosses
+  and is never kept, on either side. A request's is only counted, from `begin_trailers`
+  on, in the same `request_fields` and `head_bytes` the head was counted in, so the
+  caller bounds the trailer section with the head's limits and its memory is freed
+  field by field. A response's is dropped between `begin_trailers` and `end_trailers`:
+  its head is finished (and the next one begun) before its body, so a kept trailer
+  would land in the next response on that connection, which may be another client's.
 
 Shape, chosen for the hot path: the rewriters are mixins whose `on_header` *is* the
 httptools callback, so each field is classified once, as it is parsed, with no list of
@@ -145,7 +153,11 @@ def origin_form(url: bytes, method: bytes, host: bytes) -> bytes:
     when its authority equals Host, ignoring letter case: RFC 9112 says the authority
     wins, but routing by one host while the app reads another is a confused deputy, and
     no client talking to an origin sends two different ones. Raises BadRequest."""
-    if url == b"*" or method == b"CONNECT":
+    if url == b"*":
+        if method != b"OPTIONS":  # only OPTIONS can mean the server itself (RFC 9112 §3.2.4)
+            raise BadRequest("asterisk-form target on a method other than OPTIONS")
+        return url
+    if method == b"CONNECT":
         return url
     lowered = url[:8].lower()
     if lowered.startswith(b"http://"):
@@ -197,6 +209,7 @@ class RequestHeadRewriter:
         "_rq_host",
         "_rq_parts",
         "_rq_rare",
+        "_rq_trailing",
         "head_bytes",
         "request_fields",
         "request_length",
@@ -212,6 +225,7 @@ class RequestHeadRewriter:
         self._rq_rare: dict[int, bytes] | None = None
         self._rq_framing = NONE
         self._rq_error = False
+        self._rq_trailing = False
         self.request_fields = 0
         self.head_bytes = 0
         self.request_length = 0
@@ -220,9 +234,18 @@ class RequestHeadRewriter:
         self.request_url += url
         self.head_bytes += len(url)
 
+    def begin_trailers(self) -> None:
+        """The head is behind (a chunk began): from here a field is a trailer, counted
+        from zero and dropped. Called at every chunk; only the last one has trailers."""
+        self._rq_trailing = True
+        self.request_fields = 0
+        self.head_bytes = 0
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self.request_fields += 1
         self.head_bytes += len(name) + len(value) + 4
+        if self._rq_trailing:
+            return  # a trailer: counted for the limits, never kept nor forwarded
         kind = _REQUEST_NAMES.get(name)
         if kind is None:
             kind = _name_kind(name, _REQUEST_KINDS, _REQUEST_NAMES)
@@ -348,15 +371,27 @@ class ResponseHeadRewriter:
     for the client while it is parsed. Call `begin_response_head` before the first head
     and after an interim (1xx) one; `finish_response_head` makes ready for the next."""
 
-    __slots__ = ("_rs_connection", "_rs_framing", "_rs_parts", "_rs_upgrade_to")
+    __slots__ = ("_rs_connection", "_rs_framing", "_rs_parts", "_rs_trailing", "_rs_upgrade_to")
+
+    def begin_trailers(self) -> None:
+        """A chunk began. Set for the whole of each chunk rather than for the trailer
+        section alone, which the parser does not announce: only the last chunk has
+        fields, so it is the same, and an unchunked response never pays for it."""
+        self._rs_trailing = True
+
+    def end_trailers(self) -> None:
+        self._rs_trailing = False
 
     def begin_response_head(self) -> None:
         self._rs_parts: list[bytes] = [b""]  # the status line, at finish
         self._rs_connection: bytes | None = None
         self._rs_upgrade_to: bytes | None = None
         self._rs_framing = UNTIL_CLOSE
+        self._rs_trailing = False  # a head, and before its body: no chunk yet
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._rs_trailing:
+            return  # a trailer: dropped, never a field of the next head
         kind = _RESPONSE_NAMES.get(name)
         if kind is None:
             kind = _name_kind(name, _RESPONSE_KINDS, _RESPONSE_NAMES)

@@ -8,13 +8,21 @@ Owns the swap of the route table and the lifetime of upstream pools. Invariants:
   names any more (idle connections close now, busy ones when their exchange ends), which
   is what lets a draining upstream finish its in-flight requests and then be let go;
 - `drain` stops nothing by force until its deadline: idle client connections close at
-  once, busy ones after their current answer.
+  once, busy ones after their current answer;
+- running out of file descriptors is answered, never silent: a client connection whose
+  descriptor lands in the last `open_files_reserve` of the limit gets 503 at once, and an
+  upstream connect that fails for lack of descriptors gets its client a 503; both are
+  reported by one rate-limited log line (`DescriptorShortage`). The reserve exists
+  because the kernel's own EMFILE on accept is handled inside libuv, which accepts and
+  closes the waiting connections without telling the application (no busy loop, but
+  no word either): keeping clients out of the reserve makes that the last resort.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import time
 from dataclasses import dataclass
 from typing import Final
@@ -30,6 +38,35 @@ log: Final = logging.getLogger("keelway.router")
 
 IDLE_GRACE_S = 1.0
 HOLD_SWEEP_S = 0.25
+SHORTAGE_REPORT_S = 5.0
+
+
+class DescriptorShortage:
+    """Reports running out of file descriptors: one log line per `SHORTAGE_REPORT_S` at
+    most, with how many more happened since the last, so a flood of refused connections
+    costs a counter, not a line each."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._last_report = -SHORTAGE_REPORT_S
+        self._unreported = 0
+
+    def note(self, what: str) -> None:
+        now = time.monotonic()
+        if now - self._last_report < SHORTAGE_REPORT_S:
+            self._unreported += 1
+            return
+        more = f" ({self._unreported} more since the last report)" if self._unreported else ""
+        self._last_report = now
+        self._unreported = 0
+        log.warning("out of file descriptors (open-files limit %d): %s, answered 503%s",
+                    self.limit, what, more)
+
+
+def open_files_limit() -> int:
+    """This process's soft RLIMIT_NOFILE (a very large number when unlimited)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if 0 <= soft < 1 << 31 else 1 << 31
 
 
 @dataclass(frozen=True)
@@ -64,6 +101,9 @@ class ProxyOptions:
     upstream_idle_s: float = 30.0
     pool_sweep_interval_s: float = 5.0
     drain_timeout_s: float = 10.0
+    # Descriptors kept free for upstream connections and the router's own files: a client
+    # connection landing in them is answered 503 (at least this many, or 1/64 of the limit).
+    open_files_reserve: int = 16
 
 
 class Proxy:
@@ -80,6 +120,11 @@ class Proxy:
         self._held: dict[Exchange, tuple[bytes, float]] = {}
         self._hold_sweeper: asyncio.TimerHandle | None = None
         self._sweeper: asyncio.TimerHandle | None = None
+        limit = open_files_limit()
+        self.fd_shortage = DescriptorShortage(limit)
+        # A descriptor is the lowest free number, so one at or past this means every
+        # lower one is in use: only the reserve is left.
+        self.fd_ceiling = limit - max(self.options.open_files_reserve, limit // 64)
 
     def protocol(self) -> ClientConnection:
         """The protocol factory for the listening socket."""

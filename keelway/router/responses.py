@@ -63,3 +63,7 @@ def unavailable(retry_after_s: int) -> Canned:
         "503 Service Unavailable\n\nThe site is busy for a moment. Try again soon.\n",
         b"Retry-After: %d\r\n" % retry_after_s,
     )
+
+
+# Out of file descriptors: connections come and go by the second, so try again soon.
+NO_DESCRIPTORS: Final = unavailable(1)

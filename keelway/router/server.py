@@ -1,10 +1,11 @@
 """The router process: wiring of listener, proxy, control server and table file.
 
-Owns the process lifecycle. Start: sweep and load the saved table (a bad file is logged
-and replaced by an empty table, so health checks and pushes still work), take the
-listening socket (inherited fd or own bind), serve. SIGTERM or SIGINT: stop accepting,
-let in-flight exchanges finish up to `drain_timeout_s`, exit 0. Signal handlers only set
-an event; all work happens in the serving coroutine.
+Owns the process lifecycle. Start: raise the open-files limit to its hard limit (each
+client connection costs a descriptor, each proxied one two), sweep and load the saved
+table (a bad file is logged and replaced by an empty table, so health checks and pushes
+still work), take the listening socket (inherited fd or own bind), serve. SIGTERM or
+SIGINT: stop accepting, let in-flight exchanges finish up to `drain_timeout_s`, exit 0.
+Signal handlers only set an event; all work happens in the serving coroutine.
 
 Later multi-worker mode is meant to run `serve` once per worker process over the same
 inherited listening fd; nothing here assumes it is the only process accepting.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import resource
 import signal
 import socket
 import sys
@@ -212,6 +214,26 @@ async def serve(config: RouterConfig, sock: socket.socket,
     return clean
 
 
+def raise_open_files_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (the default soft limit, often
+    1024, is far below what a proxy needs); returns the soft limit in force after. A
+    refusal leaves the limit as it was, with a warning: the router still serves."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:  # Linux refuses more than fs.nr_open
+        try:
+            hard = int(Path("/proc/sys/fs/nr_open").read_text())
+        except (OSError, ValueError):
+            hard = 1 << 20
+    if soft == hard:
+        return soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as exc:
+        log.warning("cannot raise the open-files limit from %d to %d: %s", soft, hard, exc)
+        return soft
+    return hard
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m keelway.router`; returns the exit code."""
     logging.basicConfig(
@@ -220,6 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s router[%(process)d] %(levelname)s %(message)s",
     )
     config = parse_args(sys.argv[1:] if argv is None else argv)
+    limit = raise_open_files_limit()
+    if config.channel_fd is None:  # the workers would only say it again
+        log.info("open-files limit %d", limit)
     predecessor: socket.socket | None = None
     try:
         if config.takeover is not None:

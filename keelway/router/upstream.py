@@ -11,18 +11,23 @@ and deciding whether the connection may carry another request. Invariants:
   keep-alive connections whenever they like); otherwise the client gets a 502, or, when
   the response had already started, its connection is closed, never a forged ending;
 - the pool never blocks a request: a miss starts one connect, so the only per-request
-  coroutine is on that path.
+  coroutine is on that path;
+- a connect that fails because this process (EMFILE) or the system (ENFILE) is out of
+  file descriptors is the router's shortage, not the upstream's: 503 with Retry-After,
+  reported by the proxy's rate-limited shortage line, not as an upstream failure.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import time
 from typing import TYPE_CHECKING, Final, cast
 
 import httptools
 
+from keelway.router import responses
 from keelway.router.headers import CHUNKED, ResponseHeadRewriter, status_line
 
 if TYPE_CHECKING:
@@ -32,6 +37,7 @@ log: Final = logging.getLogger("keelway.router")
 
 _LAST_CHUNK: Final = b"0\r\n\r\n"
 _CRLF: Final = b"\r\n"
+_NO_DESCRIPTORS: Final = frozenset({errno.EMFILE, errno.ENFILE})
 
 
 class UpstreamConnection(ResponseHeadRewriter, asyncio.Protocol):
@@ -185,6 +191,12 @@ class UpstreamConnection(ResponseHeadRewriter, asyncio.Protocol):
         else:
             self._out.append(body)
 
+    def on_chunk_header(self) -> None:
+        self.begin_trailers()
+
+    def on_chunk_complete(self) -> None:
+        self.end_trailers()
+
     def on_message_complete(self) -> None:
         if self._interim:
             self._interim = False
@@ -330,6 +342,11 @@ class UpstreamPool:
             return
         exc = task.exception()
         if exc is not None:
+            if isinstance(exc, OSError) and exc.errno in _NO_DESCRIPTORS:
+                # Not the upstream's fault: this process (or the system) is out of them.
+                ex.client.note_fd_shortage(f"a connect to upstream {self.key} failed")
+                ex.upstream_failed(responses.NO_DESCRIPTORS)
+                return
             self.note_failure(f"refused the connection ({exc.__class__.__name__}: {exc})")
             ex.upstream_failed()
             return

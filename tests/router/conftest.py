@@ -9,6 +9,7 @@ import asyncio
 import hashlib
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -190,9 +191,12 @@ def free_port() -> int:
 
 
 class RouterProcess:
-    """The real router, `python -m keelway.router --listen-fd N`, bound by the test."""
+    """The real router, `python -m keelway.router --listen-fd N`, bound by the test.
+    `open_files` (soft, hard) is the RLIMIT_NOFILE it starts with (default: the test's)."""
 
-    def __init__(self, workdir: Path, state: Path | None = None) -> None:
+    def __init__(
+        self, workdir: Path, state: Path | None = None, open_files: tuple[int, int] | None = None
+    ) -> None:
         self.control = workdir / "router.sock"
         self.state = state if state is not None else workdir / "routes.json"
         self.log = workdir / "router.log"
@@ -204,9 +208,14 @@ class RouterProcess:
         argv = [sys.executable, "-m", "keelway.router", "--listen-fd", str(listener.fileno())]
         argv += ["--control", str(self.control), "--state", str(self.state)]
         argv += ["--drain-timeout", "5"]
+        def limit_open_files() -> None:
+            if open_files is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, open_files)
+
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
-                argv, cwd=REPO, pass_fds=[listener.fileno()], stderr=log, stdout=log
+                argv, cwd=REPO, pass_fds=[listener.fileno()], stderr=log, stdout=log,
+                preexec_fn=limit_open_files if open_files is not None else None,
             )
         listener.close()  # the router holds its own copy
         self._wait_ready()
@@ -236,6 +245,11 @@ class RouterProcess:
                 return int(line.split()[1]) * 1024
         raise RuntimeError("no VmRSS")
 
+    def cpu_seconds(self) -> float:
+        """User plus system CPU time the router process has used so far."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self, timeout_s: float = 10.0) -> int:
         """SIGTERM, then SIGKILL after `timeout_s`; returns the exit code."""
         if self.proc.poll() is None:
@@ -253,8 +267,13 @@ def start_router(tmp_path: Path) -> Iterator[type[RouterProcess]]:
     started: list[RouterProcess] = []
 
     class Tracked(RouterProcess):
-        def __init__(self, workdir: Path = tmp_path, state: Path | None = None) -> None:
-            super().__init__(workdir, state)
+        def __init__(
+            self,
+            workdir: Path = tmp_path,
+            state: Path | None = None,
+            open_files: tuple[int, int] | None = None,
+        ) -> None:
+            super().__init__(workdir, state, open_files)
             started.append(self)
 
     try:

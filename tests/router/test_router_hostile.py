@@ -713,3 +713,438 @@ def test_the_router_process_replaces_spoofed_forwarding_headers(
     assert parse_reply(raw).status == 200
     headers = upstream.recorder.requests[0].headers
     assert (headers["x-forwarded-for"], headers["x-forwarded-host"]) == ("127.0.0.1", "blog.test")
+
+
+# -- byte for byte: an upstream that keeps every byte it was sent ------------------------------
+
+ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+SWITCH = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: test\r\nConnection: upgrade\r\n\r\n"
+FORWARDED = b"X-Forwarded-For: 127.0.0.1\r\nX-Forwarded-Host: %s\r\nX-Forwarded-Proto: http\r\n\r\n"
+
+
+@dataclass
+class RawUpstream:
+    """Keeps, per connection, exactly the bytes the router sent. Answers each request it
+    can frame (Content-Length or a chunked body) with ANSWER; with `switch`, answers an
+    Upgrade request with SWITCH and "from the app", then only records (a tunnel)."""
+
+    port: int
+    received: list[bytearray]
+    lock: threading.Lock
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def connections(self) -> list[bytes]:
+        time.sleep(0.05)  # anything the router did forward has arrived by now
+        with self.lock:
+            return [bytes(c) for c in self.received]
+
+
+def _serve_raw(conn: socket.socket, received: bytearray, lock: threading.Lock,
+               switch: bool) -> None:
+    buffer = b""
+    tunnel = False
+    with conn:
+        while data := conn.recv(65536):
+            with lock:
+                received += data
+            if tunnel:
+                continue
+            buffer += data
+            while (end := buffer.find(b"\r\n\r\n")) >= 0:
+                head, rest = buffer[: end + 4].lower(), buffer[end + 4 :]
+                if switch and b"\r\nupgrade:" in head:
+                    conn.sendall(SWITCH + b"from the app")
+                    tunnel = True
+                    break
+                if b"transfer-encoding: chunked" in head:
+                    last = rest.find(b"0\r\n\r\n")
+                    if last < 0:
+                        break
+                    size = last + 5
+                else:
+                    length = b"0"
+                    for line in head.split(b"\r\n"):
+                        if line.startswith(b"content-length:"):
+                            length = line.split(b":")[1].strip()
+                    size = int(length)
+                    if len(rest) < size:
+                        break
+                buffer = rest[size:]
+                conn.sendall(ANSWER)
+
+
+@pytest.fixture
+def start_raw_upstream() -> Iterator[Any]:
+    listeners: list[socket.socket] = []
+
+    def start(switch: bool = False) -> RawUpstream:
+        listener = socket.create_server(("127.0.0.1", 0))
+        listeners.append(listener)
+        upstream = RawUpstream(listener.getsockname()[1], [], threading.Lock())
+
+        def accept() -> None:
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    return  # closed at teardown
+                received = bytearray()
+                with upstream.lock:
+                    upstream.received.append(received)
+                threading.Thread(target=_serve_raw, daemon=True,
+                                 args=(conn, received, upstream.lock, switch)).start()
+
+        threading.Thread(target=accept, daemon=True).start()
+        return upstream
+
+    try:
+        yield start
+    finally:
+        for listener in listeners:
+            listener.close()
+
+
+def statuses(raw: bytes) -> list[int]:
+    """The status of each response in a transcript (bodies here never say HTTP/1.1)."""
+    return [int(part.split(maxsplit=1)[0]) for part in raw.split(b"HTTP/1.1 ")[1:]]
+
+
+# -- Upgrade: a tunnel only after 101 ---------------------------------------------------------
+
+UPGRADE = (
+    b"GET /ws HTTP/1.1\r\nHost: blog.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+    b"Sec-WebSocket-Key: k\r\n\r\n"
+)
+UPGRADE_SENT = (
+    b"GET /ws HTTP/1.1\r\nHost: blog.test\r\nSec-WebSocket-Key: k\r\n"
+    b"Upgrade: websocket\r\nConnection: upgrade\r\n" + FORWARDED % b"blog.test"
+)
+AFTER_UPGRADE = {
+    # (what the client pipelines after the Upgrade request, statuses it gets, what each
+    # upstream connection of blog.test then received, and other.test's)
+    "forged-forwarding": (
+        b"GET /second HTTP/1.1\r\nHost: blog.test\r\nX-Forwarded-For: 203.0.113.7\r\n"
+        b"Connection: close\r\n\r\n",
+        [200, 200],
+        [UPGRADE_SENT, b"GET /second HTTP/1.1\r\nHost: blog.test\r\n" + FORWARDED % b"blog.test"],
+        [],
+    ),
+    "another-host": (
+        b"GET /second HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n",
+        [200, 200],
+        [UPGRADE_SENT],
+        [b"GET /second HTTP/1.1\r\nHost: other.test\r\n" + FORWARDED % b"other.test"],
+    ),
+    "unknown-host": (
+        b"GET /second HTTP/1.1\r\nHost: nobody.test\r\nConnection: close\r\n\r\n",
+        [200, 404],
+        [UPGRADE_SENT],
+        [],
+    ),
+    "too-many-headers": (
+        b"GET /second HTTP/1.1\r\nHost: blog.test\r\n"
+        + b"".join(b"X-%d: 1\r\n" % i for i in range(200)) + b"\r\n",
+        [200, 431],
+        [UPGRADE_SENT],
+        [],
+    ),
+    "oversized-body": (
+        post(b"Content-Length: %d\r\n" % (64 * 1024 + 1), b"x" * 1000),
+        [200, 413],
+        [UPGRADE_SENT],
+        [],
+    ),
+    "smuggling-framing": (REFUSED_HEADS["cl-then-te"], [200, 400], [UPGRADE_SENT], []),
+}
+
+
+@pytest.mark.parametrize(
+    ("after", "expected_statuses", "blog_sees", "other_sees"),
+    AFTER_UPGRADE.values(),
+    ids=AFTER_UPGRADE.keys(),
+)
+def test_bytes_after_an_upgrade_answered_200_are_parsed_as_the_next_request(
+    start_proxy: Any,
+    start_raw_upstream: Any,
+    after: bytes,
+    expected_statuses: list[int],
+    blog_sees: list[bytes],
+    other_sees: list[bytes],
+    no_errors_logged: None,
+) -> None:
+    """The app answers the Upgrade request with 200, not 101: what the client pipelined
+    behind it meets every rule (forwarding headers, routing by its own Host, limits),
+    and each app receives exactly what the router means to send, nothing raw."""
+    blog, other = start_raw_upstream(), start_raw_upstream()
+    router = start_proxy({"blog.test": serving(blog.address), "other.test": serving(other.address)})
+    raw = exchange(router.port, UPGRADE + after)
+    assert statuses(raw) == expected_statuses, raw
+    assert blog.connections() == blog_sees
+    assert other.connections() == other_sees
+
+
+def test_an_upgrade_pipelined_behind_another_request_waits_its_turn_then_its_answer(
+    start_proxy: Any, start_raw_upstream: Any, no_errors_logged: None
+) -> None:
+    app = start_raw_upstream()
+    router = start_proxy({"blog.test": serving(app.address)})
+    first = b"GET /first HTTP/1.1\r\nHost: blog.test\r\n\r\n"
+    last = (b"GET /last HTTP/1.1\r\nHost: blog.test\r\nX-Forwarded-For: 203.0.113.7\r\n"
+            b"Connection: close\r\n\r\n")
+    raw = exchange(router.port, first + UPGRADE + last)
+    assert statuses(raw) == [200, 200, 200]
+    # /first's connection is pooled and carries the Upgrade request next; an upgrading
+    # connection is never reused, so /last opens another.
+    assert app.connections() == [
+        b"GET /first HTTP/1.1\r\nHost: blog.test\r\n" + FORWARDED % b"blog.test" + UPGRADE_SENT,
+        b"GET /last HTTP/1.1\r\nHost: blog.test\r\n" + FORWARDED % b"blog.test",
+    ]
+
+
+@pytest.mark.parametrize("host", [b"nobody.test", b"blog.test"])
+def test_an_upgrade_the_router_answers_itself_leaves_what_follows_to_the_parser(
+    start_proxy: Any, start_raw_upstream: Any, host: bytes, no_errors_logged: None
+) -> None:
+    """A 404 (no such site) or the health page is written before the parser hands over
+    the bytes after the head: they are still parsed, in order, as the next request."""
+    app = start_raw_upstream()
+    router = start_proxy({"blog.test": serving(app.address)})
+    target = b"/ws" if host == b"nobody.test" else b"/_keelway/health"
+    upgrade = UPGRADE.replace(b"Host: blog.test", b"Host: " + host).replace(b"/ws", target)
+    raw = exchange(router.port, upgrade + b"GET /next HTTP/1.1\r\nHost: blog.test\r\n"
+                   b"Connection: close\r\n\r\n")
+    assert statuses(raw) == [404 if host == b"nobody.test" else 200, 200]
+    assert app.connections() == [
+        b"GET /next HTTP/1.1\r\nHost: blog.test\r\n" + FORWARDED % b"blog.test"
+    ]
+
+
+def test_bytes_sent_before_the_101_go_through_the_tunnel_after_it_both_ways(
+    start_proxy: Any, start_raw_upstream: Any, no_errors_logged: None
+) -> None:
+    app = start_raw_upstream(switch=True)
+    router = start_proxy({"blog.test": serving(app.address)})
+    with socket.create_connection(("127.0.0.1", router.port), timeout=3) as sock:
+        sock.sendall(UPGRADE + b"early, not HTTP")
+        got = b""
+        while not got.endswith(b"from the app"):
+            piece = sock.recv(65536)
+            assert piece, got
+            got += piece
+        assert got == SWITCH + b"from the app"
+        sock.sendall(b"GET /not-parsed HTTP/1.1\r\n\r\n")
+        time.sleep(0.1)
+    tunnelled = b"early, not HTTP" + b"GET /not-parsed HTTP/1.1\r\n\r\n"
+    assert app.connections() == [UPGRADE_SENT + tunnelled]
+
+
+def test_an_upgrade_request_waits_for_its_answer_before_anything_after_it_is_read(
+    start_proxy: Any, upstream: Upstream, silent_upstream: str, no_errors_logged: None
+) -> None:
+    """While the app has not answered, nothing the client sent after the Upgrade request
+    reaches any upstream; when the app never answers, the client gets 504 and then its
+    pipelined request is served."""
+    router = start_proxy({"silent.test": serving(silent_upstream),
+                          "blog.test": serving(upstream.address)})
+    upgrade = UPGRADE.replace(b"Host: blog.test", b"Host: silent.test")
+    raw = exchange(router.port, upgrade + b"GET /next HTTP/1.1\r\nHost: blog.test\r\n"
+                   b"Connection: close\r\n\r\n")
+    assert statuses(raw) == [504, 200]
+    assert upstream.recorder.targets() == ["/next"]
+
+
+def test_an_upgrade_request_with_a_body_is_refused_with_400(
+    start_proxy: Any, start_raw_upstream: Any, no_errors_logged: None
+) -> None:
+    """httptools skips the body of a request that asks to upgrade, so it cannot be framed."""
+    app = start_raw_upstream()
+    router = start_proxy({"blog.test": serving(app.address)})
+    for framing, body in [
+        (b"Content-Length: %d\r\n" % len(SMUGGLED), SMUGGLED),
+        (b"Transfer-Encoding: chunked\r\n", chunk(SMUGGLED) + b"0\r\n\r\n"),
+    ]:
+        head = UPGRADE.replace(b"GET /ws", b"POST /ws").replace(b"\r\n\r\n", b"\r\n" + framing
+                                                                + b"\r\n")
+        assert_refused(exchange(router.port, head + body), 400)
+    assert app.connections() == []
+
+
+# -- trailers: bounded like a head, never kept, never forwarded --------------------------------
+
+CHUNKED_SENT = (
+    b"POST /upload HTTP/1.1\r\nHost: blog.test\r\nTransfer-Encoding: chunked\r\n"
+    + FORWARDED % b"blog.test"
+    + b"5\r\nhello\r\n0\r\n\r\n"
+)
+
+
+def test_trailers_within_the_limits_are_dropped_and_the_body_forwarded_exactly(
+    start_proxy: Any, start_raw_upstream: Any
+) -> None:
+    app = start_raw_upstream()
+    router = start_proxy({"blog.test": serving(app.address)})
+    trailers = b"X-Checksum: 1\r\nHost: other.test\r\n" + b"".join(
+        b"X-T%d: %s\r\n" % (i, b"v" * 40) for i in range(100)
+    )
+    raw = exchange(router.port, post(b"Transfer-Encoding: chunked\r\n", chunk(b"hello")
+                                     + b"0\r\n" + trailers + b"\r\n"
+                                     + b"GET /x HTTP/1.1\r\nHost: blog.test\r\n"
+                                     b"Connection: close\r\n\r\n"))
+    assert statuses(raw) == [200, 200]
+    assert app.connections() == [
+        CHUNKED_SENT + b"GET /x HTTP/1.1\r\nHost: blog.test\r\n" + FORWARDED % b"blog.test"
+    ]
+
+
+TRAILER_FLOODS = {
+    "too-many-fields": b"".join(b"X-T%d: 1\r\n" % i for i in range(200)) + b"\r\n",
+    "too-many-bytes": b"".join(b"X-T%d: %s\r\n" % (i, b"v" * 1000) for i in range(20)) + b"\r\n",
+    "one-endless-field": b"X-Long: " + b"v" * (200 * 1024),
+}
+
+
+@pytest.mark.parametrize("trailers", TRAILER_FLOODS.values(), ids=TRAILER_FLOODS.keys())
+@pytest.mark.parametrize("reads", ["one-read", "many-reads"])
+def test_a_trailer_section_over_the_head_limits_is_refused_with_431(
+    start_proxy: Any, start_raw_upstream: Any, trailers: bytes, reads: str,
+    no_errors_logged: None,
+) -> None:
+    app = start_raw_upstream()
+    router = start_proxy({"blog.test": serving(app.address)})
+    with socket.create_connection(("127.0.0.1", router.port), timeout=3) as sock:
+        sock.sendall(post(b"Transfer-Encoding: chunked\r\n", chunk(b"hello") + b"0\r\n"))
+        step = len(trailers) if reads == "one-read" else 1000
+        try:
+            for at in range(0, len(trailers), step):
+                sock.sendall(trailers[at : at + step])
+                if reads == "many-reads":
+                    time.sleep(0.001)
+        except OSError:
+            pass  # the router may have refused and closed already
+        assert_refused(read_all(sock, 3), 431)
+    # The head and the body went ahead (bodies stream); the refusal cut that connection.
+    (received,) = app.connections()
+    assert CHUNKED_SENT.startswith(received)
+    assert_still_serves_raw(router.port)
+
+
+def assert_still_serves_raw(port: int) -> None:
+    raw = exchange(port, b"GET /after HTTP/1.1\r\nHost: blog.test\r\nConnection: close\r\n\r\n")
+    assert statuses(raw) == [200]
+
+
+def test_a_read_that_ends_one_chunked_body_and_begins_another_is_not_counted_as_trailers(
+    start_proxy: Any, start_raw_upstream: Any, no_errors_logged: None
+) -> None:
+    """Both empty bodies leave the body budget where it was, and the read is larger than
+    the head limit: only the chunk count tells it began a new chunk, not a trailer."""
+    app = start_raw_upstream()
+    router = start_proxy({"blog.test": serving(app.address)})
+    big = b"X-Big: " + b"b" * 6000 + b"\r\n"
+    reads = [
+        post(b"Transfer-Encoding: chunked\r\n", b"0\r\n"),
+        b"X-T: " + b"t" * 3000 + b"\r\n\r\n" + post(b"Transfer-Encoding: chunked\r\n" + big,
+                                                  b"0\r\n"),
+        b"\r\nGET /x HTTP/1.1\r\nHost: blog.test\r\nConnection: close\r\n\r\n",
+    ]
+    with socket.create_connection(("127.0.0.1", router.port), timeout=3) as sock:
+        for data in reads:
+            sock.sendall(data)
+            time.sleep(0.05)
+        raw = read_all(sock, 3)
+    assert statuses(raw) == [200, 200, 200]
+
+
+@pytest.mark.slow
+def test_a_50_mb_trailer_flood_is_refused_and_the_router_does_not_grow(
+    router: Any, start_raw_upstream: Any
+) -> None:
+    """The issue's reproduction: ~210 MB of trailer lines grew a worker from 29 to 254 MB
+    for good. Now the section is refused at the head limit and nothing of it is kept."""
+    app = start_raw_upstream()
+    router.push(1, {"blog.test": serving(app.address)})
+    assert_still_serves_raw(router.port)
+    rss_before = router.rss_bytes()
+    line = b"X-Trailer: " + b"t" * 50 + b"\r\n"
+    block = line * (1024 * 1024 // len(line))
+    sent = 0
+    with socket.create_connection(("127.0.0.1", router.port), timeout=10) as sock:
+        sock.sendall(post(b"Transfer-Encoding: chunked\r\n", chunk(b"hello") + b"0\r\n"))
+        try:
+            while sent < 50 * 1024 * 1024:
+                sock.sendall(block)
+                sent += len(block)
+        except OSError:
+            pass  # refused, lingered on, then closed
+        raw = read_all(sock, 5)
+    assert statuses(raw) == [431]
+    assert_still_serves_raw(router.port)
+    growth = router.rss_bytes() - rss_before
+    print(f"trailer flood: sent {sent / 2**20:.0f} MiB; router RSS {rss_before / 2**20:.1f} MiB "
+          f"before, {growth / 2**20:+.1f} MiB after")
+    assert growth < 4 * 1024 * 1024
+
+
+# -- request targets --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", [b"GET", b"POST", b"HEAD", b"DELETE"])
+def test_an_asterisk_target_on_a_method_other_than_options_is_refused_with_400(
+    proxy: InProcessRouter, upstream: Upstream, method: bytes, no_errors_logged: None
+) -> None:
+    raw = exchange(proxy.port, method + b" * HTTP/1.1\r\nHost: blog.test\r\n"
+                   b"Content-Length: 0\r\n\r\n")
+    assert raw.startswith(b"HTTP/1.1 400 ")
+    assert upstream.recorder.targets() == []
+    assert_still_serves(proxy.port, upstream)
+
+
+def test_options_asterisk_is_forwarded_as_it_came(
+    start_proxy: Any, start_raw_upstream: Any
+) -> None:
+    app = start_raw_upstream()
+    router = start_proxy({"blog.test": serving(app.address)})
+    raw = exchange(
+        router.port, b"OPTIONS * HTTP/1.1\r\nHost: blog.test\r\nConnection: close\r\n\r\n"
+    )
+    assert statuses(raw) == [200]
+    assert app.connections() == [b"OPTIONS * HTTP/1.1\r\nHost: blog.test\r\n"
+                                 + FORWARDED % b"blog.test"]
+
+
+def test_an_apps_response_trailers_never_reach_the_next_response_on_its_connection(
+    start_proxy: Any,
+) -> None:
+    """Trailers come after the head was rewritten: they must be dropped, not collected
+    into the head of the next response on that (pooled, shared) upstream connection."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    answers = [
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5\r\nfirst\r\n0\r\nSet-Cookie: session=first-client\r\nX-Cache: stale\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecond",
+    ]
+
+    def app() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            for answer in answers:
+                buffer = b""
+                while b"\r\n\r\n" not in buffer:
+                    buffer += conn.recv(65536)
+                conn.sendall(answer)
+            conn.recv(65536)
+
+    thread = threading.Thread(target=app, daemon=True)
+    thread.start()
+    try:
+        router = start_proxy({"blog.test": serving(f"127.0.0.1:{listener.getsockname()[1]}")})
+        get = b"GET / HTTP/1.1\r\nHost: blog.test\r\nConnection: close\r\n\r\n"
+        first, second = exchange(router.port, get), exchange(router.port, get)
+    finally:
+        listener.close()
+    assert first == (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                     b"5\r\nfirst\r\n0\r\n\r\n")
+    assert second == b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\nConnection: close\r\n\r\nsecond"
