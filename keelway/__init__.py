@@ -10,8 +10,10 @@ Layering (imports only point down this list; checked by tests/test_layering.py):
     router         the data plane; its own process, fed route tables over a socket
     builds         staging, manifests, build commands, gc
     store          the SQLite records and their schema
-    durable, failpoints, clock, home, names    leaf modules with no keelway imports
-                                              (names: the rule of every name a user gives)
+    durable, failpoints, clock, home, names, journal
+                   leaf modules with no keelway imports (names: the rule of every name a
+                   user gives; journal: the kinds of operations and steps, causes and
+                   inhibitions that deploy, reconcile and the store all speak)
 
 The router never imports the store, the deployer or the API: traffic must not depend
 on anything the control plane owns.

@@ -1,21 +1,22 @@
-"""One attempt: replace what one instance runs with a target, by mode and by cause.
+"""One attempt: carry out the plan (keelway/deploy/plan.py) that replaces what one
+instance runs with a target, and fall back by the plan's table when it fails.
 
-The order of effects, per SPEC §4 Deployer:
+The order of effects, per SPEC §4 Deployer, is the plan's:
   overlap: candidate on a new port -> ready -> ACTIVE + route -> publish -> settle ->
            build good -> drain and stop the old generation (retirement-pending meanwhile)
   hold:    withdraw traffic -> replacement-pending on the old -> stop it, proven gone ->
            [hold exec] -> release command -> candidate -> ready -> ACTIVE -> publish -> settle
-When it fails (the fallback table):
-  restart, config     -> respawn what it replaced;
-  release, overlap    -> the old generation keeps serving, or the last good build is
-                         started, or with none the instance stops;
-  release, hold, once it executed -> nothing falls back: the instance goes down.
+When it fails, `plan.FALLBACK` says what takes its place: what it replaced (restart,
+config), the last good build or with none a stop (a release), or nothing at all (a
+hold-mode release that executed: the instance goes down).
 Supersession: the attempt holds the instance's schedule revision and re-checks it before
 the spawn, at the spawn, before the install (inside the ACTIVE transaction) and before
 the result counts; a superseded attempt never marks a build good, never writes a
 release, and leaves traffic to the newer attempt.
-Candidates that end unpublished are removed by the reconciler, one path for failures
-and crashes alike.
+Expected outcomes are values (`StartFailed`, `Failed`, `Result`); the one exception is
+`Superseded`, raised by the gate, because it must unwind the ACTIVE transaction it is
+checked in. Candidates that end unpublished are removed by the reconciler, one path for
+failures and crashes alike.
 """
 
 from __future__ import annotations
@@ -24,20 +25,41 @@ import asyncio
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import assert_never
 
 from keelway import failpoints
-from keelway.builds.manifest import Mode, ServiceSpec
-from keelway.deploy.errors import AppFailed, OperationError
+from keelway.builds.manifest import ServiceSpec
+from keelway.deploy import targets
+from keelway.deploy.errors import OperationError
 from keelway.deploy.instances import (
     StartFailed,
     Target,
     run_release_command,
-    services_in_order,
     start_generation,
+)
+from keelway.deploy.plan import (
+    Activate,
+    AttemptPlan,
+    BeginHoldExec,
+    Fallback,
+    MarkGood,
+    PlannedStep,
+    Publish,
+    Retire,
+    RunReleaseCommand,
+    Settle,
+    StartCandidate,
+    StopReplaced,
+    Verify,
+    Withdraw,
+    fallback,
+    fallbacks_of,
+    plan_attempt,
+    respawns,
 )
 from keelway.deploy.publisher import Publisher
 from keelway.home import Home
-from keelway.reconcile.plan import HOLD_EXEC_STEP, REPLACEMENT_PENDING, RETIREMENT_PENDING
+from keelway.journal import Cause, Inhibition, StepKind
 from keelway.runtime.supervisor import SettleOutcome, Supervisor
 from keelway.store import Store
 from keelway.store.lifecycle import GenState, InstanceState, RouteState, StepState
@@ -48,12 +70,6 @@ failpoints.declare("activate.before", "activate.after", "hold.stopped", "good.be
 
 DRAIN_BOUND_S = 10.0
 Progress = Callable[[str], None]
-
-
-class Cause(enum.StrEnum):
-    RELEASE = "release"  # deploy, rollback: fall back to the last good build
-    CONFIG = "config"  # respawn what it replaced
-    RESTART = "restart"  # respawn what it replaced
 
 
 class Outcome(enum.Enum):
@@ -71,6 +87,14 @@ class Result:
     released: bool = False
 
 
+@dataclass(frozen=True)
+class Failed:
+    """A step did not do its part (a start, a publish, the settle); its step is
+    journaled failed, and the attempt falls back."""
+
+    reason: str
+
+
 class Superseded(Exception):
     def __init__(self, point: str) -> None:
         super().__init__(f"superseded by a newer operation ({point})")
@@ -86,8 +110,6 @@ class Attempt:
     host: str
     cause: Cause
     target: Target
-    # RESTART/CONFIG: the target it replaced; RELEASE: the last good build, if any.
-    fallback: Target | None
     rev: int
     # Writes the rollout's release row; called inside the ACTIVE transaction of the first
     # instance that installs, so ACTIVE never names a release that has no row.
@@ -95,6 +117,10 @@ class Attempt:
     progress: Progress
     _executed: bool = False
     _released: bool = False
+    _candidates: dict[str, Generation] = field(default_factory=dict)
+    # What the instance ran before the attempt, read before it changes ACTIVE, when the
+    # table may fall back to it.
+    _replaced: Target | None = None
 
     def gate(self, point: str) -> None:
         inst = self.store.get_instance(self.host)
@@ -106,48 +132,82 @@ class Attempt:
 
     async def run(self) -> Result:
         prior = self._prior()
-        specs = services_in_order(self.target.manifest)
-        hold = [s for s in specs if s.mode is Mode.HOLD]
-        overlap = [s for s in specs if s.mode is Mode.OVERLAP]
-        candidates: dict[str, Generation] = {}
+        if Fallback.RESPAWN_REPLACED in fallbacks_of(self.cause):
+            self._replaced = targets.running_target(self.store, self.host)
+        plan = plan_attempt(self.target.manifest, prior, self.cause,
+                            routed=self.store.get_route(self.host) is not None)
         activated = False
         try:
             self.gate("before the attempt")
-            if self.target.manifest.release_command and not hold:
-                self._say("running the release command")
-                await self._release_command()
-            for spec in overlap:
-                candidates[spec.name] = await self._start(spec, prior.get(spec.name))
-            if hold:
-                await self._stop_for_hold(hold, prior)
-                if self.target.manifest.release_command:
-                    self._say("running the release command")
-                    await self._release_command()
-                for spec in hold:
-                    candidates[spec.name] = await self._start(spec, prior.get(spec.name))
-            await self._activate(candidates, prior, overlap)
-            # From the ACTIVE transaction on, a failure must put back what it replaced,
-            # a failed publish included: ACTIVE already names the candidates.
-            activated = True
-            await self._publish("publish", serving=True)
-            self._say("published")
-            await self._settle(candidates)
-            self.gate("before the result counts")
+            for step in plan.steps:
+                failed = await self._apply(step, plan, prior)
+                if failed is not None:
+                    self._say(f"failed: {failed.reason}")
+                    return await self._recover(plan, prior, failed.reason, activated)
+                # From the ACTIVE transaction on, a failure must put back what it
+                # replaced, a failed publish included: ACTIVE already names the candidates.
+                activated = activated or isinstance(step, Activate)
         except Superseded as exc:
             if not activated:
-                await self._recover(prior, str(exc), activated)
+                await self._recover(plan, prior, str(exc), activated)
             self._say(str(exc))
             return Result(Outcome.SUPERSEDED, str(exc), released=self._released)
-        except (StartFailed, AppFailed) as exc:
-            reason = str(exc) if isinstance(exc, StartFailed) else exc.message
-            self._say(f"failed: {reason}")
-            return await self._recover(prior, reason, activated)
-        if self.cause is not Cause.RESTART:
-            failpoints.hit("good.before")
-            self.store.mark_build_good(self.target.app, self.target.build_digest)
-        await self._retire(prior, overlap, candidates)
-        return Result(Outcome.DONE, generations={s: g.id for s, g in candidates.items()},
+        return Result(Outcome.DONE, generations={s: g.id for s, g in self._candidates.items()},
                       released=self._released)
+
+    async def _apply(self, step: PlannedStep, plan: AttemptPlan,
+                     prior: dict[str, Generation]) -> Failed | None:
+        """Carry out one planned step; a failure it expects comes back as a value."""
+        match step:
+            case RunReleaseCommand():
+                self._say("running the release command")
+                unfinished = await run_release_command(
+                    store=self.store, home=self.home, supervisor=self.supervisor,
+                    op_id=self.op.id, instance=self.host, target=self.target, gate=self.gate)
+                return Failed(str(unfinished)) if unfinished is not None else None
+            case StartCandidate(spec=spec, replaces=old):
+                return await self._start(spec, old)
+            case Withdraw():
+                route = self.store.get_route(self.host)
+                if route is not None:
+                    self.store.set_route(self.host, self.host, RouteState.HOLDING,
+                                         route.port, route.generation_id)
+                # Withdrawing needs no check of our own route: one the router refused is
+                # not served at all, which is withdrawn too.
+                return await self._publish(StepKind.WITHDRAW, serving=False)
+            case StopReplaced(spec=spec, old=old):
+                self._say(f"stopping {spec.name} (hold mode)")
+                self.store.add_inhibition(old.id, Inhibition.REPLACEMENT_PENDING, self.op.id)
+                await self._stop(old, spec.stop_grace_s, StepKind.STOP)
+            case BeginHoldExec(evidence=evidence):
+                failpoints.hit("hold.stopped")
+                self.gate("before the hold exec")
+                if evidence:
+                    # Written before anything of the new build runs: from here on, a
+                    # failure or a crash must not bring the old build back under data it
+                    # may have migrated.
+                    seq = self.store.begin_step(self.op.id, StepKind.HOLD_EXEC)
+                    self.store.finish_step(self.op.id, seq, StepState.SUCCEEDED)
+                    self._executed = True
+            case Activate():
+                await self._activate(prior, plan.overlap)
+            case Publish():
+                refused = await self._publish(StepKind.PUBLISH, serving=True)
+                if refused is None:
+                    self._say("published")
+                return refused
+            case Settle(window_s=window_s):
+                return await self._settle(window_s)
+            case Verify():
+                self.gate("before the result counts")
+            case MarkGood():
+                failpoints.hit("good.before")
+                self.store.mark_build_good(self.target.app, self.target.build_digest)
+            case Retire(spec=spec, old=old):
+                await self._retire(spec, old)
+            case _:
+                assert_never(step)
+        return None
 
     def _prior(self) -> dict[str, Generation]:
         prior: dict[str, Generation] = {}
@@ -157,55 +217,26 @@ class Attempt:
                 prior[active.service] = gen
         return prior
 
-    async def _start(self, spec: ServiceSpec, old: Generation | None) -> Generation:
+    async def _start(self, spec: ServiceSpec, old: Generation | None) -> Failed | None:
         self._say(f"starting {spec.name}")
-        gen = await start_generation(
+        started = await start_generation(
             store=self.store, home=self.home, supervisor=self.supervisor, op_id=self.op.id,
             instance=self.host, target=self.target, spec=spec,
             before_gen=old.id if old else None, gate=self.gate,
         )
-        self._say(f"{spec.name} ready (pid {gen.pid})")
-        return gen
+        if isinstance(started, StartFailed):
+            return Failed(str(started))
+        self._say(f"{spec.name} ready (pid {started.pid})")
+        self._candidates[spec.name] = started
+        return None
 
-    async def _release_command(self) -> None:
-        await run_release_command(
-            store=self.store, home=self.home, supervisor=self.supervisor, op_id=self.op.id,
-            instance=self.host, target=self.target, gate=self.gate)
-
-    async def _stop_for_hold(self, hold: list[ServiceSpec], prior: dict[str, Generation]) -> None:
-        """Withdraw traffic from hold-mode services and prove their old generations gone."""
-        if any(s.name == "web" for s in hold) and self.store.get_route(self.host):
-            route = self.store.get_route(self.host)
-            assert route is not None
-            self.store.set_route(self.host, self.host, RouteState.HOLDING, route.port,
-                                 route.generation_id)
-            # Withdrawing needs no check of our own route: one the router refused is not
-            # served at all, which is withdrawn too.
-            await self._publish("withdraw traffic", serving=False)
-        for spec in hold:
-            old = prior.get(spec.name)
-            if old is None:
-                continue
-            self._say(f"stopping {spec.name} (hold mode)")
-            self.store.add_inhibition(old.id, REPLACEMENT_PENDING, self.op.id)
-            await self._stop(old, spec.stop_grace_s, f"stop {spec.name}")
-        failpoints.hit("hold.stopped")
-        self.gate("before the hold exec")
-        if self.cause is Cause.RELEASE:
-            # Written before anything of the new build runs: from here on, a failure or a
-            # crash must not bring the old build back under data it may have migrated.
-            seq = self.store.begin_step(self.op.id, HOLD_EXEC_STEP)
-            self.store.finish_step(self.op.id, seq, StepState.SUCCEEDED)
-            self._executed = True
-
-    async def _activate(self, candidates: dict[str, Generation], prior: dict[str, Generation],
-                        overlap: list[ServiceSpec]) -> None:
+    async def _activate(self, prior: dict[str, Generation], overlap: frozenset[str]) -> None:
         """ACTIVE, route, retirement marks (and the release row) in one transaction; the
         caller publishes."""
-        seq = self.store.begin_step(self.op.id, "activate", detail=", ".join(
+        candidates = self._candidates
+        seq = self.store.begin_step(self.op.id, StepKind.ACTIVATE, detail=", ".join(
             f"{s}={g.id}" for s, g in candidates.items()))
         failpoints.hit("activate.before")
-        overlap_names = {s.name for s in overlap}
         with self.store.tx():
             self.gate("before the install")
             if self.write_release is not None:
@@ -214,8 +245,9 @@ class Attempt:
             for service, gen in candidates.items():
                 self.store.set_active(self.host, service, gen.id)
                 old = prior.get(service)
-                if old is not None and service in overlap_names:
-                    self.store.add_inhibition(old.id, RETIREMENT_PENDING, self.op.id)
+                if old is not None and service in overlap:
+                    self.store.add_inhibition(old.id, Inhibition.RETIREMENT_PENDING,
+                                              self.op.id)
             web = candidates.get("web")
             if web is not None:
                 self.store.set_route(self.host, self.host, RouteState.SERVING, web.port, web.id)
@@ -225,23 +257,24 @@ class Attempt:
         failpoints.hit("activate.after")
         self.store.finish_step(self.op.id, seq, StepState.SUCCEEDED)
 
-    async def _publish(self, name: str, *, serving: bool) -> None:
+    async def _publish(self, kind: StepKind, *, serving: bool) -> Failed | None:
         """A publish step; when it puts this instance's route `serving`, a refusal of
         that route fails the attempt (RouteRefused names it), and only this attempt."""
-        seq = self.store.begin_step(self.op.id, name)
+        seq = self.store.begin_step(self.op.id, kind)
         try:
             await self.publisher.publish(self.host if serving else None)
         except OperationError as exc:
             self.store.finish_step(self.op.id, seq, StepState.FAILED, error=exc.message)
-            raise AppFailed(exc.message, exc.hint) from exc
+            return Failed(exc.message)
         self.store.finish_step(self.op.id, seq, StepState.SUCCEEDED)
+        return None
 
-    async def _settle(self, candidates: dict[str, Generation]) -> None:
+    async def _settle(self, window_s: float) -> Failed | None:
         services = self.target.manifest.services
-        window = max((services[s].settle_s for s in candidates), default=0.0)
-        if window > 0:
-            self._say(f"settling for {window:g}s")
-        seq = self.store.begin_step(self.op.id, "settle", detail=f"{window:g}s")
+        candidates = self._candidates
+        if window_s > 0:
+            self._say(f"settling for {window_s:g}s")
+        seq = self.store.begin_step(self.op.id, StepKind.SETTLE, detail=f"{window_s:g}s")
         outcomes = await asyncio.gather(*(
             self.supervisor.settle(gen, services[s].settle_s) for s, gen in candidates.items()))
         crashed = [s for s, o in zip(candidates, outcomes, strict=True)
@@ -249,28 +282,24 @@ class Attempt:
         if crashed:
             error = f"{', '.join(crashed)} exited during the settle window"
             self.store.finish_step(self.op.id, seq, StepState.FAILED, error=error)
-            raise AppFailed(error)
+            return Failed(error)
         self.store.finish_step(self.op.id, seq, StepState.SUCCEEDED)
+        return None
 
-    async def _retire(self, prior: dict[str, Generation], overlap: list[ServiceSpec],
-                      candidates: dict[str, Generation]) -> None:
-        """Drain and stop the old generations an overlap swap left running."""
-        for spec in overlap:
-            old = prior.get(spec.name)
-            if old is None or spec.name not in candidates:
-                continue
-            failpoints.hit("retire.before")
-            if old.port is not None:
-                # Bounded drain: the router already sends new requests to the candidate;
-                # the ones in flight to the old port finish before it is stopped.
-                drained = await self.publisher.drained(old.port, DRAIN_BOUND_S)
-                if not drained:
-                    self._say(f"{spec.name}: requests still in flight after "
-                              f"{DRAIN_BOUND_S:g}s; stopping it anyway")
-            await self._stop(old, spec.stop_grace_s, f"retire {spec.name}")
+    async def _retire(self, spec: ServiceSpec, old: Generation) -> None:
+        """Drain and stop an old generation an overlap swap left running."""
+        failpoints.hit("retire.before")
+        if old.port is not None:
+            # Bounded drain: the router already sends new requests to the candidate;
+            # the ones in flight to the old port finish before it is stopped.
+            drained = await self.publisher.drained(old.port, DRAIN_BOUND_S)
+            if not drained:
+                self._say(f"{spec.name}: requests still in flight after "
+                          f"{DRAIN_BOUND_S:g}s; stopping it anyway")
+        await self._stop(old, spec.stop_grace_s, StepKind.RETIRE)
 
-    async def _stop(self, gen: Generation, grace_s: float, name: str) -> None:
-        seq = self.store.begin_step(self.op.id, name, service=gen.service, before_gen=gen.id)
+    async def _stop(self, gen: Generation, grace_s: float, kind: StepKind) -> None:
+        seq = self.store.begin_step(self.op.id, kind, service=gen.service, before_gen=gen.id)
         latest = self.store.get_generation(gen.id) or gen
         if await self.supervisor.stop(latest, grace_s):
             self.store.finish_step(self.op.id, seq, StepState.SUCCEEDED)
@@ -281,34 +310,48 @@ class Attempt:
 
     # -- failure ---------------------------------------------------------------------
 
-    async def _recover(self, prior: dict[str, Generation], reason: str,
+    async def _recover(self, plan: AttemptPlan, prior: dict[str, Generation], reason: str,
                        activated: bool) -> Result:
-        if self.cause is Cause.RELEASE and self._executed:
-            await self._go_down(reason)
-            return Result(Outcome.DOWN, f"{reason}; the instance stays down (a hold-mode "
-                          "release that executed is never fallen back)", released=self._released)
-        replacement = self.fallback
+        """Put in place what the table says takes a failed attempt's place."""
+        match fallback(self.cause, plan.mode, self._executed):
+            case Fallback.DOWN:
+                await self._go_down(reason)
+                return Result(Outcome.DOWN, f"{reason}; the instance stays down (a hold-mode "
+                              "release that executed is never fallen back)",
+                              released=self._released)
+            case Fallback.RESPAWN_REPLACED:
+                return await self._fall_back(prior, reason, activated, self._replaced)
+            case Fallback.LAST_GOOD:
+                last_good = targets.last_good(self.store, self.target.app,
+                                              self.target.build_digest)
+                return await self._fall_back(prior, reason, activated, last_good)
+            case other:
+                assert_never(other)
+
+    async def _fall_back(self, prior: dict[str, Generation], reason: str, activated: bool,
+                         replacement: Target | None) -> Result:
+        """Start `replacement` for each service whose old generation is gone, and put
+        ACTIVE and the route back on what runs; with nothing to go back to, the
+        candidates ACTIVE still names are stopped."""
+        alive = {s: g for s, g in prior.items() if self._alive(g)}
         restarted: dict[str, Generation] = {}
-        for spec in services_in_order(self.target.manifest):
-            old = prior.get(spec.name)
-            if old is not None and self._alive(old):
-                continue
-            if replacement is None or spec.name not in replacement.manifest.services:
-                continue
+        for spec, old in respawns(self.target.manifest, alive,
+                                  replacement.manifest if replacement else None, prior):
+            assert replacement is not None  # respawns() plans nothing without one
             self._say(f"starting {spec.name} of v{replacement.release} again")
-            try:
-                restarted[spec.name] = await start_generation(
-                    store=self.store, home=self.home, supervisor=self.supervisor,
-                    op_id=self.op.id, instance=self.host, target=replacement,
-                    spec=replacement.manifest.services[spec.name],
-                    before_gen=old.id if old else None)
-            except StartFailed as exc:
-                self._say(f"the fallback failed too: {exc}")
+            started = await start_generation(
+                store=self.store, home=self.home, supervisor=self.supervisor,
+                op_id=self.op.id, instance=self.host, target=replacement, spec=spec,
+                before_gen=old.id if old else None)
+            if isinstance(started, StartFailed):
+                self._say(f"the fallback failed too: {started}")
+            else:
+                restarted[spec.name] = started
         with self.store.tx():
             for service, gen in prior.items():
                 if self._alive(gen) and (activated or service in restarted):
                     self.store.set_active(self.host, service, gen.id)
-                self.store.remove_inhibition(gen.id, RETIREMENT_PENDING)
+                self.store.remove_inhibition(gen.id, Inhibition.RETIREMENT_PENDING)
             for service, gen in restarted.items():
                 self.store.set_active(self.host, service, gen.id)
             web = restarted.get("web") or (prior.get("web") if prior.get("web") and
@@ -349,16 +392,17 @@ class Attempt:
     async def _stop_instance_for_good(self, gens: list[Generation], reason: str) -> None:
         await self._take_out_of_service(
             InstanceState.STOPPED, f"v{self.target.release} failed: {reason}", gens,
-            "no fallback")
+            StepKind.STOP_NO_FALLBACK)
 
     async def _go_down(self, reason: str) -> None:
         """Stop everything of the instance and keep it down, saying why."""
         why = f"hold-mode release v{self.target.release} failed after it executed: {reason}"
         await self._take_out_of_service(InstanceState.DOWN, why,
-                                        self.store.live_generations(self.host), "down")
+                                        self.store.live_generations(self.host),
+                                        StepKind.STOP_DOWN)
 
     async def _take_out_of_service(self, state: InstanceState, why: str,
-                                   gens: list[Generation], label: str) -> None:
+                                   gens: list[Generation], kind: StepKind) -> None:
         """Record why, gate the route (503, not a dead port), then stop `gens`."""
         inst = self.store.get_instance(self.host)
         if inst is not None:
@@ -372,8 +416,7 @@ class Attempt:
         for gen in gens:
             if gen.state is not GenState.GONE:
                 spec = self.target.manifest.services.get(gen.service)
-                await self._stop(gen, spec.stop_grace_s if spec else 10.0,
-                                 f"stop {gen.service} ({label})")
+                await self._stop(gen, spec.stop_grace_s if spec else 10.0, kind)
 
     def _alive(self, gen: Generation) -> bool:
         latest = self.store.get_generation(gen.id)

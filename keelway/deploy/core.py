@@ -26,9 +26,9 @@ from keelway.deploy.errors import OperationError
 from keelway.deploy.instances import StartFailed, start_generation
 from keelway.deploy.publisher import Publisher
 from keelway.home import Home
+from keelway.journal import OpKind, StepKind
 from keelway.reconcile.apply import FailedClosed, Reconciler
-from keelway.reconcile.plan import FAULT_STEP
-from keelway.reconcile.plan import Mode as Pass
+from keelway.reconcile.plan import Pass
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
 from keelway.store.lifecycle import GenState, InstanceState, OpState, RouteState, StepState
@@ -85,7 +85,7 @@ class DeployerCore:
         if outcome.republish and mode is not Pass.MUTATION:
             await self.publisher.publish()
 
-    async def _journaled(self, app: str, host: str, kind: str,
+    async def _journaled(self, app: str, host: str, kind: OpKind,
                          work: Callable[[Operation], Awaitable[None]]) -> Result:
         """Run `work` as one journaled operation owned by this control plane: the
         operation is live (the reconciler leaves it to us) until its outcome is written.
@@ -97,8 +97,6 @@ class DeployerCore:
         try:
             await work(op)
             result = Result(Outcome.DONE)
-        except StartFailed as exc:
-            result = Result(Outcome.FAILED, str(exc))
         except OperationError as exc:
             result = Result(Outcome.FAILED, exc.message)
         except Exception as exc:
@@ -126,7 +124,7 @@ class DeployerCore:
             pending = [s.name for s in latest.steps if s.state is StepState.PENDING]
             if pending:
                 error = f"{pending[-1]}: {error}"  # where it happened, then what
-            seq = self.store.begin_step(op.id, FAULT_STEP)
+            seq = self.store.begin_step(op.id, StepKind.FAULT)
             self.store.finish_step(op.id, seq, StepState.FAILED, error=error)
         except Exception:
             # The store itself fails (a full disk, say): the op converges as interrupted,
@@ -168,9 +166,14 @@ class DeployerCore:
             spec = target.manifest.services.get(gen.service) if target else None
             if target is None or spec is None:
                 continue
-            fresh[gen.service] = await start_generation(
+            started = await start_generation(
                 store=self.store, home=self.home, supervisor=self.supervisor, op_id=op.id,
                 instance=inst.host, target=target, spec=spec, before_gen=gen.id)
+            if isinstance(started, StartFailed):
+                # `work`'s contract with _journaled: a failure it cannot go on from
+                # raises OperationError, which _journaled records as the outcome.
+                raise OperationError(str(started))
+            fresh[gen.service] = started
         with self.store.tx():
             for service, gen in fresh.items():
                 self.store.set_active(inst.host, service, gen.id)
@@ -193,7 +196,7 @@ class DeployerCore:
         if all(a.service in waiting or self._running(a.generation_id)
                for a in self.store.list_active(host)):
             return
-        await self._journaled(inst.app, host, "recover",
+        await self._journaled(inst.app, host, OpKind.RECOVER,
                               lambda op: self._respawn_active(op, inst, waiting))
 
     def _running(self, gen_id: int) -> bool:

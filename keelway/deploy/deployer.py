@@ -18,18 +18,17 @@ from pathlib import Path
 from keelway import failpoints, names
 from keelway.builds.manifest import Mode
 from keelway.deploy import targets
-from keelway.deploy.attempt import Attempt, Cause, Outcome, Result
+from keelway.deploy.attempt import Attempt, Outcome, Progress, Result
 from keelway.deploy.errors import AppFailed, NotFoundError, OperationError, UserError
 from keelway.deploy.instances import Target
 from keelway.deploy.recovery import Recovery
-from keelway.reconcile.plan import Mode as Pass
+from keelway.journal import Cause, OpKind, StepKind
+from keelway.reconcile.plan import Pass
 from keelway.runtime.environment import ensure_instance_key
 from keelway.store.lifecycle import InstanceState, RouteState, StepState
 from keelway.store.records import Instance, Operation
 
 failpoints.declare("key.before", "key.after", "release.before")
-
-Progress = Callable[[str], None]
 
 
 def _quiet(_message: str) -> None:
@@ -92,7 +91,7 @@ class Deployer(Recovery):
         self.store.record_build(app, build_digest, str(build_path))
         app_record = self.store.get_app(app)
         config = dict(app_record.config) if app_record else {}
-        return await self._rollout(app, "deploy", Cause.RELEASE, build_digest, build_path,
+        return await self._rollout(app, OpKind.DEPLOY, Cause.RELEASE, build_digest, build_path,
                                    config, f"Deploy {build_digest[:12]}", targets, progress,
                                    key, request_digest, mode)
 
@@ -104,7 +103,7 @@ class Deployer(Recovery):
         current = targets.current_release(self.store, app)
         changed = ", ".join(sorted(changes))
         verb = "Set" if all(v is not None for v in changes.values()) else "Update"
-        return await self._rollout(app, "config", Cause.CONFIG, current.build_digest,
+        return await self._rollout(app, OpKind.CONFIG, Cause.CONFIG, current.build_digest,
                                    current.build_path, config, f"{verb} {changed}",
                                    [i.host for i in self.store.list_instances(app)], progress,
                                    key, request_digest)
@@ -148,12 +147,12 @@ class Deployer(Recovery):
         if build is None:
             raise UserError(f"the build of v{to} is no longer staged",
                             hint="deploy its source again")
-        return await self._rollout(app, "rollback", Cause.RELEASE, chosen.build_digest, build,
+        return await self._rollout(app, OpKind.ROLLBACK, Cause.RELEASE, chosen.build_digest, build,
                                    dict(chosen.config), f"Rollback to v{to}",
                                    [i.host for i in self.store.list_instances(app)], progress,
                                    key, request_digest)
 
-    async def _rollout(self, app: str, kind: str, cause: Cause, build_digest: str,
+    async def _rollout(self, app: str, kind: OpKind, cause: Cause, build_digest: str,
                        build_path: Path, config: dict[str, str], description: str,
                        hosts: list[str], progress: Progress, key: str | None,
                        request_digest: str | None,
@@ -164,8 +163,6 @@ class Deployer(Recovery):
         async with self._app_locks.setdefault(app, asyncio.Lock()):
             number = self.store.next_release_number(app)
             target = Target.load(app, number, build_digest, build_path, config, mode)
-            fallback = (targets.last_good(self.store, app, build_digest)
-                        if cause is Cause.RELEASE else None)
             released = False
 
             def write_release() -> None:
@@ -177,14 +174,9 @@ class Deployer(Recovery):
 
             results: list[InstanceResult] = []
             for host in hosts:
-                # A release falls back to the last good build; config and restart
-                # respawn what they replaced.
-                if cause is not Cause.RELEASE:
-                    fallback = targets.running_target(self.store, host)
                 result = await self._attempt_on(
-                    host, kind, cause, target, fallback,
-                    revs[host], None if released else write_release, progress, key,
-                    request_digest)
+                    host, kind, cause, target, revs[host],
+                    None if released else write_release, progress, key, request_digest)
                 released = released or result.released
                 results.append(InstanceResult(host, number, result.outcome.value,
                                               result.generations))
@@ -207,7 +199,7 @@ class Deployer(Recovery):
                 raise UserError(f"{inst.host} runs nothing to restart",
                                 hint=f"deploy {app} first, or `keelway start {app}`")
             rev = self.store.bump_schedule(inst.host)
-            result = await self._attempt_on(inst.host, "restart", Cause.RESTART, target, target,
+            result = await self._attempt_on(inst.host, OpKind.RESTART, Cause.RESTART, target,
                                             rev, None, progress, key, request_digest)
             results.append(InstanceResult(inst.host, target.release, result.outcome.value,
                                           result.generations))
@@ -216,8 +208,8 @@ class Deployer(Recovery):
                                 hint=f"see `keelway logs {app} --instance {inst.host}`")
         return results
 
-    async def _attempt_on(self, host: str, kind: str, cause: Cause, target: Target,
-                          fallback: Target | None, rev: int,
+    async def _attempt_on(self, host: str, kind: OpKind, cause: Cause, target: Target,
+                          rev: int,
                           write_release: Callable[[], None] | None, progress: Progress,
                           key: str | None, request_digest: str | None) -> Result:
         async with self.lock(host):
@@ -232,8 +224,9 @@ class Deployer(Recovery):
             try:
                 self._mint_key(op, host)
                 result = await Attempt(
-                    self.store, self.home, self.supervisor, self.publisher, op, host, cause,
-                    target, fallback, rev, write_release, progress).run()
+                    store=self.store, home=self.home, supervisor=self.supervisor,
+                    publisher=self.publisher, op=op, host=host, cause=cause, target=target,
+                    rev=rev, write_release=write_release, progress=progress).run()
             except OperationError as exc:
                 result = Result(Outcome.FAILED, exc.message)
             except Exception as exc:  # journaled as what it is (see DeployerCore)
@@ -267,7 +260,7 @@ class Deployer(Recovery):
                     if not await self.supervisor.stop(gen, self.stop_grace(gen)):
                         raise OperationError(f"generation {gen.id} (pid {gen.pid}) did not stop")
 
-            result = await self._journaled(inst.app, inst.host, "stop", stop)
+            result = await self._journaled(inst.app, inst.host, OpKind.STOP, stop)
             if result.outcome is not Outcome.DONE:
                 raise OperationError(result.reason or "stop failed")
 
@@ -282,7 +275,7 @@ class Deployer(Recovery):
                     current = self.store.set_instance_state(current, InstanceState.RUNNING)
                 await self._respawn_active(op, current)
 
-            result = await self._journaled(inst.app, inst.host, "start", start)
+            result = await self._journaled(inst.app, inst.host, OpKind.START, start)
             await self._reconcile_locked(inst.host, Pass.MUTATION)
             targets.link_current(self.store, self.home, inst.host)
             if result.outcome is not Outcome.DONE:
@@ -292,7 +285,7 @@ class Deployer(Recovery):
     # -- records -----------------------------------------------------------------------
 
     def _mint_key(self, op: Operation, host: str) -> None:
-        seq = self.store.begin_step(op.id, "instance key")
+        seq = self.store.begin_step(op.id, StepKind.INSTANCE_KEY)
         failpoints.hit("key.before")
         minted = ensure_instance_key(self.home.env_file(host))
         failpoints.hit("key.after")

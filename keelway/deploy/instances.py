@@ -17,6 +17,7 @@ from pathlib import Path
 from keelway import failpoints
 from keelway.builds.manifest import Manifest, Mode, ServiceKind, ServiceSpec, load_manifest
 from keelway.home import Home
+from keelway.journal import StepKind
 from keelway.runtime.environment import process_env
 from keelway.runtime.notify import NotifyListener
 from keelway.runtime.ports import pick_free_port
@@ -61,20 +62,25 @@ class Target:
         return cls(app, release, build_digest, build_path, config, manifest)
 
 
-class StartFailed(Exception):
-    def __init__(self, service: str, reason: str, generation: Generation | None) -> None:
-        super().__init__(f"{service} {reason}")
-        self.service = service
-        self.reason = reason
-        self.generation = generation
+@dataclass(frozen=True)
+class StartFailed:
+    """An expected outcome, returned as a value: the candidate did not start, get ready
+    or (the release command) finish; its step is journaled failed."""
+
+    service: str
+    reason: str
+    generation: Generation | None
+
+    def __str__(self) -> str:
+        return f"{self.service} {self.reason}"
 
 
 async def start_generation(
     *, store: Store, home: Home, supervisor: Supervisor, op_id: int, instance: str,
     target: Target, spec: ServiceSpec, before_gen: int | None, gate: Gate = _open_gate,
     ready_timeout_s: float = READY_TIMEOUT_S,
-) -> Generation:
-    """Spawn a candidate and wait until it is ready; raises StartFailed.
+) -> Generation | StartFailed:
+    """Spawn a candidate and wait until it is ready, or say why not (StartFailed).
 
     A failed candidate is left to the reconciler, which removes every candidate that
     ACTIVE does not name: one removal path for failures and crashes alike.
@@ -90,7 +96,7 @@ async def start_generation(
     )
     failpoints.hit("plan.after")
     seq = store.begin_step(
-        op_id, f"spawn {spec.name}", service=spec.name, before_gen=before_gen, after_gen=gen.id,
+        op_id, StepKind.SPAWN, service=spec.name, before_gen=before_gen, after_gen=gen.id,
         detail=f"v{target.release}" + (f" port {port}" if port else ""),
     )
     home.data_dir(instance).mkdir(parents=True, exist_ok=True)
@@ -105,7 +111,7 @@ async def start_generation(
         gate("at the spawn")
         gen = await supervisor.spawn(gen, spec.command, target.build_path, env)
         store.finish_step(op_id, seq, StepState.SUCCEEDED, detail=f"pid {gen.pid}")
-        seq = store.begin_step(op_id, f"ready {spec.name}", service=spec.name,
+        seq = store.begin_step(op_id, StepKind.READY, service=spec.name,
                                after_gen=gen.id)
         health = spec.health if spec.kind is ServiceKind.WEB else None
         outcome = await supervisor.wait_ready(gen, health, ready_timeout_s, notify.ready)
@@ -117,7 +123,7 @@ async def start_generation(
             ReadyOutcome.TIMED_OUT: f"was not ready within {ready_timeout_s:.0f}s",
         }[outcome]
         store.finish_step(op_id, seq, StepState.FAILED, error=reason)
-        raise StartFailed(spec.name, reason, store.get_generation(gen.id) or gen)
+        return StartFailed(spec.name, reason, store.get_generation(gen.id) or gen)
     if (current := store.get_generation(gen.id)) and current.state is GenState.RUNNING:
         gen = store.set_generation_state(gen.id, GenState.READY)
     failpoints.hit("ready.after")
@@ -128,8 +134,9 @@ async def start_generation(
 async def run_release_command(
     *, store: Store, home: Home, supervisor: Supervisor, op_id: int, instance: str,
     target: Target, gate: Gate = _open_gate, timeout_s: float = RELEASE_TIMEOUT_S,
-) -> None:
-    """Run the manifest's one-shot `release` command to completion; raises StartFailed.
+) -> StartFailed | None:
+    """Run the manifest's one-shot `release` command to completion; None when it
+    exited 0, else why not.
 
     It is a generation like any other (journaled, logged, proven gone), so a crash while
     it runs leaves a candidate the reconciler removes.
@@ -141,7 +148,7 @@ async def run_release_command(
         app=target.app, instance=instance, service=RELEASE_SERVICE, release=target.release,
         build_digest=target.build_digest, op_id=op_id, port=None,
     )
-    seq = store.begin_step(op_id, "release command", service=RELEASE_SERVICE,
+    seq = store.begin_step(op_id, StepKind.RELEASE_COMMAND, service=RELEASE_SERVICE,
                            after_gen=gen.id, detail=command)
     home.data_dir(instance).mkdir(parents=True, exist_ok=True)
     env = process_env(
@@ -154,11 +161,6 @@ async def run_release_command(
     if code != 0:
         reason = ("did not finish in time" if code is None else f"exited with code {code}")
         store.finish_step(op_id, seq, StepState.FAILED, error=f"release command {reason}")
-        raise StartFailed(RELEASE_SERVICE, f"command {reason}", store.get_generation(gen.id))
+        return StartFailed(RELEASE_SERVICE, f"command {reason}", store.get_generation(gen.id))
     store.finish_step(op_id, seq, StepState.SUCCEEDED)
-
-
-def services_in_order(manifest: Manifest) -> list[ServiceSpec]:
-    """web first: an overlap swap of web is verified before any hold-mode worker stops."""
-    specs = list(manifest.services.values())
-    return sorted(specs, key=lambda s: (s.kind is not ServiceKind.WEB, s.name))
+    return None

@@ -20,8 +20,9 @@ from keelway.deploy.attempt import Outcome
 from keelway.deploy.core import DeployerCore, log
 from keelway.deploy.errors import OperationError
 from keelway.durable import disk_full, disk_full_message
+from keelway.journal import OpKind
 from keelway.reconcile.apply import FailedClosed
-from keelway.reconcile.plan import Mode as Pass
+from keelway.reconcile.plan import Pass
 from keelway.runtime.backoff import next_retry
 from keelway.store.lifecycle import InstanceState, OpState, RequestState, RouteState
 from keelway.store.records import CrashRetry, Generation
@@ -116,7 +117,7 @@ class Recovery(DeployerCore):
             if (inst is None or inst.state is not InstanceState.RUNNING or active is None
                     or active.generation_id != gen.id):
                 return  # something newer took over while we waited
-            result = await self._journaled(gen.app, gen.instance, "restart-crashed",
+            result = await self._journaled(gen.app, gen.instance, OpKind.RESTART_CRASHED,
                                            lambda op: self._respawn_active(op, inst))
             try:
                 await self._reconcile_locked(gen.instance, Pass.MUTATION)

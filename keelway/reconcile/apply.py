@@ -11,10 +11,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import assert_never
 
 from keelway import failpoints
 from keelway.home import Home
-from keelway.reconcile.plan import Action, Kind, Mode, Observed, Records, plan
+from keelway.journal import Inhibition
+from keelway.reconcile.plan import Action, Kind, Observed, Pass, Records, plan
 from keelway.runtime import process
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
@@ -40,7 +42,9 @@ class FailedClosed(Exception):
 
 
 @dataclass
-class Outcome:
+class Convergence:
+    """What one reconcile did, and whether the route table must be published."""
+
     actions: list[Action] = field(default_factory=list)
     republish: bool = False
 
@@ -58,7 +62,8 @@ def gather(store: Store, host: str, live_ops: set[int]) -> Records | None:
         latest_is_live=latest is not None and latest.id in live_ops,
         active={a.service: a.generation_id for a in store.list_active(host)},
         live=live,
-        inhibitions={g.id: frozenset(store.inhibitions(g.id)) for g in live},
+        inhibitions={g.id: frozenset(Inhibition(r) for r in store.inhibitions(g.id))
+                     for g in live},
         routed={host: route.generation_id if route else None},
         route_state=route.state if route else None,
     )
@@ -86,16 +91,16 @@ class Reconciler:
         self.restart_active = restart_active
         self.grace = grace  # the service's stop_grace: SIGTERM, then SIGKILL after this
 
-    def plan_for(self, host: str, mode: Mode, live_ops: set[int]) -> list[Action]:
+    def plan_for(self, host: str, mode: Pass, live_ops: set[int]) -> list[Action]:
         records = gather(self.store, host, live_ops)
         if records is None:
             return []
         return plan(records, observe(records, self.supervisor), mode)
 
-    async def reconcile(self, host: str, mode: Mode, live_ops: set[int]) -> Outcome:
+    async def reconcile(self, host: str, mode: Pass, live_ops: set[int]) -> Convergence:
         """Plan and apply for one instance; the caller holds (or tried) its lock."""
         actions = self.plan_for(host, mode, live_ops)
-        outcome = Outcome(actions)
+        outcome = Convergence(actions)
         restart = False
         for action in actions:
             match action.kind:
@@ -147,6 +152,8 @@ class Reconciler:
                         outcome.republish = True
                 case Kind.REPUBLISH:
                     outcome.republish = True
+                case _:
+                    assert_never(action.kind)
         if restart:
             await self.restart_active(host)
         return outcome

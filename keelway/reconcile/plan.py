@@ -29,20 +29,14 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from keelway.journal import Inhibition, StepKind
 from keelway.store.lifecycle import InstanceState, OpState, RouteState, StepState
 from keelway.store.records import Generation, Instance, Operation, Step
 
-REPLACEMENT_PENDING = "replacement-pending"
-RETIREMENT_PENDING = "retirement-pending"
-# A step of this name is written before a hold-mode release execs anything of the new
-# build (its release command or its first process): the execution evidence.
-HOLD_EXEC_STEP = "hold exec"
-# A failed step of this name records an exception the operation itself raised.
-FAULT_STEP = "fault"
-RELEASE_KINDS = frozenset({"deploy", "rollback"})
 
+class Pass(enum.Enum):
+    """Which pass reconciles: what it may do beyond converging the journal."""
 
-class Mode(enum.Enum):
     BOOT = "boot"  # after a control-plane start: adopt, restart, republish
     MUTATION = "mutation"  # before an operation, under the lock: converge only
     PERIODIC = "periodic"  # the background pass: retire, restart, republish
@@ -66,7 +60,7 @@ class Records:
     latest_is_live: bool
     active: dict[str, int]  # service -> generation id
     live: list[Generation]  # generations not recorded gone
-    inhibitions: dict[int, frozenset[str]] = field(default_factory=dict)
+    inhibitions: dict[int, frozenset[Inhibition]] = field(default_factory=dict)
     routed: dict[str, int | None] = field(default_factory=dict)  # route row: host -> gen
     route_state: RouteState | None = None
 
@@ -120,7 +114,7 @@ def steps_to_converge(op: Operation, interrupted: bool) -> list[Step]:
             and (interrupted or op.terminal)]
 
 
-def plan(records: Records, observed: Observed, mode: Mode) -> list[Action]:
+def plan(records: Records, observed: Observed, mode: Pass) -> list[Action]:
     actions: list[Action] = []
     op = records.latest
     active_ids = set(records.active.values())
@@ -150,14 +144,14 @@ def plan(records: Records, observed: Observed, mode: Mode) -> list[Action]:
             before = step.before_gen
             if before is not None and before != step.after_gen:
                 for reason in sorted(records.inhibitions.get(before, frozenset())):
-                    if reason == RETIREMENT_PENDING and published:
+                    if reason is Inhibition.RETIREMENT_PENDING and published:
                         continue
                     actions.append(Action(Kind.CLEAR_INHIBITION, generation=before,
                                           reason=reason))
         if interrupted:
             ok = bool(op.steps) and not failed_steps
-            if (not ok and op.kind in RELEASE_KINDS
-                    and any(s.name == HOLD_EXEC_STEP for s in op.steps)
+            if (not ok and op.kind.releases
+                    and any(s.kind is StepKind.HOLD_EXEC for s in op.steps)
                     and not _hold_candidate_published(op, active_ids)):
                 actions.append(Action(
                     Kind.MARK_DOWN, op_id=op.id,
@@ -182,28 +176,28 @@ def plan(records: Records, observed: Observed, mode: Mode) -> list[Action]:
                                           service=gen.service, reason="its leader exited"))
             elif not alive:
                 actions.append(Action(Kind.RECORD_GONE, generation=gen.id, service=gen.service))
-            elif mode is not Mode.MUTATION and gen.id not in observed.watched:
+            elif mode is not Pass.MUTATION and gen.id not in observed.watched:
                 actions.append(Action(Kind.ADOPT, generation=gen.id, service=gen.service))
             continue
         if not alive:
             actions.append(Action(Kind.RECORD_GONE, generation=gen.id, service=gen.service))
             continue
         reasons = records.inhibitions.get(gen.id, frozenset())
-        if RETIREMENT_PENDING in reasons:
+        if Inhibition.RETIREMENT_PENDING in reasons:
             successor = records.active.get(gen.service)
             verified = successor is not None and successor in observed.alive
             routed = gen.service != "web" or records.routed.get(
                 records.instance.host) == successor
-            if mode is not Mode.MUTATION and verified and routed:
+            if mode is not Pass.MUTATION and verified and routed:
                 actions.append(Action(Kind.RETIRE, generation=gen.id, service=gen.service))
             continue
-        if mode is Mode.MUTATION and gen.id in observed.watched:
+        if mode is Pass.MUTATION and gen.id in observed.watched:
             # A generation this control plane is running that no record of the latest
             # operation names: another task owns it (a crash restart in flight).
             continue
         actions.append(Action(Kind.REMOVE_STRAY, generation=gen.id, service=gen.service))
 
-    if mode is not Mode.MUTATION and running and not any(a.kind is Kind.MARK_DOWN
+    if mode is not Pass.MUTATION and running and not any(a.kind is Kind.MARK_DOWN
                                                           for a in actions):
         live_ids = {g.id for g in records.live}
         for service, gen_id in sorted(records.active.items()):
@@ -227,7 +221,7 @@ def plan(records: Records, observed: Observed, mode: Mode) -> list[Action]:
 
 
 def _why_interrupted(op: Operation) -> str:
-    faults = [s.error for s in op.steps if s.name == FAULT_STEP and s.error]
+    faults = [s.error for s in op.steps if s.kind is StepKind.FAULT and s.error]
     return faults[-1] if faults else "interrupted by a control-plane crash"
 
 

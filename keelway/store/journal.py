@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 
+from keelway.journal import OpKind, StepKind
 from keelway.store.base import Conflict, NotFound, StoreBase
 from keelway.store.lifecycle import OpState, RequestState, StepState, check
 from keelway.store.records import Event, Operation, Request, Step
@@ -19,7 +20,7 @@ class Journal(StoreBase):
         self,
         app: str,
         instance: str,
-        kind: str,
+        kind: OpKind,
         owner: str,
         key: str | None = None,
         request_digest: str | None = None,
@@ -29,7 +30,7 @@ class Journal(StoreBase):
             cur = c.execute(
                 "INSERT INTO operations(app, instance, kind, key, request_digest, state, owner,"
                 " created_at, schedule_rev) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (app, instance, kind, key, request_digest, OpState.RUNNING.value, owner,
+                (app, instance, kind.value, key, request_digest, OpState.RUNNING.value, owner,
                  self.clock.now(), schedule_rev),
             )
             op_id = int(cur.lastrowid or 0)
@@ -84,16 +85,16 @@ class Journal(StoreBase):
         return new
 
     def begin_step(
-        self, op_id: int, name: str, *, service: str | None = None,
+        self, op_id: int, kind: StepKind, *, service: str | None = None,
         before_gen: int | None = None, after_gen: int | None = None, detail: str | None = None,
     ) -> int:
         with self.tx() as c:
             row = self._one("SELECT MAX(seq) AS s FROM steps WHERE op_id=?", op_id)
             seq = int(row["s"] or 0) + 1 if row else 1
             c.execute(
-                "INSERT INTO steps(op_id, seq, name, service, before_gen, after_gen, state,"
+                "INSERT INTO steps(op_id, seq, kind, service, before_gen, after_gen, state,"
                 " detail, started_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (op_id, seq, name, service, before_gen, after_gen, StepState.PENDING.value,
+                (op_id, seq, kind.value, service, before_gen, after_gen, StepState.PENDING.value,
                  detail, self.clock.now()),
             )
         return seq
@@ -148,7 +149,8 @@ class Journal(StoreBase):
 
     def _operation(self, row: sqlite3.Row) -> Operation:
         return Operation(
-            id=row["id"], app=row["app"], instance=row["instance"], kind=row["kind"],
+            id=row["id"], app=row["app"], instance=row["instance"],
+            kind=OpKind(row["kind"]),
             key=row["key"], request_digest=row["request_digest"], state=OpState(row["state"]),
             error=row["error"], warnings=json.loads(row["warnings"]), owner=row["owner"],
             created_at=row["created_at"], finished_at=row["finished_at"],
@@ -214,9 +216,9 @@ class Journal(StoreBase):
 
 
 def _step(r: sqlite3.Row) -> Step:
-    return Step(r["op_id"], r["seq"], r["name"], r["service"], r["before_gen"], r["after_gen"],
-                StepState(r["state"]), r["error"], r["detail"], r["started_at"],
-                r["finished_at"], bool(r["converged"]))
+    return Step(r["op_id"], r["seq"], StepKind(r["kind"]), r["service"], r["before_gen"],
+                r["after_gen"], StepState(r["state"]), r["error"], r["detail"],
+                r["started_at"], r["finished_at"], bool(r["converged"]))
 
 
 def _event(r: sqlite3.Row) -> Event:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
+from keelway.journal import OpKind, StepKind
 from keelway.store.lifecycle import (
     GenState,
     InstanceState,
@@ -60,7 +61,7 @@ class Release(msgspec.Struct, frozen=True):
 class Step(msgspec.Struct, frozen=True):
     op_id: int
     seq: int
-    name: str
+    kind: StepKind
     service: str | None
     before_gen: int | None
     after_gen: int | None
@@ -73,12 +74,17 @@ class Step(msgspec.Struct, frozen=True):
     # a step with a candidate and no mark is what convergence still has to look at.
     converged: bool = False
 
+    @property
+    def name(self) -> str:
+        """The step as `keelway ops` shows it: its kind, said of its service."""
+        return self.kind.label(self.service)
+
 
 class Operation(msgspec.Struct, frozen=True):
     id: int
     app: str
     instance: str
-    kind: str
+    kind: OpKind
     key: str | None
     request_digest: str | None
     state: OpState

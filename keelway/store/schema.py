@@ -175,6 +175,48 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (instance, service)
     );
     """,
+    # 4: steps store their kind (keelway/journal.py StepKind), not a formatted name: the
+    # service is its own column already. The names the old code wrote map one to one; a
+    # name it never wrote leaves `kind` NULL and the NOT NULL refuses the migration whole,
+    # rather than guessing what a journal we cannot read meant.
+    """
+    CREATE TABLE steps_v4 (
+        op_id INTEGER NOT NULL REFERENCES operations(id),
+        seq INTEGER NOT NULL,
+        kind TEXT NOT NULL,
+        service TEXT,
+        before_gen INTEGER,
+        after_gen INTEGER,
+        state TEXT NOT NULL,
+        error TEXT,
+        detail TEXT,
+        started_at REAL NOT NULL,
+        finished_at REAL,
+        converged INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (op_id, seq)
+    );
+    INSERT INTO steps_v4(op_id, seq, kind, service, before_gen, after_gen, state, error,
+                         detail, started_at, finished_at, converged)
+    SELECT op_id, seq,
+           CASE
+               WHEN name = 'instance key' THEN 'instance-key'
+               WHEN name = 'release command' THEN 'release-command'
+               WHEN name = 'withdraw traffic' THEN 'withdraw'
+               WHEN name = 'hold exec' THEN 'hold-exec'
+               WHEN name IN ('activate', 'publish', 'settle', 'fault') THEN name
+               WHEN name GLOB 'spawn ?*' THEN 'spawn'
+               WHEN name GLOB 'ready ?*' THEN 'ready'
+               WHEN name GLOB 'retire ?*' THEN 'retire'
+               WHEN name GLOB 'stop ?* (no fallback)' THEN 'stop-no-fallback'
+               WHEN name GLOB 'stop ?* (down)' THEN 'stop-down'
+               WHEN name GLOB 'stop ?*' THEN 'stop'
+           END,
+           service, before_gen, after_gen, state, error, detail, started_at, finished_at,
+           converged
+    FROM steps;
+    DROP TABLE steps;
+    ALTER TABLE steps_v4 RENAME TO steps;
+    """,
 ]
 
 

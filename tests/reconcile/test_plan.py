@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
+from keelway.journal import Inhibition, OpKind, StepKind
 from keelway.reconcile.plan import (
-    FAULT_STEP,
-    HOLD_EXEC_STEP,
-    REPLACEMENT_PENDING,
-    RETIREMENT_PENDING,
     Kind,
-    Mode,
     Observed,
     Records,
     leftovers,
     plan,
 )
+from keelway.reconcile.plan import Pass as Mode
 from keelway.store.lifecycle import GenState, InstanceState, OpState, RouteState, StepState
 from keelway.store.records import Generation, Instance, Operation, Step
 
@@ -29,12 +26,13 @@ def gen(gen_id: int, service: str = "web", state: GenState = GenState.READY) -> 
                       5, 4000 + gen_id if service == "web" else None, 0.0, None, None, 1)
 
 
-def step(seq: int, name: str, *, after: int | None = None, before: int | None = None,
+def step(seq: int, kind: StepKind, *, after: int | None = None, before: int | None = None,
          state: StepState = StepState.SUCCEEDED, converged: bool = False) -> Step:
-    return Step(7, seq, name, "web", before, after, state, None, None, 0.0, None, converged)
+    return Step(7, seq, kind, "web", before, after, state, None, None, 0.0, None, converged)
 
 
-def op(steps: list[Step], state: OpState = OpState.RUNNING, kind: str = "deploy") -> Operation:
+def op(steps: list[Step], state: OpState = OpState.RUNNING,
+       kind: OpKind = OpKind.DEPLOY) -> Operation:
     return Operation(7, "hello", HOST, kind, None, None, state, None, [], "old", 0.0, None, 1,
                      steps)
 
@@ -48,15 +46,15 @@ def kinds(actions: list) -> list[tuple[Kind, int | None]]:  # type: ignore[type-
 
 
 def test_a_succeeded_latest_operation_with_everything_alive_plans_nothing() -> None:
-    records = Records(inst(), op([step(1, "spawn web", after=2)], OpState.SUCCEEDED),
+    records = Records(inst(), op([step(1, StepKind.SPAWN, after=2)], OpState.SUCCEEDED),
                       False, {"web": 2}, [gen(2)])
     assert kinds(plan(records, observed(2, watched=(2,)), Mode.MUTATION)) == []
 
 
 def test_an_interrupted_candidate_that_active_names_is_kept_and_the_op_succeeds() -> None:
-    records = Records(inst(), op([step(1, "spawn web", after=2, before=1)]), False,
+    records = Records(inst(), op([step(1, StepKind.SPAWN, after=2, before=1)]), False,
                       {"web": 2}, [gen(1), gen(2)],
-                      inhibitions={1: frozenset({RETIREMENT_PENDING})}, routed={HOST: 2})
+                      inhibitions={1: frozenset({Inhibition.RETIREMENT_PENDING})}, routed={HOST: 2})
     actions = plan(records, observed(1, 2, watched=(1, 2)), Mode.BOOT)
     assert (Kind.KEEP_CANDIDATE, 2) in kinds(actions)
     finalize = next(a for a in actions if a.kind is Kind.FINALIZE)
@@ -67,10 +65,10 @@ def test_an_interrupted_candidate_that_active_names_is_kept_and_the_op_succeeds(
 
 
 def test_an_interrupted_unpublished_candidate_is_removed_and_the_op_fails() -> None:
-    records = Records(inst(), op([step(1, "spawn web", after=2, before=1,
+    records = Records(inst(), op([step(1, StepKind.SPAWN, after=2, before=1,
                                        state=StepState.PENDING)]), False,
                       {"web": 1}, [gen(1), gen(2)],
-                      inhibitions={1: frozenset({REPLACEMENT_PENDING})})
+                      inhibitions={1: frozenset({Inhibition.REPLACEMENT_PENDING})})
     actions = plan(records, observed(1, 2, watched=(1,)), Mode.MUTATION)
     assert kinds(actions)[:2] == [(Kind.REMOVE_CANDIDATE, 2), (Kind.CLEAR_INHIBITION, 1)]
     finalize = next(a for a in actions if a.kind is Kind.FINALIZE)
@@ -80,7 +78,7 @@ def test_an_interrupted_unpublished_candidate_is_removed_and_the_op_fails() -> N
 
 
 def test_an_operation_owned_by_a_live_task_is_left_to_its_owner() -> None:
-    records = Records(inst(), op([step(1, "spawn web", after=2, state=StepState.PENDING)]),
+    records = Records(inst(), op([step(1, StepKind.SPAWN, after=2, state=StepState.PENDING)]),
                       True, {"web": 1}, [gen(1), gen(2)])
     actions = plan(records, observed(1, 2, watched=(1, 2)), Mode.PERIODIC)
     assert not any(a.kind in (Kind.REMOVE_CANDIDATE, Kind.FINALIZE, Kind.REMOVE_STRAY)
@@ -88,15 +86,15 @@ def test_an_operation_owned_by_a_live_task_is_left_to_its_owner() -> None:
 
 
 def test_a_converged_step_is_never_looked_at_again() -> None:
-    records = Records(inst(), op([step(1, "spawn web", after=2, converged=True)],
+    records = Records(inst(), op([step(1, StepKind.SPAWN, after=2, converged=True)],
                                  OpState.FAILED), False, {"web": 1}, [gen(1)])
     assert kinds(plan(records, observed(1, watched=(1,)), Mode.MUTATION)) == []
 
 
 def test_an_interrupted_hold_release_that_executed_marks_the_instance_down() -> None:
-    records = Records(inst(), op([step(1, "stop worker", before=1),
-                                  step(2, HOLD_EXEC_STEP),
-                                  step(3, "spawn worker", after=2, state=StepState.PENDING)]),
+    records = Records(inst(), op([step(1, StepKind.STOP, before=1),
+                                  step(2, StepKind.HOLD_EXEC),
+                                  step(3, StepKind.SPAWN, after=2, state=StepState.PENDING)]),
                       False, {"worker": 1}, [gen(2, "worker")])
     actions = plan(records, observed(2), Mode.BOOT)
     assert any(a.kind is Kind.MARK_DOWN for a in actions)
@@ -104,11 +102,11 @@ def test_an_interrupted_hold_release_that_executed_marks_the_instance_down() -> 
 
 
 def test_an_operation_that_raised_converges_as_interrupted_and_says_its_own_error() -> None:
-    fault = Step(7, 4, FAULT_STEP, None, None, None, StepState.FAILED,
+    fault = Step(7, 4, StepKind.FAULT, None, None, None, StepState.FAILED,
                  "publish: ValueError: boom", None, 0.0, None, False)
-    records = Records(inst(), op([step(1, "stop worker", before=1),
-                                  step(2, HOLD_EXEC_STEP),
-                                  step(3, "spawn worker", after=2), fault]),
+    records = Records(inst(), op([step(1, StepKind.STOP, before=1),
+                                  step(2, StepKind.HOLD_EXEC),
+                                  step(3, StepKind.SPAWN, after=2), fault]),
                       False, {"worker": 1}, [gen(2, "worker")])
     actions = plan(records, observed(2), Mode.MUTATION)
     # The same convergence as after a crash: the unpublished candidate goes, and a hold
@@ -121,9 +119,9 @@ def test_an_operation_that_raised_converges_as_interrupted_and_says_its_own_erro
 
 
 def test_an_interrupted_restart_in_hold_mode_rebuilds_from_active() -> None:
-    records = Records(inst(), op([step(1, "stop worker", before=1),
-                                  step(2, "spawn worker", after=2, state=StepState.PENDING)],
-                                 kind="restart"), False, {"worker": 1}, [gen(2, "worker")])
+    records = Records(inst(), op([step(1, StepKind.STOP, before=1),
+                                  step(2, StepKind.SPAWN, after=2, state=StepState.PENDING)],
+                                 kind=OpKind.RESTART), False, {"worker": 1}, [gen(2, "worker")])
     actions = plan(records, observed(2), Mode.BOOT)
     assert not any(a.kind is Kind.MARK_DOWN for a in actions)
     assert (Kind.RESTART_ACTIVE, 1) in kinds(actions)
@@ -150,7 +148,7 @@ def test_a_live_stray_is_removed_and_a_survivor_is_adopted_at_boot() -> None:
 
 def test_a_spawned_but_unrecorded_candidate_is_found_as_an_orphan_and_removed() -> None:
     planned = gen(2, state=GenState.PLANNED)
-    records = Records(inst(), op([step(1, "spawn web", after=2, state=StepState.PENDING)]),
+    records = Records(inst(), op([step(1, StepKind.SPAWN, after=2, state=StepState.PENDING)]),
                       False, {"web": 1}, [gen(1), planned])
     seen = Observed(frozenset({1}), frozenset({1}), orphans=frozenset({2}))
     assert (Kind.REMOVE_CANDIDATE, 2) in kinds(plan(records, seen, Mode.BOOT))
@@ -158,7 +156,7 @@ def test_a_spawned_but_unrecorded_candidate_is_found_as_an_orphan_and_removed() 
 
 def test_planning_twice_after_applying_plans_nothing_more() -> None:
     # What apply leaves behind: the step converged, the op finalized, the stray gone.
-    after = Records(inst(), op([step(1, "spawn web", after=2, state=StepState.FAILED,
+    after = Records(inst(), op([step(1, StepKind.SPAWN, after=2, state=StepState.FAILED,
                                      converged=True)], OpState.FAILED),
                     False, {"web": 1}, [gen(1)], routed={HOST: 1},
                     route_state=RouteState.SERVING)
@@ -166,14 +164,14 @@ def test_planning_twice_after_applying_plans_nothing_more() -> None:
 
 
 def test_leftovers_name_unconverged_unpublished_candidates_of_a_dead_operation() -> None:
-    dead = op([step(1, "spawn web", after=2, state=StepState.PENDING)])
+    dead = op([step(1, StepKind.SPAWN, after=2, state=StepState.PENDING)])
     assert [s.after_gen for s in leftovers(dead, {1}, False)] == [2]
     assert leftovers(dead, {1}, True) == []
     assert leftovers(dead, {2}, False) == []
 
 
 def test_a_route_left_holding_by_a_crash_goes_back_to_the_active_web_on_recovery() -> None:
-    records = Records(inst(), op([step(1, "withdraw traffic")], OpState.FAILED), False,
+    records = Records(inst(), op([step(1, StepKind.WITHDRAW)], OpState.FAILED), False,
                       {"web": 1}, [gen(1)], routed={HOST: 1}, route_state=RouteState.HOLDING)
     assert (Kind.RESTORE_ROUTE, 1) in kinds(plan(records, observed(1, watched=(1,)),
                                                  Mode.BOOT))
@@ -183,7 +181,7 @@ def test_a_route_left_holding_by_a_crash_goes_back_to_the_active_web_on_recovery
 def test_an_active_generation_whose_leader_died_with_descendants_alive_is_not_gone() -> None:
     # Its leader is dead (not in `alive`) but its tree has a member (a daemonized child):
     # the descendants are removed first, never recorded gone; then the web is restarted.
-    records = Records(inst(), op([step(1, "spawn web", after=2)], OpState.SUCCEEDED),
+    records = Records(inst(), op([step(1, StepKind.SPAWN, after=2)], OpState.SUCCEEDED),
                       False, {"web": 2}, [gen(2)], routed={HOST: 2},
                       route_state=RouteState.SERVING)
     seen = Observed(frozenset(), frozenset(), orphans=frozenset({2}))
@@ -193,7 +191,7 @@ def test_an_active_generation_whose_leader_died_with_descendants_alive_is_not_go
 
 
 def test_a_tree_its_own_watcher_is_removing_is_left_to_the_watcher() -> None:
-    records = Records(inst(), op([step(1, "spawn web", after=2)], OpState.SUCCEEDED),
+    records = Records(inst(), op([step(1, StepKind.SPAWN, after=2)], OpState.SUCCEEDED),
                       False, {"web": 2}, [gen(2)], routed={HOST: 2},
                       route_state=RouteState.SERVING)
     seen = Observed(frozenset(), frozenset({2}), orphans=frozenset({2}))

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from keelway.journal import OpKind, StepKind
 from keelway.store import Conflict, Store
 from keelway.store.lifecycle import GenState, IllegalTransition, OpState, StepState
 from keelway.store.schema import MIGRATIONS, current_version
@@ -74,7 +75,7 @@ def test_a_gone_generation_cannot_come_back(store: Store) -> None:
 
 
 def test_a_finished_operation_cannot_be_finished_again(store: Store) -> None:
-    op = store.begin_operation("blog", "a.test", "deploy", owner="me")
+    op = store.begin_operation("blog", "a.test", OpKind.DEPLOY, owner="me")
     done = store.finish_operation(op, OpState.SUCCEEDED)
     assert done.terminal
     with pytest.raises(IllegalTransition):
@@ -82,8 +83,8 @@ def test_a_finished_operation_cannot_be_finished_again(store: Store) -> None:
 
 
 def test_a_stale_operation_version_loses_the_compare_and_swap(store: Store) -> None:
-    op = store.begin_operation("blog", "a.test", "deploy", owner="me")
-    store.begin_step(op.id, "spawn web")
+    op = store.begin_operation("blog", "a.test", OpKind.DEPLOY, owner="me")
+    store.begin_step(op.id, StepKind.SPAWN, service="web")
     fresh = store.get_operation(op.id)
     assert fresh is not None
     store.finish_operation(fresh, OpState.FAILED, error="x")
@@ -92,9 +93,9 @@ def test_a_stale_operation_version_loses_the_compare_and_swap(store: Store) -> N
 
 
 def test_steps_are_numbered_and_keep_their_outcomes(store: Store) -> None:
-    op = store.begin_operation("blog", "a.test", "deploy", owner="me")
-    first = store.begin_step(op.id, "spawn web", service="web", after_gen=3)
-    second = store.begin_step(op.id, "ready web")
+    op = store.begin_operation("blog", "a.test", OpKind.DEPLOY, owner="me")
+    first = store.begin_step(op.id, StepKind.SPAWN, service="web", after_gen=3)
+    second = store.begin_step(op.id, StepKind.READY, service="web")
     store.finish_step(op.id, first, StepState.SUCCEEDED, detail="pid 9")
     store.finish_step(op.id, second, StepState.FAILED, error="exited")
     steps = store.steps(op.id)
@@ -105,10 +106,10 @@ def test_steps_are_numbered_and_keep_their_outcomes(store: Store) -> None:
 
 
 def test_an_idempotency_key_names_one_operation_per_instance(store: Store) -> None:
-    store.begin_operation("blog", "a.test", "deploy", owner="me", key="k1")
+    store.begin_operation("blog", "a.test", OpKind.DEPLOY, owner="me", key="k1")
     with pytest.raises(sqlite3.IntegrityError):
-        store.begin_operation("blog", "a.test", "deploy", owner="me", key="k1")
-    store.begin_operation("blog", "b.test", "deploy", owner="me", key="k1")
+        store.begin_operation("blog", "a.test", OpKind.DEPLOY, owner="me", key="k1")
+    store.begin_operation("blog", "b.test", OpKind.DEPLOY, owner="me", key="k1")
 
 
 def test_releases_are_numbered_per_app(store: Store) -> None:

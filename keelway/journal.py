@@ -1,0 +1,108 @@
+"""The journal's vocabulary: the kinds of operations and steps, causes, and inhibitions.
+
+Deploy, the reconciler and the store speak these values, never free strings: the
+journal stores an enum's value, and reading it back refuses a word nobody defined, so
+a step kind cannot drift apart between the writer and the reader of a crash's journal.
+A leaf module (no keelway imports), so the store can type its records with it.
+
+Values are stable on disk: a member may be added, never renamed (a renamed value would
+strand the journals already written; that takes a migration in keelway/store/schema.py).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import assert_never
+
+
+class OpKind(enum.StrEnum):
+    """What an operation is; an instance's latest one decides what convergence does."""
+
+    DEPLOY = "deploy"
+    CONFIG = "config"
+    ROLLBACK = "rollback"
+    RESTART = "restart"
+    STOP = "stop"
+    START = "start"
+    # The reconciler's RESTART_ACTIVE: ACTIVE respawned after a control-plane restart.
+    RECOVER = "recover"
+    # A published generation that crashed, restarted after its backoff.
+    RESTART_CRASHED = "restart-crashed"
+
+    @property
+    def releases(self) -> bool:
+        """It runs a new release: a hold-mode one that executed is never fallen back."""
+        match self:
+            case OpKind.DEPLOY | OpKind.ROLLBACK:
+                return True
+            case (OpKind.CONFIG | OpKind.RESTART | OpKind.STOP | OpKind.START
+                  | OpKind.RECOVER | OpKind.RESTART_CRASHED):
+                return False
+            case _:
+                assert_never(self)
+
+
+class StepKind(enum.StrEnum):
+    """One journaled step of an operation; `label` is how `keelway ops` shows it."""
+
+    INSTANCE_KEY = "instance-key"
+    RELEASE_COMMAND = "release-command"
+    SPAWN = "spawn"
+    READY = "ready"
+    WITHDRAW = "withdraw"
+    STOP = "stop"
+    # Written before a hold-mode release execs anything of its new build (its release
+    # command or its first process): the execution evidence convergence reads.
+    HOLD_EXEC = "hold-exec"
+    ACTIVATE = "activate"
+    PUBLISH = "publish"
+    SETTLE = "settle"
+    RETIRE = "retire"
+    # A failed attempt's candidates stopped because nothing could replace them.
+    STOP_NO_FALLBACK = "stop-no-fallback"
+    # A hold-mode release that executed and failed: everything of the instance stops.
+    STOP_DOWN = "stop-down"
+    # A failed step of this kind records an exception the operation itself raised.
+    FAULT = "fault"
+
+    def label(self, service: str | None) -> str:
+        who = service or "?"
+        match self:
+            case StepKind.INSTANCE_KEY:
+                return "instance key"
+            case StepKind.RELEASE_COMMAND:
+                return "release command"
+            case StepKind.SPAWN | StepKind.READY | StepKind.STOP | StepKind.RETIRE:
+                return f"{self.value} {who}"
+            case StepKind.WITHDRAW:
+                return "withdraw traffic"
+            case StepKind.HOLD_EXEC:
+                return "hold exec"
+            case StepKind.ACTIVATE | StepKind.PUBLISH | StepKind.SETTLE | StepKind.FAULT:
+                return self.value
+            case StepKind.STOP_NO_FALLBACK:
+                return f"stop {who} (no fallback)"
+            case StepKind.STOP_DOWN:
+                return f"stop {who} (down)"
+            case _:
+                assert_never(self)
+
+
+class Cause(enum.StrEnum):
+    """Why an attempt replaces what an instance runs; with the mode and the execution
+    evidence it picks the fallback (keelway/deploy/fallback.py)."""
+
+    RELEASE = "release"  # deploy, rollback
+    CONFIG = "config"
+    RESTART = "restart"
+
+
+class Inhibition(enum.StrEnum):
+    """A mark on a generation that keeps a pass from treating it as a stray."""
+
+    # A hold-mode old generation being stopped before its successor starts; stale once
+    # the successor's candidate is converged (the old one was proven gone first).
+    REPLACEMENT_PENDING = "replacement-pending"
+    # An overlap old generation still draining; retired once its successor is verified
+    # and routed.
+    RETIREMENT_PENDING = "retirement-pending"
