@@ -90,7 +90,7 @@ class StepKind(enum.StrEnum):
 
 class Cause(enum.StrEnum):
     """Why an attempt replaces what an instance runs; with the mode and the execution
-    evidence it picks the fallback (keelway/deploy/fallback.py)."""
+    evidence it picks the fallback (keelway/deploy/plan.py)."""
 
     RELEASE = "release"  # deploy, rollback
     CONFIG = "config"
