@@ -2,7 +2,8 @@
 
 Owns the router's life as the control plane sees it: boot (adopt the router that
 answers, or start one), noticing its death, starting a successor, `router restart`, and
-stop. The process verbs it uses are keelway.api.router_process's. Rules:
+stop. The process verbs it uses are keelway.runtime.router's; nothing here blocks the
+event loop (the API and the app supervisor keep running through a respawn). Rules:
 
 - The listening socket is bound once and held here for as long as this control plane
   runs (for an adopted router, a copy is borrowed over its control socket). A successor
@@ -37,7 +38,10 @@ from enum import Enum
 from typing import Any, Final
 
 from keelway import failpoints
-from keelway.api.router_process import (
+from keelway.clock import Clock
+from keelway.home import Home
+from keelway.runtime import process, router
+from keelway.runtime.router import (
     RouterHandle,
     RouterPortBusy,
     RouterRestartFailed,
@@ -46,19 +50,11 @@ from keelway.api.router_process import (
     bind_listener,
     borrow_listener,
     describe_exit,
-    reap,
     record_settings,
     recorded_settings,
-    restart_router,
     running_router,
-    spawn_router,
-    stop_router,
     wait_answering,
 )
-from keelway.clock import Clock
-from keelway.deploy.errors import RouterUnavailable
-from keelway.home import Home
-from keelway.runtime import process
 
 log: Final = logging.getLogger("keelway.router_supervisor")
 
@@ -186,7 +182,7 @@ class RouterSupervisor:
         self._death_kind = "pidfd"
         self._tasks: set[asyncio.Task[None]] = set()
         self._retry: asyncio.Task[None] | None = None
-        self._on_serving: Callable[[], Awaitable[object]] | None = None
+        self._on_serving: Callable[[], Awaitable[str | None]] | None = None
         self._stopping = False
         self._starting = False
         self._streak = 0
@@ -226,13 +222,13 @@ class RouterSupervisor:
                         return cls(home, addr, settings, clock, running, listener)
                     log.info("restarting the router (pid %s) with new settings", running.pid)
                     try:
-                        handle = await restart_router(home, running, clock, settings, addr)
+                        handle = await router.restart(home, running, clock, settings, addr)
                     except RouterRestartFailed:
                         if listener is not None:
                             listener.close()
                         raise
                     return cls(home, addr, settings, clock, handle, listener)
-                await stop_router(home, running, clock)
+                await router.stop(home, running, clock)
             try:
                 listener = bind_listener(addr)
                 break
@@ -243,7 +239,7 @@ class RouterSupervisor:
                     raise
                 await clock.sleep(0.1)
         try:
-            handle = await asyncio.to_thread(spawn_router, home, listener, settings)
+            handle = await router.spawn(home, listener, settings)
             await wait_answering(home, handle, START_TIMEOUT_S, clock)
         except BaseException:
             listener.close()
@@ -253,9 +249,11 @@ class RouterSupervisor:
 
     # -- supervision --------------------------------------------------------------------
 
-    def watch(self, on_serving: Callable[[], Awaitable[object]]) -> None:
+    def watch(self, on_serving: Callable[[], Awaitable[str | None]]) -> None:
         """Start supervising; `on_serving` runs after every new router answers (to push
-        the store's routes: the router starts with the table it last saved)."""
+        the store's routes: the router starts with the table it last saved). It returns
+        None once they are pushed, else why not (an expected outcome, not an exception:
+        the routes are the control plane's business, so the caller words the reason)."""
         self._on_serving = on_serving
         self._arm(self._handle)
 
@@ -279,7 +277,8 @@ class RouterSupervisor:
         async with self._lock:
             if self._stopping or handle != self._handle:
                 return  # replaced or stopped on purpose meanwhile
-            reason = f"router pid {handle.pid} died ({describe_exit(reap(handle))})"
+            code = await router.reap(handle)
+            reason = f"router pid {handle.pid} died ({describe_exit(code)})"
             self._down_since = self._clock.now()
             log.error("%s", reason)
             await self._start_or_retry(reason)
@@ -327,10 +326,7 @@ class RouterSupervisor:
                 # again, once its workers let go of it.
                 listener = await self._bind_when_free()
                 self._listener = listener
-            # Off the event loop: the spawn and the records fsync, and the API and the
-            # app supervisor keep running meanwhile.
-            handle = await asyncio.to_thread(spawn_router, self.home, listener,
-                                             self.settings)
+            handle = await router.spawn(self.home, listener, self.settings)
             await wait_answering(self.home, handle, START_TIMEOUT_S, self._clock)
             await asyncio.to_thread(record_settings, self.home, self.addr, self.settings)
             failpoints.hit("router.respawn.after")
@@ -372,11 +368,10 @@ class RouterSupervisor:
     async def _publish(self) -> None:
         if self._on_serving is None:
             return
-        try:
-            await self._on_serving()
-        except RouterUnavailable as exc:
+        refused = await self._on_serving()
+        if refused is not None:
             # The periodic pass republishes; the router serves its saved table till then.
-            log.warning("the new router did not take the routes yet: %s", exc.message)
+            log.warning("the new router did not take the routes yet: %s", refused)
 
     # -- on request ---------------------------------------------------------------------
 
@@ -392,7 +387,7 @@ class RouterSupervisor:
             if process.is_alive(old.pid, old.start_ticks):
                 self._disarm()  # the old one exits on purpose: not a death to act on
                 try:
-                    new = await restart_router(self.home, old, self._clock, self.settings,
+                    new = await router.restart(self.home, old, self._clock, self.settings,
                                                self.addr)
                 except RouterRestartFailed:
                     await self._adopt_whoever_answers(old)
@@ -453,5 +448,5 @@ class RouterSupervisor:
                 if not process.is_alive(handle.pid, handle.start_ticks):
                     log.warning("the router is down; the next `keelway up` starts it")
                 return True
-            return await stop_router(self.home, handle, self._clock)
+            return await router.stop(self.home, handle, self._clock)
 
