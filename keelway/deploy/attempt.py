@@ -36,6 +36,7 @@ from keelway.deploy.instances import (
     start_generation,
 )
 from keelway.deploy.publisher import Publisher
+from keelway.deploy.targets import stop_grace_s
 from keelway.home import Home
 from keelway.reconcile.plan import HOLD_EXEC_STEP, REPLACEMENT_PENDING, RETIREMENT_PENDING
 from keelway.runtime.supervisor import SettleOutcome, Supervisor
@@ -188,7 +189,7 @@ class Attempt:
                 continue
             self._say(f"stopping {spec.name} (hold mode)")
             self.store.add_inhibition(old.id, REPLACEMENT_PENDING, self.op.id)
-            await self._stop(old, spec.stop_grace_s, f"stop {spec.name}")
+            await self._stop(old, f"stop {spec.name}")
         failpoints.hit("hold.stopped")
         self.gate("before the hold exec")
         if self.cause is Cause.RELEASE:
@@ -267,12 +268,12 @@ class Attempt:
                 if not drained:
                     self._say(f"{spec.name}: requests still in flight after "
                               f"{DRAIN_BOUND_S:g}s; stopping it anyway")
-            await self._stop(old, spec.stop_grace_s, f"retire {spec.name}")
+            await self._stop(old, f"retire {spec.name}")
 
-    async def _stop(self, gen: Generation, grace_s: float, name: str) -> None:
+    async def _stop(self, gen: Generation, name: str) -> None:
         seq = self.store.begin_step(self.op.id, name, service=gen.service, before_gen=gen.id)
         latest = self.store.get_generation(gen.id) or gen
-        if await self.supervisor.stop(latest, grace_s):
+        if await self.supervisor.stop(latest, stop_grace_s(self.store, gen)):
             self.store.finish_step(self.op.id, seq, StepState.SUCCEEDED)
             return
         error = f"generation {gen.id} (pid {gen.pid}) survived SIGKILL"
@@ -371,9 +372,7 @@ class Attempt:
                 self._say(f"could not republish: {exc.message}")
         for gen in gens:
             if gen.state is not GenState.GONE:
-                spec = self.target.manifest.services.get(gen.service)
-                await self._stop(gen, spec.stop_grace_s if spec else 10.0,
-                                 f"stop {gen.service} ({label})")
+                await self._stop(gen, f"stop {gen.service} ({label})")
 
     def _alive(self, gen: Generation) -> bool:
         latest = self.store.get_generation(gen.id)

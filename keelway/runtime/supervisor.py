@@ -209,9 +209,10 @@ class Supervisor:
             return SettleOutcome.GOOD
         return SettleOutcome.COMPLETED if handle.exit_code == 0 else SettleOutcome.CRASHED
 
-    async def wait_exit(self, gen: Generation, timeout_s: float) -> int | None:
+    async def wait_exit(self, gen: Generation, timeout_s: float, grace_s: float) -> int | None:
         """The exit code of a one-shot, or None if it was still running at the deadline
-        (or is not our child); the process is proven gone either way on return."""
+        (then stopped after `grace_s`) or is not our child; the process is proven gone
+        either way on return."""
         handle = self._handles.get(gen.id)
         if handle is None:
             return None
@@ -219,7 +220,7 @@ class Supervisor:
         try:
             await asyncio.wait_for(handle.exited.wait(), timeout=timeout_s)
         except TimeoutError:
-            await self.stop(gen, 5.0)
+            await self.stop(gen, grace_s)
             return None
         return handle.exit_code
 
