@@ -11,8 +11,7 @@ event loop (the API and the app supervisor keep running through a respawn). Rule
   arrives while no router runs waits in the kernel's backlog instead of being refused.
 - Death is a signal, not a poll: a pidfd of the router's main process (Linux >= 5.3;
   it works on an adopted router too, which is not our child) is watched by the event
-  loop and turns readable when the process exits. Where pidfds are missing, a check
-  every POLL_S stands in.
+  loop and turns readable when the process exits (keelway.runtime.death_watch).
 - A dead router is started again at once. One that dies again (or fails to start)
   within STABLE_S of its start waits by RESPAWN_DELAYS_S, bounded, so a router that
   cannot start never spins; the log and `status` say why and when the next try is.
@@ -41,6 +40,7 @@ from keelway import failpoints
 from keelway.clock import Clock
 from keelway.home import Home
 from keelway.runtime import process, router
+from keelway.runtime.death_watch import DeathWatch
 from keelway.runtime.router import (
     RouterHandle,
     RouterPortBusy,
@@ -63,7 +63,6 @@ failpoints.declare("router.respawn.before", "router.respawn.after")
 RESPAWN_DELAYS_S: Final = (0.0, 1.0, 5.0, 15.0, 30.0, 60.0)
 # A router that ran this long before dying was healthy: its death is retried at once.
 STABLE_S: Final = 30.0
-POLL_S: Final = 0.5
 # A worker may take 30 s to start on a starved box (router.workers), and the router
 # answers only once every worker serves.
 START_TIMEOUT_S: Final = 40.0
@@ -96,63 +95,6 @@ class RouterHealth:
     next_retry_at: float | None
     last_error: str | None
     death_watch: str
-
-
-class DeathWatch:
-    """Calls `on_death` once, soon after the process `handle` names has exited (our
-    child or not). `pidfd=False` is the fallback where the kernel has none."""
-
-    def __init__(self, handle: RouterHandle, on_death: Callable[[], object],
-                 pidfd: bool = True) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._on_death = on_death
-        self._fd: int | None = None
-        self._poll: asyncio.Task[None] | None = None
-        self.kind = "pidfd"
-        try:
-            if not pidfd:
-                raise OSError("pidfds not wanted")
-            self._fd = os.pidfd_open(handle.pid)
-        except ProcessLookupError:
-            self._loop.call_soon(self._fire)
-            return
-        except (AttributeError, OSError):  # no pidfd on this kernel or platform
-            self.kind = "poll"
-            self._poll = self._loop.create_task(self._poll_until_dead(handle))
-            return
-        # The pid may have been reused before the pidfd was opened: it must still be the
-        # process the handle names, else that one is already gone.
-        if not process.is_alive(handle.pid, handle.start_ticks):
-            self._loop.call_soon(self._fire)
-            return
-        self._loop.add_reader(self._fd, self._fire)
-
-    async def _poll_until_dead(self, handle: RouterHandle) -> None:
-        while process.is_alive(handle.pid, handle.start_ticks):
-            await asyncio.sleep(POLL_S)
-        self._fire()
-
-    def _fire(self) -> None:
-        on_death = self._on_death
-        if self.cancel():
-            on_death()
-
-    def cancel(self) -> bool:
-        """Stop watching; False if it already fired or was cancelled."""
-        if self._on_death is _fired:
-            return False
-        if self._fd is not None:
-            self._loop.remove_reader(self._fd)
-            os.close(self._fd)
-            self._fd = None
-        if self._poll is not None and self._poll is not asyncio.current_task():
-            self._poll.cancel()
-        self._on_death = _fired
-        return True
-
-
-def _fired() -> None:
-    pass
 
 
 def _started_at(handle: RouterHandle) -> float | None:

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from keelway.runtime import process
+from keelway.runtime.death_watch import DeathWatch
 from keelway.runtime.router import RouterHandle
-from keelway.runtime.router_supervisor import DeathWatch
 
 
 def _handle(pid: int) -> RouterHandle:
