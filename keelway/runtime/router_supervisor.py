@@ -47,13 +47,6 @@ from keelway.runtime.router import (
     RouterRestartFailed,
     RouterSettings,
     RouterStartFailed,
-    bind_listener,
-    borrow_listener,
-    describe_exit,
-    record_settings,
-    recorded_settings,
-    running_router,
-    wait_answering,
 )
 
 log: Final = logging.getLogger("keelway.router_supervisor")
@@ -154,11 +147,11 @@ class RouterSupervisor:
         ours_recorded = home.router_pidfile.exists()
         deadline = clock.monotonic() + (PORT_WAIT_S if ours_recorded else 0.0)
         while True:
-            running = await asyncio.to_thread(running_router, home)
+            running = await asyncio.to_thread(router.running_router, home)
             if running is not None:
-                recorded = recorded_settings(home)
+                recorded = router.recorded_settings(home)
                 if recorded is not None and recorded[0] == addr:
-                    listener = await asyncio.to_thread(borrow_listener, home)
+                    listener = await asyncio.to_thread(router.borrow_listener, home)
                     if recorded[1] == settings:
                         log.info("adopted the running router (pid %s)", running.pid)
                         return cls(home, addr, settings, clock, running, listener)
@@ -172,7 +165,7 @@ class RouterSupervisor:
                     return cls(home, addr, settings, clock, handle, listener)
                 await router.stop(home, running, clock)
             try:
-                listener = bind_listener(addr)
+                listener = router.bind_listener(addr)
                 break
             except RouterPortBusy:
                 # A router of ours that died may still have workers draining on the
@@ -182,11 +175,11 @@ class RouterSupervisor:
                 await clock.sleep(0.1)
         try:
             handle = await router.spawn(home, listener, settings)
-            await wait_answering(home, handle, START_TIMEOUT_S, clock)
+            await router.wait_answering(home, handle, START_TIMEOUT_S, clock)
         except BaseException:
             listener.close()
             raise
-        await asyncio.to_thread(record_settings, home, addr, settings)
+        await asyncio.to_thread(router.record_settings, home, addr, settings)
         return cls(home, addr, settings, clock, handle, listener)
 
     # -- supervision --------------------------------------------------------------------
@@ -220,7 +213,7 @@ class RouterSupervisor:
             if self._stopping or handle != self._handle:
                 return  # replaced or stopped on purpose meanwhile
             code = await router.reap(handle)
-            reason = f"router pid {handle.pid} died ({describe_exit(code)})"
+            reason = f"router pid {handle.pid} died ({router.describe_exit(code)})"
             self._down_since = self._clock.now()
             log.error("%s", reason)
             await self._start_or_retry(reason)
@@ -269,8 +262,8 @@ class RouterSupervisor:
                 listener = await self._bind_when_free()
                 self._listener = listener
             handle = await router.spawn(self.home, listener, self.settings)
-            await wait_answering(self.home, handle, START_TIMEOUT_S, self._clock)
-            await asyncio.to_thread(record_settings, self.home, self.addr, self.settings)
+            await router.wait_answering(self.home, handle, START_TIMEOUT_S, self._clock)
+            await asyncio.to_thread(router.record_settings, self.home, self.addr, self.settings)
             failpoints.hit("router.respawn.after")
             log.info("the router serves again on %s (pid %s)", self.addr, handle.pid)
             await self._publish()
@@ -288,7 +281,7 @@ class RouterSupervisor:
         deadline = self._clock.monotonic() + PORT_WAIT_S
         while True:
             try:
-                return bind_listener(self.addr)
+                return router.bind_listener(self.addr)
             except RouterPortBusy as exc:
                 if self._clock.monotonic() >= deadline:
                     raise RouterStartFailed(str(exc)) from exc
@@ -354,7 +347,7 @@ class RouterSupervisor:
     async def _adopt_whoever_answers(self, old: RouterHandle) -> None:
         """After a failed handoff the router may be the old one, the new one (it took
         over but the old did not exit in time), or none: watch the one that answers."""
-        current = await asyncio.to_thread(running_router, self.home)
+        current = await asyncio.to_thread(router.running_router, self.home)
         self._handle = current or old
         self._arm(self._handle)
 
