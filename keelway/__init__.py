@@ -6,7 +6,8 @@ Layering (imports only point down this list; checked by tests/test_layering.py):
     api            the control plane: aiohttp JSON API, wiring of everything below
     deploy         operations on instances (journaled), built on runtime + store
     reconcile      plan(records, observed) -> actions, and the executor of a plan
-    runtime        spawn / reap / stop / kill of generations, ports, logs
+    runtime        spawn / reap / stop / kill of generations and of the router (one spawn
+                   path, runtime.process), the supervision of both, ports, logs
     router         the data plane; its own process, fed route tables over a socket
     builds         staging, manifests, build commands, gc
     store          the SQLite records and their schema

@@ -17,7 +17,7 @@ ALLOWED = {
     "router": set(),
     "store": set(),
     "builds": set(),
-    "runtime": {"store"},
+    "runtime": {"store", "router"},
     "reconcile": {"store", "runtime"},
     "deploy": {"store", "runtime", "builds", "router", "reconcile"},
     "api": {"store", "runtime", "builds", "router", "deploy", "reconcile"},

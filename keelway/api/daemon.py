@@ -6,7 +6,7 @@ opened), then the store, boot recovery, and last the API socket, so a client tha
 connect sees a converged system. The router and the apps run in sessions of their own
 and survive this process; only `keelway down` (or Ctrl-C in the foreground) stops them,
 and `down --keep-apps` leaves both running. While this process runs it brings a dead
-router back at once (keelway.api.router_supervisor).
+router back at once (keelway.runtime.router_supervisor).
 """
 
 from __future__ import annotations
@@ -27,9 +27,6 @@ from pathlib import Path
 
 from aiohttp import web
 
-from keelway.api import router_process
-from keelway.api.router_process import RouterSettings
-from keelway.api.router_supervisor import RouterSupervisor
 from keelway.api.server import Api
 from keelway.builds.stage import stage, sweep
 from keelway.clock import SystemClock
@@ -38,7 +35,10 @@ from keelway.deploy.errors import OperationError
 from keelway.deploy.publisher import Publisher
 from keelway.durable import disk_full, disk_full_message, sweep_temp
 from keelway.home import PRIVATE_UMASK, Home
+from keelway.runtime import router as router_process
 from keelway.runtime.logs import rotate_if_large
+from keelway.runtime.router import RouterSettings
+from keelway.runtime.router_supervisor import RouterSupervisor
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
 
@@ -187,7 +187,16 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, request_shutdown, False)
 
-    router.watch(deployer.publisher.publish)
+    async def push_routes() -> str | None:
+        """The store's routes to a router the supervisor just started; why not if not
+        (the router serves its saved table and the periodic pass pushes them again)."""
+        try:
+            await deployer.publisher.publish()
+        except OperationError as exc:
+            return exc.message
+        return None
+
+    router.watch(push_routes)
     api = Api(store, home, deployer, http_port, request_shutdown, router)
     # Open log streams (`logs -f`) must not hold a shutdown for long.
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False,

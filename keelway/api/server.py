@@ -19,13 +19,13 @@ from keelway import __version__
 from keelway.api import bodies
 from keelway.api.http import app_name, errors_middleware, read_body, send_line
 from keelway.api.operations import Operations
-from keelway.api.router_process import RouterRestartFailed, RouterStartFailed
-from keelway.api.router_supervisor import RouterSupervisor
 from keelway.api.views import operation_view, router_view, status_view
 from keelway.deploy.deployer import Deployer
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
 from keelway.home import Home
 from keelway.runtime.logs import parse_log_name, read_from, tail_lines
+from keelway.runtime.router import RouterRestartFailed, RouterStartFailed
+from keelway.runtime.router_supervisor import RouterSupervisor
 from keelway.store import Store
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from keelway.api.router_supervisor import RouterHealth
 from keelway.reconcile.plan import leftovers as unconverged
+from keelway.runtime.router_supervisor import RouterHealth
 from keelway.store import Store
 from keelway.store.lifecycle import GenState, InstanceState
 from keelway.store.records import Generation, Operation

@@ -58,6 +58,7 @@ from keelway.deploy.plan import (
     respawns,
 )
 from keelway.deploy.publisher import Publisher
+from keelway.deploy.targets import stop_grace_s
 from keelway.home import Home
 from keelway.journal import Cause, Inhibition, StepKind
 from keelway.runtime.supervisor import SettleOutcome, Supervisor
@@ -178,7 +179,7 @@ class Attempt:
             case StopReplaced(spec=spec, old=old):
                 self._say(f"stopping {spec.name} (hold mode)")
                 self.store.add_inhibition(old.id, Inhibition.REPLACEMENT_PENDING, self.op.id)
-                await self._stop(old, spec.stop_grace_s, StepKind.STOP)
+                await self._stop(old, StepKind.STOP)
             case BeginHoldExec(evidence=evidence):
                 failpoints.hit("hold.stopped")
                 self.gate("before the hold exec")
@@ -296,12 +297,12 @@ class Attempt:
             if not drained:
                 self._say(f"{spec.name}: requests still in flight after "
                           f"{DRAIN_BOUND_S:g}s; stopping it anyway")
-        await self._stop(old, spec.stop_grace_s, StepKind.RETIRE)
+        await self._stop(old, StepKind.RETIRE)
 
-    async def _stop(self, gen: Generation, grace_s: float, kind: StepKind) -> None:
+    async def _stop(self, gen: Generation, kind: StepKind) -> None:
         seq = self.store.begin_step(self.op.id, kind, service=gen.service, before_gen=gen.id)
         latest = self.store.get_generation(gen.id) or gen
-        if await self.supervisor.stop(latest, grace_s):
+        if await self.supervisor.stop(latest, stop_grace_s(self.store, gen)):
             self.store.finish_step(self.op.id, seq, StepState.SUCCEEDED)
             return
         error = f"generation {gen.id} (pid {gen.pid}) survived SIGKILL"
@@ -415,8 +416,7 @@ class Attempt:
                 self._say(f"could not republish: {exc.message}")
         for gen in gens:
             if gen.state is not GenState.GONE:
-                spec = self.target.manifest.services.get(gen.service)
-                await self._stop(gen, spec.stop_grace_s if spec else 10.0, kind)
+                await self._stop(gen, kind)
 
     def _alive(self, gen: Generation) -> bool:
         latest = self.store.get_generation(gen.id)

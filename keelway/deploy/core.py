@@ -206,6 +206,4 @@ class DeployerCore:
 
     def stop_grace(self, gen: Generation) -> float:
         """The service's stop_grace: SIGTERM its tree, SIGKILL what is left after this."""
-        target = targets.target_of(self.store, gen)
-        spec = target.manifest.services.get(gen.service) if target else None
-        return spec.stop_grace_s if spec else 10.0
+        return targets.stop_grace_s(self.store, gen)

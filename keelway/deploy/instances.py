@@ -31,6 +31,9 @@ failpoints.declare("plan.before", "plan.after", "ready.after")
 READY_TIMEOUT_S = 60.0
 RELEASE_TIMEOUT_S = 600.0
 RELEASE_SERVICE = "release"
+# The release command is no service of the manifest, so it has no stop_grace of its own;
+# one still running past its timeout has had 10 minutes already: SIGKILL after 5 s.
+RELEASE_STOP_GRACE_S = 5.0
 
 Gate = Callable[[str], None]
 
@@ -157,7 +160,7 @@ async def run_release_command(
         build_path=target.build_path,
     )
     gen = await supervisor.spawn(gen, command, target.build_path, env)
-    code = await supervisor.wait_exit(gen, timeout_s)
+    code = await supervisor.wait_exit(gen, timeout_s, RELEASE_STOP_GRACE_S)
     if code != 0:
         reason = ("did not finish in time" if code is None else f"exited with code {code}")
         store.finish_step(op_id, seq, StepState.FAILED, error=f"release command {reason}")

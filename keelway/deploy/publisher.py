@@ -18,7 +18,6 @@ retry is due (rounded up to a whole second), not the default.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 from pathlib import Path
@@ -144,15 +143,15 @@ class Publisher:
         after waiting the bound out, the conservative answer).
         """
         key = f"127.0.0.1:{port}"
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + bound_s
-        while loop.time() < deadline:
+        clock = self.store.clock  # the injected one: a test's drain bound passes at once
+        deadline = clock.monotonic() + bound_s
+        while clock.monotonic() < deadline:
             try:
                 counts = await inflight(self.control_socket, timeout_s=1.0)
             except RouterControlError:
-                await asyncio.sleep(poll_s)
+                await clock.sleep(poll_s)
                 continue
             if counts.get(key, 0) <= 0:
                 return True
-            await asyncio.sleep(poll_s)
+            await clock.sleep(poll_s)
         return False

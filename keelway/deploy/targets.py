@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from keelway.builds.manifest import DEFAULT_STOP_GRACE_S
 from keelway.deploy.errors import UserError
 from keelway.deploy.instances import Target
 from keelway.durable import symlink_atomic
@@ -40,6 +41,15 @@ def target_of(store: Store, gen: Generation) -> Target | None:
     app = store.get_app(gen.app)
     config = release.config if release else (app.config if app else {})
     return Target.load(gen.app, gen.release, gen.build_digest, path, dict(config))
+
+def stop_grace_s(store: Store, gen: Generation) -> float:
+    """How long `gen` gets between SIGTERM and SIGKILL: its own service's stop_grace, in
+    the manifest of the release it runs, wherever it is stopped (a retire, a hold, a
+    reconcile, `down`). Not the grace of the release replacing it: how long a process
+    needs to stop is a property of its own code. The default if its build is gone."""
+    target = target_of(store, gen)
+    spec = target.manifest.services.get(gen.service) if target else None
+    return spec.stop_grace_s if spec else DEFAULT_STOP_GRACE_S
 
 def running_target(store: Store, host: str) -> Target | None:
     actives = sorted(store.list_active(host), key=lambda a: a.service != "web")

@@ -1,5 +1,11 @@
 """The process verbs: spawn, reap, stop, kill, and proof of death, for one session.
 
+`spawn` is the one way keelway starts a process that outlives the control plane: a
+generation (runtime.supervisor) and the router (runtime.router) both start here. (Two
+starts sit outside it on purpose: `keelway up` starting the daemon, in the CLI, which
+imports no layer; and the router's own workers, in the router, which imports no layer
+either. Build steps are children we wait on, not detached.)
+
 Every process keelway starts leads its own session (start_new_session), so its session
 id is its pid and every process it forks stays findable by that id, unless it calls
 setsid() itself: a generation's whole tree, detached descendants included, is
@@ -98,23 +104,30 @@ class Spawned:
 
 
 async def spawn(
-    argv: list[str], *, cwd: Path, env: Mapping[str, str], log_path: Path
+    argv: list[str], *, log_path: Path, cwd: Path | None = None,
+    env: Mapping[str, str] | None = None, pass_fds: tuple[int, ...] = (),
 ) -> Spawned:
-    """Start `argv` as the leader of a new session, output appended to `log_path`.
+    """Start `argv` as the leader of a new session, output appended to `log_path`: the
+    one way keelway starts a process that outlives it (generations, the router). `env`
+    None inherits ours; `pass_fds` stay open in the child (the router's listening
+    socket), every other descriptor of ours is closed in it.
 
     Output goes straight to a file, not through a pipe to us, so the process keeps
-    running and logging while the control plane is down.
+    running and logging while the control plane is down. The fork happens on the event
+    loop, which reaps the child when it exits (`Spawned.proc.wait()`): nothing here
+    blocks the loop, and nothing ever waits on the child in the foreground.
     """
     log_fd = logs.open_for_append(log_path)
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv,
             cwd=cwd,
-            env=dict(env),
+            env=dict(env) if env is not None else None,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=log_fd,
             stderr=log_fd,
             start_new_session=True,
+            pass_fds=pass_fds,
         )
     finally:
         os.close(log_fd)

@@ -198,28 +198,37 @@ class Supervisor:
                 task.cancel()
             delay_s = min(delay_s * 2, 0.05)  # a probe is cheap; a late READY is not
 
+    async def _exits_within(self, handle: _Handle, seconds: float) -> bool:
+        """Whether `handle` exits before `seconds` pass on the supervisor's clock (the
+        injected one: a test's settle window or one-shot timeout passes at once)."""
+        exited = asyncio.ensure_future(handle.exited.wait())
+        window = asyncio.ensure_future(self.clock.sleep(seconds))
+        try:
+            await asyncio.wait((exited, window), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            exited.cancel()
+            window.cancel()
+        return handle.exited.is_set()
+
     async def settle(self, gen: Generation, settle_s: float) -> SettleOutcome:
         """Good = still running after the settle window; exit 0 inside it = completed."""
         handle = self._handles.get(gen.id)
         if handle is None:
             return SettleOutcome.CRASHED
-        try:
-            await asyncio.wait_for(handle.exited.wait(), timeout=settle_s)
-        except TimeoutError:
+        if not await self._exits_within(handle, settle_s):
             return SettleOutcome.GOOD
         return SettleOutcome.COMPLETED if handle.exit_code == 0 else SettleOutcome.CRASHED
 
-    async def wait_exit(self, gen: Generation, timeout_s: float) -> int | None:
+    async def wait_exit(self, gen: Generation, timeout_s: float, grace_s: float) -> int | None:
         """The exit code of a one-shot, or None if it was still running at the deadline
-        (or is not our child); the process is proven gone either way on return."""
+        (then stopped after `grace_s`) or is not our child; the process is proven gone
+        either way on return."""
         handle = self._handles.get(gen.id)
         if handle is None:
             return None
         handle.stopping = True  # its exit is the expected end, not a crash to restart
-        try:
-            await asyncio.wait_for(handle.exited.wait(), timeout=timeout_s)
-        except TimeoutError:
-            await self.stop(gen, 5.0)
+        if not await self._exits_within(handle, timeout_s):
+            await self.stop(gen, grace_s)
             return None
         return handle.exit_code
 

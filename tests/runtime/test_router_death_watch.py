@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from keelway.api.router_process import RouterHandle
-from keelway.api.router_supervisor import DeathWatch
 from keelway.runtime import process
+from keelway.runtime.death_watch import DeathWatch
+from keelway.runtime.router import RouterHandle
 
 
 def _handle(pid: int) -> RouterHandle:

@@ -1,5 +1,8 @@
-"""The router as a process of its own: bind, spawn, adopt, stop, and the signs of its
-death. Keeping it alive is keelway.api.router_supervisor's; this module has the verbs.
+"""The router as a process of its own: bind, spawn, reap, stop, kill, the gapless
+restart, and its records. Keeping it alive is keelway.runtime.router_supervisor's; this
+module has the verbs, built on keelway.runtime.process (one spawn path for every process
+keelway starts detached). Every verb is a coroutine that never blocks the event loop:
+the fork happens on the loop, which reaps the child; pings and fsyncs run in a thread.
 
 The control plane binds the listening socket itself, so a port already in use is a
 clear error before anything else starts, and hands the bound fd to the router (keeping
@@ -22,9 +25,9 @@ import errno
 import os
 import signal
 import socket
-import subprocess
 import sys
 from dataclasses import dataclass
+from typing import Final
 
 import msgspec
 
@@ -34,12 +37,20 @@ from keelway.durable import write_atomic
 from keelway.home import Home
 from keelway.router.client import RouterControlError, ping_sync, take_listener
 from keelway.router.server import bind_tcp
-from keelway.runtime import logs, process
+from keelway.runtime import process
 
 failpoints.declare(
     "router.spawn.before", "router.spawn.after", "router.recorded",
     "router.restart.before", "router.restart.after", "router.restart.took_over",
 )
+
+# The router's own stop grace, not a service's: SIGTERM makes it finish in-flight
+# requests within its drain timeout (router.proxy, 10 s) and close; this covers that.
+STOP_GRACE_S: Final = 15.0
+# How long a successor of a gapless restart has to take the socket over and answer.
+TAKEOVER_TIMEOUT_S: Final = 10.0
+# How long the retired router has to drain after the handover before it is reported.
+RETIRE_WAIT_S: Final = 20.0
 
 
 class RouterPortBusy(Exception):
@@ -148,52 +159,69 @@ def recorded_settings(home: Home) -> tuple[str, RouterSettings | None] | None:
     return record.addr, RouterSettings(record.workers, tuple(record.trusted_proxies))
 
 
-def _popen_router(home: Home, source: list[str],
-                  pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
+# The routers this process started, kept to reap them (and read how they ended) once
+# they exit: the event loop reaps them as they exit, and nothing waits on one in the
+# foreground, because the router outlives us.
+_children: dict[int, asyncio.subprocess.Process] = {}
+
+
+async def _spawn(home: Home, source: list[str],
+                 pass_fds: tuple[int, ...] = ()) -> process.Spawned:
     """Start a router process in a session of its own (it outlives us), its output
     appended to the router log; `source` says where its listening socket comes from."""
-    log_fd = logs.open_for_append(home.router_log)
-    try:
-        return subprocess.Popen(
-            [sys.executable, "-m", "keelway.router", *source,
-             "--control", str(home.router_socket), "--state", str(home.router_state)],
-            pass_fds=pass_fds, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
-            start_new_session=True, close_fds=True,
-        )
-    finally:
-        os.close(log_fd)
+    spawned = await process.spawn(
+        [sys.executable, "-m", "keelway.router", *source,
+         "--control", str(home.router_socket), "--state", str(home.router_state)],
+        log_path=home.router_log, pass_fds=pass_fds,
+    )
+    _children[spawned.pid] = spawned.proc
+    return spawned
 
 
-def spawn_router(home: Home, listener: socket.socket,
-                 settings: RouterSettings) -> RouterHandle:
-    """A router on `listener` (its fd is inherited), recorded in the pidfile. Blocking
-    (a fork and an fsync): call it from a thread where an event loop runs."""
+async def spawn(home: Home, listener: socket.socket,
+                settings: RouterSettings) -> RouterHandle:
+    """A router on `listener` (its fd is inherited), recorded in the pidfile."""
     failpoints.hit("router.spawn.before")
-    proc = _popen_router(home, ["--listen-fd", str(listener.fileno()), *settings.argv()],
-                         (listener.fileno(),))
+    spawned = await _spawn(home, ["--listen-fd", str(listener.fileno()), *settings.argv()],
+                           (listener.fileno(),))
     failpoints.hit("router.spawn.after")
-    stat = process.read_stat(proc.pid)
-    handle = RouterHandle(proc.pid, stat.start_ticks if stat else 0, adopted=False)
-    _record_pid(home, handle)
-    _children[proc.pid] = proc
+    handle = RouterHandle(spawned.pid, spawned.start_ticks, adopted=False)
+    await asyncio.to_thread(_record_pid, home, handle)  # an fsync: off the loop
     return handle
 
 
-# The routers this process started, kept to reap them (and read how they ended) once
-# they exit: the Popen object is never waited on in the foreground, because the router
-# outlives us and a blocking wait would stall the event loop.
-_children: dict[int, subprocess.Popen[bytes]] = {}
-
-
-def reap(handle: RouterHandle) -> int | None:
-    """Reap `handle` if it is a router we started and it has exited; its exit status
-    (negative: the signal that killed it), or None if it runs or is not our child (an
-    adopted router's status goes to whoever its parent is now)."""
+def poll(handle: RouterHandle) -> int | None:
+    """The exit status of `handle` if it is a router we started that has exited
+    (negative: the signal that killed it), forgetting it; None if it runs or is not our
+    child (an adopted router's status goes to whoever its parent is now)."""
     proc = _children.get(handle.pid)
-    if proc is None or proc.poll() is None:
+    if proc is None or proc.returncode is None:
         return None
     del _children[handle.pid]
     return proc.returncode
+
+
+async def reap(handle: RouterHandle, timeout_s: float = 1.0) -> int | None:
+    """`poll` for a router known to have exited (its pidfd fired, or its session was
+    proven gone): the loop may learn of the exit a moment after the kernel says so, so
+    this waits up to `timeout_s` for it. None if not our child or still not reaped."""
+    proc = _children.get(handle.pid)
+    if proc is not None and proc.returncode is None:
+        try:
+            await asyncio.wait_for(asyncio.shield(proc.wait()), timeout=timeout_s)
+        except TimeoutError:
+            return None
+    return poll(handle)
+
+
+async def kill(handle: RouterHandle, clock: Clock) -> bool:
+    """SIGKILL the router's session (one that never answered: nothing to drain) and
+    prove it gone, reaping it if it is ours."""
+    process.signal_session(handle.pid, handle.start_ticks, signal.SIGKILL)
+    gone = await process.wait_gone(handle.pid, handle.start_ticks, clock, 5.0,
+                                   _children.get(handle.pid))
+    poll(handle)
+    return gone
 
 
 class RouterStartFailed(Exception):
@@ -207,7 +235,7 @@ async def wait_answering(home: Home, handle: RouterHandle, timeout_s: float,
     for `timeout_s`; a silent one is killed, so a failed start leaves nothing behind."""
     deadline = clock.monotonic() + timeout_s
     while True:
-        code = reap(handle)
+        code = poll(handle)
         if code is not None:
             raise RouterStartFailed(f"the router exited at start ({describe_exit(code)}); "
                                     f"see {home.router_log}")
@@ -217,9 +245,7 @@ async def wait_answering(home: Home, handle: RouterHandle, timeout_s: float,
         except RouterControlError:
             pass
         if clock.monotonic() > deadline:
-            process.signal_session(handle.pid, handle.start_ticks, signal.SIGKILL)
-            await process.wait_gone(handle.pid, handle.start_ticks, clock, 5.0)
-            reap(handle)
+            await kill(handle, clock)
             raise RouterStartFailed(f"the router did not answer in {timeout_s:.0f} s; "
                                     f"see {home.router_log}")
         await clock.sleep(0.02)
@@ -250,10 +276,11 @@ def borrow_listener(home: Home) -> socket.socket | None:
     return listener
 
 
-async def stop_router(home: Home, handle: RouterHandle, clock: Clock) -> bool:
+async def stop(home: Home, handle: RouterHandle, clock: Clock) -> bool:
     """SIGTERM the router (it finishes in-flight requests), prove it gone."""
-    gone = await process.stop(handle.pid, handle.start_ticks, grace_s=15.0, clock=clock)
-    reap(handle)
+    gone = await process.stop(handle.pid, handle.start_ticks, grace_s=STOP_GRACE_S,
+                              clock=clock, proc=_children.get(handle.pid))
+    poll(handle)
     if gone:
         home.router_pidfile.unlink(missing_ok=True)
     return gone
@@ -263,47 +290,43 @@ class RouterRestartFailed(Exception):
     pass
 
 
-async def restart_router(home: Home, old: RouterHandle, clock: Clock,
-                         settings: RouterSettings, addr: str) -> RouterHandle:
+async def restart(home: Home, old: RouterHandle, clock: Clock,
+                  settings: RouterSettings, addr: str) -> RouterHandle:
     """A gapless restart: a new router takes the listening socket from the old one over
     its control socket, takes over the control path, and retires it; the old one drains
     in-flight requests and exits. If the new one fails to start, the old keeps serving.
     The new one is recorded (pidfile, then `addr` and `settings`) once it answers.
     """
     failpoints.hit("router.restart.before")
-    proc = await asyncio.to_thread(
-        _popen_router, home, ["--takeover", str(home.router_socket), *settings.argv()])
+    spawned = await _spawn(home, ["--takeover", str(home.router_socket), *settings.argv()])
     failpoints.hit("router.restart.after")
-    new = RouterHandle(proc.pid, 0, adopted=False)
-    _children[proc.pid] = proc
-    deadline = clock.monotonic() + 10
+    new = RouterHandle(spawned.pid, spawned.start_ticks, adopted=False)
+    deadline = clock.monotonic() + TAKEOVER_TIMEOUT_S
     while True:
-        code = reap(new)
+        code = poll(new)
         if code is not None:
             raise RouterRestartFailed(
                 f"the new router {describe_exit(code)}; the old one keeps serving; "
                 f"see {home.router_log}")
         try:
-            if await asyncio.to_thread(ping_sync, home.router_socket, 0.5) == proc.pid:
+            if await asyncio.to_thread(ping_sync, home.router_socket, 0.5) == new.pid:
                 break
         except RouterControlError:
             pass
         if clock.monotonic() > deadline:
-            proc.kill()
-            await asyncio.to_thread(proc.wait)
-            reap(new)
-            raise RouterRestartFailed("the new router did not take over in 10 s; the old "
-                                      "one keeps serving")
+            await kill(new, clock)
+            raise RouterRestartFailed(f"the new router did not take over in "
+                                      f"{TAKEOVER_TIMEOUT_S:.0f} s; the old one keeps "
+                                      "serving")
         await clock.sleep(0.05)
     failpoints.hit("router.restart.took_over")
-    stat = process.read_stat(proc.pid)
-    handle = RouterHandle(proc.pid, stat.start_ticks if stat else 0, adopted=False)
-    await asyncio.to_thread(_record_pid, home, handle)
+    await asyncio.to_thread(_record_pid, home, new)
     await asyncio.to_thread(record_settings, home, addr, settings)
     # The old router drains and exits on its own; prove it, reaping it if it is ours.
-    gone = await process.wait_gone(old.pid, old.start_ticks, clock, 20.0)
-    reap(old)
+    gone = await process.wait_gone(old.pid, old.start_ticks, clock, RETIRE_WAIT_S,
+                                   _children.get(old.pid))
+    poll(old)
     if not gone:
         raise RouterRestartFailed(f"the old router (pid {old.pid}) did not exit after "
                                   "handing over; it still drains")
-    return handle
+    return new

@@ -2,7 +2,8 @@
 
 Owns the router's life as the control plane sees it: boot (adopt the router that
 answers, or start one), noticing its death, starting a successor, `router restart`, and
-stop. The process verbs it uses are keelway.api.router_process's. Rules:
+stop. The process verbs it uses are keelway.runtime.router's; nothing here blocks the
+event loop (the API and the app supervisor keep running through a respawn). Rules:
 
 - The listening socket is bound once and held here for as long as this control plane
   runs (for an adopted router, a copy is borrowed over its control socket). A successor
@@ -10,8 +11,7 @@ stop. The process verbs it uses are keelway.api.router_process's. Rules:
   arrives while no router runs waits in the kernel's backlog instead of being refused.
 - Death is a signal, not a poll: a pidfd of the router's main process (Linux >= 5.3;
   it works on an adopted router too, which is not our child) is watched by the event
-  loop and turns readable when the process exits. Where pidfds are missing, a check
-  every POLL_S stands in.
+  loop and turns readable when the process exits (keelway.runtime.death_watch).
 - A dead router is started again at once. One that dies again (or fails to start)
   within STABLE_S of its start waits by RESPAWN_DELAYS_S, bounded, so a router that
   cannot start never spins; the log and `status` say why and when the next try is.
@@ -37,28 +37,17 @@ from enum import Enum
 from typing import Any, Final
 
 from keelway import failpoints
-from keelway.api.router_process import (
+from keelway.clock import Clock
+from keelway.home import Home
+from keelway.runtime import process, router
+from keelway.runtime.death_watch import DeathWatch
+from keelway.runtime.router import (
     RouterHandle,
     RouterPortBusy,
     RouterRestartFailed,
     RouterSettings,
     RouterStartFailed,
-    bind_listener,
-    borrow_listener,
-    describe_exit,
-    reap,
-    record_settings,
-    recorded_settings,
-    restart_router,
-    running_router,
-    spawn_router,
-    stop_router,
-    wait_answering,
 )
-from keelway.clock import Clock
-from keelway.deploy.errors import RouterUnavailable
-from keelway.home import Home
-from keelway.runtime import process
 
 log: Final = logging.getLogger("keelway.router_supervisor")
 
@@ -67,7 +56,6 @@ failpoints.declare("router.respawn.before", "router.respawn.after")
 RESPAWN_DELAYS_S: Final = (0.0, 1.0, 5.0, 15.0, 30.0, 60.0)
 # A router that ran this long before dying was healthy: its death is retried at once.
 STABLE_S: Final = 30.0
-POLL_S: Final = 0.5
 # A worker may take 30 s to start on a starved box (router.workers), and the router
 # answers only once every worker serves.
 START_TIMEOUT_S: Final = 40.0
@@ -102,63 +90,6 @@ class RouterHealth:
     death_watch: str
 
 
-class DeathWatch:
-    """Calls `on_death` once, soon after the process `handle` names has exited (our
-    child or not). `pidfd=False` is the fallback where the kernel has none."""
-
-    def __init__(self, handle: RouterHandle, on_death: Callable[[], object],
-                 pidfd: bool = True) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._on_death = on_death
-        self._fd: int | None = None
-        self._poll: asyncio.Task[None] | None = None
-        self.kind = "pidfd"
-        try:
-            if not pidfd:
-                raise OSError("pidfds not wanted")
-            self._fd = os.pidfd_open(handle.pid)
-        except ProcessLookupError:
-            self._loop.call_soon(self._fire)
-            return
-        except (AttributeError, OSError):  # no pidfd on this kernel or platform
-            self.kind = "poll"
-            self._poll = self._loop.create_task(self._poll_until_dead(handle))
-            return
-        # The pid may have been reused before the pidfd was opened: it must still be the
-        # process the handle names, else that one is already gone.
-        if not process.is_alive(handle.pid, handle.start_ticks):
-            self._loop.call_soon(self._fire)
-            return
-        self._loop.add_reader(self._fd, self._fire)
-
-    async def _poll_until_dead(self, handle: RouterHandle) -> None:
-        while process.is_alive(handle.pid, handle.start_ticks):
-            await asyncio.sleep(POLL_S)
-        self._fire()
-
-    def _fire(self) -> None:
-        on_death = self._on_death
-        if self.cancel():
-            on_death()
-
-    def cancel(self) -> bool:
-        """Stop watching; False if it already fired or was cancelled."""
-        if self._on_death is _fired:
-            return False
-        if self._fd is not None:
-            self._loop.remove_reader(self._fd)
-            os.close(self._fd)
-            self._fd = None
-        if self._poll is not None and self._poll is not asyncio.current_task():
-            self._poll.cancel()
-        self._on_death = _fired
-        return True
-
-
-def _fired() -> None:
-    pass
-
-
 def _started_at(handle: RouterHandle) -> float | None:
     """Wall time at which the process started, from its start ticks since boot."""
     try:
@@ -186,7 +117,7 @@ class RouterSupervisor:
         self._death_kind = "pidfd"
         self._tasks: set[asyncio.Task[None]] = set()
         self._retry: asyncio.Task[None] | None = None
-        self._on_serving: Callable[[], Awaitable[object]] | None = None
+        self._on_serving: Callable[[], Awaitable[str | None]] | None = None
         self._stopping = False
         self._starting = False
         self._streak = 0
@@ -216,25 +147,25 @@ class RouterSupervisor:
         ours_recorded = home.router_pidfile.exists()
         deadline = clock.monotonic() + (PORT_WAIT_S if ours_recorded else 0.0)
         while True:
-            running = await asyncio.to_thread(running_router, home)
+            running = await asyncio.to_thread(router.running_router, home)
             if running is not None:
-                recorded = recorded_settings(home)
+                recorded = router.recorded_settings(home)
                 if recorded is not None and recorded[0] == addr:
-                    listener = await asyncio.to_thread(borrow_listener, home)
+                    listener = await asyncio.to_thread(router.borrow_listener, home)
                     if recorded[1] == settings:
                         log.info("adopted the running router (pid %s)", running.pid)
                         return cls(home, addr, settings, clock, running, listener)
                     log.info("restarting the router (pid %s) with new settings", running.pid)
                     try:
-                        handle = await restart_router(home, running, clock, settings, addr)
+                        handle = await router.restart(home, running, clock, settings, addr)
                     except RouterRestartFailed:
                         if listener is not None:
                             listener.close()
                         raise
                     return cls(home, addr, settings, clock, handle, listener)
-                await stop_router(home, running, clock)
+                await router.stop(home, running, clock)
             try:
-                listener = bind_listener(addr)
+                listener = router.bind_listener(addr)
                 break
             except RouterPortBusy:
                 # A router of ours that died may still have workers draining on the
@@ -243,19 +174,21 @@ class RouterSupervisor:
                     raise
                 await clock.sleep(0.1)
         try:
-            handle = await asyncio.to_thread(spawn_router, home, listener, settings)
-            await wait_answering(home, handle, START_TIMEOUT_S, clock)
+            handle = await router.spawn(home, listener, settings)
+            await router.wait_answering(home, handle, START_TIMEOUT_S, clock)
         except BaseException:
             listener.close()
             raise
-        await asyncio.to_thread(record_settings, home, addr, settings)
+        await asyncio.to_thread(router.record_settings, home, addr, settings)
         return cls(home, addr, settings, clock, handle, listener)
 
     # -- supervision --------------------------------------------------------------------
 
-    def watch(self, on_serving: Callable[[], Awaitable[object]]) -> None:
+    def watch(self, on_serving: Callable[[], Awaitable[str | None]]) -> None:
         """Start supervising; `on_serving` runs after every new router answers (to push
-        the store's routes: the router starts with the table it last saved)."""
+        the store's routes: the router starts with the table it last saved). It returns
+        None once they are pushed, else why not (an expected outcome, not an exception:
+        the routes are the control plane's business, so the caller words the reason)."""
         self._on_serving = on_serving
         self._arm(self._handle)
 
@@ -279,7 +212,8 @@ class RouterSupervisor:
         async with self._lock:
             if self._stopping or handle != self._handle:
                 return  # replaced or stopped on purpose meanwhile
-            reason = f"router pid {handle.pid} died ({describe_exit(reap(handle))})"
+            code = await router.reap(handle)
+            reason = f"router pid {handle.pid} died ({router.describe_exit(code)})"
             self._down_since = self._clock.now()
             log.error("%s", reason)
             await self._start_or_retry(reason)
@@ -327,12 +261,9 @@ class RouterSupervisor:
                 # again, once its workers let go of it.
                 listener = await self._bind_when_free()
                 self._listener = listener
-            # Off the event loop: the spawn and the records fsync, and the API and the
-            # app supervisor keep running meanwhile.
-            handle = await asyncio.to_thread(spawn_router, self.home, listener,
-                                             self.settings)
-            await wait_answering(self.home, handle, START_TIMEOUT_S, self._clock)
-            await asyncio.to_thread(record_settings, self.home, self.addr, self.settings)
+            handle = await router.spawn(self.home, listener, self.settings)
+            await router.wait_answering(self.home, handle, START_TIMEOUT_S, self._clock)
+            await asyncio.to_thread(router.record_settings, self.home, self.addr, self.settings)
             failpoints.hit("router.respawn.after")
             log.info("the router serves again on %s (pid %s)", self.addr, handle.pid)
             await self._publish()
@@ -350,7 +281,7 @@ class RouterSupervisor:
         deadline = self._clock.monotonic() + PORT_WAIT_S
         while True:
             try:
-                return bind_listener(self.addr)
+                return router.bind_listener(self.addr)
             except RouterPortBusy as exc:
                 if self._clock.monotonic() >= deadline:
                     raise RouterStartFailed(str(exc)) from exc
@@ -372,11 +303,10 @@ class RouterSupervisor:
     async def _publish(self) -> None:
         if self._on_serving is None:
             return
-        try:
-            await self._on_serving()
-        except RouterUnavailable as exc:
+        refused = await self._on_serving()
+        if refused is not None:
             # The periodic pass republishes; the router serves its saved table till then.
-            log.warning("the new router did not take the routes yet: %s", exc.message)
+            log.warning("the new router did not take the routes yet: %s", refused)
 
     # -- on request ---------------------------------------------------------------------
 
@@ -392,7 +322,7 @@ class RouterSupervisor:
             if process.is_alive(old.pid, old.start_ticks):
                 self._disarm()  # the old one exits on purpose: not a death to act on
                 try:
-                    new = await restart_router(self.home, old, self._clock, self.settings,
+                    new = await router.restart(self.home, old, self._clock, self.settings,
                                                self.addr)
                 except RouterRestartFailed:
                     await self._adopt_whoever_answers(old)
@@ -417,7 +347,7 @@ class RouterSupervisor:
     async def _adopt_whoever_answers(self, old: RouterHandle) -> None:
         """After a failed handoff the router may be the old one, the new one (it took
         over but the old did not exit in time), or none: watch the one that answers."""
-        current = await asyncio.to_thread(running_router, self.home)
+        current = await asyncio.to_thread(router.running_router, self.home)
         self._handle = current or old
         self._arm(self._handle)
 
@@ -453,5 +383,5 @@ class RouterSupervisor:
                 if not process.is_alive(handle.pid, handle.start_ticks):
                     log.warning("the router is down; the next `keelway up` starts it")
                 return True
-            return await stop_router(self.home, handle, self._clock)
+            return await router.stop(self.home, handle, self._clock)
 
