@@ -39,12 +39,12 @@ from keelway.deploy.publisher import Publisher
 from keelway.home import Home
 from keelway.reconcile.plan import HOLD_EXEC_STEP, REPLACEMENT_PENDING, RETIREMENT_PENDING
 from keelway.runtime.supervisor import SettleOutcome, Supervisor
-from keelway.store import Store
+from keelway.store import StaleSchedule, Store
 from keelway.store.lifecycle import GenState, InstanceState, RouteState, StepState
-from keelway.store.records import Generation, Operation
+from keelway.store.records import Generation, Operation, ReleaseDraft
 
-failpoints.declare("activate.before", "activate.after", "hold.stopped", "good.before",
-                   "retire.before")
+failpoints.declare("activate.before", "release.before", "activate.after", "hold.stopped",
+                   "good.before", "retire.before")
 
 DRAIN_BOUND_S = 10.0
 Progress = Callable[[str], None]
@@ -89,9 +89,9 @@ class Attempt:
     # RESTART/CONFIG: the target it replaced; RELEASE: the last good build, if any.
     fallback: Target | None
     rev: int
-    # Writes the rollout's release row; called inside the ACTIVE transaction of the first
-    # instance that installs, so ACTIVE never names a release that has no row.
-    write_release: Callable[[], None] | None
+    # The rollout's release row: written in the install of the first instance that
+    # installs, so ACTIVE never names a release that has no row.
+    release: ReleaseDraft | None
     progress: Progress
     _executed: bool = False
     _released: bool = False
@@ -178,7 +178,7 @@ class Attempt:
             route = self.store.get_route(self.host)
             assert route is not None
             self.store.set_route(self.host, self.host, RouteState.HOLDING, route.port,
-                                 route.generation_id)
+                                 route.generation_id, expected=route)
             # Withdrawing needs no check of our own route: one the router refused is not
             # served at all, which is withdrawn too.
             await self._publish("withdraw traffic", serving=False)
@@ -206,22 +206,17 @@ class Attempt:
             f"{s}={g.id}" for s, g in candidates.items()))
         failpoints.hit("activate.before")
         overlap_names = {s.name for s in overlap}
-        with self.store.tx():
-            self.gate("before the install")
-            if self.write_release is not None:
-                self.write_release()
-                self._released = True
-            for service, gen in candidates.items():
-                self.store.set_active(self.host, service, gen.id)
-                old = prior.get(service)
-                if old is not None and service in overlap_names:
-                    self.store.add_inhibition(old.id, RETIREMENT_PENDING, self.op.id)
-            web = candidates.get("web")
-            if web is not None:
-                self.store.set_route(self.host, self.host, RouteState.SERVING, web.port, web.id)
-            inst = self.store.get_instance(self.host)
-            if inst is not None and inst.state is not InstanceState.RUNNING:
-                self.store.set_instance_state(inst, InstanceState.RUNNING)
+        if self.release is not None:
+            failpoints.hit("release.before")
+        try:
+            written = self.store.install(
+                self.host, schedule_rev=self.rev, candidates=candidates,
+                retiring=[old.id for s, old in prior.items()
+                          if s in candidates and s in overlap_names],
+                retire_reason=RETIREMENT_PENDING, op_id=self.op.id, release=self.release)
+        except StaleSchedule as exc:
+            raise Superseded("before the install") from exc
+        self._released = self._released or written is not None
         failpoints.hit("activate.after")
         self.store.finish_step(self.op.id, seq, StepState.SUCCEEDED)
 
@@ -304,25 +299,13 @@ class Attempt:
                     before_gen=old.id if old else None)
             except StartFailed as exc:
                 self._say(f"the fallback failed too: {exc}")
-        with self.store.tx():
-            for service, gen in prior.items():
-                if self._alive(gen) and (activated or service in restarted):
-                    self.store.set_active(self.host, service, gen.id)
-                self.store.remove_inhibition(gen.id, RETIREMENT_PENDING)
-            for service, gen in restarted.items():
-                self.store.set_active(self.host, service, gen.id)
-            web = restarted.get("web") or (prior.get("web") if prior.get("web") and
-                                           self._alive(prior["web"]) else None)
-            route = self.store.get_route(self.host)
-            want: tuple[RouteState, int | None, int | None] = (
-                (RouteState.SERVING, web.port, web.id) if web is not None
-                else (RouteState.GATED, None, None))
-            have = (route.state, route.port, route.generation_id) if route else None
-            # A route already right is left untouched (the journal shows the failure,
-            # nothing else); an instance that never had a route and has no web gets none.
-            changed = have != want and (route is not None or web is not None)
-            if changed:
-                self.store.set_route(self.host, self.host, *want)
+        alive = {service: gen for service, gen in prior.items() if self._alive(gen)}
+        back = {service: gen.id for service, gen in alive.items()
+                if activated or service in restarted}
+        back.update({service: gen.id for service, gen in restarted.items()})
+        changed = self.store.fall_back(
+            self.host, active=back, unmark=[gen.id for gen in prior.values()],
+            unmark_reason=RETIREMENT_PENDING, web=restarted.get("web") or alive.get("web"))
         if changed:
             try:
                 await self.publisher.publish(self.host)
@@ -363,8 +346,9 @@ class Attempt:
         inst = self.store.get_instance(self.host)
         if inst is not None:
             self.store.set_instance_state(inst, state, why)
-        if self.store.get_route(self.host) is not None:
-            self.store.set_route(self.host, self.host, RouteState.GATED, None, None)
+        if (route := self.store.get_route(self.host)) is not None:
+            self.store.set_route(self.host, self.host, RouteState.GATED, None, None,
+                                 expected=route)
             try:
                 await self.publisher.publish()
             except OperationError as exc:

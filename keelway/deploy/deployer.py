@@ -25,9 +25,9 @@ from keelway.deploy.recovery import Recovery
 from keelway.reconcile.plan import Mode as Pass
 from keelway.runtime.environment import ensure_instance_key
 from keelway.store.lifecycle import InstanceState, RouteState, StepState
-from keelway.store.records import Instance, Operation
+from keelway.store.records import Instance, Operation, ReleaseDraft
 
-failpoints.declare("key.before", "key.after", "release.before")
+failpoints.declare("key.before", "key.after")
 
 Progress = Callable[[str], None]
 
@@ -168,12 +168,7 @@ class Deployer(Recovery):
                         if cause is Cause.RELEASE else None)
             released = False
 
-            def write_release() -> None:
-                failpoints.hit("release.before")
-                self.store.create_release(app, build_digest, config, description)
-                app_record = self.store.get_app(app)
-                if app_record is not None and app_record.config != config:
-                    self.store.set_app_config(app_record, config)
+            release = ReleaseDraft(app, build_digest, config, description)
 
             results: list[InstanceResult] = []
             for host in hosts:
@@ -183,7 +178,7 @@ class Deployer(Recovery):
                     fallback = targets.running_target(self.store, host)
                 result = await self._attempt_on(
                     host, kind, cause, target, fallback,
-                    revs[host], None if released else write_release, progress, key,
+                    revs[host], None if released else release, progress, key,
                     request_digest)
                 released = released or result.released
                 results.append(InstanceResult(host, number, result.outcome.value,
@@ -218,7 +213,7 @@ class Deployer(Recovery):
 
     async def _attempt_on(self, host: str, kind: str, cause: Cause, target: Target,
                           fallback: Target | None, rev: int,
-                          write_release: Callable[[], None] | None, progress: Progress,
+                          release: ReleaseDraft | None, progress: Progress,
                           key: str | None, request_digest: str | None) -> Result:
         async with self.lock(host):
             await self._reconcile_locked(host, Pass.MUTATION)
@@ -233,7 +228,7 @@ class Deployer(Recovery):
                 self._mint_key(op, host)
                 result = await Attempt(
                     self.store, self.home, self.supervisor, self.publisher, op, host, cause,
-                    target, fallback, rev, write_release, progress).run()
+                    target, fallback, rev, release, progress).run()
             except OperationError as exc:
                 result = Result(Outcome.FAILED, exc.message)
             except Exception as exc:  # journaled as what it is (see DeployerCore)
@@ -260,8 +255,9 @@ class Deployer(Recovery):
                 current = self.store.get_instance(inst.host) or inst
                 if current.state is not InstanceState.STOPPED:
                     self.store.set_instance_state(current, InstanceState.STOPPED)
-                if self.store.get_route(inst.host) is not None:
-                    self.store.set_route(inst.host, inst.host, RouteState.GATED, None, None)
+                if (route := self.store.get_route(inst.host)) is not None:
+                    self.store.set_route(inst.host, inst.host, RouteState.GATED, None, None,
+                                         expected=route)
                     await self.publisher.publish()
                 for gen in self.store.live_generations(inst.host):
                     if not await self.supervisor.stop(gen, self.stop_grace(gen)):

@@ -122,8 +122,9 @@ class Reconciler:
                     inst = self.store.get_instance(host)
                     if inst is not None and inst.state is not InstanceState.DOWN:
                         self.store.set_instance_state(inst, InstanceState.DOWN, action.reason)
-                        if self.store.get_route(host) is not None:
-                            self.store.set_route(host, host, RouteState.GATED, None, None)
+                        if (route := self.store.get_route(host)) is not None:
+                            self.store.set_route(host, host, RouteState.GATED, None, None,
+                                                 expected=route)
                         outcome.republish = True
                 case Kind.RECORD_GONE:
                     assert action.generation is not None
@@ -143,7 +144,8 @@ class Reconciler:
                 case Kind.RESTORE_ROUTE:
                     gen = self._gen(action)
                     if gen is not None:
-                        self.store.set_route(host, host, RouteState.SERVING, gen.port, gen.id)
+                        self.store.set_route(host, host, RouteState.SERVING, gen.port, gen.id,
+                                             expected=self.store.get_route(host))
                         outcome.republish = True
                 case Kind.REPUBLISH:
                     outcome.republish = True

@@ -35,6 +35,10 @@ class Conflict(StoreError):
     """A compare-and-swap lost: someone else changed the record first."""
 
 
+class StaleSchedule(Conflict):
+    """The instance's schedule revision moved past the caller's: a newer intent owns it."""
+
+
 class NotFound(StoreError):
     pass
 
