@@ -9,7 +9,7 @@ Layering (imports only point down this list; checked by tests/test_layering.py):
     runtime        spawn / reap / stop / kill of generations, ports, logs
     router         the data plane; its own process, fed route tables over a socket
     builds         staging, manifests, build commands, gc
-    store          the SQLite records and their schema
+    store          the Store protocol (one transaction per intent) and its SQLite store
     durable, failpoints, clock, home, names    leaf modules with no keelway imports
                                               (names: the rule of every name a user gives)
 
