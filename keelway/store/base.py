@@ -70,7 +70,8 @@ class StoreBase:
 
     @contextlib.contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
-        """One BEGIN IMMEDIATE transaction; nested calls join the outer one."""
+        """One BEGIN IMMEDIATE transaction; nested calls join the outer one. Only the
+        store's own methods open one: it is not part of the `Store` protocol."""
         if self._depth:
             self._depth += 1
             try:

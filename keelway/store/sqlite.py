@@ -3,16 +3,19 @@
 It implements the `Store` protocol (keelway/store/store.py) and keeps its rules:
 - Each public method is one BEGIN IMMEDIATE transaction (`tx()`), so a write happens
   whole or not at all, across a SIGKILL at any instruction. `tx()` is not part of the
-  protocol: no caller outside this package opens one (tests/test_layering.py checks it).
+  protocol: no caller outside this package opens one (tests/store/test_boundary.py).
 - The row-level writes live in the per-noun parts (catalog, journal, processes); the
   intents that span nouns (an install, a fall-back) live here and compose those writes
   inside their own transaction, where a nested `tx()` joins the outer one.
 - Lifecycle moves are checked (keelway.store.lifecycle.check) where they are written.
 
-Shape: the parts are classes this one combines, each owning its tables' SQL, over the
-one connection of StoreBase. Callers never see the split: they hold a `Store`, whose
-protocol is the one list of intents. A composed facade would restate every intent a
-third time (protocol, facade, part) for no reader's benefit.
+Shape, and why it is not a composed facade: the parts are disjoint method sets over the
+one connection of StoreBase. Each is typed against StoreBase alone, so mypy refuses a
+part that calls another; only this class, which sees them all, composes them, and only
+into intents. Callers never see the split: they hold a `Store`, whose protocol is the
+one list of intents. A facade over composed parts would restate every intent a third
+time (protocol, facade, part) to forward it, and a reader would follow two hops to the
+SQL instead of one.
 """
 
 from __future__ import annotations
