@@ -48,29 +48,28 @@ class Processes(StoreBase):
         """PLANNED -> RUNNING with its pid and start time. `gen` is the record the caller
         read: one written since is left as it is (`Conflict`)."""
         with self.tx() as c:
-            self._swap_generation(c, gen, GenState.RUNNING, "pid=?, start_ticks=?",
-                                  pid, start_ticks)
+            self._refuse_stale(gen, GenState.RUNNING)
+            c.execute("UPDATE generations SET state=?, pid=?, start_ticks=?, version=version+1"
+                      " WHERE id=? AND version=?",
+                      (GenState.RUNNING.value, pid, start_ticks, gen.id, gen.version))
         return self._gen_for_update(gen.id)
 
     def set_generation_state(self, gen: Generation, state: GenState) -> Generation:
         """Move `gen` (the record the caller read) to `state`: `Conflict` if it was
         written since, `IllegalTransition` if its lifecycle forbids the move."""
         with self.tx() as c:
-            self._swap_generation(c, gen, state)
+            self._refuse_stale(gen, state)
+            c.execute("UPDATE generations SET state=?, version=version+1"
+                      " WHERE id=? AND version=?", (state.value, gen.id, gen.version))
         return self._gen_for_update(gen.id)
 
-    def _swap_generation(self, c: sqlite3.Connection, gen: Generation, state: GenState,
-                         more: str = "", *values: object) -> None:
-        """The compare-and-swap of a generation's state: a stale record is refused before
-        its move is judged, so the error names the cause (someone wrote first)."""
+    def _refuse_stale(self, gen: Generation, state: GenState) -> None:
+        """The compare of a generation's compare-and-swap, inside the writer's transaction
+        (so nothing can write between it and the swap). A stale record is refused before
+        its move is judged, so the error names the cause: someone wrote first."""
         if self._gen_for_update(gen.id).version != gen.version:
             raise Conflict(f"generation {gen.id} changed under us")
         check(gen.state, state)
-        cur = c.execute(f"UPDATE generations SET state=?, {more + ', ' if more else ''}"
-                        "version=version+1 WHERE id=? AND version=?",
-                        (state.value, *values, gen.id, gen.version))
-        if cur.rowcount != 1:
-            raise Conflict(f"generation {gen.id} changed under us")
 
     def record_gone(self, gen_id: int, exit_code: int | None) -> Generation:
         """Record a generation proven dead, and free its port claim in the same write."""
