@@ -10,7 +10,7 @@ Layering (imports only point down this list; checked by tests/test_layering.py):
                    path, runtime.process), the supervision of both, ports, logs
     router         the data plane; its own process, fed route tables over a socket
     builds         staging, manifests, build commands, gc
-    store          the SQLite records and their schema
+    store          the Store protocol (one transaction per intent) and its SQLite store
     durable, failpoints, clock, home, names, journal
                    leaf modules with no keelway imports (names: the rule of every name a
                    user gives; journal: the kinds of operations and steps, causes and

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from keelway.home import Home
-from keelway.store import Store
+from keelway.store import SqliteStore, Store
 from keelway.testing.clock import FakeClock
 from tests.e2e.harness import Keelway, free_port
 
@@ -20,7 +20,7 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def store(tmp_path: Path, clock: FakeClock) -> Store:
-    s = Store(tmp_path / "keelway.db", clock)
+    s = SqliteStore(tmp_path / "keelway.db", clock)
     yield s
     s.close()
 

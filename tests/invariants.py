@@ -10,7 +10,7 @@ from keelway.reconcile.plan import leftovers
 from keelway.router.client import get_table_sync, ping_sync
 from keelway.runtime import process
 from keelway.runtime.tree import ProcessTrees
-from keelway.store import Store
+from keelway.store import SqliteStore
 from keelway.store.lifecycle import GenState, RouteState
 
 
@@ -20,7 +20,7 @@ def violations(home: Path) -> list[str]:
     # Scanned before the records are read: a generation's row is written before its
     # cgroup or process exists, so one spawned meanwhile is never taken for a stray.
     trees = ProcessTrees.found(home).scan()
-    store = Store(home / "keelway.db")
+    store = SqliteStore(home / "keelway.db")
     try:
         live = store.live_generations()
         by_id = {g.id: g for g in live}

@@ -32,7 +32,7 @@ from keelway.home import Home
 from keelway.router import route_table as rt
 from keelway.runtime.environment import process_env
 from keelway.runtime.supervisor import Supervisor
-from keelway.store import Store
+from keelway.store import SqliteStore
 from keelway.store.lifecycle import RouteState
 from keelway.store.records import Generation, Route
 from keelway.testing.clock import FakeClock
@@ -68,7 +68,7 @@ def _accepts(check: object, *args: object) -> bool:
 
 
 def _deployer(tmp_path: Path) -> Deployer:
-    store = Store(tmp_path / "keelway.db", FakeClock())
+    store = SqliteStore(tmp_path / "keelway.db", FakeClock())
     home = Home(tmp_path / "home")
     clock = FakeClock()
 

@@ -40,7 +40,7 @@ from keelway.runtime.logs import rotate_if_large
 from keelway.runtime.router import RouterSettings
 from keelway.runtime.router_supervisor import RouterSupervisor
 from keelway.runtime.supervisor import Supervisor
-from keelway.store import Store
+from keelway.store import SqliteStore, Store
 
 log = logging.getLogger("keelway.daemon")
 
@@ -160,7 +160,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     sweep(home.builds_dir)
     for directory in (home.router_dir, home.root / "env", home.root / "current"):
         sweep_temp(directory)
-    store = Store(home.store_path, clock)
+    store = SqliteStore(home.store_path, clock)
     owner = uuid.uuid4().hex[:12]
     deployer: Deployer
 

@@ -10,13 +10,14 @@ When it fails, `plan.FALLBACK` says what takes its place: what it replaced (rest
 config), the last good build or with none a stop (a release), or nothing at all (a
 hold-mode release that executed: the instance goes down).
 Supersession: the attempt holds the instance's schedule revision and re-checks it before
-the spawn, at the spawn, before the install (inside the ACTIVE transaction) and before
-the result counts; a superseded attempt never marks a build good, never writes a
-release, and leaves traffic to the newer attempt.
+the spawn, at the spawn, before the install (the store's `install` compares it inside
+its own write and refuses with `StaleSchedule`) and before the result counts; a
+superseded attempt never marks a build good, never writes a release, and leaves traffic
+to the newer attempt.
 Expected outcomes are values (`StartFailed`, `Failed`, `Result`); the one exception is
-`Superseded`, raised by the gate, because it must unwind the ACTIVE transaction it is
-checked in. Candidates that end unpublished are removed by the reconciler, one path for
-failures and crashes alike.
+`Superseded`, raised by the gate (and for a refused install), because it must unwind
+whatever step it is checked in. Candidates that end unpublished are removed by the
+reconciler, one path for failures and crashes alike.
 """
 
 from __future__ import annotations
@@ -62,12 +63,12 @@ from keelway.deploy.targets import stop_grace_s
 from keelway.home import Home
 from keelway.journal import Cause, Inhibition, StepKind
 from keelway.runtime.supervisor import SettleOutcome, Supervisor
-from keelway.store import Store
+from keelway.store import StaleSchedule, Store
 from keelway.store.lifecycle import GenState, InstanceState, RouteState, StepState
-from keelway.store.records import Generation, Operation
+from keelway.store.records import Generation, Operation, ReleaseDraft
 
-failpoints.declare("activate.before", "activate.after", "hold.stopped", "good.before",
-                   "retire.before")
+failpoints.declare("activate.before", "release.before", "activate.after", "hold.stopped",
+                   "good.before", "retire.before")
 
 DRAIN_BOUND_S = 10.0
 Progress = Callable[[str], None]
@@ -112,9 +113,9 @@ class Attempt:
     cause: Cause
     target: Target
     rev: int
-    # Writes the rollout's release row; called inside the ACTIVE transaction of the first
-    # instance that installs, so ACTIVE never names a release that has no row.
-    write_release: Callable[[], None] | None
+    # The rollout's release row: written in the install of the first instance that
+    # installs, so ACTIVE never names a release that has no row.
+    release: ReleaseDraft | None
     progress: Progress
     _executed: bool = False
     _released: bool = False
@@ -145,8 +146,8 @@ class Attempt:
                 if failed is not None:
                     self._say(f"failed: {failed.reason}")
                     return await self._recover(plan, prior, failed.reason, activated)
-                # From the ACTIVE transaction on, a failure must put back what it
-                # replaced, a failed publish included: ACTIVE already names the candidates.
+                # From the install on, a failure must put back what it replaced, a
+                # failed publish included: ACTIVE already names the candidates.
                 activated = activated or isinstance(step, Activate)
         except Superseded as exc:
             if not activated:
@@ -172,7 +173,7 @@ class Attempt:
                 route = self.store.get_route(self.host)
                 if route is not None:
                     self.store.set_route(self.host, self.host, RouteState.HOLDING,
-                                         route.port, route.generation_id)
+                                         route.port, route.generation_id, expected=route)
                 # Withdrawing needs no check of our own route: one the router refused is
                 # not served at all, which is withdrawn too.
                 return await self._publish(StepKind.WITHDRAW, serving=False)
@@ -232,29 +233,24 @@ class Attempt:
         return None
 
     async def _activate(self, prior: dict[str, Generation], overlap: frozenset[str]) -> None:
-        """ACTIVE, route, retirement marks (and the release row) in one transaction; the
-        caller publishes."""
+        """ACTIVE, route, retirement marks (and the release row) in one write, the
+        store's install; the caller publishes."""
         candidates = self._candidates
         seq = self.store.begin_step(self.op.id, StepKind.ACTIVATE, detail=", ".join(
             f"{s}={g.id}" for s, g in candidates.items()))
         failpoints.hit("activate.before")
-        with self.store.tx():
-            self.gate("before the install")
-            if self.write_release is not None:
-                self.write_release()
-                self._released = True
-            for service, gen in candidates.items():
-                self.store.set_active(self.host, service, gen.id)
-                old = prior.get(service)
-                if old is not None and service in overlap:
-                    self.store.add_inhibition(old.id, Inhibition.RETIREMENT_PENDING,
-                                              self.op.id)
-            web = candidates.get("web")
-            if web is not None:
-                self.store.set_route(self.host, self.host, RouteState.SERVING, web.port, web.id)
-            inst = self.store.get_instance(self.host)
-            if inst is not None and inst.state is not InstanceState.RUNNING:
-                self.store.set_instance_state(inst, InstanceState.RUNNING)
+        if self.release is not None:
+            failpoints.hit("release.before")
+        try:
+            written = self.store.install(
+                self.host, schedule_rev=self.rev, candidates=candidates,
+                retiring=[old.id for s, old in prior.items()
+                          if s in candidates and s in overlap],
+                retire_reason=Inhibition.RETIREMENT_PENDING, op_id=self.op.id,
+                release=self.release)
+        except StaleSchedule as exc:
+            raise Superseded("before the install") from exc
+        self._released = self._released or written is not None
         failpoints.hit("activate.after")
         self.store.finish_step(self.op.id, seq, StepState.SUCCEEDED)
 
@@ -348,25 +344,15 @@ class Attempt:
                 self._say(f"the fallback failed too: {started}")
             else:
                 restarted[spec.name] = started
-        with self.store.tx():
-            for service, gen in prior.items():
-                if self._alive(gen) and (activated or service in restarted):
-                    self.store.set_active(self.host, service, gen.id)
-                self.store.remove_inhibition(gen.id, Inhibition.RETIREMENT_PENDING)
-            for service, gen in restarted.items():
-                self.store.set_active(self.host, service, gen.id)
-            web = restarted.get("web") or (prior.get("web") if prior.get("web") and
-                                           self._alive(prior["web"]) else None)
-            route = self.store.get_route(self.host)
-            want: tuple[RouteState, int | None, int | None] = (
-                (RouteState.SERVING, web.port, web.id) if web is not None
-                else (RouteState.GATED, None, None))
-            have = (route.state, route.port, route.generation_id) if route else None
-            # A route already right is left untouched (the journal shows the failure,
-            # nothing else); an instance that never had a route and has no web gets none.
-            changed = have != want and (route is not None or web is not None)
-            if changed:
-                self.store.set_route(self.host, self.host, *want)
+        # Read again: an old generation may have died while the fallback started.
+        alive = {s: g for s, g in prior.items() if self._alive(g)}
+        back = {service: gen.id for service, gen in alive.items()
+                if activated or service in restarted}
+        back.update({service: gen.id for service, gen in restarted.items()})
+        changed = self.store.fall_back(
+            self.host, active=back, unmark=[gen.id for gen in prior.values()],
+            unmark_reason=Inhibition.RETIREMENT_PENDING,
+            web=restarted.get("web") or alive.get("web"))
         if changed:
             try:
                 await self.publisher.publish(self.host)
@@ -408,8 +394,9 @@ class Attempt:
         inst = self.store.get_instance(self.host)
         if inst is not None:
             self.store.set_instance_state(inst, state, why)
-        if self.store.get_route(self.host) is not None:
-            self.store.set_route(self.host, self.host, RouteState.GATED, None, None)
+        if (route := self.store.get_route(self.host)) is not None:
+            self.store.set_route(self.host, self.host, RouteState.GATED, None, None,
+                                 expected=route)
             try:
                 await self.publisher.publish()
             except OperationError as exc:

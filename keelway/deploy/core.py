@@ -31,7 +31,7 @@ from keelway.reconcile.apply import FailedClosed, Reconciler
 from keelway.reconcile.plan import Pass
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
-from keelway.store.lifecycle import GenState, InstanceState, OpState, RouteState, StepState
+from keelway.store.lifecycle import GenState, InstanceState, OpState, StepState
 from keelway.store.records import Generation, Instance, Operation
 
 log = logging.getLogger("keelway.deployer")
@@ -174,13 +174,7 @@ class DeployerCore:
                 # raises OperationError, which _journaled records as the outcome.
                 raise OperationError(str(started))
             fresh[gen.service] = started
-        with self.store.tx():
-            for service, gen in fresh.items():
-                self.store.set_active(inst.host, service, gen.id)
-            web_active = self.store.get_active(inst.host, "web")
-            web = self.store.get_generation(web_active.generation_id) if web_active else None
-            if web is not None and web.state is not GenState.GONE:
-                self.store.set_route(inst.host, inst.host, RouteState.SERVING, web.port, web.id)
+        self.store.activate_and_route(inst.host, {s: g.id for s, g in fresh.items()})
         await self.publisher.publish(inst.host)
 
     async def _restart_active_locked(self, host: str,

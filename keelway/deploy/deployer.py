@@ -11,7 +11,6 @@ the first instance that does not end DONE, leaving the rest on what they run.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,9 +25,9 @@ from keelway.journal import Cause, OpKind, StepKind
 from keelway.reconcile.plan import Pass
 from keelway.runtime.environment import ensure_instance_key
 from keelway.store.lifecycle import InstanceState, RouteState, StepState
-from keelway.store.records import Instance, Operation
+from keelway.store.records import Instance, Operation, ReleaseDraft
 
-failpoints.declare("key.before", "key.after", "release.before")
+failpoints.declare("key.before", "key.after")
 
 
 def _quiet(_message: str) -> None:
@@ -165,18 +164,13 @@ class Deployer(Recovery):
             target = Target.load(app, number, build_digest, build_path, config, mode)
             released = False
 
-            def write_release() -> None:
-                failpoints.hit("release.before")
-                self.store.create_release(app, build_digest, config, description)
-                app_record = self.store.get_app(app)
-                if app_record is not None and app_record.config != config:
-                    self.store.set_app_config(app_record, config)
+            release = ReleaseDraft(app, build_digest, config, description)
 
             results: list[InstanceResult] = []
             for host in hosts:
                 result = await self._attempt_on(
                     host, kind, cause, target, revs[host],
-                    None if released else write_release, progress, key, request_digest)
+                    None if released else release, progress, key, request_digest)
                 released = released or result.released
                 results.append(InstanceResult(host, number, result.outcome.value,
                                               result.generations))
@@ -210,7 +204,7 @@ class Deployer(Recovery):
 
     async def _attempt_on(self, host: str, kind: OpKind, cause: Cause, target: Target,
                           rev: int,
-                          write_release: Callable[[], None] | None, progress: Progress,
+                          release: ReleaseDraft | None, progress: Progress,
                           key: str | None, request_digest: str | None) -> Result:
         async with self.lock(host):
             await self._reconcile_locked(host, Pass.MUTATION)
@@ -226,7 +220,7 @@ class Deployer(Recovery):
                 result = await Attempt(
                     store=self.store, home=self.home, supervisor=self.supervisor,
                     publisher=self.publisher, op=op, host=host, cause=cause, target=target,
-                    rev=rev, write_release=write_release, progress=progress).run()
+                    rev=rev, release=release, progress=progress).run()
             except OperationError as exc:
                 result = Result(Outcome.FAILED, exc.message)
             except Exception as exc:  # journaled as what it is (see DeployerCore)
@@ -253,8 +247,9 @@ class Deployer(Recovery):
                 current = self.store.get_instance(inst.host) or inst
                 if current.state is not InstanceState.STOPPED:
                     self.store.set_instance_state(current, InstanceState.STOPPED)
-                if self.store.get_route(inst.host) is not None:
-                    self.store.set_route(inst.host, inst.host, RouteState.GATED, None, None)
+                if (route := self.store.get_route(inst.host)) is not None:
+                    self.store.set_route(inst.host, inst.host, RouteState.GATED, None, None,
+                                         expected=route)
                     await self.publisher.publish()
                 for gen in self.store.live_generations(inst.host):
                     if not await self.supervisor.stop(gen, self.stop_grace(gen)):

@@ -128,7 +128,7 @@ async def start_generation(
         store.finish_step(op_id, seq, StepState.FAILED, error=reason)
         return StartFailed(spec.name, reason, store.get_generation(gen.id) or gen)
     if (current := store.get_generation(gen.id)) and current.state is GenState.RUNNING:
-        gen = store.set_generation_state(gen.id, GenState.READY)
+        gen = store.set_generation_state(current, GenState.READY)
     failpoints.hit("ready.after")
     store.finish_step(op_id, seq, StepState.SUCCEEDED)
     return gen

@@ -24,7 +24,7 @@ from keelway.journal import OpKind
 from keelway.reconcile.apply import FailedClosed
 from keelway.reconcile.plan import Pass
 from keelway.runtime.backoff import next_retry
-from keelway.store.lifecycle import InstanceState, OpState, RequestState, RouteState
+from keelway.store.lifecycle import InstanceState, OpState, RequestState
 from keelway.store.records import CrashRetry, Generation
 
 PERIODIC_S = 5.0
@@ -69,14 +69,8 @@ class Recovery(DeployerCore):
             prior.failures if prior else 0, started_at=gen.created_at, now=now,
             same_generation=prior is not None and prior.generation_id == gen.id)
         failpoints.hit("backoff.before")
-        with self.store.tx():
-            self.store.record_crash(CrashRetry(gen.instance, gen.service, gen.id,
-                                               failures, now, now + delay))
-            route = self.store.get_route(gen.instance)
-            gate = (gen.service == "web" and route is not None
-                    and route.state is RouteState.SERVING and route.generation_id == gen.id)
-            if gate:
-                self.store.set_route(gen.instance, gen.instance, RouteState.GATED, None, None)
+        gate = self.store.record_crash(CrashRetry(gen.instance, gen.service, gen.id,
+                                                  failures, now, now + delay))
         failpoints.hit("backoff.after")
         self.store.add_event("backoff", f"{gen.service} restarts in {delay:g}s (crash "
                              f"{failures} in a row)", app=gen.app,

@@ -62,8 +62,7 @@ def gather(store: Store, host: str, live_ops: set[int]) -> Records | None:
         latest_is_live=latest is not None and latest.id in live_ops,
         active={a.service: a.generation_id for a in store.list_active(host)},
         live=live,
-        inhibitions={g.id: frozenset(Inhibition(r) for r in store.inhibitions(g.id))
-                     for g in live},
+        inhibitions={g.id: frozenset(store.inhibitions(g.id)) for g in live},
         routed={host: route.generation_id if route else None},
         route_state=route.state if route else None,
     )
@@ -114,7 +113,8 @@ class Reconciler:
                     await self._remove_candidate(host, action)
                 case Kind.CLEAR_INHIBITION:
                     assert action.generation is not None and action.reason is not None
-                    self.store.remove_inhibition(action.generation, action.reason)
+                    # The plan names the mark by its value (Action.reason is shared text).
+                    self.store.remove_inhibition(action.generation, Inhibition(action.reason))
                 case Kind.FINALIZE:
                     assert action.op_id is not None and action.state is not None
                     op = self.store.get_operation(action.op_id)
@@ -127,8 +127,9 @@ class Reconciler:
                     inst = self.store.get_instance(host)
                     if inst is not None and inst.state is not InstanceState.DOWN:
                         self.store.set_instance_state(inst, InstanceState.DOWN, action.reason)
-                        if self.store.get_route(host) is not None:
-                            self.store.set_route(host, host, RouteState.GATED, None, None)
+                        if (route := self.store.get_route(host)) is not None:
+                            self.store.set_route(host, host, RouteState.GATED, None, None,
+                                                 expected=route)
                         outcome.republish = True
                 case Kind.RECORD_GONE:
                     assert action.generation is not None
@@ -148,7 +149,8 @@ class Reconciler:
                 case Kind.RESTORE_ROUTE:
                     gen = self._gen(action)
                     if gen is not None:
-                        self.store.set_route(host, host, RouteState.SERVING, gen.port, gen.id)
+                        self.store.set_route(host, host, RouteState.SERVING, gen.port, gen.id,
+                                             expected=self.store.get_route(host))
                         outcome.republish = True
                 case Kind.REPUBLISH:
                     outcome.republish = True

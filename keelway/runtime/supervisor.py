@@ -110,7 +110,7 @@ class Supervisor:
         argv = self.trees.enter_argv(gen.id, shell_argv(command))
         spawned = await process.spawn(argv, cwd=cwd, env=env, log_path=path)
         failpoints.hit("spawn.after")
-        running = self.store.record_spawn(gen.id, spawned.pid, spawned.start_ticks)
+        running = self.store.record_spawn(gen, spawned.pid, spawned.start_ticks)
         failpoints.hit("spawn.recorded")
         handle = _Handle(gen.id, spawned.pid, spawned.start_ticks, spawned.proc)
         self._watch(handle)
@@ -247,7 +247,9 @@ class Supervisor:
         if handle is not None:
             handle.stopping = True
         if leader is not None and gen.state is not GenState.STOPPING:
-            self.store.set_generation_state(gen.id, GenState.STOPPING)
+            # The caller's copy may be older than the record (a watcher wrote since).
+            self.store.set_generation_state(self.store.get_generation(gen.id) or gen,
+                                            GenState.STOPPING)
         # No leader recorded: PLANNED, or spawned with the record lost to a crash; its
         # tree, if any, is found by its cgroup or its environment all the same.
         failpoints.hit("stop.before")

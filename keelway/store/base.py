@@ -35,6 +35,10 @@ class Conflict(StoreError):
     """A compare-and-swap lost: someone else changed the record first."""
 
 
+class StaleSchedule(Conflict):
+    """The instance's schedule revision moved past the caller's: a newer intent owns it."""
+
+
 class NotFound(StoreError):
     pass
 
@@ -66,7 +70,8 @@ class StoreBase:
 
     @contextlib.contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
-        """One BEGIN IMMEDIATE transaction; nested calls join the outer one."""
+        """One BEGIN IMMEDIATE transaction; nested calls join the outer one. Only the
+        store's own methods open one: it is not part of the `Store` protocol."""
         if self._depth:
             self._depth += 1
             try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 
+from keelway.journal import Inhibition
 from keelway.store.base import Conflict, NotFound, StoreBase
 from keelway.store.lifecycle import GenState, RouteState, check
 from keelway.store.records import Active, CrashRetry, Generation, Route
@@ -44,26 +45,32 @@ class Processes(StoreBase):
         assert gen is not None
         return gen
 
-    def record_spawn(self, gen_id: int, pid: int, start_ticks: int) -> Generation:
+    def record_spawn(self, gen: Generation, pid: int, start_ticks: int) -> Generation:
+        """PLANNED -> RUNNING with its pid and start time. `gen` is the record the caller
+        read: one written since is left as it is (`Conflict`)."""
         with self.tx() as c:
-            gen = self._gen_for_update(gen_id)
-            check(gen.state, GenState.RUNNING)
-            c.execute(
-                "UPDATE generations SET state=?, pid=?, start_ticks=?, version=version+1"
-                " WHERE id=?",
-                (GenState.RUNNING.value, pid, start_ticks, gen_id),
-            )
-        return self._gen_for_update(gen_id)
+            self._refuse_stale(gen, GenState.RUNNING)
+            c.execute("UPDATE generations SET state=?, pid=?, start_ticks=?, version=version+1"
+                      " WHERE id=? AND version=?",
+                      (GenState.RUNNING.value, pid, start_ticks, gen.id, gen.version))
+        return self._gen_for_update(gen.id)
 
-    def set_generation_state(self, gen_id: int, state: GenState) -> Generation:
+    def set_generation_state(self, gen: Generation, state: GenState) -> Generation:
+        """Move `gen` (the record the caller read) to `state`: `Conflict` if it was
+        written since, `IllegalTransition` if its lifecycle forbids the move."""
         with self.tx() as c:
-            gen = self._gen_for_update(gen_id)
-            check(gen.state, state)
-            c.execute(
-                "UPDATE generations SET state=?, version=version+1 WHERE id=?",
-                (state.value, gen_id),
-            )
-        return self._gen_for_update(gen_id)
+            self._refuse_stale(gen, state)
+            c.execute("UPDATE generations SET state=?, version=version+1"
+                      " WHERE id=? AND version=?", (state.value, gen.id, gen.version))
+        return self._gen_for_update(gen.id)
+
+    def _refuse_stale(self, gen: Generation, state: GenState) -> None:
+        """The compare of a generation's compare-and-swap, inside the writer's transaction
+        (so nothing can write between it and the swap). A stale record is refused before
+        its move is judged, so the error names the cause: someone wrote first."""
+        if self._gen_for_update(gen.id).version != gen.version:
+            raise Conflict(f"generation {gen.id} changed under us")
+        check(gen.state, state)
 
     def record_gone(self, gen_id: int, exit_code: int | None) -> Generation:
         """Record a generation proven dead, and free its port claim in the same write."""
@@ -121,39 +128,65 @@ class Processes(StoreBase):
             rows = self._all("SELECT * FROM active WHERE instance=? ORDER BY service", instance)
         return [_active(r) for r in rows]
 
-    def set_active(self, instance: str, service: str, generation_id: int) -> Active:
+    def set_active(self, instance: str, service: str, generation_id: int, *,
+                   expected: Active | None) -> Active:
+        """Name the ACTIVE generation of one service. `expected` is the row the caller
+        read (None: there was none); `Conflict` if ACTIVE moved since."""
         with self.tx() as c:
-            c.execute(
-                "INSERT INTO active(instance, service, generation_id) VALUES (?, ?, ?)"
-                " ON CONFLICT(instance, service) DO UPDATE SET"
-                " generation_id=excluded.generation_id, version=active.version+1",
-                (instance, service, generation_id),
-            )
+            if expected is None:
+                try:
+                    c.execute("INSERT INTO active(instance, service, generation_id)"
+                              " VALUES (?, ?, ?)", (instance, service, generation_id))
+                except sqlite3.IntegrityError as exc:
+                    raise Conflict(f"ACTIVE {service} of {instance} was set under us") from exc
+            else:
+                cur = c.execute(
+                    "UPDATE active SET generation_id=?, version=version+1"
+                    " WHERE instance=? AND service=? AND version=?",
+                    (generation_id, instance, service, expected.version))
+                if cur.rowcount != 1:
+                    raise Conflict(f"ACTIVE {service} of {instance} changed under us")
         active = self.get_active(instance, service)
         assert active is not None
         return active
 
-    def add_inhibition(self, generation_id: int, reason: str, op_id: int | None) -> None:
+    def _put_active(self, c: sqlite3.Connection, instance: str, service: str,
+                    generation_id: int) -> None:
+        """ACTIVE, inside an intent's transaction: what it read is what it replaces."""
+        c.execute(
+            "INSERT INTO active(instance, service, generation_id) VALUES (?, ?, ?)"
+            " ON CONFLICT(instance, service) DO UPDATE SET"
+            " generation_id=excluded.generation_id, version=active.version+1",
+            (instance, service, generation_id),
+        )
+
+    def add_inhibition(self, generation_id: int, reason: Inhibition,
+                       op_id: int | None) -> None:
         with self.tx() as c:
             c.execute(
                 "INSERT INTO inhibitions(generation_id, reason, op_id, created_at)"
                 " VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                (generation_id, reason, op_id, self.clock.now()),
+                (generation_id, reason.value, op_id, self.clock.now()),
             )
 
-    def remove_inhibition(self, generation_id: int, reason: str) -> None:
+    def remove_inhibition(self, generation_id: int, reason: Inhibition) -> None:
         with self.tx() as c:
             c.execute("DELETE FROM inhibitions WHERE generation_id=? AND reason=?",
-                      (generation_id, reason))
+                      (generation_id, reason.value))
 
-    def inhibitions(self, generation_id: int) -> list[str]:
+    def inhibitions(self, generation_id: int) -> list[Inhibition]:
         rows = self._all("SELECT reason FROM inhibitions WHERE generation_id=?", generation_id)
-        return [r[0] for r in rows]
+        return [Inhibition(r[0]) for r in rows]
 
     # -- crash-restart backoff ---------------------------------------------------------
 
-    def record_crash(self, retry: CrashRetry) -> None:
-        """Persist a crash and when its restart is due (one row per instance+service)."""
+    def record_crash(self, retry: CrashRetry) -> bool:
+        """Persist a crash and when its restart is due (one row per instance+service),
+        and gate, in the same write, a route that served the crashed generation: a route
+        never stays on the port of a process recorded dead. True if it gated one.
+
+        Crash before the write: boot restarts the service at once. Crash after: boot
+        waits for the recorded retry time, the route gated until the restart publishes."""
         with self.tx() as c:
             c.execute(
                 "INSERT INTO backoff(instance, service, generation_id, failures, crashed_at,"
@@ -163,6 +196,13 @@ class Processes(StoreBase):
                 (retry.instance, retry.service, retry.generation_id, retry.failures,
                  retry.crashed_at, retry.retry_at),
             )
+            route = self.get_route(retry.instance)
+            gate = (retry.service == "web" and route is not None
+                    and route.state is RouteState.SERVING
+                    and route.generation_id == retry.generation_id)
+            if gate:
+                self._put_route(c, retry.instance, RouteState.GATED, None, None)
+        return gate
 
     def get_crash_retry(self, instance: str, service: str) -> CrashRetry | None:
         row = self._one("SELECT * FROM backoff WHERE instance=? AND service=?", instance,
@@ -183,19 +223,39 @@ class Processes(StoreBase):
 
     def set_route(
         self, host: str, instance: str, state: RouteState, port: int | None,
-        generation_id: int | None,
+        generation_id: int | None, *, expected: Route | None,
     ) -> Route:
+        """Write a host's route. `expected` is the route the caller read (None: there
+        was none); `Conflict` if it changed since."""
         with self.tx() as c:
-            c.execute(
-                "INSERT INTO routes(host, instance, state, port, generation_id)"
-                " VALUES (?, ?, ?, ?, ?) ON CONFLICT(host) DO UPDATE SET"
-                " instance=excluded.instance, state=excluded.state, port=excluded.port,"
-                " generation_id=excluded.generation_id, version=routes.version+1",
-                (host, instance, state.value, port, generation_id),
-            )
+            if expected is None:
+                try:
+                    c.execute("INSERT INTO routes(host, instance, state, port, generation_id)"
+                              " VALUES (?, ?, ?, ?, ?)",
+                              (host, instance, state.value, port, generation_id))
+                except sqlite3.IntegrityError as exc:
+                    raise Conflict(f"the route of {host} was written under us") from exc
+            else:
+                cur = c.execute(
+                    "UPDATE routes SET instance=?, state=?, port=?, generation_id=?,"
+                    " version=version+1 WHERE host=? AND version=?",
+                    (instance, state.value, port, generation_id, host, expected.version))
+                if cur.rowcount != 1:
+                    raise Conflict(f"the route of {host} changed under us")
         route = self.get_route(host)
         assert route is not None
         return route
+
+    def _put_route(self, c: sqlite3.Connection, host: str, state: RouteState,
+                   port: int | None, generation_id: int | None) -> None:
+        """A host's own route, inside an intent's transaction."""
+        c.execute(
+            "INSERT INTO routes(host, instance, state, port, generation_id)"
+            " VALUES (?, ?, ?, ?, ?) ON CONFLICT(host) DO UPDATE SET"
+            " instance=excluded.instance, state=excluded.state, port=excluded.port,"
+            " generation_id=excluded.generation_id, version=routes.version+1",
+            (host, host, state.value, port, generation_id),
+        )
 
     def get_route(self, host: str) -> Route | None:
         row = self._one("SELECT * FROM routes WHERE host=?", host)

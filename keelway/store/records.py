@@ -58,6 +58,15 @@ class Release(msgspec.Struct, frozen=True):
         return f"v{self.number}"
 
 
+class ReleaseDraft(msgspec.Struct, frozen=True):
+    """A release not yet written: the store numbers it when the first instance installs it."""
+
+    app: str
+    build_digest: str
+    config: dict[str, str]
+    description: str
+
+
 class Step(msgspec.Struct, frozen=True):
     op_id: int
     seq: int

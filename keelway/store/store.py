@@ -1,37 +1,291 @@
-"""The store: every durable record of keelway in one embedded SQLite file.
+"""The `Store` protocol: the intents every keelway store speaks, and the rules they keep.
 
-Rules it keeps:
-- One writer: every write runs inside `tx()`, a BEGIN IMMEDIATE transaction, so a
-  write either happens whole or not at all, across a SIGKILL at any instruction.
-- Lifecycle moves are checked (keelway.store.lifecycle.check) where they are written.
-- Mutable records compare-and-swap on `version`; a lost race raises `Conflict`.
-- A generation's port claim is written in the same transaction as the generation, and
-  released in the same transaction that records it gone: a claim never outlives the
-  proof that its process is dead.
+Every module outside this package holds a `Store`, never an implementation, so the
+SQLite store (keelway/store/sqlite.py) and a later PostgreSQL one are interchangeable;
+tests/store/test_contract.py is the one suite both must pass.
 
-The methods are the interface a later PostgreSQL store implements too; nothing outside
-this package writes SQL.
+Rules every implementation keeps:
+- Each write is one transaction that keeps one invariant; it happens whole or not at
+  all, and an error (a `StoreError`, an `IllegalTransition`) leaves nothing changed.
+  No caller opens a transaction: an effect that needs several rows written together
+  is an intent here (`install`, `fall_back`, `activate_and_route`, `record_crash`).
+- A write of a mutable record takes the record (or its version) the caller read and
+  compares and swaps on `version`: a lost race raises `Conflict` and writes nothing.
+  `install` compares the instance's schedule revision instead (`StaleSchedule`).
+  Writes of observed facts (`record_gone`: a process proven dead; `add_warnings`,
+  which merges) read and write inside their own transaction: they must land whatever
+  version the caller saw.
+- Lifecycle moves are checked where they are written (keelway.store.lifecycle).
+- A generation's port claim is written with the generation and released with the
+  record that proves it gone: a claim never outlives the proof its process is dead.
+- `ensure_*`, `record_build`, `add_inhibition` and `finish_request` are idempotent:
+  a repeat changes nothing.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
 
-from keelway.store.base import Conflict, NotFound, StoreError
-from keelway.store.catalog import Catalog
-from keelway.store.journal import Journal
-from keelway.store.processes import Processes
+from keelway.clock import Clock
+from keelway.journal import Inhibition, OpKind, StepKind
+from keelway.store.base import Conflict, DiskFull, NotFound, StaleSchedule, StoreError
+from keelway.store.lifecycle import (
+    GenState,
+    InstanceState,
+    OpState,
+    RequestState,
+    RouteState,
+    StepState,
+)
+from keelway.store.records import (
+    Active,
+    App,
+    Build,
+    CrashRetry,
+    Event,
+    Generation,
+    Instance,
+    Operation,
+    Release,
+    ReleaseDraft,
+    Request,
+    Route,
+    Step,
+)
 
-__all__ = ["Conflict", "NotFound", "Store", "StoreError"]
+__all__ = ["Conflict", "DiskFull", "NotFound", "StaleSchedule", "Store", "StoreError"]
 
 
-class Store(Catalog, Journal, Processes):
-    """The whole store: one SQLite connection, its parts' methods side by side."""
+class Store(Protocol):
+    clock: Clock
+
+    def close(self) -> None: ...
 
     def dump(self) -> dict[str, list[dict[str, Any]]]:
         """Every row of every table except events and the journal: what tests compare."""
-        out: dict[str, list[dict[str, Any]]] = {}
-        for table in ("apps", "instances", "builds", "releases", "active", "inhibitions",
-                      "port_claims", "routes", "fences"):
-            out[table] = [dict(r) for r in self._all(f"SELECT * FROM {table} ORDER BY 1, 2")]
-        return out
+        ...
+
+    def next_route_table_version(self, at_least: int = 0) -> int:
+        """Bump and return the route table version: it only grows (never below
+        `at_least` + 1)."""
+        ...
+
+    # -- apps and instances ------------------------------------------------------------
+
+    def get_app(self, name: str) -> App | None: ...
+
+    def list_apps(self) -> list[App]: ...
+
+    def ensure_app(self, name: str) -> App:
+        """The app, created if missing (idempotent)."""
+        ...
+
+    def set_app_config(self, app: App, config: dict[str, str]) -> App:
+        """Compare-and-swap on `app.version`."""
+        ...
+
+    def get_instance(self, host: str) -> Instance | None: ...
+
+    def list_instances(self, app: str | None = None) -> list[Instance]: ...
+
+    def ensure_instance(self, host: str, app: str) -> Instance:
+        """The instance, created RUNNING if missing (idempotent)."""
+        ...
+
+    def set_instance_state(self, inst: Instance, state: InstanceState,
+                           down_reason: str | None = None) -> Instance:
+        """Compare-and-swap on `inst.version`."""
+        ...
+
+    def bump_schedule(self, host: str) -> int:
+        """Advance the instance's schedule revision; attempts holding an older one are
+        stale. `NotFound` if there is no such instance."""
+        ...
+
+    # -- builds and releases -----------------------------------------------------------
+
+    def record_build(self, app: str, digest: str, path: str) -> Build:
+        """The build, recorded if new (idempotent)."""
+        ...
+
+    def mark_build_good(self, app: str, digest: str) -> None: ...
+
+    def list_builds(self, app: str | None = None) -> list[Build]: ...
+
+    def forget_build(self, app: str, digest: str) -> None: ...
+
+    def pinned_builds(self) -> set[tuple[str, str]]:
+        """Builds that gc must keep: named by a release, or by any generation not gone."""
+        ...
+
+    def create_release(self, app: str, build_digest: str, config: dict[str, str],
+                       description: str) -> Release:
+        """The app's next release: numbers only grow, per app."""
+        ...
+
+    def next_release_number(self, app: str) -> int: ...
+
+    def list_releases(self, app: str) -> list[Release]:
+        """Newest first."""
+        ...
+
+    def get_release(self, app: str, number: int) -> Release | None: ...
+
+    # -- operations and steps ----------------------------------------------------------
+
+    def begin_operation(self, app: str, instance: str, kind: OpKind, owner: str,
+                        key: str | None = None, request_digest: str | None = None,
+                        schedule_rev: int = 0) -> Operation:
+        """A RUNNING operation; an idempotency `key` names one operation per instance."""
+        ...
+
+    def get_operation(self, op_id: int) -> Operation | None: ...
+
+    def find_operation_by_key(self, instance: str, key: str) -> Operation | None: ...
+
+    def latest_operation(self, instance: str) -> Operation | None: ...
+
+    def list_operations(self, app: str, instance: str | None = None,
+                        limit: int = 50) -> list[Operation]: ...
+
+    def finish_operation(self, op: Operation, state: OpState, error: str | None = None,
+                         warnings: list[str] | None = None) -> Operation:
+        """Compare-and-swap on `op.version`; a terminal operation stays terminal."""
+        ...
+
+    def begin_step(self, op_id: int, kind: StepKind, *, service: str | None = None,
+                   before_gen: int | None = None, after_gen: int | None = None,
+                   detail: str | None = None) -> int:
+        """Append a PENDING step; returns its number (1, 2, ... per operation)."""
+        ...
+
+    def finish_step(self, op_id: int, seq: int, state: StepState, *,
+                    error: str | None = None, detail: str | None = None,
+                    after_gen: int | None = None) -> None: ...
+
+    def converge_step(self, op_id: int, seq: int, detail: str,
+                      fail_with: str | None = None) -> None:
+        """Mark a step's candidate dealt with; `fail_with` also marks the step failed."""
+        ...
+
+    def add_warnings(self, op: Operation, warnings: list[str]) -> Operation:
+        """Merge `warnings` into the operation's (a fact: no compare)."""
+        ...
+
+    def steps(self, op_id: int) -> list[Step]: ...
+
+    # -- idempotency keys and events ---------------------------------------------------
+
+    def begin_request(self, key: str, app: str, kind: str, digest: str,
+                      owner: str) -> tuple[Request, bool]:
+        """Claim `key` for a request; (the existing request, False) if it was claimed."""
+        ...
+
+    def finish_request(self, key: str, state: RequestState, result: str) -> None:
+        """Record a running request's outcome; one already over keeps its own."""
+        ...
+
+    def get_request(self, key: str) -> Request | None: ...
+
+    def running_requests(self) -> list[Request]: ...
+
+    def add_event(self, kind: str, message: str, *, app: str | None = None,
+                  instance: str | None = None) -> None: ...
+
+    def list_events(self, app: str | None = None, limit: int = 100) -> list[Event]:
+        """Oldest first."""
+        ...
+
+    # -- generations, ports, ACTIVE, inhibitions ---------------------------------------
+
+    def plan_generation(self, *, app: str, instance: str, service: str, release: int,
+                        build_digest: str, op_id: int | None,
+                        port: int | None) -> Generation:
+        """A PLANNED generation with its port claim in the same write (`Conflict`, and
+        no generation, if the port is claimed)."""
+        ...
+
+    def record_spawn(self, gen: Generation, pid: int, start_ticks: int) -> Generation:
+        """PLANNED -> RUNNING with pid and start time; compare-and-swap on `gen.version`."""
+        ...
+
+    def set_generation_state(self, gen: Generation, state: GenState) -> Generation:
+        """Compare-and-swap on `gen.version`; the move is checked."""
+        ...
+
+    def record_gone(self, gen_id: int, exit_code: int | None) -> Generation:
+        """A generation proven dead, its port claim and inhibitions freed in the same
+        write (a fact: no compare; repeating it changes nothing)."""
+        ...
+
+    def get_generation(self, gen_id: int) -> Generation | None: ...
+
+    def live_generations(self, instance: str | None = None) -> list[Generation]: ...
+
+    def recent_generations(self, instance: str, limit: int = 20) -> list[Generation]: ...
+
+    def claimed_ports(self) -> set[int]: ...
+
+    def get_active(self, instance: str, service: str) -> Active | None: ...
+
+    def list_active(self, instance: str | None = None) -> list[Active]: ...
+
+    def set_active(self, instance: str, service: str, generation_id: int, *,
+                   expected: Active | None) -> Active:
+        """Compare-and-swap on the ACTIVE row the caller read (None: there was none)."""
+        ...
+
+    def add_inhibition(self, generation_id: int, reason: Inhibition,
+                       op_id: int | None) -> None:
+        """Idempotent."""
+        ...
+
+    def remove_inhibition(self, generation_id: int, reason: Inhibition) -> None: ...
+
+    def inhibitions(self, generation_id: int) -> list[Inhibition]: ...
+
+    # -- crash-restart backoff ---------------------------------------------------------
+
+    def record_crash(self, retry: CrashRetry) -> bool:
+        """Persist a crash and its retry time, and gate a route that served the crashed
+        generation in the same write. True if it gated one."""
+        ...
+
+    def get_crash_retry(self, instance: str, service: str) -> CrashRetry | None: ...
+
+    def pending_retries(self, instance: str | None = None) -> list[CrashRetry]:
+        """Backoffs still waiting to restart the generation ACTIVE names."""
+        ...
+
+    # -- routes ------------------------------------------------------------------------
+
+    def set_route(self, host: str, instance: str, state: RouteState, port: int | None,
+                  generation_id: int | None, *, expected: Route | None) -> Route:
+        """Compare-and-swap on the route the caller read (None: there was none)."""
+        ...
+
+    def get_route(self, host: str) -> Route | None: ...
+
+    def list_routes(self) -> list[Route]: ...
+
+    # -- what an operation installs or puts back -----------------------------------------
+
+    def install(self, instance: str, *, schedule_rev: int,
+                candidates: Mapping[str, Generation], retiring: Iterable[int],
+                retire_reason: Inhibition, op_id: int,
+                release: ReleaseDraft | None) -> Release | None:
+        """Release row, ACTIVE, retirement marks, route and instance RUNNING in one
+        write; `StaleSchedule` (nothing written) if the schedule moved past
+        `schedule_rev`. Returns the release it wrote."""
+        ...
+
+    def activate_and_route(self, instance: str, generations: Mapping[str, int]) -> None:
+        """ACTIVE for `generations`, and the route to the ACTIVE web if not gone."""
+        ...
+
+    def fall_back(self, instance: str, *, active: Mapping[str, int], unmark: Iterable[int],
+                  unmark_reason: Inhibition, web: Generation | None) -> bool:
+        """Put back ACTIVE, lift marks, route to `web` (gated if None), in one write.
+        True if the route changed."""
+        ...

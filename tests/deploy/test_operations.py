@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from keelway.runtime import process
-from keelway.store import Store
+from keelway.store import SqliteStore
 from tests.deploy.apps import DIES_AFTER_READY, SLOW_BOOT, hello
 from tests.e2e.harness import Keelway, wait_until
 
@@ -113,7 +113,7 @@ def test_a_superseded_attempt_never_marks_its_build_good_nor_writes_a_release(
     assert kw.get("one.test")[1].startswith(b"fast")
     releases = kw.ok("releases", "hello", "--json").json()["releases"]
     assert [r["version"] for r in releases] == ["v2", "v1"]
-    store = Store(kw.home / "keelway.db")
+    store = SqliteStore(kw.home / "keelway.db")
     try:
         slow_digest = next(b for b in store.list_builds("hello")
                            if b.digest not in {r.build_digest for r in
@@ -164,7 +164,7 @@ def test_hold_mode_never_runs_two_generations_at_once(kw: Keelway, tmp_path: Pat
     kw.ok("restart", "hello")
     kw.ok("deploy", "hello", str(hello(tmp_path, "b", greeting="b", web_mode="hold")))
     kw.ok("config", "hello", "set", "A=1")
-    store = Store(kw.home / "keelway.db")
+    store = SqliteStore(kw.home / "keelway.db")
     try:
         for service in ("web", "worker"):
             gens = [g for g in store.recent_generations("one.test", 50) if g.service == service]
@@ -208,7 +208,7 @@ def test_a_candidate_that_cannot_be_removed_fails_the_instance_closed(
     assert inst["failed_closed"]["leftovers"] == ["web generation 3"]
     assert kw.get("one.test")[1].startswith(b"hello from")  # the old one still serves
 
-    store = Store(kw.home / "keelway.db")
+    store = SqliteStore(kw.home / "keelway.db")
     leftover = store.get_generation(3)
     store.close()
     assert leftover is not None and leftover.pid is not None

@@ -17,7 +17,7 @@ from typing import Any
 
 from keelway.runtime import process
 from keelway.runtime.tree import ProcessTrees
-from keelway.store import Store
+from keelway.store import SqliteStore
 from tests.invariants import router_processes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,7 +79,7 @@ class Keelway:
             conn.close()
 
     def store_dump(self) -> dict[str, Any]:
-        store = Store(self.home / "keelway.db")
+        store = SqliteStore(self.home / "keelway.db")
         try:
             return store.dump()
         finally:

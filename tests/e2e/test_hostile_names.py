@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from keelway.router.client import get_table_sync
-from keelway.store import Store
+from keelway.store import SqliteStore
 from keelway.store.lifecycle import RouteState
 from tests.e2e.harness import EXAMPLE, Keelway
 
@@ -87,9 +87,10 @@ def test_a_route_the_router_refuses_fails_only_its_own_instance_and_says_why(
     kw.ok("down")
     # A route row today's rules refuse, as an older keelway wrote them (its deploy let
     # "two.test\n" through): it belongs to other's instance.
-    store = Store(kw.home / "keelway.db")
+    store = SqliteStore(kw.home / "keelway.db")
     try:
-        store.set_route("two.test\n", "two.test", RouteState.GATED, None, None)
+        store.set_route("two.test\n", "two.test", RouteState.GATED, None, None,
+                        expected=None)
     finally:
         store.close()
     kw.up()

@@ -16,7 +16,7 @@ import pytest
 
 from keelway.runtime import tree
 from keelway.runtime.tree import ProcessTrees
-from keelway.store import Store
+from keelway.store import SqliteStore
 from tests.deploy.apps import daemonizing
 from tests.e2e.harness import Keelway, wait_until
 from tests.invariants import violations
@@ -45,7 +45,7 @@ def _trees(kw: Keelway) -> dict[int, list[int]]:
 
 
 def _live_generations(kw: Keelway) -> set[int]:
-    store = Store(kw.home / "keelway.db")
+    store = SqliteStore(kw.home / "keelway.db")
     try:
         return {g.id for g in store.live_generations()}
     finally:

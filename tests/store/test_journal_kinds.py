@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from keelway.journal import OpKind, StepKind
-from keelway.store import Store
+from keelway.store import SqliteStore
 from keelway.store.lifecycle import StepState
 from keelway.store.schema import MIGRATIONS, current_version
 
@@ -42,7 +42,7 @@ def test_every_step_name_the_old_code_wrote_migrates_to_its_kind(tmp_path: Path)
     # The old code's names are exactly the labels `keelway ops` shows today.
     written = [(kind, SERVICE_OF.get(kind, "web")) for kind in StepKind]
     _old_store(tmp_path / "k.db", [(kind.label(service), service) for kind, service in written])
-    store = Store(tmp_path / "k.db")
+    store = SqliteStore(tmp_path / "k.db")
     op = store.get_operation(1)
     assert op is not None and op.kind is OpKind.DEPLOY
     assert [(s.kind, s.service) for s in op.steps] == written
@@ -55,7 +55,7 @@ def test_every_step_name_the_old_code_wrote_migrates_to_its_kind(tmp_path: Path)
 
 def test_a_migrated_journal_takes_new_steps_after_its_old_ones(tmp_path: Path) -> None:
     _old_store(tmp_path / "k.db", [("stop worker (down)", "worker"), ("hold exec", None)])
-    store = Store(tmp_path / "k.db")
+    store = SqliteStore(tmp_path / "k.db")
     seq = store.begin_step(1, StepKind.FAULT)
     assert seq == 3
     assert [s.kind for s in store.steps(1)] == [StepKind.STOP_DOWN, StepKind.HOLD_EXEC,
@@ -67,7 +67,7 @@ def test_a_step_name_no_keelway_wrote_refuses_the_migration_and_changes_nothing(
         tmp_path: Path) -> None:
     _old_store(tmp_path / "k.db", [("spawn web", "web"), ("teleport web", "web")])
     with pytest.raises(sqlite3.IntegrityError):
-        Store(tmp_path / "k.db")
+        SqliteStore(tmp_path / "k.db")
     conn = sqlite3.connect(tmp_path / "k.db")
     assert current_version(conn) == OLD_SCHEMA
     assert conn.execute("SELECT name FROM steps ORDER BY seq").fetchall() == [
@@ -76,7 +76,7 @@ def test_a_step_name_no_keelway_wrote_refuses_the_migration_and_changes_nothing(
 
 
 def test_a_new_journal_stores_the_kind_and_the_service_apart(tmp_path: Path) -> None:
-    store = Store(tmp_path / "k.db")
+    store = SqliteStore(tmp_path / "k.db")
     op = store.begin_operation("blog", "a.test", OpKind.RESTART, owner="me")
     store.begin_step(op.id, StepKind.RETIRE, service="web")
     store.close()

@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 
 from keelway.journal import OpKind, StepKind
-from keelway.store import Conflict, Store
+from keelway.store import Conflict, SqliteStore, Store
 from keelway.store.lifecycle import GenState, IllegalTransition, OpState, StepState
+from keelway.store.records import Generation
 from keelway.store.schema import MIGRATIONS, current_version
 from keelway.testing.clock import FakeClock
 
@@ -19,8 +20,14 @@ def _gen(store: Store, port: int | None = 4000, service: str = "web") -> int:
                                  build_digest="d" * 64, op_id=None, port=port).id
 
 
+def _read(store: Store, gen_id: int) -> Generation:
+    gen = store.get_generation(gen_id)
+    assert gen is not None
+    return gen
+
+
 def test_a_new_store_is_migrated_to_the_latest_schema(tmp_path: Path) -> None:
-    store = Store(tmp_path / "k.db")
+    store = SqliteStore(tmp_path / "k.db")
     conn = sqlite3.connect(tmp_path / "k.db")
     assert current_version(conn) == len(MIGRATIONS)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -28,8 +35,8 @@ def test_a_new_store_is_migrated_to_the_latest_schema(tmp_path: Path) -> None:
 
 
 def test_reopening_a_store_applies_no_migration_twice(tmp_path: Path) -> None:
-    Store(tmp_path / "k.db").close()
-    store = Store(tmp_path / "k.db")
+    SqliteStore(tmp_path / "k.db").close()
+    store = SqliteStore(tmp_path / "k.db")
     assert store.list_apps() == []
     store.close()
 
@@ -39,10 +46,10 @@ def test_a_store_from_a_newer_keelway_is_refused(tmp_path: Path) -> None:
     conn.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
     conn.close()
     with pytest.raises(RuntimeError, match="newer"):
-        Store(tmp_path / "k.db")
+        SqliteStore(tmp_path / "k.db")
 
 
-def test_a_failed_transaction_leaves_nothing_behind(store: Store) -> None:
+def test_a_failed_transaction_leaves_nothing_behind(store: SqliteStore) -> None:
     with pytest.raises(ZeroDivisionError), store.tx():
         store.ensure_app("blog")
         _ = 1 / 0
@@ -54,7 +61,7 @@ def test_a_port_claim_is_exclusive_and_freed_when_the_generation_is_gone(store: 
     with pytest.raises(Conflict, match="port 4000"):
         _gen(store, port=4000)
     assert store.claimed_ports() == {4000}
-    store.record_spawn(gen, pid=10, start_ticks=20)
+    store.record_spawn(_read(store, gen), pid=10, start_ticks=20)
     store.record_gone(gen, exit_code=0)
     assert store.claimed_ports() == set()
     _gen(store, port=4000)
@@ -71,7 +78,7 @@ def test_a_gone_generation_cannot_come_back(store: Store) -> None:
     gen = _gen(store)
     store.record_gone(gen, None)
     with pytest.raises(IllegalTransition):
-        store.set_generation_state(gen, GenState.RUNNING)
+        store.set_generation_state(_read(store, gen), GenState.RUNNING)
 
 
 def test_a_finished_operation_cannot_be_finished_again(store: Store) -> None:
@@ -149,17 +156,18 @@ def test_a_crash_backoff_survives_reopening_and_goes_stale_once_active_moves_on(
 ) -> None:
     from keelway.store.records import CrashRetry
 
-    store = Store(tmp_path / "k.db", clock)
+    store = SqliteStore(tmp_path / "k.db", clock)
     crashed = _gen(store)
-    store.set_active("a.test", "web", crashed)
+    store.set_active("a.test", "web", crashed, expected=None)
     store.record_gone(crashed, 7)
     store.record_crash(CrashRetry("a.test", "web", crashed, 4, clock.now(), clock.now() + 60))
     store.close()
-    store = Store(tmp_path / "k.db", clock)  # as a restarted control plane does
+    store = SqliteStore(tmp_path / "k.db", clock)  # as a restarted control plane does
     assert [(r.generation_id, r.failures, r.retry_at) for r in store.pending_retries()] == [
         (crashed, 4, clock.now() + 60)]
     successor = _gen(store, port=4001)
-    store.set_active("a.test", "web", successor)
+    store.set_active("a.test", "web", successor,
+                     expected=store.get_active("a.test", "web"))
     assert store.pending_retries("a.test") == []  # the retry belonged to the old one
     assert store.get_crash_retry("a.test", "web") is not None  # its count is kept
     store.close()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from keelway.store import Store
+from keelway.store import SqliteStore
 from keelway.store.base import DiskFull
 from tests.disk import fill, mounted_tmpfs
 
@@ -28,7 +28,7 @@ def test_a_new_store_and_its_wal_and_shm_are_created_private_whatever_the_umask(
 ) -> None:
     old_umask = os.umask(0o022)
     try:
-        store = Store(tmp_path / "keelway.db")
+        store = SqliteStore(tmp_path / "keelway.db")
         store.ensure_app("blog")
     finally:
         os.umask(old_umask)
@@ -42,28 +42,28 @@ def test_a_new_store_and_its_wal_and_shm_are_created_private_whatever_the_umask(
 def test_a_store_an_older_keelway_left_readable_by_others_is_narrowed_when_opened(
     tmp_path: Path,
 ) -> None:
-    Store(tmp_path / "keelway.db").close()
+    SqliteStore(tmp_path / "keelway.db").close()
     os.chmod(tmp_path / "keelway.db", 0o644)
-    store = Store(tmp_path / "keelway.db")
+    store = SqliteStore(tmp_path / "keelway.db")
     try:
         assert mode(tmp_path / "keelway.db") == 0o600
     finally:
         store.close()
 
 
-def _write_big(store: Store, key: str) -> None:
+def _write_big(store: SqliteStore, key: str) -> None:
     with store.tx() as conn:
         conn.execute("INSERT INTO meta(key, value) VALUES (?, ?)", (key, "v" * 1_000_000))
 
 
-def _keys(store: Store) -> set[str]:
+def _keys(store: SqliteStore) -> set[str]:
     return {row["key"] for row in store._all("SELECT key FROM meta")}
 
 
 def test_a_write_that_meets_a_full_disk_is_rolled_back_whole_and_works_once_there_is_room(
     small_disk: Path,
 ) -> None:
-    store = Store(small_disk / "keelway.db")
+    store = SqliteStore(small_disk / "keelway.db")
     try:
         store.ensure_app("blog")
         before = (store.dump(), _keys(store))
@@ -85,7 +85,7 @@ def test_a_statement_that_sqlite_rolls_back_itself_on_a_full_disk_raises_disk_fu
 ) -> None:
     """SQLite ends the transaction itself when a statement meets SQLITE_FULL; a second
     ROLLBACK must not replace that error with "no transaction is active"."""
-    store = Store(tmp_path / "keelway.db")
+    store = SqliteStore(tmp_path / "keelway.db")
     try:
         store.ensure_app("blog")
         pages = store._one("PRAGMA page_count")[0]
@@ -102,6 +102,6 @@ def test_a_statement_that_sqlite_rolls_back_itself_on_a_full_disk_raises_disk_fu
 def test_opening_a_store_on_a_full_disk_says_the_disk_is_full(small_disk: Path) -> None:
     filler = fill(small_disk)
     with pytest.raises(DiskFull, match=r"open the store .*: the disk is full"):
-        Store(small_disk / "keelway.db")
+        SqliteStore(small_disk / "keelway.db")
     filler.unlink()
-    Store(small_disk / "keelway.db").close()
+    SqliteStore(small_disk / "keelway.db").close()

@@ -1,0 +1,121 @@
+"""The SQLite store: every durable record of keelway in one embedded file.
+
+It implements the `Store` protocol (keelway/store/store.py) and keeps its rules:
+- Each public method is one BEGIN IMMEDIATE transaction (`tx()`), so a write happens
+  whole or not at all, across a SIGKILL at any instruction. `tx()` is not part of the
+  protocol: no caller outside this package opens one (tests/store/test_boundary.py).
+- The row-level writes live in the per-noun parts (catalog, journal, processes); the
+  intents that span nouns (an install, a fall-back) live here and compose those writes
+  inside their own transaction, where a nested `tx()` joins the outer one.
+- Lifecycle moves are checked (keelway.store.lifecycle.check) where they are written.
+
+Shape, and why it is not a composed facade: the parts are disjoint method sets over the
+one connection of StoreBase. Each is typed against StoreBase alone, so mypy refuses a
+part that calls another; only this class, which sees them all, composes them, and only
+into intents. Callers never see the split: they hold a `Store`, whose protocol is the
+one list of intents. A facade over composed parts would restate every intent a third
+time (protocol, facade, part) to forward it, and a reader would follow two hops to the
+SQL instead of one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from keelway.journal import Inhibition
+from keelway.store.base import StaleSchedule
+from keelway.store.catalog import Catalog
+from keelway.store.journal import Journal
+from keelway.store.lifecycle import GenState, InstanceState, RouteState
+from keelway.store.processes import Processes
+from keelway.store.records import Generation, Release, ReleaseDraft
+
+
+class SqliteStore(Catalog, Journal, Processes):
+    """The whole store on one SQLite connection."""
+
+    def install(
+        self, instance: str, *, schedule_rev: int, candidates: Mapping[str, Generation],
+        retiring: Iterable[int], retire_reason: Inhibition, op_id: int,
+        release: ReleaseDraft | None,
+    ) -> Release | None:
+        """Make `candidates` what `instance` runs, in one write: the release row (when
+        `release` is given, with the app's config), ACTIVE, the `retire_reason` mark on
+        each generation `retiring`, the route to the web candidate, the instance RUNNING.
+
+        It compares and swaps on the instance's schedule revision: `StaleSchedule` if a
+        newer intent moved it past `schedule_rev`, and then nothing is written. So ACTIVE
+        never names a release that has no row, and a superseded attempt installs nothing.
+        """
+        with self.tx():
+            inst = self.get_instance(instance)
+            if inst is None or inst.schedule_rev != schedule_rev:
+                raise StaleSchedule(f"{instance} was rescheduled past revision {schedule_rev}")
+            written = None
+            if release is not None:
+                written = self.create_release(release.app, release.build_digest,
+                                              release.config, release.description)
+                app = self.get_app(release.app)
+                if app is not None and app.config != release.config:
+                    self.set_app_config(app, release.config)
+            for service, gen in candidates.items():
+                self.set_active(instance, service, gen.id,
+                                expected=self.get_active(instance, service))
+            for gen_id in retiring:
+                self.add_inhibition(gen_id, retire_reason, op_id)
+            web = candidates.get("web")
+            if web is not None:
+                self.set_route(instance, instance, RouteState.SERVING, web.port, web.id,
+                               expected=self.get_route(instance))
+            if inst.state is not InstanceState.RUNNING:
+                self.set_instance_state(inst, InstanceState.RUNNING)
+        return written
+
+    def activate_and_route(self, instance: str, generations: Mapping[str, int]) -> None:
+        """Name `generations` ACTIVE (service -> generation id) and, in the same write,
+        route the instance to its ACTIVE web if that one is not gone: the route never
+        names a web generation that ACTIVE does not."""
+        with self.tx():
+            for service, gen_id in generations.items():
+                self.set_active(instance, service, gen_id,
+                                expected=self.get_active(instance, service))
+            web_active = self.get_active(instance, "web")
+            web = self.get_generation(web_active.generation_id) if web_active else None
+            if web is not None and web.state is not GenState.GONE:
+                self.set_route(instance, instance, RouteState.SERVING, web.port, web.id,
+                               expected=self.get_route(instance))
+
+    def fall_back(
+        self, instance: str, *, active: Mapping[str, int], unmark: Iterable[int],
+        unmark_reason: Inhibition, web: Generation | None,
+    ) -> bool:
+        """Put back what a failed attempt replaced, in one write: `active` (service ->
+        generation id) ACTIVE again, the `unmark_reason` mark off each of `unmark`, and
+        the route to `web` (gated when None). True if the route changed.
+
+        A route already right is left untouched (the journal shows the failure, nothing
+        else); an instance that never had a route and has no web gets none."""
+        with self.tx():
+            for service, gen_id in active.items():
+                self.set_active(instance, service, gen_id,
+                                expected=self.get_active(instance, service))
+            for gen_id in unmark:
+                self.remove_inhibition(gen_id, unmark_reason)
+            route = self.get_route(instance)
+            want: tuple[RouteState, int | None, int | None] = (
+                (RouteState.SERVING, web.port, web.id) if web is not None
+                else (RouteState.GATED, None, None))
+            have = (route.state, route.port, route.generation_id) if route else None
+            changed = have != want and (route is not None or web is not None)
+            if changed:
+                self.set_route(instance, instance, *want, expected=route)
+        return changed
+
+    def dump(self) -> dict[str, list[dict[str, Any]]]:
+        """Every row of every table except events and the journal: what tests compare."""
+        out: dict[str, list[dict[str, Any]]] = {}
+        for table in ("apps", "instances", "builds", "releases", "active", "inhibitions",
+                      "port_claims", "routes", "fences"):
+            out[table] = [dict(r) for r in self._all(f"SELECT * FROM {table} ORDER BY 1, 2")]
+        return out
