@@ -163,8 +163,9 @@ def journal(home: Path) -> tuple[list[dict[str, Any]], list[float]]:
         exits = db.execute("SELECT exited_at FROM generations WHERE service = 'web' "
                            "AND exited_at IS NOT NULL ORDER BY exited_at").fetchall()
         return [{"id": i, "start": c, "end": f or c,
-                 "steps": db.execute("SELECT name, started_at, COALESCE(finished_at, started_at)"
-                                     " FROM steps WHERE op_id = ? ORDER BY seq", (i,)).fetchall()}
+                 "steps": db.execute("SELECT kind || COALESCE(' ' || service, ''), started_at,"
+                                     " COALESCE(finished_at, started_at) FROM steps"
+                                     " WHERE op_id = ? ORDER BY seq", (i,)).fetchall()}
                 for i, c, f in ops], [e for (e,) in exits]
 
 
