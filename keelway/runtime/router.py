@@ -301,24 +301,10 @@ async def restart(home: Home, old: RouterHandle, clock: Clock,
     spawned = await _spawn(home, ["--takeover", str(home.router_socket), *settings.argv()])
     failpoints.hit("router.restart.after")
     new = RouterHandle(spawned.pid, spawned.start_ticks, adopted=False)
-    deadline = clock.monotonic() + TAKEOVER_TIMEOUT_S
-    while True:
-        code = poll(new)
-        if code is not None:
-            raise RouterRestartFailed(
-                f"the new router {describe_exit(code)}; the old one keeps serving; "
-                f"see {home.router_log}")
-        try:
-            if await asyncio.to_thread(ping_sync, home.router_socket, 0.5) == new.pid:
-                break
-        except RouterControlError:
-            pass
-        if clock.monotonic() > deadline:
-            await kill(new, clock)
-            raise RouterRestartFailed(f"the new router did not take over in "
-                                      f"{TAKEOVER_TIMEOUT_S:.0f} s; the old one keeps "
-                                      "serving")
-        await clock.sleep(0.05)
+    try:
+        await wait_answering(home, new, TAKEOVER_TIMEOUT_S, clock)
+    except RouterStartFailed as exc:
+        raise RouterRestartFailed(f"{exc}; the old one keeps serving") from exc
     failpoints.hit("router.restart.took_over")
     await asyncio.to_thread(_record_pid, home, new)
     await asyncio.to_thread(record_settings, home, addr, settings)
