@@ -1,5 +1,7 @@
 """Operations on instances: deploy, config, rollback, restart, stop, start.
 
+A part beside `Recovery` (which converges an instance and respawns what ACTIVE names),
+`Journaled` (the journal's edges) and `Locks`, wired together in keelway/api/daemon.py.
 Every operation runs under its instance's lock, after reconciliation (a failed-closed
 instance refuses it), as a journaled operation whose steps are written before their
 effects. A rollout (deploy, config, rollback) first bumps the schedule revision of
@@ -10,7 +12,6 @@ the first instance that does not end DONE, leaving the rest on what they run.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,10 +21,15 @@ from keelway.deploy import targets
 from keelway.deploy.attempt import Attempt, Outcome, Progress, Result
 from keelway.deploy.errors import AppFailed, NotFoundError, OperationError, UserError
 from keelway.deploy.instances import Target
+from keelway.deploy.locks import Locks
+from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
+from keelway.home import Home
 from keelway.journal import Cause, OpKind, StepKind
 from keelway.reconcile.plan import Pass
 from keelway.runtime.environment import ensure_instance_key
+from keelway.runtime.supervisor import Supervisor
+from keelway.store import Store
 from keelway.store.lifecycle import InstanceState, RouteState, StepState
 from keelway.store.records import Instance, Operation, ReleaseDraft
 
@@ -42,8 +48,18 @@ class InstanceResult:
     generations: dict[str, int] = field(default_factory=dict)
 
 
-class Deployer(Recovery):
+class Deployer:
     """The operations users ask for: deploy, config, rollback, restart, stop, start."""
+
+    def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
+                 locks: Locks, recovery: Recovery) -> None:
+        self.store = store
+        self.home = home
+        self.supervisor = supervisor
+        self.publisher = publisher
+        self.locks = locks
+        self.recovery = recovery
+        self.journal = recovery.journal
 
     # -- validation ------------------------------------------------------------------
 
@@ -159,7 +175,7 @@ class Deployer(Recovery):
         # Scheduling comes first and outside every lock: a newer intent is what makes an
         # older attempt, still running, stand down at its next check.
         revs = {host: self.store.bump_schedule(host) for host in hosts}
-        async with self._app_locks.setdefault(app, asyncio.Lock()):
+        async with self.locks.app(app):
             number = self.store.next_release_number(app)
             target = Target.load(app, number, build_digest, build_path, config, mode)
             released = False
@@ -206,32 +222,22 @@ class Deployer(Recovery):
                           rev: int,
                           release: ReleaseDraft | None, progress: Progress,
                           key: str | None, request_digest: str | None) -> Result:
-        async with self.lock(host):
-            await self._reconcile_locked(host, Pass.MUTATION)
+        async with self.locks.instance(host):
+            await self.recovery.converge(host, Pass.MUTATION)
             inst = self.store.get_instance(host)
             if inst is None or inst.schedule_rev != rev:
                 return Result(Outcome.SUPERSEDED, "superseded before it started")
-            op = self.store.begin_operation(target.app, host, kind, self.owner, key=key,
-                                            request_digest=request_digest, schedule_rev=rev)
-            self.live_ops.add(op.id)
-            faulted = False
-            try:
+
+            async def attempt(op: Operation) -> Result:
                 self._mint_key(op, host)
-                result = await Attempt(
+                return await Attempt(
                     store=self.store, home=self.home, supervisor=self.supervisor,
                     publisher=self.publisher, op=op, host=host, cause=cause, target=target,
                     rev=rev, release=release, progress=progress).run()
-            except OperationError as exc:
-                result = Result(Outcome.FAILED, exc.message)
-            except Exception as exc:  # journaled as what it is (see DeployerCore)
-                result, faulted = Result(Outcome.FAILED, self._record_fault(op, exc)), True
-            finally:
-                self.live_ops.discard(op.id)
-            if faulted:
-                await self._converge_fault(host)
-            else:
-                self._finish(op, result)
-                await self._reconcile_locked(host, Pass.MUTATION)
+
+            result = await self.journal.run(target.app, host, kind, attempt, key=key,
+                                            request_digest=request_digest, schedule_rev=rev,
+                                            converge_after=True)
             targets.link_current(self.store, self.home, host)
             return result
 
@@ -239,11 +245,11 @@ class Deployer(Recovery):
 
     async def stop_instance(self, inst: Instance) -> None:
         """Gate the route, then stop every generation; ACTIVE stays so start can respawn."""
-        async with self.lock(inst.host):
-            await self._reconcile_locked(inst.host, Pass.MUTATION)
+        async with self.locks.instance(inst.host):
+            await self.recovery.converge(inst.host, Pass.MUTATION)
             inst = self.store.get_instance(inst.host) or inst
 
-            async def stop(_op: Operation) -> None:
+            async def stop(_op: Operation) -> Result:
                 current = self.store.get_instance(inst.host) or inst
                 if current.state is not InstanceState.STOPPED:
                     self.store.set_instance_state(current, InstanceState.STOPPED)
@@ -252,26 +258,27 @@ class Deployer(Recovery):
                                          expected=route)
                     await self.publisher.publish()
                 for gen in self.store.live_generations(inst.host):
-                    if not await self.supervisor.stop(gen, self.stop_grace(gen)):
+                    if not await self.supervisor.stop(gen, targets.stop_grace_s(self.store, gen)):
                         raise OperationError(f"generation {gen.id} (pid {gen.pid}) did not stop")
+                return Result(Outcome.DONE)
 
-            result = await self._journaled(inst.app, inst.host, OpKind.STOP, stop)
+            result = await self.journal.run(inst.app, inst.host, OpKind.STOP, stop)
             if result.outcome is not Outcome.DONE:
                 raise OperationError(result.reason or "stop failed")
 
     async def start_instance(self, inst: Instance) -> None:
-        async with self.lock(inst.host):
-            await self._reconcile_locked(inst.host, Pass.MUTATION)
+        async with self.locks.instance(inst.host):
+            await self.recovery.converge(inst.host, Pass.MUTATION)
             inst = self.store.get_instance(inst.host) or inst
 
-            async def start(op: Operation) -> None:
+            async def start(op: Operation) -> Result:
                 current = self.store.get_instance(inst.host) or inst
                 if current.state is not InstanceState.RUNNING:
                     current = self.store.set_instance_state(current, InstanceState.RUNNING)
-                await self._respawn_active(op, current)
+                return await self.recovery.respawn_active(op, current)
 
-            result = await self._journaled(inst.app, inst.host, OpKind.START, start)
-            await self._reconcile_locked(inst.host, Pass.MUTATION)
+            result = await self.journal.run(inst.app, inst.host, OpKind.START, start)
+            await self.recovery.converge(inst.host, Pass.MUTATION)
             targets.link_current(self.store, self.home, inst.host)
             if result.outcome is not Outcome.DONE:
                 raise AppFailed(f"{inst.host}: {result.reason}",
