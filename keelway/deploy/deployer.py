@@ -12,6 +12,8 @@ the first instance that does not end DONE, leaving the rest on what they run.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +40,44 @@ failpoints.declare("key.before", "key.after")
 
 def _quiet(_message: str) -> None:
     pass
+
+
+@dataclass(frozen=True)
+class Intent:
+    """A rollout as asked (deploy, config, rollback), before anything is scheduled:
+    the build and config to release, to which hosts in order (the first is the canary),
+    and how the request is reported and keyed."""
+
+    app: str
+    kind: OpKind
+    cause: Cause
+    build_digest: str
+    build_path: Path
+    config: Mapping[str, str]
+    description: str
+    hosts: tuple[str, ...]
+    progress: Progress
+    key: str | None
+    request_digest: str | None
+    mode: Mode | None = None
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """A rollout's state as its attempts need it: the target every instance moves to,
+    the schedule revision each attempt holds, the release still to be written (None once
+    the first instance wrote it, and for a restart, which writes none), and the
+    request's key, digest and progress. A restart is a rollout of one instance."""
+
+    app: str
+    kind: OpKind
+    cause: Cause
+    target: Target
+    revisions: Mapping[str, int]
+    release: ReleaseDraft | None
+    progress: Progress
+    key: str | None
+    request_digest: str | None
 
 
 @dataclass
@@ -106,9 +146,10 @@ class Deployer:
         self.store.record_build(app, build_digest, str(build_path))
         app_record = self.store.get_app(app)
         config = dict(app_record.config) if app_record else {}
-        return await self._rollout(app, OpKind.DEPLOY, Cause.RELEASE, build_digest, build_path,
-                                   config, f"Deploy {build_digest[:12]}", targets, progress,
-                                   key, request_digest, mode)
+        return await self._rollout(Intent(
+            app, OpKind.DEPLOY, Cause.RELEASE, build_digest, build_path, config,
+            f"Deploy {build_digest[:12]}", tuple(targets), progress, key, request_digest,
+            mode))
 
     async def set_config(self, app: str, changes: dict[str, str | None],
                          progress: Progress = _quiet, key: str | None = None,
@@ -118,10 +159,9 @@ class Deployer:
         current = targets.current_release(self.store, app)
         changed = ", ".join(sorted(changes))
         verb = "Set" if all(v is not None for v in changes.values()) else "Update"
-        return await self._rollout(app, OpKind.CONFIG, Cause.CONFIG, current.build_digest,
-                                   current.build_path, config, f"{verb} {changed}",
-                                   [i.host for i in self.store.list_instances(app)], progress,
-                                   key, request_digest)
+        return await self._rollout(Intent(
+            app, OpKind.CONFIG, Cause.CONFIG, current.build_digest, current.build_path,
+            config, f"{verb} {changed}", self._hosts(app), progress, key, request_digest))
 
     def new_config(self, app: str, changes: dict[str, str | None]) -> dict[str, str]:
         """`app`'s config with `changes` applied (None unsets), refused with a UserError
@@ -162,40 +202,41 @@ class Deployer:
         if build is None:
             raise UserError(f"the build of v{to} is no longer staged",
                             hint="deploy its source again")
-        return await self._rollout(app, OpKind.ROLLBACK, Cause.RELEASE, chosen.build_digest, build,
-                                   dict(chosen.config), f"Rollback to v{to}",
-                                   [i.host for i in self.store.list_instances(app)], progress,
-                                   key, request_digest)
+        return await self._rollout(Intent(
+            app, OpKind.ROLLBACK, Cause.RELEASE, chosen.build_digest, build,
+            dict(chosen.config), f"Rollback to v{to}", self._hosts(app), progress, key,
+            request_digest))
 
-    async def _rollout(self, app: str, kind: OpKind, cause: Cause, build_digest: str,
-                       build_path: Path, config: dict[str, str], description: str,
-                       hosts: list[str], progress: Progress, key: str | None,
-                       request_digest: str | None,
-                       mode: Mode | None = None) -> list[InstanceResult]:
+    def _hosts(self, app: str) -> tuple[str, ...]:
+        return tuple(i.host for i in self.store.list_instances(app))
+
+    async def _rollout(self, intent: Intent) -> list[InstanceResult]:
         # Scheduling comes first and outside every lock: a newer intent is what makes an
         # older attempt, still running, stand down at its next check.
-        revs = {host: self.store.bump_schedule(host) for host in hosts}
-        async with self.locks.app(app):
-            number = self.store.next_release_number(app)
-            target = Target.load(app, number, build_digest, build_path, config, mode)
-            released = False
-
-            release = ReleaseDraft(app, build_digest, config, description)
-
+        revs = {host: self.store.bump_schedule(host) for host in intent.hosts}
+        async with self.locks.app(intent.app):
+            number = self.store.next_release_number(intent.app)
+            rollout = Rollout(
+                intent.app, intent.kind, intent.cause,
+                Target.load(intent.app, number, intent.build_digest, intent.build_path,
+                            dict(intent.config), intent.mode),
+                revs, ReleaseDraft(intent.app, intent.build_digest, dict(intent.config),
+                                   intent.description),
+                intent.progress, intent.key, intent.request_digest)
             results: list[InstanceResult] = []
-            for host in hosts:
-                result = await self._attempt_on(
-                    host, kind, cause, target, revs[host],
-                    None if released else release, progress, key, request_digest)
-                released = released or result.released
+            for host in intent.hosts:
+                result = await self._attempt_on(rollout, host)
+                if result.released:
+                    # The first install wrote the release; the rest install that one.
+                    rollout = dataclasses.replace(rollout, release=None)
                 results.append(InstanceResult(host, number, result.outcome.value,
                                               result.generations))
                 if result.outcome is not Outcome.DONE:
                     raise AppFailed(
-                        f"{host}: {result.reason}" + ("" if host == hosts[-1] else
+                        f"{host}: {result.reason}" + ("" if host == intent.hosts[-1] else
                                                       "; the rollout halted here"),
-                        hint=f"see `keelway logs {app} --instance {host}` and "
-                             f"`keelway ops {app}`")
+                        hint=f"see `keelway logs {intent.app} --instance {host}` and "
+                             f"`keelway ops {intent.app}`")
             return results
 
     async def restart(self, app: str, host: str | None, progress: Progress = _quiet,
@@ -209,8 +250,9 @@ class Deployer:
                 raise UserError(f"{inst.host} runs nothing to restart",
                                 hint=f"deploy {app} first, or `keelway start {app}`")
             rev = self.store.bump_schedule(inst.host)
-            result = await self._attempt_on(inst.host, OpKind.RESTART, Cause.RESTART, target,
-                                            rev, None, progress, key, request_digest)
+            result = await self._attempt_on(
+                Rollout(app, OpKind.RESTART, Cause.RESTART, target, {inst.host: rev}, None,
+                        progress, key, request_digest), inst.host)
             results.append(InstanceResult(inst.host, target.release, result.outcome.value,
                                           result.generations))
             if result.outcome is not Outcome.DONE:
@@ -218,10 +260,8 @@ class Deployer:
                                 hint=f"see `keelway logs {app} --instance {inst.host}`")
         return results
 
-    async def _attempt_on(self, host: str, kind: OpKind, cause: Cause, target: Target,
-                          rev: int,
-                          release: ReleaseDraft | None, progress: Progress,
-                          key: str | None, request_digest: str | None) -> Result:
+    async def _attempt_on(self, rollout: Rollout, host: str) -> Result:
+        rev = rollout.revisions[host]
         async with self.locks.instance(host):
             await self.recovery.converge(host, Pass.MUTATION)
             inst = self.store.get_instance(host)
@@ -232,12 +272,14 @@ class Deployer:
                 self._mint_key(op, host)
                 return await Attempt(
                     store=self.store, home=self.home, supervisor=self.supervisor,
-                    publisher=self.publisher, op=op, host=host, cause=cause, target=target,
-                    rev=rev, release=release, progress=progress).run()
+                    publisher=self.publisher, op=op, host=host, cause=rollout.cause,
+                    target=rollout.target, rev=rev, release=rollout.release,
+                    progress=rollout.progress).run()
 
-            result = await self.journal.run(target.app, host, kind, attempt, key=key,
-                                            request_digest=request_digest, schedule_rev=rev,
-                                            converge_after=True)
+            result = await self.journal.run(rollout.app, host, rollout.kind, attempt,
+                                            key=rollout.key,
+                                            request_digest=rollout.request_digest,
+                                            schedule_rev=rev, converge_after=True)
             targets.link_current(self.store, self.home, host)
             return result
 
