@@ -26,13 +26,14 @@ from keelway.deploy.instances import Target
 from keelway.deploy.locks import Locks
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
+from keelway.deploy.steps import Done, Steps
 from keelway.home import Home
 from keelway.journal import Cause, OpKind, StepKind
 from keelway.reconcile.plan import Pass
 from keelway.runtime.environment import ensure_instance_key
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
-from keelway.store.lifecycle import InstanceState, RouteState, StepState
+from keelway.store.lifecycle import InstanceState, RouteState
 from keelway.store.records import Instance, Operation, ReleaseDraft
 
 failpoints.declare("key.before", "key.after")
@@ -269,7 +270,7 @@ class Deployer:
                 return Result(Outcome.SUPERSEDED, "superseded before it started")
 
             async def attempt(op: Operation) -> Result:
-                self._mint_key(op, host)
+                await self._mint_key(op, host)
                 return await Attempt(
                     store=self.store, home=self.home, supervisor=self.supervisor,
                     publisher=self.publisher, op=op, host=host, cause=rollout.cause,
@@ -328,10 +329,10 @@ class Deployer:
 
     # -- records -----------------------------------------------------------------------
 
-    def _mint_key(self, op: Operation, host: str) -> None:
-        seq = self.store.begin_step(op.id, StepKind.INSTANCE_KEY)
-        failpoints.hit("key.before")
-        minted = ensure_instance_key(self.home.env_file(host))
-        failpoints.hit("key.after")
-        self.store.finish_step(op.id, seq, StepState.SUCCEEDED,
-                               detail="minted" if minted else "kept")
+    async def _mint_key(self, op: Operation, host: str) -> None:
+        async def mint() -> Done:
+            minted = ensure_instance_key(self.home.env_file(host))
+            return Done("minted" if minted else "kept")
+
+        await Steps(self.store, op.id).run(StepKind.INSTANCE_KEY, mint,
+                                           before=("key.before",), after=("key.after",))
