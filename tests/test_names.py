@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from keelway import names
 from keelway.api.bodies import ConfigBody, DeployBody
+from keelway.api.daemon import wire
 from keelway.builds.errors import BuildError, ManifestError, SourceError
 from keelway.builds.manifest import parse_procfile
 from keelway.builds.stage import stage
@@ -75,8 +76,8 @@ def _deployer(tmp_path: Path) -> Deployer:
     async def on_exit(_gen: Generation, _code: int | None) -> None:
         return None
 
-    return Deployer(store, home, Supervisor(store, home, clock, on_exit),
-                    Publisher(store, home.router_socket), clock, "test")
+    return wire(store, home, Supervisor(store, home, clock, on_exit),
+                Publisher(store, home.router_socket), clock, "test").deployer
 
 
 def test_every_layer_accepts_exactly_the_hosts_the_host_rule_accepts(tmp_path: Path) -> None:

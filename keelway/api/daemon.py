@@ -1,4 +1,8 @@
-"""The control plane: wires store, supervisor, deployer, router and API together.
+"""The control plane: wires store, supervisor, the deploy parts, router and API together.
+
+The deploy parts (`wire`): `Locks` (per-instance locks and live operations), `Recovery`
+(converging, boot, periodic and crash restarts; it holds `Journaled`, the journal's
+edges, and the reconciler) and `Deployer` (the operations users ask for) on both.
 
 Start order keeps every failure clear and harmless: the home lock first (one control
 plane per home), then the router's port (a busy port fails before the store is even
@@ -23,16 +27,20 @@ import signal
 import sys
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
 
 from keelway.api.server import Api
 from keelway.builds.stage import stage, sweep
-from keelway.clock import SystemClock
+from keelway.clock import Clock, SystemClock
+from keelway.deploy import targets
 from keelway.deploy.deployer import Deployer
 from keelway.deploy.errors import OperationError
+from keelway.deploy.locks import Locks
 from keelway.deploy.publisher import Publisher
+from keelway.deploy.recovery import Recovery
 from keelway.durable import disk_full, disk_full_message, sweep_temp
 from keelway.home import PRIVATE_UMASK, Home
 from keelway.runtime import router as router_process
@@ -61,6 +69,22 @@ class StartupError(Exception):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class DeployParts:
+    locks: Locks
+    recovery: Recovery
+    deployer: Deployer
+
+
+def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher, clock: Clock,
+         owner: str) -> DeployParts:
+    """The deploy parts of one control plane, sharing one set of locks and live ops."""
+    locks = Locks()
+    recovery = Recovery(store, home, supervisor, publisher, clock, locks, owner)
+    return DeployParts(locks, recovery,
+                       Deployer(store, home, supervisor, publisher, locks, recovery))
 
 
 def _take_lock(home: Home) -> int:
@@ -162,15 +186,16 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
         sweep_temp(directory)
     store = SqliteStore(home.store_path, clock)
     owner = uuid.uuid4().hex[:12]
-    deployer: Deployer
+    parts: DeployParts
 
     async def on_exit(gen, code):  # type: ignore[no-untyped-def]
-        await deployer.on_exit(gen, code)
+        await parts.recovery.on_exit(gen, code)
 
     supervisor = Supervisor(store, home, clock, on_exit)
-    deployer = Deployer(store, home, supervisor, Publisher(store, home.router_socket), clock,
-                        owner)
-    await deployer.boot()
+    publisher = Publisher(store, home.router_socket)
+    parts = wire(store, home, supervisor, publisher, clock, owner)
+    deployer = parts.deployer
+    await parts.recovery.boot()
 
     if demo:
         await _deploy_demo(home, store, deployer, announce)
@@ -191,13 +216,13 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
         """The store's routes to a router the supervisor just started; why not if not
         (the router serves its saved table and the periodic pass pushes them again)."""
         try:
-            await deployer.publisher.publish()
+            await publisher.publish()
         except OperationError as exc:
             return exc.message
         return None
 
     router.watch(push_routes)
-    api = Api(store, home, deployer, http_port, request_shutdown, router)
+    api = Api(store, home, deployer, parts.recovery, http_port, request_shutdown, router)
     # Open log streams (`logs -f`) must not hold a shutdown for long.
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False,
                            shutdown_timeout=2.0)
@@ -211,7 +236,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
         os.umask(old_umask)
     os.chmod(home.api_socket, 0o600)
     rotation = loop.create_task(_rotate_logs_forever(home))
-    periodic = loop.create_task(deployer.periodic())
+    periodic = loop.create_task(parts.recovery.periodic())
 
     announce(f"keelway {'adopted' if router.handle.adopted else 'started'} the router on "
              f"http://{http_addr}/ (pid {router.handle.pid})")
@@ -226,9 +251,9 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     periodic.cancel()
     await runner.cleanup()
     home.api_socket.unlink(missing_ok=True)
-    await deployer.close()
+    await parts.recovery.close()
     if not keep_apps:
-        await _stop_all(store, supervisor, deployer)
+        await _stop_all(store, supervisor)
     await supervisor.shutdown()
     if not await router.stop(keep_serving=keep_apps):
         announce("warning: the router did not stop; it is still serving")
@@ -236,11 +261,11 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     return 0
 
 
-async def _stop_all(store: Store, supervisor: Supervisor, deployer: Deployer) -> None:
+async def _stop_all(store: Store, supervisor: Supervisor) -> None:
     """Stop every app process tree for `down` (each after its service's stop_grace);
     instances stay `running`, so `up` restarts them."""
     gens = store.live_generations()
-    await asyncio.gather(*(supervisor.stop(g, deployer.stop_grace(g)) for g in gens))
+    await asyncio.gather(*(supervisor.stop(g, targets.stop_grace_s(store, g)) for g in gens))
     await supervisor.remove_strays()
     supervisor.trees.forget_home()
 

@@ -193,7 +193,7 @@ class Operations:
         """
         if key is not None:
             claimed, fresh = self.store.begin_request(key, app, kind, digest,
-                                                      self.deployer.owner)
+                                                      self.deployer.journal.owner)
             if not fresh:
                 if claimed.digest != digest:
                     return error_response(409, "key-conflict",

@@ -22,6 +22,7 @@ from keelway.api.operations import Operations
 from keelway.api.views import operation_view, router_view, status_view
 from keelway.deploy.deployer import Deployer
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
+from keelway.deploy.recovery import Recovery
 from keelway.home import Home
 from keelway.runtime.logs import parse_log_name, read_from, tail_lines
 from keelway.runtime.router import RouterRestartFailed, RouterStartFailed
@@ -30,13 +31,14 @@ from keelway.store import Store
 
 
 class Api:
-    def __init__(self, store: Store, home: Home, deployer: Deployer, http_port: int | None,
-                 on_shutdown: Callable[[bool], None],
+    def __init__(self, store: Store, home: Home, deployer: Deployer, recovery: Recovery,
+                 http_port: int | None, on_shutdown: Callable[[bool], None],
                  router: RouterSupervisor | None = None) -> None:
         self.router = router
         self.store = store
         self.home = home
         self.deployer = deployer
+        self.recovery = recovery
         self.http_port = http_port
         self.on_shutdown = on_shutdown
         self.operations = Operations(store, home, deployer, http_port)
@@ -72,7 +74,7 @@ class Api:
 
     async def reconcile(self, request: web.Request) -> web.Response:
         body: bodies.ReconcileBody = await read_body(request, bodies.ReconcileBody)
-        report = await self.deployer.reconcile_all(body.dry_run)
+        report = await self.recovery.reconcile_all(body.dry_run)
         return web.json_response({"dry_run": body.dry_run, "instances": report})
 
     async def apps(self, _request: web.Request) -> web.Response:
@@ -90,7 +92,7 @@ class Api:
         app = request.query.get("app")
         if app is not None and self.store.get_app(app) is None:
             raise NotFoundError(f"no app named {app}", hint="see `keelway apps`")
-        view = status_view(self.store, self.http_port, app, self.deployer.live_ops)
+        view = status_view(self.store, self.http_port, app, self.deployer.locks.live_ops)
         if self.router is not None:
             view["router"] = router_view(self.router.health())
         return web.json_response(view)

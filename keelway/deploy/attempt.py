@@ -14,6 +14,8 @@ the spawn, at the spawn, before the install (the store's `install` compares it i
 its own write and refuses with `StaleSchedule`) and before the result counts; a
 superseded attempt never marks a build good, never writes a release, and leaves traffic
 to the newer attempt.
+Each journaled step runs through `Steps` (keelway/deploy/steps.py): its write, then its
+failpoints around its effect, then its outcome.
 Expected outcomes are values (`StartFailed`, `Failed`, `Result`); the one exception is
 `Superseded`, raised by the gate (and for a refused install), because it must unwind
 whatever step it is checked in. Candidates that end unpublished are removed by the
@@ -59,12 +61,13 @@ from keelway.deploy.plan import (
     respawns,
 )
 from keelway.deploy.publisher import Publisher
+from keelway.deploy.steps import Done, Failed, Steps, nothing
 from keelway.deploy.targets import stop_grace_s
 from keelway.home import Home
 from keelway.journal import Cause, Inhibition, StepKind
 from keelway.runtime.supervisor import SettleOutcome, Supervisor
 from keelway.store import StaleSchedule, Store
-from keelway.store.lifecycle import GenState, InstanceState, RouteState, StepState
+from keelway.store.lifecycle import GenState, InstanceState, RouteState
 from keelway.store.records import Generation, Operation, ReleaseDraft
 
 failpoints.declare("activate.before", "release.before", "activate.after", "hold.stopped",
@@ -87,14 +90,6 @@ class Result:
     reason: str | None = None
     generations: dict[str, int] = field(default_factory=dict)
     released: bool = False
-
-
-@dataclass(frozen=True)
-class Failed:
-    """A step did not do its part (a start, a publish, the settle); its step is
-    journaled failed, and the attempt falls back."""
-
-    reason: str
 
 
 class Superseded(Exception):
@@ -123,6 +118,10 @@ class Attempt:
     # What the instance ran before the attempt, read before it changes ACTIVE, when the
     # table may fall back to it.
     _replaced: Target | None = None
+
+    @property
+    def steps(self) -> Steps:
+        return Steps(self.store, self.op.id)
 
     def gate(self, point: str) -> None:
         inst = self.store.get_instance(self.host)
@@ -188,8 +187,7 @@ class Attempt:
                     # Written before anything of the new build runs: from here on, a
                     # failure or a crash must not bring the old build back under data it
                     # may have migrated.
-                    seq = self.store.begin_step(self.op.id, StepKind.HOLD_EXEC)
-                    self.store.finish_step(self.op.id, seq, StepState.SUCCEEDED)
+                    await self.steps.run(StepKind.HOLD_EXEC, nothing)
                     self._executed = True
             case Activate():
                 await self._activate(prior, plan.overlap)
@@ -236,52 +234,55 @@ class Attempt:
         """ACTIVE, route, retirement marks (and the release row) in one write, the
         store's install; the caller publishes."""
         candidates = self._candidates
-        seq = self.store.begin_step(self.op.id, StepKind.ACTIVATE, detail=", ".join(
-            f"{s}={g.id}" for s, g in candidates.items()))
-        failpoints.hit("activate.before")
-        if self.release is not None:
-            failpoints.hit("release.before")
-        try:
-            written = self.store.install(
-                self.host, schedule_rev=self.rev, candidates=candidates,
-                retiring=[old.id for s, old in prior.items()
-                          if s in candidates and s in overlap],
-                retire_reason=Inhibition.RETIREMENT_PENDING, op_id=self.op.id,
-                release=self.release)
-        except StaleSchedule as exc:
-            raise Superseded("before the install") from exc
-        self._released = self._released or written is not None
-        failpoints.hit("activate.after")
-        self.store.finish_step(self.op.id, seq, StepState.SUCCEEDED)
+
+        async def install() -> Done:
+            try:
+                written = self.store.install(
+                    self.host, schedule_rev=self.rev, candidates=candidates,
+                    retiring=[old.id for s, old in prior.items()
+                              if s in candidates and s in overlap],
+                    retire_reason=Inhibition.RETIREMENT_PENDING, op_id=self.op.id,
+                    release=self.release)
+            except StaleSchedule as exc:
+                raise Superseded("before the install") from exc
+            self._released = self._released or written is not None
+            return Done()
+
+        writes_release = ("release.before",) if self.release is not None else ()
+        await self.steps.run(
+            StepKind.ACTIVATE, install, before=("activate.before", *writes_release),
+            after=("activate.after",),
+            detail=", ".join(f"{s}={g.id}" for s, g in candidates.items()))
 
     async def _publish(self, kind: StepKind, *, serving: bool) -> Failed | None:
         """A publish step; when it puts this instance's route `serving`, a refusal of
         that route fails the attempt (RouteRefused names it), and only this attempt."""
-        seq = self.store.begin_step(self.op.id, kind)
-        try:
-            await self.publisher.publish(self.host if serving else None)
-        except OperationError as exc:
-            self.store.finish_step(self.op.id, seq, StepState.FAILED, error=exc.message)
-            return Failed(exc.message)
-        self.store.finish_step(self.op.id, seq, StepState.SUCCEEDED)
-        return None
+        async def publish() -> Done | Failed:
+            try:
+                await self.publisher.publish(self.host if serving else None)
+            except OperationError as exc:
+                return Failed(exc.message)
+            return Done()
+
+        return await self.steps.run(kind, publish)
 
     async def _settle(self, window_s: float) -> Failed | None:
         services = self.target.manifest.services
         candidates = self._candidates
         if window_s > 0:
             self._say(f"settling for {window_s:g}s")
-        seq = self.store.begin_step(self.op.id, StepKind.SETTLE, detail=f"{window_s:g}s")
-        outcomes = await asyncio.gather(*(
-            self.supervisor.settle(gen, services[s].settle_s) for s, gen in candidates.items()))
-        crashed = [s for s, o in zip(candidates, outcomes, strict=True)
-                   if o is SettleOutcome.CRASHED]
-        if crashed:
-            error = f"{', '.join(crashed)} exited during the settle window"
-            self.store.finish_step(self.op.id, seq, StepState.FAILED, error=error)
-            return Failed(error)
-        self.store.finish_step(self.op.id, seq, StepState.SUCCEEDED)
-        return None
+
+        async def settle() -> Done | Failed:
+            outcomes = await asyncio.gather(*(
+                self.supervisor.settle(gen, services[s].settle_s)
+                for s, gen in candidates.items()))
+            crashed = [s for s, o in zip(candidates, outcomes, strict=True)
+                       if o is SettleOutcome.CRASHED]
+            if crashed:
+                return Failed(f"{', '.join(crashed)} exited during the settle window")
+            return Done()
+
+        return await self.steps.run(StepKind.SETTLE, settle, detail=f"{window_s:g}s")
 
     async def _retire(self, spec: ServiceSpec, old: Generation) -> None:
         """Drain and stop an old generation an overlap swap left running."""
@@ -296,14 +297,16 @@ class Attempt:
         await self._stop(old, StepKind.RETIRE)
 
     async def _stop(self, gen: Generation, kind: StepKind) -> None:
-        seq = self.store.begin_step(self.op.id, kind, service=gen.service, before_gen=gen.id)
-        latest = self.store.get_generation(gen.id) or gen
-        if await self.supervisor.stop(latest, stop_grace_s(self.store, gen)):
-            self.store.finish_step(self.op.id, seq, StepState.SUCCEEDED)
-            return
-        error = f"generation {gen.id} (pid {gen.pid}) survived SIGKILL"
-        self.store.finish_step(self.op.id, seq, StepState.FAILED, error=error)
-        raise OperationError(error, hint="the process is stuck in the kernel; check `ps`")
+        async def stop() -> Done | Failed:
+            latest = self.store.get_generation(gen.id) or gen
+            if await self.supervisor.stop(latest, stop_grace_s(self.store, gen)):
+                return Done()
+            return Failed(f"generation {gen.id} (pid {gen.pid}) survived SIGKILL")
+
+        failed = await self.steps.run(kind, stop, service=gen.service, before_gen=gen.id)
+        if failed is not None:
+            raise OperationError(failed.reason,
+                                 hint="the process is stuck in the kernel; check `ps`")
 
     # -- failure ---------------------------------------------------------------------
 

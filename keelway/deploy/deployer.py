@@ -1,5 +1,7 @@
 """Operations on instances: deploy, config, rollback, restart, stop, start.
 
+A part beside `Recovery` (which converges an instance and respawns what ACTIVE names),
+`Journaled` (the journal's edges) and `Locks`, wired together in keelway/api/daemon.py.
 Every operation runs under its instance's lock, after reconciliation (a failed-closed
 instance refuses it), as a journaled operation whose steps are written before their
 effects. A rollout (deploy, config, rollback) first bumps the schedule revision of
@@ -10,7 +12,8 @@ the first instance that does not end DONE, leaving the rest on what they run.
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,11 +23,17 @@ from keelway.deploy import targets
 from keelway.deploy.attempt import Attempt, Outcome, Progress, Result
 from keelway.deploy.errors import AppFailed, NotFoundError, OperationError, UserError
 from keelway.deploy.instances import Target
+from keelway.deploy.locks import Locks
+from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
+from keelway.deploy.steps import Done, Steps
+from keelway.home import Home
 from keelway.journal import Cause, OpKind, StepKind
 from keelway.reconcile.plan import Pass
 from keelway.runtime.environment import ensure_instance_key
-from keelway.store.lifecycle import InstanceState, RouteState, StepState
+from keelway.runtime.supervisor import Supervisor
+from keelway.store import Store
+from keelway.store.lifecycle import InstanceState, RouteState
 from keelway.store.records import Instance, Operation, ReleaseDraft
 
 failpoints.declare("key.before", "key.after")
@@ -32,6 +41,44 @@ failpoints.declare("key.before", "key.after")
 
 def _quiet(_message: str) -> None:
     pass
+
+
+@dataclass(frozen=True)
+class Intent:
+    """A rollout as asked (deploy, config, rollback), before anything is scheduled:
+    the build and config to release, to which hosts in order (the first is the canary),
+    and how the request is reported and keyed."""
+
+    app: str
+    kind: OpKind
+    cause: Cause
+    build_digest: str
+    build_path: Path
+    config: Mapping[str, str]
+    description: str
+    hosts: tuple[str, ...]
+    progress: Progress
+    key: str | None
+    request_digest: str | None
+    mode: Mode | None = None
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """A rollout's state as its attempts need it: the target every instance moves to,
+    the schedule revision each attempt holds, the release still to be written (None once
+    the first instance wrote it, and for a restart, which writes none), and the
+    request's key, digest and progress. A restart is a rollout of one instance."""
+
+    app: str
+    kind: OpKind
+    cause: Cause
+    target: Target
+    revisions: Mapping[str, int]
+    release: ReleaseDraft | None
+    progress: Progress
+    key: str | None
+    request_digest: str | None
 
 
 @dataclass
@@ -42,8 +89,18 @@ class InstanceResult:
     generations: dict[str, int] = field(default_factory=dict)
 
 
-class Deployer(Recovery):
+class Deployer:
     """The operations users ask for: deploy, config, rollback, restart, stop, start."""
+
+    def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
+                 locks: Locks, recovery: Recovery) -> None:
+        self.store = store
+        self.home = home
+        self.supervisor = supervisor
+        self.publisher = publisher
+        self.locks = locks
+        self.recovery = recovery
+        self.journal = recovery.journal
 
     # -- validation ------------------------------------------------------------------
 
@@ -90,9 +147,10 @@ class Deployer(Recovery):
         self.store.record_build(app, build_digest, str(build_path))
         app_record = self.store.get_app(app)
         config = dict(app_record.config) if app_record else {}
-        return await self._rollout(app, OpKind.DEPLOY, Cause.RELEASE, build_digest, build_path,
-                                   config, f"Deploy {build_digest[:12]}", targets, progress,
-                                   key, request_digest, mode)
+        return await self._rollout(Intent(
+            app, OpKind.DEPLOY, Cause.RELEASE, build_digest, build_path, config,
+            f"Deploy {build_digest[:12]}", tuple(targets), progress, key, request_digest,
+            mode))
 
     async def set_config(self, app: str, changes: dict[str, str | None],
                          progress: Progress = _quiet, key: str | None = None,
@@ -102,10 +160,9 @@ class Deployer(Recovery):
         current = targets.current_release(self.store, app)
         changed = ", ".join(sorted(changes))
         verb = "Set" if all(v is not None for v in changes.values()) else "Update"
-        return await self._rollout(app, OpKind.CONFIG, Cause.CONFIG, current.build_digest,
-                                   current.build_path, config, f"{verb} {changed}",
-                                   [i.host for i in self.store.list_instances(app)], progress,
-                                   key, request_digest)
+        return await self._rollout(Intent(
+            app, OpKind.CONFIG, Cause.CONFIG, current.build_digest, current.build_path,
+            config, f"{verb} {changed}", self._hosts(app), progress, key, request_digest))
 
     def new_config(self, app: str, changes: dict[str, str | None]) -> dict[str, str]:
         """`app`'s config with `changes` applied (None unsets), refused with a UserError
@@ -146,40 +203,41 @@ class Deployer(Recovery):
         if build is None:
             raise UserError(f"the build of v{to} is no longer staged",
                             hint="deploy its source again")
-        return await self._rollout(app, OpKind.ROLLBACK, Cause.RELEASE, chosen.build_digest, build,
-                                   dict(chosen.config), f"Rollback to v{to}",
-                                   [i.host for i in self.store.list_instances(app)], progress,
-                                   key, request_digest)
+        return await self._rollout(Intent(
+            app, OpKind.ROLLBACK, Cause.RELEASE, chosen.build_digest, build,
+            dict(chosen.config), f"Rollback to v{to}", self._hosts(app), progress, key,
+            request_digest))
 
-    async def _rollout(self, app: str, kind: OpKind, cause: Cause, build_digest: str,
-                       build_path: Path, config: dict[str, str], description: str,
-                       hosts: list[str], progress: Progress, key: str | None,
-                       request_digest: str | None,
-                       mode: Mode | None = None) -> list[InstanceResult]:
+    def _hosts(self, app: str) -> tuple[str, ...]:
+        return tuple(i.host for i in self.store.list_instances(app))
+
+    async def _rollout(self, intent: Intent) -> list[InstanceResult]:
         # Scheduling comes first and outside every lock: a newer intent is what makes an
         # older attempt, still running, stand down at its next check.
-        revs = {host: self.store.bump_schedule(host) for host in hosts}
-        async with self._app_locks.setdefault(app, asyncio.Lock()):
-            number = self.store.next_release_number(app)
-            target = Target.load(app, number, build_digest, build_path, config, mode)
-            released = False
-
-            release = ReleaseDraft(app, build_digest, config, description)
-
+        revs = {host: self.store.bump_schedule(host) for host in intent.hosts}
+        async with self.locks.app(intent.app):
+            number = self.store.next_release_number(intent.app)
+            rollout = Rollout(
+                intent.app, intent.kind, intent.cause,
+                Target.load(intent.app, number, intent.build_digest, intent.build_path,
+                            dict(intent.config), intent.mode),
+                revs, ReleaseDraft(intent.app, intent.build_digest, dict(intent.config),
+                                   intent.description),
+                intent.progress, intent.key, intent.request_digest)
             results: list[InstanceResult] = []
-            for host in hosts:
-                result = await self._attempt_on(
-                    host, kind, cause, target, revs[host],
-                    None if released else release, progress, key, request_digest)
-                released = released or result.released
+            for host in intent.hosts:
+                result = await self._attempt_on(rollout, host)
+                if result.released:
+                    # The first install wrote the release; the rest install that one.
+                    rollout = dataclasses.replace(rollout, release=None)
                 results.append(InstanceResult(host, number, result.outcome.value,
                                               result.generations))
                 if result.outcome is not Outcome.DONE:
                     raise AppFailed(
-                        f"{host}: {result.reason}" + ("" if host == hosts[-1] else
+                        f"{host}: {result.reason}" + ("" if host == intent.hosts[-1] else
                                                       "; the rollout halted here"),
-                        hint=f"see `keelway logs {app} --instance {host}` and "
-                             f"`keelway ops {app}`")
+                        hint=f"see `keelway logs {intent.app} --instance {host}` and "
+                             f"`keelway ops {intent.app}`")
             return results
 
     async def restart(self, app: str, host: str | None, progress: Progress = _quiet,
@@ -193,8 +251,9 @@ class Deployer(Recovery):
                 raise UserError(f"{inst.host} runs nothing to restart",
                                 hint=f"deploy {app} first, or `keelway start {app}`")
             rev = self.store.bump_schedule(inst.host)
-            result = await self._attempt_on(inst.host, OpKind.RESTART, Cause.RESTART, target,
-                                            rev, None, progress, key, request_digest)
+            result = await self._attempt_on(
+                Rollout(app, OpKind.RESTART, Cause.RESTART, target, {inst.host: rev}, None,
+                        progress, key, request_digest), inst.host)
             results.append(InstanceResult(inst.host, target.release, result.outcome.value,
                                           result.generations))
             if result.outcome is not Outcome.DONE:
@@ -202,36 +261,26 @@ class Deployer(Recovery):
                                 hint=f"see `keelway logs {app} --instance {inst.host}`")
         return results
 
-    async def _attempt_on(self, host: str, kind: OpKind, cause: Cause, target: Target,
-                          rev: int,
-                          release: ReleaseDraft | None, progress: Progress,
-                          key: str | None, request_digest: str | None) -> Result:
-        async with self.lock(host):
-            await self._reconcile_locked(host, Pass.MUTATION)
+    async def _attempt_on(self, rollout: Rollout, host: str) -> Result:
+        rev = rollout.revisions[host]
+        async with self.locks.instance(host):
+            await self.recovery.converge(host, Pass.MUTATION)
             inst = self.store.get_instance(host)
             if inst is None or inst.schedule_rev != rev:
                 return Result(Outcome.SUPERSEDED, "superseded before it started")
-            op = self.store.begin_operation(target.app, host, kind, self.owner, key=key,
-                                            request_digest=request_digest, schedule_rev=rev)
-            self.live_ops.add(op.id)
-            faulted = False
-            try:
-                self._mint_key(op, host)
-                result = await Attempt(
+
+            async def attempt(op: Operation) -> Result:
+                await self._mint_key(op, host)
+                return await Attempt(
                     store=self.store, home=self.home, supervisor=self.supervisor,
-                    publisher=self.publisher, op=op, host=host, cause=cause, target=target,
-                    rev=rev, release=release, progress=progress).run()
-            except OperationError as exc:
-                result = Result(Outcome.FAILED, exc.message)
-            except Exception as exc:  # journaled as what it is (see DeployerCore)
-                result, faulted = Result(Outcome.FAILED, self._record_fault(op, exc)), True
-            finally:
-                self.live_ops.discard(op.id)
-            if faulted:
-                await self._converge_fault(host)
-            else:
-                self._finish(op, result)
-                await self._reconcile_locked(host, Pass.MUTATION)
+                    publisher=self.publisher, op=op, host=host, cause=rollout.cause,
+                    target=rollout.target, rev=rev, release=rollout.release,
+                    progress=rollout.progress).run()
+
+            result = await self.journal.run(rollout.app, host, rollout.kind, attempt,
+                                            key=rollout.key,
+                                            request_digest=rollout.request_digest,
+                                            schedule_rev=rev, converge_after=True)
             targets.link_current(self.store, self.home, host)
             return result
 
@@ -239,11 +288,11 @@ class Deployer(Recovery):
 
     async def stop_instance(self, inst: Instance) -> None:
         """Gate the route, then stop every generation; ACTIVE stays so start can respawn."""
-        async with self.lock(inst.host):
-            await self._reconcile_locked(inst.host, Pass.MUTATION)
+        async with self.locks.instance(inst.host):
+            await self.recovery.converge(inst.host, Pass.MUTATION)
             inst = self.store.get_instance(inst.host) or inst
 
-            async def stop(_op: Operation) -> None:
+            async def stop(_op: Operation) -> Result:
                 current = self.store.get_instance(inst.host) or inst
                 if current.state is not InstanceState.STOPPED:
                     self.store.set_instance_state(current, InstanceState.STOPPED)
@@ -252,26 +301,27 @@ class Deployer(Recovery):
                                          expected=route)
                     await self.publisher.publish()
                 for gen in self.store.live_generations(inst.host):
-                    if not await self.supervisor.stop(gen, self.stop_grace(gen)):
+                    if not await self.supervisor.stop(gen, targets.stop_grace_s(self.store, gen)):
                         raise OperationError(f"generation {gen.id} (pid {gen.pid}) did not stop")
+                return Result(Outcome.DONE)
 
-            result = await self._journaled(inst.app, inst.host, OpKind.STOP, stop)
+            result = await self.journal.run(inst.app, inst.host, OpKind.STOP, stop)
             if result.outcome is not Outcome.DONE:
                 raise OperationError(result.reason or "stop failed")
 
     async def start_instance(self, inst: Instance) -> None:
-        async with self.lock(inst.host):
-            await self._reconcile_locked(inst.host, Pass.MUTATION)
+        async with self.locks.instance(inst.host):
+            await self.recovery.converge(inst.host, Pass.MUTATION)
             inst = self.store.get_instance(inst.host) or inst
 
-            async def start(op: Operation) -> None:
+            async def start(op: Operation) -> Result:
                 current = self.store.get_instance(inst.host) or inst
                 if current.state is not InstanceState.RUNNING:
                     current = self.store.set_instance_state(current, InstanceState.RUNNING)
-                await self._respawn_active(op, current)
+                return await self.recovery.respawn_active(op, current)
 
-            result = await self._journaled(inst.app, inst.host, OpKind.START, start)
-            await self._reconcile_locked(inst.host, Pass.MUTATION)
+            result = await self.journal.run(inst.app, inst.host, OpKind.START, start)
+            await self.recovery.converge(inst.host, Pass.MUTATION)
             targets.link_current(self.store, self.home, inst.host)
             if result.outcome is not Outcome.DONE:
                 raise AppFailed(f"{inst.host}: {result.reason}",
@@ -279,10 +329,10 @@ class Deployer(Recovery):
 
     # -- records -----------------------------------------------------------------------
 
-    def _mint_key(self, op: Operation, host: str) -> None:
-        seq = self.store.begin_step(op.id, StepKind.INSTANCE_KEY)
-        failpoints.hit("key.before")
-        minted = ensure_instance_key(self.home.env_file(host))
-        failpoints.hit("key.after")
-        self.store.finish_step(op.id, seq, StepState.SUCCEEDED,
-                               detail="minted" if minted else "kept")
+    async def _mint_key(self, op: Operation, host: str) -> None:
+        async def mint() -> Done:
+            minted = ensure_instance_key(self.home.env_file(host))
+            return Done("minted" if minted else "kept")
+
+        await Steps(self.store, op.id).run(StepKind.INSTANCE_KEY, mint,
+                                           before=("key.before",), after=("key.after",))

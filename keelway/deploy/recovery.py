@@ -1,6 +1,9 @@
-"""Recovery: what runs without a user asking. Crash restarts with backoff, the boot
-pass that converges every instance after a control-plane start, `keelway reconcile`,
-and the periodic pass that only ever tries a lock, never waits behind an operation.
+"""Recovery: what runs without a user asking, and bringing back what ACTIVE names.
+Crash restarts with backoff, the boot pass that converges every instance after a
+control-plane start, `keelway reconcile`, and the periodic pass that only ever tries a
+lock, never waits behind an operation. It owns the reconciler, which reaches back only
+through the narrow `ActiveRestarts` (restart what ACTIVE names), and `converge`, the one
+way any part reconciles an instance under its lock.
 
 The backoff of a crashed service is persisted with its crash (`backoff.before/after`),
 so a control-plane restart neither resets it nor restarts early: boot leaves a service
@@ -15,24 +18,60 @@ import asyncio
 
 from keelway import failpoints
 from keelway.builds.manifest import ServiceKind
+from keelway.clock import Clock
 from keelway.deploy import targets
-from keelway.deploy.attempt import Outcome
-from keelway.deploy.core import DeployerCore, log
+from keelway.deploy.attempt import Outcome, Result
 from keelway.deploy.errors import OperationError
+from keelway.deploy.instances import StartFailed, start_generation
+from keelway.deploy.journaled import Journaled, log
+from keelway.deploy.locks import Locks
+from keelway.deploy.publisher import Publisher
 from keelway.durable import disk_full, disk_full_message
+from keelway.home import Home
 from keelway.journal import OpKind
-from keelway.reconcile.apply import FailedClosed
+from keelway.reconcile.apply import FailedClosed, Reconciler
 from keelway.reconcile.plan import Pass
 from keelway.runtime.backoff import next_retry
-from keelway.store.lifecycle import InstanceState, OpState, RequestState
-from keelway.store.records import CrashRetry, Generation
+from keelway.runtime.supervisor import Supervisor
+from keelway.store import Store
+from keelway.store.lifecycle import GenState, InstanceState, OpState, RequestState
+from keelway.store.records import CrashRetry, Generation, Instance, Operation
 
 PERIODIC_S = 5.0
 
 failpoints.declare("backoff.before", "backoff.after")
 
 
-class Recovery(DeployerCore):
+class Recovery:
+    """Boot, periodic and on-demand passes, crash restarts, and respawning ACTIVE."""
+
+    def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
+                 clock: Clock, locks: Locks, owner: str) -> None:
+        self.store = store
+        self.home = home
+        self.supervisor = supervisor
+        self.publisher = publisher
+        self.clock = clock
+        self.locks = locks
+        self.journal = Journaled(store, locks, owner, self)
+        self.reconciler = Reconciler(store, supervisor, home, self,
+                                     lambda gen: targets.stop_grace_s(store, gen))
+        self._restarts: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self.closing = False
+
+    async def converge(self, host: str, mode: Pass) -> None:
+        """Reconcile `host` under the lock the caller holds; a failed-closed instance
+        refuses whatever the caller was about to do."""
+        try:
+            outcome = await self.reconciler.reconcile(host, mode, self.locks.live_ops)
+        except FailedClosed as exc:
+            raise OperationError(
+                f"{host} is failed closed: {exc.leftover}",
+                hint="the process must go before anything else runs here: stop it, then "
+                     "`keelway reconcile`; `keelway status` shows it") from exc
+        if outcome.republish and mode is not Pass.MUTATION:
+            await self.publisher.publish()
+
     async def on_exit(self, gen: Generation, code: int | None) -> None:
         """A watched generation exited on its own: restart it (with backoff) if published.
 
@@ -45,7 +84,7 @@ class Recovery(DeployerCore):
         if (self.closing or active is None or active.generation_id != gen.id or inst is None
                 or inst.state is not InstanceState.RUNNING):
             return
-        if gen.op_id in self.live_ops:
+        if gen.op_id in self.locks.live_ops:
             return  # it died while its own operation watches it settle: that op decides
         target = targets.target_of(self.store, gen)
         spec = target.manifest.services.get(gen.service) if target else None
@@ -86,10 +125,11 @@ class Recovery(DeployerCore):
         self._restarts[(gen.instance, gen.service)] = asyncio.get_running_loop().create_task(
             self._restart_later(gen, delay_s))
 
-    async def _restart_active_locked(self, host: str,
-                                     waiting: frozenset[str] = frozenset()) -> None:
-        """RESTART_ACTIVE after a control-plane restart honours the persisted backoff: a
-        service whose retry is not yet due gets a restart scheduled for then."""
+    async def restart_active(self, host: str, waiting: frozenset[str] = frozenset()) -> None:
+        """The reconciler's RESTART_ACTIVE, run under the instance lock it already holds.
+        It honours the persisted backoff: a service whose retry is not yet due gets a
+        restart scheduled for then. Services `waiting` out a crash backoff, or whose crash
+        restart is already scheduled, are left to that restart."""
         now = self.clock.now()
         later = [r for r in self.store.pending_retries(host) if r.retry_at > now]
         for retry in later:
@@ -97,24 +137,72 @@ class Recovery(DeployerCore):
             gen = self.store.get_generation(retry.generation_id)
             if (task is None or task.done()) and gen is not None:
                 self._schedule_restart(gen, retry.retry_at - now)
-        await super()._restart_active_locked(
-            host, waiting | frozenset(r.service for r in later))
+        waiting = waiting | frozenset(r.service for r in later)
+        inst = self.store.get_instance(host)
+        if inst is None or inst.state is not InstanceState.RUNNING:
+            return
+        waiting = waiting | {s for (h, s), task in self._restarts.items()
+                             if h == host and not task.done()}
+        if all(a.service in waiting or self._running(a.generation_id)
+               for a in self.store.list_active(host)):
+            return
+        await self.journal.run(inst.app, host, OpKind.RECOVER,
+                               lambda op: self.respawn_active(op, inst, waiting))
+
+    def _running(self, gen_id: int) -> bool:
+        gen = self.store.get_generation(gen_id)
+        return gen is not None and gen.state is not GenState.GONE and (
+            self.supervisor.is_watched(gen.id) or self.supervisor.adopt(gen))
+
+    async def respawn_active(self, op: Operation, inst: Instance,
+                             waiting: frozenset[str] = frozenset()) -> Result:
+        """Bring every ACTIVE service back (the verified start path), keeping live ones
+        and those `waiting` out a crash backoff, then publish the route of the ACTIVE
+        web."""
+        fresh: dict[str, Generation] = {}
+        for active in self.store.list_active(inst.host):
+            gen = self.store.get_generation(active.generation_id)
+            if gen is None or gen.service in waiting:
+                continue
+            if gen.state is not GenState.GONE and (
+                    self.supervisor.is_watched(gen.id) or self.supervisor.adopt(gen)):
+                continue
+            # Its leader is dead; its tree (a daemonized child) may not be: it must be
+            # proven gone before a successor takes its key.
+            if not await self.supervisor.stop(gen, targets.stop_grace_s(self.store, gen)):
+                raise OperationError(f"{gen.service} generation {gen.id} (pid {gen.pid}) "
+                                     "left processes that could not be stopped")
+            target = targets.target_of(self.store, gen)
+            spec = target.manifest.services.get(gen.service) if target else None
+            if target is None or spec is None:
+                continue
+            started = await start_generation(
+                store=self.store, home=self.home, supervisor=self.supervisor, op_id=op.id,
+                instance=inst.host, target=target, spec=spec, before_gen=gen.id)
+            if isinstance(started, StartFailed):
+                # A failure it cannot go on from raises OperationError, which
+                # Journaled.run records as the outcome.
+                raise OperationError(str(started))
+            fresh[gen.service] = started
+        self.store.activate_and_route(inst.host, {s: g.id for s, g in fresh.items()})
+        await self.publisher.publish(inst.host)
+        return Result(Outcome.DONE)
 
     async def _restart_later(self, gen: Generation, delay_s: float) -> None:
         await self.clock.sleep(delay_s)
         if self.closing:
             return
-        async with self.lock(gen.instance):
+        async with self.locks.instance(gen.instance):
             self._restarts.pop((gen.instance, gen.service), None)
             inst = self.store.get_instance(gen.instance)
             active = self.store.get_active(gen.instance, gen.service)
             if (inst is None or inst.state is not InstanceState.RUNNING or active is None
                     or active.generation_id != gen.id):
                 return  # something newer took over while we waited
-            result = await self._journaled(gen.app, gen.instance, OpKind.RESTART_CRASHED,
-                                           lambda op: self._respawn_active(op, inst))
+            result = await self.journal.run(gen.app, gen.instance, OpKind.RESTART_CRASHED,
+                                            lambda op: self.respawn_active(op, inst))
             try:
-                await self._reconcile_locked(gen.instance, Pass.MUTATION)
+                await self.converge(gen.instance, Pass.MUTATION)
             except OperationError as exc:
                 log.warning("after a crash restart: %s", exc.message)
         if result.outcome is not Outcome.DONE:
@@ -134,9 +222,9 @@ class Recovery(DeployerCore):
         republishes once it answers and differs from the store."""
         await self._remove_strays()
         for inst in self.store.list_instances():
-            async with self.lock(inst.host):
+            async with self.locks.instance(inst.host):
                 try:
-                    await self.reconciler.reconcile(inst.host, Pass.BOOT, self.live_ops)
+                    await self.reconciler.reconcile(inst.host, Pass.BOOT, self.locks.live_ops)
                 except FailedClosed as exc:
                     log.warning("%s", exc)
                 except OperationError as exc:
@@ -185,14 +273,14 @@ class Recovery(DeployerCore):
         report: list[dict[str, object]] = self._stray_report(strays)
         republish = False
         for inst in self.store.list_instances():
-            async with self.lock(inst.host):
+            async with self.locks.instance(inst.host):
                 if dry_run:
-                    actions = self.reconciler.plan_for(inst.host, Pass.BOOT, self.live_ops)
+                    actions = self.reconciler.plan_for(inst.host, Pass.BOOT, self.locks.live_ops)
                     error = None
                 else:
                     try:
                         outcome = await self.reconciler.reconcile(inst.host, Pass.BOOT,
-                                                                  self.live_ops)
+                                                                  self.locks.live_ops)
                         actions, error = outcome.actions, None
                         republish = republish or outcome.republish
                     except FailedClosed as exc:
@@ -218,13 +306,13 @@ class Recovery(DeployerCore):
         await self._remove_strays()
         republish = False
         for inst in self.store.list_instances():
-            lock = self.lock(inst.host)
+            lock = self.locks.instance(inst.host)
             if lock.locked():
                 continue
             async with lock:
                 try:
                     outcome = await self.reconciler.reconcile(inst.host, Pass.PERIODIC,
-                                                              self.live_ops)
+                                                              self.locks.live_ops)
                     republish = republish or outcome.republish
                 except FailedClosed as exc:
                     log.warning("periodic pass: %s", exc)

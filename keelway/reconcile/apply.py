@@ -9,9 +9,9 @@ and fails the instance closed (`FailedClosed`), with the leftover in the journal
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import assert_never
+from typing import Protocol, assert_never
 
 from keelway import failpoints
 from keelway.home import Home
@@ -28,8 +28,14 @@ log = logging.getLogger("keelway.reconcile")
 failpoints.declare("reconcile.remove.before", "reconcile.remove.after",
                    "reconcile.finalize.before")
 
-RestartActive = Callable[[str], Awaitable[None]]
 Grace = Callable[[Generation], float]
+
+
+class ActiveRestarts(Protocol):
+    """The one thing a pass asks of the deploy side: bring back what ACTIVE names on
+    `host` (journaled as its own operation), under the lock the pass holds."""
+
+    async def restart_active(self, host: str) -> None: ...
 
 
 class FailedClosed(Exception):
@@ -83,11 +89,11 @@ def observe(records: Records, supervisor: Supervisor) -> Observed:
 
 class Reconciler:
     def __init__(self, store: Store, supervisor: Supervisor, home: Home,
-                 restart_active: RestartActive, grace: Grace) -> None:
+                 restarts: ActiveRestarts, grace: Grace) -> None:
         self.store = store
         self.supervisor = supervisor
         self.home = home
-        self.restart_active = restart_active
+        self.restarts = restarts
         self.grace = grace  # the service's stop_grace: SIGTERM, then SIGKILL after this
 
     def plan_for(self, host: str, mode: Pass, live_ops: set[int]) -> list[Action]:
@@ -157,7 +163,7 @@ class Reconciler:
                 case _:
                     assert_never(action.kind)
         if restart:
-            await self.restart_active(host)
+            await self.restarts.restart_active(host)
         return outcome
 
     def _gen(self, action: Action) -> Generation | None:

@@ -1,0 +1,67 @@
+"""The one way a step of an operation is carried out: its journal write first, then its
+failpoints around its effect, then its outcome written.
+
+A crash or an exception anywhere between the first write and the last leaves the step
+PENDING, which is what convergence reads as "interrupted" (keelway/reconcile/plan.py);
+an effect that did not do its part says so as a value (`Failed`), and its step is
+written failed with that reason. The failpoints named `before` are hit after the step is
+journaled and before its effect, those named `after` once the effect is done and before
+its outcome is written, so the crash matrix crashes each window a step has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from keelway import failpoints
+from keelway.journal import StepKind
+from keelway.store import Store
+from keelway.store.lifecycle import StepState
+
+
+@dataclass(frozen=True)
+class Done:
+    detail: str | None = None
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A step did not do its part (a start, a publish, the settle); its step is
+    journaled failed, and the attempt falls back."""
+
+    reason: str
+
+
+Effect = Callable[[], Awaitable[Done | Failed]]
+
+
+async def nothing() -> Done:
+    """The effect of a step that is its own record (the execution evidence)."""
+    return Done()
+
+
+@dataclass(frozen=True)
+class Steps:
+    """The steps of one operation."""
+
+    store: Store
+    op_id: int
+
+    async def run(self, kind: StepKind, effect: Effect, *, before: tuple[str, ...] = (),
+                  after: tuple[str, ...] = (), service: str | None = None,
+                  before_gen: int | None = None, detail: str | None = None) -> Failed | None:
+        seq = self.store.begin_step(self.op_id, kind, service=service, before_gen=before_gen,
+                                    detail=detail)
+        for point in before:
+            failpoints.hit(point)
+        end = await effect()
+        for point in after:
+            failpoints.hit(point)
+        match end:
+            case Done(detail=said):
+                self.store.finish_step(self.op_id, seq, StepState.SUCCEEDED, detail=said)
+                return None
+            case Failed(reason=reason):
+                self.store.finish_step(self.op_id, seq, StepState.FAILED, error=reason)
+                return end
