@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import errno
 import os
-import sqlite3
 from pathlib import Path
 
 TEMP_PREFIX = ".tmp-"
@@ -27,6 +26,10 @@ _DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 def disk_full(exc: BaseException) -> bool:
     """Whether `exc`, or anything in its cause/context chain, says the disk is full."""
+    # Imported here, not at the top: the CLI imports this module for its hint alone and
+    # must start without loading sqlite3.
+    import sqlite3
+
     for current in _chain(exc):
         if isinstance(current, OSError) and current.errno in _DISK_FULL_ERRNOS:
             return True
