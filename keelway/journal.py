@@ -64,6 +64,11 @@ class StepKind(enum.StrEnum):
     STOP_DOWN = "stop-down"
     # A failed step of this kind records an exception the operation itself raised.
     FAULT = "fault"
+    # `stop`: the instance STOPPED and its route gated in one write, then published;
+    # once it succeeded, convergence stops whatever ACTIVE still runs.
+    OUT_OF_SERVICE = "out-of-service"
+    # `start`: the instance RUNNING again; once written, convergence restarts ACTIVE.
+    IN_SERVICE = "in-service"
 
     def label(self, service: str | None) -> str:
         who = service or "?"
@@ -84,6 +89,10 @@ class StepKind(enum.StrEnum):
                 return f"stop {who} (no fallback)"
             case StepKind.STOP_DOWN:
                 return f"stop {who} (down)"
+            case StepKind.OUT_OF_SERVICE:
+                return "out of service"
+            case StepKind.IN_SERVICE:
+                return "in service"
             case _:
                 assert_never(self)
 

@@ -11,7 +11,7 @@ from keelway.router.client import get_table_sync, ping_sync
 from keelway.runtime import process
 from keelway.runtime.tree import ProcessTrees
 from keelway.store import SqliteStore
-from keelway.store.lifecycle import GenState, RouteState
+from keelway.store.lifecycle import GenState, InstanceState, RouteState
 
 
 def violations(home: Path) -> list[str]:
@@ -68,6 +68,15 @@ def violations(home: Path) -> list[str]:
                     and route.generation_id != active.get("web")):
                 found.append(f"{inst.host}: the route names generation "
                              f"{route.generation_id}, ACTIVE names {active.get('web')}")
+            # An instance that is not RUNNING (stopped, down) runs nothing and takes no
+            # traffic: ACTIVE names what a start respawns, nothing more.
+            if inst.state is not InstanceState.RUNNING:
+                running = [g.id for g in live if g.instance == inst.host and g.id in alive]
+                if running:
+                    found.append(f"{inst.host} is {inst.state} but generations {running} "
+                                 "are alive")
+                if route is not None and route.state is RouteState.SERVING:
+                    found.append(f"{inst.host} is {inst.state} but its route serves")
             # 4. The latest operation is terminal, or the instance is failed closed with
             # its leftover visible.
             latest = store.latest_operation(inst.host)

@@ -394,12 +394,7 @@ class Attempt:
     async def _take_out_of_service(self, state: InstanceState, why: str,
                                    gens: list[Generation], kind: StepKind) -> None:
         """Record why, gate the route (503, not a dead port), then stop `gens`."""
-        inst = self.store.get_instance(self.host)
-        if inst is not None:
-            self.store.set_instance_state(inst, state, why)
-        if (route := self.store.get_route(self.host)) is not None:
-            self.store.set_route(self.host, self.host, RouteState.GATED, None, None,
-                                 expected=route)
+        if self.store.take_out_of_service(self.host, state, why):
             try:
                 await self.publisher.publish()
             except OperationError as exc:

@@ -26,17 +26,18 @@ from keelway.deploy.instances import Target
 from keelway.deploy.locks import Locks
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
-from keelway.deploy.steps import Done, Steps
+from keelway.deploy.steps import Done, Failed, Steps
 from keelway.home import Home
 from keelway.journal import Cause, OpKind, StepKind
 from keelway.reconcile.plan import Pass
 from keelway.runtime.environment import ensure_instance_key
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
-from keelway.store.lifecycle import InstanceState, RouteState
-from keelway.store.records import Instance, Operation, ReleaseDraft
+from keelway.store.lifecycle import InstanceState
+from keelway.store.records import Generation, Instance, Operation, ReleaseDraft
 
-failpoints.declare("key.before", "key.after")
+failpoints.declare("key.before", "key.after", "service.out.before", "service.out.after",
+                   "service.in.before", "service.in.after")
 
 
 def _quiet(_message: str) -> None:
@@ -287,37 +288,59 @@ class Deployer:
     # -- stop / start ----------------------------------------------------------------
 
     async def stop_instance(self, inst: Instance) -> None:
-        """Gate the route, then stop every generation; ACTIVE stays so start can respawn."""
+        """Take the instance out of service (STOPPED, route gated: 503), then stop every
+        generation and prove it gone; ACTIVE stays, so start respawns what ran."""
         async with self.locks.instance(inst.host):
             await self.recovery.converge(inst.host, Pass.MUTATION)
-            inst = self.store.get_instance(inst.host) or inst
 
-            async def stop(_op: Operation) -> Result:
-                current = self.store.get_instance(inst.host) or inst
-                if current.state is not InstanceState.STOPPED:
-                    self.store.set_instance_state(current, InstanceState.STOPPED)
-                if (route := self.store.get_route(inst.host)) is not None:
-                    self.store.set_route(inst.host, inst.host, RouteState.GATED, None, None,
-                                         expected=route)
-                    await self.publisher.publish()
+            async def stop(op: Operation) -> Result:
+                steps = Steps(self.store, op.id)
+
+                async def out_of_service() -> Done:
+                    if self.store.take_out_of_service(inst.host, InstanceState.STOPPED):
+                        await self.publisher.publish()
+                    return Done()
+
+                await steps.run(StepKind.OUT_OF_SERVICE, out_of_service,
+                                before=("service.out.before",), after=("service.out.after",))
                 for gen in self.store.live_generations(inst.host):
-                    if not await self.supervisor.stop(gen, targets.stop_grace_s(self.store, gen)):
-                        raise OperationError(f"generation {gen.id} (pid {gen.pid}) did not stop")
+                    if (failed := await self._stop(steps, gen)) is not None:
+                        raise OperationError(failed.reason,
+                                             hint="the process is stuck in the kernel; "
+                                                  "check `ps`")
                 return Result(Outcome.DONE)
 
             result = await self.journal.run(inst.app, inst.host, OpKind.STOP, stop)
             if result.outcome is not Outcome.DONE:
                 raise OperationError(result.reason or "stop failed")
 
+    async def _stop(self, steps: Steps, gen: Generation) -> Failed | None:
+        async def halt() -> Done | Failed:
+            if await self.supervisor.stop(gen, targets.stop_grace_s(self.store, gen)):
+                return Done()
+            return Failed(f"generation {gen.id} (pid {gen.pid}) did not stop")
+
+        return await steps.run(StepKind.STOP, halt, service=gen.service, before_gen=gen.id)
+
     async def start_instance(self, inst: Instance) -> None:
+        """Put the instance back in service (RUNNING), then respawn what ACTIVE names and
+        publish its route: the same path as a restart after a crash."""
         async with self.locks.instance(inst.host):
             await self.recovery.converge(inst.host, Pass.MUTATION)
-            inst = self.store.get_instance(inst.host) or inst
 
             async def start(op: Operation) -> Result:
+                async def in_service() -> Done:
+                    current = self.store.get_instance(inst.host)
+                    if current is None:
+                        raise NotFoundError(f"no instance {inst.host}")
+                    if current.state is not InstanceState.RUNNING:
+                        self.store.set_instance_state(current, InstanceState.RUNNING)
+                    return Done()
+
+                await Steps(self.store, op.id).run(
+                    StepKind.IN_SERVICE, in_service,
+                    before=("service.in.before",), after=("service.in.after",))
                 current = self.store.get_instance(inst.host) or inst
-                if current.state is not InstanceState.RUNNING:
-                    current = self.store.set_instance_state(current, InstanceState.RUNNING)
                 return await self.recovery.respawn_active(op, current)
 
             result = await self.journal.run(inst.app, inst.host, OpKind.START, start)

@@ -13,9 +13,11 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import assert_never
 
 from keelway import failpoints
 from keelway.builds.manifest import Manifest, Mode, ServiceKind, ServiceSpec, load_manifest
+from keelway.deploy.steps import Done, Failed, Steps
 from keelway.home import Home
 from keelway.journal import StepKind
 from keelway.runtime.environment import process_env
@@ -23,7 +25,7 @@ from keelway.runtime.notify import NotifyListener
 from keelway.runtime.ports import pick_free_port
 from keelway.runtime.supervisor import ReadyOutcome, Supervisor
 from keelway.store import Store
-from keelway.store.lifecycle import GenState, StepState
+from keelway.store.lifecycle import GenState
 from keelway.store.records import Generation
 
 failpoints.declare("plan.before", "plan.after", "ready.after")
@@ -98,39 +100,47 @@ async def start_generation(
         build_digest=target.build_digest, op_id=op_id, port=port,
     )
     failpoints.hit("plan.after")
-    seq = store.begin_step(
-        op_id, StepKind.SPAWN, service=spec.name, before_gen=before_gen, after_gen=gen.id,
-        detail=f"v{target.release}" + (f" port {port}" if port else ""),
-    )
     home.data_dir(instance).mkdir(parents=True, exist_ok=True)
     env = process_env(
         home=home, app=target.app, instance=instance, service=spec.name,
         release=target.release, generation=gen.id, port=port, config=target.config,
         build_path=target.build_path,
     )
+    steps = Steps(store, op_id)
+    health = spec.health if spec.kind is ServiceKind.WEB else None
     notify = NotifyListener(home.notify_socket(gen.id))
     notify.open()
     try:
-        gate("at the spawn")
-        gen = await supervisor.spawn(gen, spec.command, target.build_path, env)
-        store.finish_step(op_id, seq, StepState.SUCCEEDED, detail=f"pid {gen.pid}")
-        seq = store.begin_step(op_id, StepKind.READY, service=spec.name,
-                               after_gen=gen.id)
-        health = spec.health if spec.kind is ServiceKind.WEB else None
-        outcome = await supervisor.wait_ready(gen, health, ready_timeout_s, notify.ready)
+        async def spawn() -> Done:
+            nonlocal gen
+            gate("at the spawn")
+            gen = await supervisor.spawn(gen, spec.command, target.build_path, env)
+            return Done(f"pid {gen.pid}")
+
+        await steps.run(StepKind.SPAWN, spawn, service=spec.name, before_gen=before_gen,
+                        after_gen=gen.id,
+                        detail=f"v{target.release}" + (f" port {port}" if port else ""))
+
+        async def ready() -> Done | Failed:
+            nonlocal gen
+            match await supervisor.wait_ready(gen, health, ready_timeout_s, notify.ready):
+                case ReadyOutcome.EXITED:
+                    return Failed("exited before it was ready")
+                case ReadyOutcome.TIMED_OUT:
+                    return Failed(f"was not ready within {ready_timeout_s:.0f}s")
+                case ReadyOutcome.READY:
+                    if (now := store.get_generation(gen.id)) and now.state is GenState.RUNNING:
+                        gen = store.set_generation_state(now, GenState.READY)
+                    return Done()
+                case unknown:
+                    assert_never(unknown)
+
+        failed = await steps.run(StepKind.READY, ready, service=spec.name, after_gen=gen.id,
+                                 after=("ready.after",))
     finally:
         notify.close()
-    if outcome is not ReadyOutcome.READY:
-        reason = {
-            ReadyOutcome.EXITED: "exited before it was ready",
-            ReadyOutcome.TIMED_OUT: f"was not ready within {ready_timeout_s:.0f}s",
-        }[outcome]
-        store.finish_step(op_id, seq, StepState.FAILED, error=reason)
-        return StartFailed(spec.name, reason, store.get_generation(gen.id) or gen)
-    if (current := store.get_generation(gen.id)) and current.state is GenState.RUNNING:
-        gen = store.set_generation_state(current, GenState.READY)
-    failpoints.hit("ready.after")
-    store.finish_step(op_id, seq, StepState.SUCCEEDED)
+    if failed is not None:
+        return StartFailed(spec.name, failed.reason, store.get_generation(gen.id) or gen)
     return gen
 
 
@@ -151,19 +161,26 @@ async def run_release_command(
         app=target.app, instance=instance, service=RELEASE_SERVICE, release=target.release,
         build_digest=target.build_digest, op_id=op_id, port=None,
     )
-    seq = store.begin_step(op_id, StepKind.RELEASE_COMMAND, service=RELEASE_SERVICE,
-                           after_gen=gen.id, detail=command)
     home.data_dir(instance).mkdir(parents=True, exist_ok=True)
     env = process_env(
         home=home, app=target.app, instance=instance, service=RELEASE_SERVICE,
         release=target.release, generation=gen.id, port=None, config=target.config,
         build_path=target.build_path,
     )
-    gen = await supervisor.spawn(gen, command, target.build_path, env)
-    code = await supervisor.wait_exit(gen, timeout_s, RELEASE_STOP_GRACE_S)
-    if code != 0:
-        reason = ("did not finish in time" if code is None else f"exited with code {code}")
-        store.finish_step(op_id, seq, StepState.FAILED, error=f"release command {reason}")
-        return StartFailed(RELEASE_SERVICE, f"command {reason}", store.get_generation(gen.id))
-    store.finish_step(op_id, seq, StepState.SUCCEEDED)
+
+    async def release() -> Done | Failed:
+        nonlocal gen
+        gen = await supervisor.spawn(gen, command, target.build_path, env)
+        code = await supervisor.wait_exit(gen, timeout_s, RELEASE_STOP_GRACE_S)
+        if code == 0:
+            return Done()
+        return Failed("release command " + ("did not finish in time" if code is None
+                                            else f"exited with code {code}"))
+
+    failed = await Steps(store, op_id).run(StepKind.RELEASE_COMMAND, release,
+                                           service=RELEASE_SERVICE, after_gen=gen.id,
+                                           detail=command)
+    if failed is not None:
+        return StartFailed(RELEASE_SERVICE, failed.reason.removeprefix("release "),
+                           store.get_generation(gen.id))
     return None

@@ -50,9 +50,14 @@ class Steps:
 
     async def run(self, kind: StepKind, effect: Effect, *, before: tuple[str, ...] = (),
                   after: tuple[str, ...] = (), service: str | None = None,
-                  before_gen: int | None = None, detail: str | None = None) -> Failed | None:
+                  before_gen: int | None = None, after_gen: int | None = None,
+                  detail: str | None = None) -> Failed | None:
+        """Journal the step, run `effect` between the failpoints, write its outcome.
+
+        `after_gen` names the candidate the step starts: convergence keeps it if ACTIVE
+        names it and removes it otherwise, so it is written before the effect."""
         seq = self.store.begin_step(self.op_id, kind, service=service, before_gen=before_gen,
-                                    detail=detail)
+                                    after_gen=after_gen, detail=detail)
         for point in before:
             failpoints.hit(point)
         end = await effect()

@@ -132,15 +132,13 @@ class Reconciler:
                 case Kind.MARK_DOWN:
                     inst = self.store.get_instance(host)
                     if inst is not None and inst.state is not InstanceState.DOWN:
-                        self.store.set_instance_state(inst, InstanceState.DOWN, action.reason)
-                        if (route := self.store.get_route(host)) is not None:
-                            self.store.set_route(host, host, RouteState.GATED, None, None,
-                                                 expected=route)
+                        self.store.take_out_of_service(host, InstanceState.DOWN, action.reason)
                         outcome.republish = True
                 case Kind.RECORD_GONE:
                     assert action.generation is not None
                     self.supervisor.bury(action.generation, None)
-                case Kind.REMOVE_STRAY | Kind.RETIRE | Kind.REMOVE_DESCENDANTS:
+                case (Kind.REMOVE_STRAY | Kind.RETIRE | Kind.REMOVE_DESCENDANTS
+                      | Kind.STOP_OUT_OF_SERVICE):
                     gen = self._gen(action)
                     if gen is not None and not await self.supervisor.stop(gen, self.grace(gen)):
                         self.store.add_event("leftover", f"{gen.service} generation {gen.id} "

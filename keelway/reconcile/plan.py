@@ -74,6 +74,10 @@ class Kind(enum.Enum):
     RECORD_GONE = "record-gone"
     REMOVE_STRAY = "remove-stray"
     REMOVE_DESCENDANTS = "remove-descendants"
+    # An ACTIVE generation still alive on an instance that is not RUNNING (a stop or a
+    # take-down interrupted between its out-of-service write and its last stop): it is
+    # stopped, and ACTIVE keeps naming it so a start respawns what ran.
+    STOP_OUT_OF_SERVICE = "stop-out-of-service"
     RETIRE = "retire"
     ADOPT = "adopt"
     RESTART_ACTIVE = "restart-active"
@@ -164,7 +168,12 @@ def plan(records: Records, observed: Observed, mode: Pass) -> list[Action]:
                 reason=None if ok else _why_interrupted(op),
             ))
 
-    running = records.instance.state is InstanceState.RUNNING
+    # An instance marked down by this very plan is treated as down already, so one
+    # pass converges it (a second one must find nothing to do).
+    running = records.instance.state is InstanceState.RUNNING and not any(
+        a.kind is Kind.MARK_DOWN for a in actions)
+    # The latest operation is still being run by its owner, who decides for now.
+    owned = op is not None and not op.terminal and records.latest_is_live
     for gen in records.live:
         if gen.id in candidates:
             continue
@@ -176,6 +185,10 @@ def plan(records: Records, observed: Observed, mode: Pass) -> list[Action]:
                                           service=gen.service, reason="its leader exited"))
             elif not alive:
                 actions.append(Action(Kind.RECORD_GONE, generation=gen.id, service=gen.service))
+            elif not running and mode is not Pass.MUTATION and not owned:
+                actions.append(Action(Kind.STOP_OUT_OF_SERVICE, generation=gen.id,
+                                      service=gen.service,
+                                      reason=f"the instance is {records.instance.state}"))
             elif mode is not Pass.MUTATION and gen.id not in observed.watched:
                 actions.append(Action(Kind.ADOPT, generation=gen.id, service=gen.service))
             continue
@@ -197,8 +210,7 @@ def plan(records: Records, observed: Observed, mode: Pass) -> list[Action]:
             continue
         actions.append(Action(Kind.REMOVE_STRAY, generation=gen.id, service=gen.service))
 
-    if mode is not Pass.MUTATION and running and not any(a.kind is Kind.MARK_DOWN
-                                                          for a in actions):
+    if mode is not Pass.MUTATION and running:
         live_ids = {g.id for g in records.live}
         for service, gen_id in sorted(records.active.items()):
             # Restarted once its leader is dead; a watcher still removing the tree of a
@@ -212,7 +224,7 @@ def plan(records: Records, observed: Observed, mode: Pass) -> list[Action]:
         web = records.active.get("web")
         host = records.instance.host
         if (web is not None and web in live_ids and web in observed.alive
-                and not (op is not None and not op.terminal and records.latest_is_live)
+                and not owned
                 and (records.route_state is not RouteState.SERVING
                      or records.routed.get(host) != web)):
             actions.append(Action(Kind.RESTORE_ROUTE, generation=web, service="web"))

@@ -27,12 +27,17 @@ class Journal(StoreBase):
         schedule_rev: int = 0,
     ) -> Operation:
         with self.tx() as c:
-            cur = c.execute(
-                "INSERT INTO operations(app, instance, kind, key, request_digest, state, owner,"
-                " created_at, schedule_rev) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (app, instance, kind.value, key, request_digest, OpState.RUNNING.value, owner,
-                 self.clock.now(), schedule_rev),
-            )
+            try:
+                cur = c.execute(
+                    "INSERT INTO operations(app, instance, kind, key, request_digest, state,"
+                    " owner, created_at, schedule_rev) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (app, instance, kind.value, key, request_digest, OpState.RUNNING.value,
+                     owner, self.clock.now(), schedule_rev),
+                )
+            except sqlite3.IntegrityError as exc:
+                # Only the (instance, key) unique index can refuse this row: a caller
+                # that did not look the key up first, or lost a race to another.
+                raise Conflict(f"an operation on {instance} already has key {key!r}") from exc
             op_id = int(cur.lastrowid or 0)
         op = self.get_operation(op_id)
         assert op is not None

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from keelway.journal import Inhibition
-from keelway.store.base import StaleSchedule
+from keelway.store.base import NotFound, StaleSchedule
 from keelway.store.catalog import Catalog
 from keelway.store.journal import Journal
 from keelway.store.lifecycle import GenState, InstanceState, RouteState
@@ -111,6 +111,27 @@ class SqliteStore(Catalog, Journal, Processes):
             if changed:
                 self.set_route(instance, instance, *want, expected=route)
         return changed
+
+    def take_out_of_service(self, instance: str, state: InstanceState,
+                            reason: str | None = None) -> bool:
+        """Put the instance in `state` (why: `reason`) and gate its route, in one write.
+        True if the route changed, so the caller publishes.
+
+        One write, because the two halves mean one thing: an instance not RUNNING whose
+        route still served would take traffic that nothing restarts (invariant 2), and
+        a gated route on a RUNNING instance would look like a fault to the reconciler.
+        `NotFound` if there is no such instance."""
+        with self.tx():
+            inst = self.get_instance(instance)
+            if inst is None:
+                raise NotFound(f"no instance {instance}")
+            if inst.state is not state or inst.down_reason != reason:
+                self.set_instance_state(inst, state, reason)
+            route = self.get_route(instance)
+            if route is None or route.state is RouteState.GATED:
+                return False
+            self.set_route(instance, instance, RouteState.GATED, None, None, expected=route)
+            return True
 
     def dump(self) -> dict[str, list[dict[str, Any]]]:
         """Every row of every table except events and the journal: what tests compare."""

@@ -280,6 +280,12 @@ class Store(Protocol):
         `schedule_rev`. Returns the release it wrote."""
         ...
 
+    def take_out_of_service(self, instance: str, state: InstanceState,
+                            reason: str | None = None) -> bool:
+        """The instance in `state` and its route gated, in one write; True if the route
+        changed (publish). `NotFound` if there is no such instance."""
+        ...
+
     def activate_and_route(self, instance: str, generations: Mapping[str, int]) -> None:
         """ACTIVE for `generations`, and the route to the ACTIVE web if not gone."""
         ...

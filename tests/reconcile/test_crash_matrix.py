@@ -135,6 +135,14 @@ SCENARIOS: dict[str, tuple[list[Step], Step]] = {
     "rollback": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test"),
                   lambda h: h.ok("deploy", "hello", str(h.app_b))],
                  lambda h: h.ok("rollback", "hello")),
+    # A stop is written out of service before anything stops; a start back in service
+    # before anything spawns. A crash between leaves the instance in the state written,
+    # and recovery finishes it (stopped: nothing alive; running: it answers).
+    "stop": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test")],
+             lambda h: h.ok("stop", "hello")),
+    "start": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test"),
+               lambda h: h.ok("stop", "hello")],
+              lambda h: h.ok("start", "hello")),
     # The control plane's side of a gapless router restart: a crash after the new router
     # took over but before it was recorded must not leave the next boot binding a second
     # router (the port is taken) or recording the old one.

@@ -430,3 +430,41 @@ def test_a_fall_back_with_no_web_gates_a_route_and_creates_none(
     assert store.fall_back("b.test", active={}, unmark=[], unmark_reason=RETIRING,
                            web=None) is False
     assert store.get_route("b.test") is None
+
+
+def test_taking_an_instance_out_of_service_gates_its_route_in_the_same_write(
+        store: Store) -> None:
+    store.ensure_app("blog")
+    store.ensure_instance("a.test", "blog")
+    store.set_route("a.test", "a.test", RouteState.SERVING, 4100, 9, expected=None)
+    assert store.take_out_of_service("a.test", InstanceState.STOPPED) is True
+    inst = store.get_instance("a.test")
+    route = store.get_route("a.test")
+    assert inst is not None and inst.state is InstanceState.STOPPED
+    assert route is not None and (route.state, route.port, route.generation_id) == (
+        RouteState.GATED, None, None)
+    # Again: nothing left to gate, the route is untouched.
+    assert store.take_out_of_service("a.test", InstanceState.STOPPED) is False
+    assert store.get_route("a.test") == route
+    # Down, with a reason; an instance that never had a route gets none.
+    store.ensure_instance("b.test", "blog")
+    assert store.take_out_of_service("b.test", InstanceState.DOWN, "it migrated") is False
+    down = store.get_instance("b.test")
+    assert down is not None and (down.state, down.down_reason) == (InstanceState.DOWN,
+                                                                  "it migrated")
+    assert store.get_route("b.test") is None
+
+
+def test_taking_an_unknown_instance_out_of_service_changes_nothing(store: Store) -> None:
+    before = store.dump()
+    with pytest.raises(NotFound):
+        store.take_out_of_service("nobody.test", InstanceState.STOPPED)
+    assert store.dump() == before
+
+
+def test_a_duplicate_idempotency_key_is_a_conflict_and_writes_nothing(store: Store) -> None:
+    first = store.begin_operation("blog", "a.test", OpKind.DEPLOY, owner="me", key="k")
+    with pytest.raises(Conflict):
+        store.begin_operation("blog", "a.test", OpKind.RESTART, owner="me", key="k")
+    latest = store.latest_operation("a.test")
+    assert latest is not None and latest.id == first.id

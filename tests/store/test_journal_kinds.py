@@ -21,6 +21,9 @@ SERVICE_OF = {StepKind.RELEASE_COMMAND: "release", StepKind.FAULT: None,
               StepKind.WITHDRAW: None, StepKind.ACTIVATE: None, StepKind.PUBLISH: None,
               StepKind.SETTLE: None}
 
+# Kinds added after migration 4: no old code wrote them, so no old journal names them.
+NEWER_KINDS = frozenset({StepKind.OUT_OF_SERVICE, StepKind.IN_SERVICE})
+
 
 def _old_store(path: Path, names: list[tuple[str, str | None]]) -> None:
     """A store as keelway laid it down before kinds: one deploy with steps `names`."""
@@ -40,7 +43,8 @@ def _old_store(path: Path, names: list[tuple[str, str | None]]) -> None:
 
 def test_every_step_name_the_old_code_wrote_migrates_to_its_kind(tmp_path: Path) -> None:
     # The old code's names are exactly the labels `keelway ops` shows today.
-    written = [(kind, SERVICE_OF.get(kind, "web")) for kind in StepKind]
+    written = [(kind, SERVICE_OF.get(kind, "web")) for kind in StepKind
+               if kind not in NEWER_KINDS]
     _old_store(tmp_path / "k.db", [(kind.label(service), service) for kind, service in written])
     store = SqliteStore(tmp_path / "k.db")
     op = store.get_operation(1)
