@@ -65,3 +65,38 @@ def test_the_cli_starts_without_aiohttp_uvloop_or_rich() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == "[]"
+
+
+# The deploy path, bottom up: each part imports only parts listed before it, so a deploy
+# request runs API → deployer → attempt → plan / steps → store, runtime, router and
+# never comes back to a module it has left. A new part takes its place in this list.
+DEPLOY_ORDER = ["errors", "outcome", "locks", "plan", "steps", "instances", "targets",
+                "publisher", "journaled", "attempt", "recovery", "deployer"]
+
+
+def test_the_deploy_path_reads_one_way() -> None:
+    known = {path.stem for path in (PACKAGE / "deploy").glob("*.py")}
+    assert known <= set(DEPLOY_ORDER) | {"__init__"}, (
+        f"place {sorted(known - set(DEPLOY_ORDER))} in DEPLOY_ORDER")
+    wrong = []
+    for rank, part in enumerate(DEPLOY_ORDER):
+        path = PACKAGE / "deploy" / f"{part}.py"
+        if not path.exists():
+            continue
+        below = {f"keelway.deploy.{name}" for name in DEPLOY_ORDER[:rank]}
+        for name in _deploy_imports(path):
+            if name not in below:
+                wrong.append(f"deploy/{part}.py imports {name}")
+    assert wrong == []
+
+
+def _deploy_imports(path: Path) -> set[str]:
+    """The deploy parts a module imports, `from keelway.deploy import targets` too."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module == "keelway.deploy":
+            found.update(f"keelway.deploy.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "keelway.deploy."):
+            found.add(str(node.module))
+    return found

@@ -25,8 +25,6 @@ reconciler, one path for failures and crashes alike.
 from __future__ import annotations
 
 import asyncio
-import enum
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import assert_never
 
@@ -40,6 +38,7 @@ from keelway.deploy.instances import (
     run_release_command,
     start_generation,
 )
+from keelway.deploy.outcome import Outcome, Progress, Result
 from keelway.deploy.plan import (
     Activate,
     AttemptPlan,
@@ -74,22 +73,6 @@ failpoints.declare("activate.before", "release.before", "activate.after", "hold.
                    "good.before", "retire.before")
 
 DRAIN_BOUND_S = 10.0
-Progress = Callable[[str], None]
-
-
-class Outcome(enum.Enum):
-    DONE = "done"
-    FAILED = "failed"
-    DOWN = "down"
-    SUPERSEDED = "superseded"
-
-
-@dataclass
-class Result:
-    outcome: Outcome
-    reason: str | None = None
-    generations: dict[str, int] = field(default_factory=dict)
-    released: bool = False
 
 
 class Superseded(Exception):

@@ -20,10 +20,11 @@ from pathlib import Path
 from keelway import failpoints, names
 from keelway.builds.manifest import Mode
 from keelway.deploy import targets
-from keelway.deploy.attempt import Attempt, Outcome, Progress, Result
+from keelway.deploy.attempt import Attempt
 from keelway.deploy.errors import AppFailed, NotFoundError, OperationError, UserError
 from keelway.deploy.instances import Target
 from keelway.deploy.locks import Locks
+from keelway.deploy.outcome import Outcome, Progress, Result
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
 from keelway.deploy.steps import Done, Failed, Steps

@@ -16,9 +16,9 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from keelway import failpoints
-from keelway.deploy.attempt import Outcome, Result
 from keelway.deploy.errors import OperationError
 from keelway.deploy.locks import Locks
+from keelway.deploy.outcome import Outcome, Result
 from keelway.journal import OpKind, StepKind
 from keelway.reconcile.plan import Pass
 from keelway.store import Store

@@ -20,11 +20,11 @@ from keelway import failpoints
 from keelway.builds.manifest import ServiceKind
 from keelway.clock import Clock
 from keelway.deploy import targets
-from keelway.deploy.attempt import Outcome, Result
 from keelway.deploy.errors import OperationError
 from keelway.deploy.instances import StartFailed, start_generation
 from keelway.deploy.journaled import Journaled, log
 from keelway.deploy.locks import Locks
+from keelway.deploy.outcome import Outcome, Result
 from keelway.deploy.publisher import Publisher
 from keelway.durable import disk_full, disk_full_message
 from keelway.home import Home

@@ -1,0 +1,30 @@
+"""What an operation ends as, as a value: the one vocabulary of outcomes that attempts,
+the journal's edges (journaled.py), recovery and the deployer return to each other.
+
+A leaf of keelway/deploy, so the lower parts read outcomes without importing the attempt
+that produces most of them: the deploy path runs one way, never back up.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+# A line of progress for whoever asked (the CLI shows it; the reconciler drops it).
+Progress = Callable[[str], None]
+
+
+class Outcome(enum.Enum):
+    DONE = "done"
+    FAILED = "failed"
+    DOWN = "down"
+    SUPERSEDED = "superseded"
+
+
+@dataclass
+class Result:
+    outcome: Outcome
+    reason: str | None = None
+    generations: dict[str, int] = field(default_factory=dict)
+    released: bool = False
