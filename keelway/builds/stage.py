@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import IO
+from typing import IO, assert_never
 
 from keelway import names
 from keelway.builds.build_step import BUILD_TIMEOUT_S, build_env, run_step
@@ -176,6 +176,8 @@ def _stage_into(
             safe_extract_tar(source, tmp)
         case SourceKind.GIT:
             _export_git(source, ref, tmp, progress)
+        case _:
+            assert_never(kind)
     progress("checking the manifest")
     manifest = load_manifest(tmp)
     digest = content_digest(tmp)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import assert_never
 
 from keelway import failpoints
 from keelway.journal import StepKind
@@ -70,3 +71,5 @@ class Steps:
             case Failed(reason=reason):
                 self.store.finish_step(self.op_id, seq, StepState.FAILED, error=reason)
                 return end
+            case _:
+                assert_never(end)
