@@ -26,14 +26,15 @@ from keelway.builds.manifest import Mode
 from keelway.builds.stage import stage
 from keelway.deploy.deployer import Deployer, InstanceResult
 from keelway.deploy.errors import OperationError, UserError
+from keelway.deploy.outcome import Progress
 from keelway.durable import DISK_FULL_HINT, disk_full, disk_full_message
 from keelway.home import Home
 from keelway.names import InvalidName
 from keelway.store import Store
 from keelway.store.lifecycle import RequestState
 
-Progress = Callable[[str], None]
-Work = Callable[[Progress], Coroutine[Any, Any, dict[str, Any]]]
+# A request's work: it reports progress lines and returns the JSON body of its answer.
+RequestWork = Callable[[Progress], Coroutine[Any, Any, dict[str, Any]]]
 
 
 def _mode(value: str | None) -> Mode | None:
@@ -184,7 +185,7 @@ class Operations:
                 for r in results]
 
     async def _operation(self, request: web.Request, app: str, kind: str, key: str | None,
-                         digest: str, work: Work) -> web.StreamResponse:
+                         digest: str, work: RequestWork) -> web.StreamResponse:
         """Run `work` streaming its progress as NDJSON, under an idempotency key if given.
 
         A key names one request: a repeat replays the recorded outcome, success or

@@ -29,7 +29,8 @@ log = logging.getLogger("keelway.deployer")
 
 failpoints.declare("finish.before")
 
-Work = Callable[[Operation], Awaitable[Result]]
+# What an operation does once journaled: its outcome as a value.
+OpWork = Callable[[Operation], Awaitable[Result]]
 
 
 class Converger(Protocol):
@@ -47,7 +48,7 @@ class Journaled:
         # ACTIVE names, and that restart is itself a journaled operation.
         self.converger = converger
 
-    async def run(self, app: str, host: str, kind: OpKind, work: Work, *,
+    async def run(self, app: str, host: str, kind: OpKind, work: OpWork, *,
                   key: str | None = None, request_digest: str | None = None,
                   schedule_rev: int = 0, converge_after: bool = False) -> Result:
         """Run `work` as one journaled operation owned by this control plane. A crash
