@@ -221,16 +221,18 @@ class Recovery:
         stop the boot: the router keeps serving its last table, and the periodic pass
         republishes once it answers and differs from the store."""
         await self._remove_strays()
-        for inst in self.store.list_instances():
-            async with self.locks.instance(inst.host):
+        # Planned from one bulk read; only an instance with work is locked and
+        # reconciled, from a fresh read under its lock.
+        hosts, _ = self.reconciler.survey(Pass.BOOT, self.locks.live_ops)
+        for host in hosts:
+            async with self.locks.instance(host):
                 try:
-                    await self.reconciler.reconcile(inst.host, Pass.BOOT, self.locks.live_ops)
+                    await self.reconciler.reconcile(host, Pass.BOOT, self.locks.live_ops)
                 except FailedClosed as exc:
                     log.warning("%s", exc)
                 except OperationError as exc:
-                    log.warning("boot: %s: %s; the periodic pass retries", inst.host,
-                                exc.message)
-                targets.link_current(self.store, self.home, inst.host)
+                    log.warning("boot: %s: %s; the periodic pass retries", host, exc.message)
+        targets.link_every_current(self.store, self.home)
         for request in self.store.running_requests():
             self.settle_request_from_journal(request.key)
         try:
@@ -304,21 +306,21 @@ class Recovery:
 
     async def _periodic_pass(self) -> None:
         await self._remove_strays()
-        republish = False
-        for inst in self.store.list_instances():
-            lock = self.locks.instance(inst.host)
+        hosts, republish = self.reconciler.survey(Pass.PERIODIC, self.locks.live_ops)
+        for host in hosts:
+            lock = self.locks.instance(host)
             if lock.locked():
                 continue
             async with lock:
                 try:
-                    outcome = await self.reconciler.reconcile(inst.host, Pass.PERIODIC,
+                    outcome = await self.reconciler.reconcile(host, Pass.PERIODIC,
                                                               self.locks.live_ops)
                     republish = republish or outcome.republish
                 except FailedClosed as exc:
                     log.warning("periodic pass: %s", exc)
                 except Exception as exc:
                     # One bad instance must not stop the pass for the others.
-                    _log_pass_failure(f"periodic pass for {inst.host}", exc)
+                    _log_pass_failure(f"periodic pass for {host}", exc)
         if republish:
             try:
                 if not await self.publisher.in_sync():

@@ -7,6 +7,8 @@ whole (a crash leaves it stale, never torn; boot rewrites it).
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 
 from keelway.builds.manifest import DEFAULT_STOP_GRACE_S
@@ -27,7 +29,30 @@ def link_current(store: Store, home: Home, host: str) -> None:
     gen = store.get_generation(actives[0].generation_id) if actives else None
     path = build_path(store, gen.app, gen.build_digest) if gen else None
     if path is not None:
-        symlink_atomic(home.current_link(host), path)
+        _point(home.current_link(host), path)
+
+
+def link_every_current(store: Store, home: Home) -> None:
+    """`link_current` for every instance, from two bulk reads: boot repairs the links
+    of 10,000 instances without a query or an fsync for each one already right."""
+    builds = {(b.app, b.digest): Path(b.path) for b in store.list_builds()}
+    linked: set[str] = set()
+    for gen in store.active_generations():  # web first within each instance
+        if gen.instance in linked:
+            continue
+        linked.add(gen.instance)
+        path = builds.get((gen.app, gen.build_digest))
+        if path is not None and path.is_dir():
+            _point(home.current_link(gen.instance), path)
+
+
+def _point(link: Path, path: Path) -> None:
+    # A link already right is left alone: rewriting it costs a rename and an fsync.
+    with contextlib.suppress(OSError):
+        if os.readlink(link) == str(path):
+            return
+    symlink_atomic(link, path)
+
 
 def build_path(store: Store, app: str, digest: str) -> Path | None:
     build = next((b for b in store.list_builds(app) if b.digest == digest), None)

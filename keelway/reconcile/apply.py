@@ -21,7 +21,7 @@ from keelway.runtime import process
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
 from keelway.store.lifecycle import InstanceState, RouteState
-from keelway.store.records import Generation
+from keelway.store.records import Generation, InstanceView
 
 log = logging.getLogger("keelway.reconcile")
 
@@ -59,18 +59,26 @@ def gather(store: Store, host: str, live_ops: set[int]) -> Records | None:
     inst = store.get_instance(host)
     if inst is None:
         return None
-    latest = store.latest_operation(host)
     live = store.live_generations(host)
-    route = store.get_route(host)
-    return Records(
-        instance=inst,
-        latest=latest,
-        latest_is_live=latest is not None and latest.id in live_ops,
-        active={a.service: a.generation_id for a in store.list_active(host)},
-        live=live,
+    return records_of(InstanceView(
+        instance=inst, latest=store.latest_operation(host),
+        active={a.service: a.generation_id for a in store.list_active(host)}, live=live,
         inhibitions={g.id: frozenset(store.inhibitions(g.id)) for g in live},
-        routed={host: route.generation_id if route else None},
-        route_state=route.state if route else None,
+        route=store.get_route(host)), live_ops)
+
+
+def records_of(view: InstanceView, live_ops: set[int]) -> Records:
+    """The planner's records of one instance, from one instance's view of the store."""
+    host = view.instance.host
+    return Records(
+        instance=view.instance,
+        latest=view.latest,
+        latest_is_live=view.latest is not None and view.latest.id in live_ops,
+        active=dict(view.active),
+        live=list(view.live),
+        inhibitions=dict(view.inhibitions),
+        routed={host: view.route.generation_id if view.route else None},
+        route_state=view.route.state if view.route else None,
     )
 
 
@@ -100,6 +108,30 @@ class Reconciler:
         records = gather(self.store, host, live_ops)
         if records is None:
             return []
+        return plan(records, observe(records, self.supervisor), mode)
+
+    def survey(self, mode: Pass, live_ops: set[int]) -> tuple[list[str], bool]:
+        """The instances whose plan does more than republish, planned from one bulk read
+        (what boot and the periodic pass lock and reconcile afresh), and whether any
+        plan asks to republish. An idle instance (stopped, or running and settled)
+        costs its share of a handful of queries, one liveness check per generation
+        and no lock."""
+        hosts, republish = [], False
+        for view in self.store.instance_views():
+            try:
+                actions = self._plan_view(view, mode, live_ops)
+            except Exception:
+                # One instance's records must not keep the others from their pass: it is
+                # reconciled alone, where its error is reported as its own.
+                hosts.append(view.instance.host)
+                continue
+            if any(a.kind is not Kind.REPUBLISH for a in actions):
+                hosts.append(view.instance.host)
+            republish = republish or any(a.kind is Kind.REPUBLISH for a in actions)
+        return hosts, republish
+
+    def _plan_view(self, view: InstanceView, mode: Pass, live_ops: set[int]) -> list[Action]:
+        records = records_of(view, live_ops)
         return plan(records, observe(records, self.supervisor), mode)
 
     async def reconcile(self, host: str, mode: Pass, live_ops: set[int]) -> Convergence:
@@ -189,3 +221,4 @@ class Reconciler:
         self.store.converge_step(action.op_id, action.seq,
                                  f"converged: removed candidate {action.generation}",
                                  fail_with=action.reason)
+

@@ -57,6 +57,16 @@ class Journal(StoreBase):
         )
         return self._operation(row) if row else None
 
+    def latest_operations(self) -> dict[str, Operation]:
+        """Each instance's latest operation with its steps, in two queries however many
+        instances there are (boot and the periodic pass read every instance)."""
+        latest = "SELECT MAX(id) FROM operations GROUP BY instance"
+        steps: dict[int, list[Step]] = {}
+        for r in self._all(f"SELECT * FROM steps WHERE op_id IN ({latest}) ORDER BY op_id, seq"):
+            steps.setdefault(r["op_id"], []).append(_step(r))
+        return {r["instance"]: self._operation(r, steps.get(r["id"], []))
+                for r in self._all(f"SELECT * FROM operations WHERE id IN ({latest})")}
+
     def list_operations(
         self, app: str, instance: str | None = None, limit: int = 50
     ) -> list[Operation]:
@@ -152,14 +162,14 @@ class Journal(StoreBase):
         rows = self._all("SELECT * FROM steps WHERE op_id=? ORDER BY seq", op_id)
         return [_step(r) for r in rows]
 
-    def _operation(self, row: sqlite3.Row) -> Operation:
+    def _operation(self, row: sqlite3.Row, steps: list[Step] | None = None) -> Operation:
         return Operation(
             id=row["id"], app=row["app"], instance=row["instance"],
             kind=OpKind(row["kind"]),
             key=row["key"], request_digest=row["request_digest"], state=OpState(row["state"]),
             error=row["error"], warnings=json.loads(row["warnings"]), owner=row["owner"],
             created_at=row["created_at"], finished_at=row["finished_at"],
-            version=row["version"], steps=self.steps(row["id"]),
+            version=row["version"], steps=self.steps(row["id"]) if steps is None else steps,
             schedule_rev=row["schedule_rev"],
         )
 

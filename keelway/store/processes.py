@@ -121,6 +121,12 @@ class Processes(StoreBase):
         row = self._one("SELECT * FROM active WHERE instance=? AND service=?", instance, service)
         return _active(row) if row else None
 
+    def active_generations(self) -> list[Generation]:
+        """The generation ACTIVE names for every (instance, service), gone ones too."""
+        rows = self._all("SELECT g.* FROM generations g JOIN active a ON a.generation_id = g.id"
+                         " ORDER BY a.instance, a.service != 'web', a.service")
+        return [_generation(r) for r in rows]
+
     def list_active(self, instance: str | None = None) -> list[Active]:
         if instance is None:
             rows = self._all("SELECT * FROM active ORDER BY instance, service")
@@ -177,6 +183,12 @@ class Processes(StoreBase):
     def inhibitions(self, generation_id: int) -> list[Inhibition]:
         rows = self._all("SELECT reason FROM inhibitions WHERE generation_id=?", generation_id)
         return [Inhibition(r[0]) for r in rows]
+
+    def all_inhibitions(self) -> dict[int, frozenset[Inhibition]]:
+        marks: dict[int, set[Inhibition]] = {}
+        for r in self._all("SELECT generation_id, reason FROM inhibitions"):
+            marks.setdefault(r[0], set()).add(Inhibition(r[1]))
+        return {gen_id: frozenset(found) for gen_id, found in marks.items()}
 
     # -- crash-restart backoff ---------------------------------------------------------
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
-from keelway.journal import OpKind, StepKind
+from keelway.journal import Inhibition, OpKind, StepKind
 from keelway.store.lifecycle import (
     GenState,
     InstanceState,
@@ -178,3 +178,16 @@ class Event(msgspec.Struct, frozen=True):
     instance: str | None
     kind: str
     message: str
+
+
+class InstanceView(msgspec.Struct, frozen=True):
+    """Everything convergence reads of one instance, as one bulk read gives it: the
+    instance, its latest operation (with steps), ACTIVE, its generations not gone and
+    their inhibitions, its own route."""
+
+    instance: Instance
+    latest: Operation | None
+    active: dict[str, int]
+    live: list[Generation]
+    inhibitions: dict[int, frozenset[Inhibition]]
+    route: Route | None

@@ -29,7 +29,7 @@ from keelway.store.catalog import Catalog
 from keelway.store.journal import Journal
 from keelway.store.lifecycle import GenState, InstanceState, RouteState
 from keelway.store.processes import Processes
-from keelway.store.records import Generation, Release, ReleaseDraft
+from keelway.store.records import Generation, InstanceView, Release, ReleaseDraft
 
 
 class SqliteStore(Catalog, Journal, Processes):
@@ -132,6 +132,27 @@ class SqliteStore(Catalog, Journal, Processes):
                 return False
             self.set_route(instance, instance, RouteState.GATED, None, None, expected=route)
             return True
+
+    def instance_views(self) -> list[InstanceView]:
+        """Every instance as convergence reads it, in a fixed handful of queries: boot
+        and the periodic pass plan 10,000 instances without 60,000 round trips. Read
+        without an await between its queries, so it is one consistent picture for the
+        control plane that holds the only writer."""
+        latest = self.latest_operations()
+        marks = self.all_inhibitions()
+        active: dict[str, dict[str, int]] = {}
+        for a in self.list_active():
+            active.setdefault(a.instance, {})[a.service] = a.generation_id
+        live: dict[str, list[Generation]] = {}
+        for g in self.live_generations():
+            live.setdefault(g.instance, []).append(g)
+        routes = {r.host: r for r in self.list_routes()}
+        return [InstanceView(
+            instance=inst, latest=latest.get(inst.host), active=active.get(inst.host, {}),
+            live=live.get(inst.host, []),
+            inhibitions={g.id: marks.get(g.id, frozenset()) for g in live.get(inst.host, [])},
+            route=routes.get(inst.host),
+        ) for inst in self.list_instances()]
 
     def dump(self) -> dict[str, list[dict[str, Any]]]:
         """Every row of every table except events and the journal: what tests compare."""

@@ -46,6 +46,7 @@ from keelway.store.records import (
     Event,
     Generation,
     Instance,
+    InstanceView,
     Operation,
     Release,
     ReleaseDraft,
@@ -278,6 +279,14 @@ class Store(Protocol):
         """Release row, ACTIVE, retirement marks, route and instance RUNNING in one
         write; `StaleSchedule` (nothing written) if the schedule moved past
         `schedule_rev`. Returns the release it wrote."""
+        ...
+
+    def active_generations(self) -> list[Generation]:
+        """What ACTIVE names, every instance and service (web first per instance)."""
+        ...
+
+    def instance_views(self) -> list[InstanceView]:
+        """Every instance as convergence reads it (`gather`'s records), in bulk."""
         ...
 
     def take_out_of_service(self, instance: str, state: InstanceState,
