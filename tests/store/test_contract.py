@@ -468,3 +468,38 @@ def test_a_duplicate_idempotency_key_is_a_conflict_and_writes_nothing(store: Sto
         store.begin_operation("blog", "a.test", OpKind.RESTART, owner="me", key="k")
     latest = store.latest_operation("a.test")
     assert latest is not None and latest.id == first.id
+
+
+def test_instance_views_read_in_bulk_what_each_instance_reads_alone(store: Store) -> None:
+    store.ensure_app("blog")
+    for host in ("a.test", "b.test", "c.test"):
+        store.ensure_instance(host, "blog")
+    op = store.begin_operation("blog", "a.test", OpKind.DEPLOY, owner="me")
+    older = store.begin_operation("blog", "b.test", OpKind.DEPLOY, owner="me")
+    store.finish_operation(older, OpState.SUCCEEDED)
+    newer = store.begin_operation("blog", "b.test", OpKind.RESTART, owner="me")
+    web = store.plan_generation(app="blog", instance="a.test", service="web", release=1,
+                                build_digest=DIGEST, op_id=op.id, port=4100)
+    worker = store.plan_generation(app="blog", instance="b.test", service="worker",
+                                   release=1, build_digest=DIGEST, op_id=newer.id, port=None)
+    store.begin_step(op.id, StepKind.SPAWN, service="web", after_gen=web.id)
+    store.begin_step(newer.id, StepKind.STOP, service="worker", before_gen=worker.id)
+    store.begin_step(newer.id, StepKind.SPAWN, service="worker", after_gen=worker.id)
+    store.add_inhibition(worker.id, RETIRING, newer.id)
+    store.set_active("b.test", "worker", worker.id, expected=None)
+    store.set_route("a.test", "a.test", RouteState.HOLDING, 4100, web.id, expected=None)
+
+    views = {v.instance.host: v for v in store.instance_views()}
+    assert sorted(views) == ["a.test", "b.test", "c.test"]
+    for host, view in views.items():
+        assert view.instance == store.get_instance(host)
+        assert view.latest == store.latest_operation(host)
+        assert view.active == {a.service: a.generation_id for a in store.list_active(host)}
+        assert view.live == store.live_generations(host)
+        assert view.inhibitions == {g.id: frozenset(store.inhibitions(g.id))
+                                    for g in store.live_generations(host)}
+        assert view.route == store.get_route(host)
+    latest_b = views["b.test"].latest
+    assert latest_b is not None and latest_b.id == newer.id and len(latest_b.steps) == 2
+    assert views["c.test"].latest is None and views["c.test"].route is None
+    assert [g.id for g in store.active_generations()] == [worker.id]
