@@ -32,15 +32,18 @@ class RouteState(enum.Enum):
     """What the router does with a request for one host.
 
     `serving` proxies to the upstream; `gated` answers 503 + Retry-After. `holding`
-    (requests wait for a wake) is answered like `gated` until the activator lands;
-    `draining` (in-flight requests finish, new ones go to the successor) proxies like
-    `serving`: the successor is simply the upstream the newest table names.
+    (requests wait, bounded, for the next table); `parked` (the instance is scaled to
+    zero) holds exactly like `holding` and also asks the control plane to wake it
+    (keelway/router/waker.py); `draining` (in-flight requests finish, new ones go to the
+    successor) proxies like `serving`: the successor is simply the upstream the newest
+    table names.
     """
 
     SERVING = "serving"
     GATED = "gated"
     HOLDING = "holding"
     DRAINING = "draining"
+    PARKED = "parked"
 
 
 class Action(enum.Enum):
@@ -55,7 +58,7 @@ def action_for(state: RouteState) -> Action:
     match state:
         case RouteState.SERVING | RouteState.DRAINING:
             return Action.PROXY
-        case RouteState.GATED | RouteState.HOLDING:
+        case RouteState.GATED | RouteState.HOLDING | RouteState.PARKED:
             return Action.UNAVAILABLE
         case _:
             assert_never(state)
@@ -184,16 +187,44 @@ def host_key(raw: bytes) -> bytes:
     return raw
 
 
+class Activity:
+    """One host's traffic in this process, kept across table swaps (every `Target` of
+    the host shares it). The hot path only counts requests: no clock is read per
+    request. `sample` turns the count into an idle time on the caller's clock, so the
+    idle time is as fine as the interval between samples (the activity op's callers)
+    and never longer than the truth: a count that moved since the last sample means
+    "active now"."""
+
+    __slots__ = ("host", "last_active", "requests", "seen")
+
+    def __init__(self, host: str, now: float) -> None:
+        self.host: Final = host
+        self.requests = 0
+        self.seen = 0
+        self.last_active = now
+
+    def sample(self, now: float, open_now: int) -> float:
+        """Seconds idle at `now`, given `open_now` exchanges or tunnels still open."""
+        if open_now or self.requests != self.seen:
+            self.seen = self.requests
+            self.last_active = now
+        return max(0.0, now - self.last_active)
+
+
 class Target:
     """A compiled route: what the hot path needs, precomputed once per table."""
 
-    __slots__ = ("holding", "pool", "proxied", "retry_after_s", "upstream_host",
-                 "upstream_key", "upstream_port")
+    __slots__ = ("activity", "holding", "host", "parked", "pool", "proxied",
+                 "retry_after_s", "upstream_host", "upstream_key", "upstream_port")
 
-    def __init__(self, route: Route) -> None:
+    def __init__(self, host: str, route: Route, activity: Activity) -> None:
+        self.host: Final = host
+        self.activity: Final = activity
         self.proxied: Final = action_for(route.state) is Action.PROXY
-        # Requests wait (bounded) for the next table instead of getting 503 at once.
-        self.holding: Final = route.state is RouteState.HOLDING
+        # Requests wait (bounded) for the next table instead of getting 503 at once;
+        # a parked route's also make the router ask for a wake.
+        self.parked: Final = route.state is RouteState.PARKED
+        self.holding: Final = self.parked or route.state is RouteState.HOLDING
         self.retry_after_s: Final = route.retry_after_s
         self.upstream_key: Final = route.upstream or ""
         host, port = parse_upstream(route.upstream) if route.upstream else ("", 0)
@@ -209,11 +240,22 @@ class Routing:
 
     __slots__ = ("by_host", "table")
 
-    def __init__(self, table: RouteTable) -> None:
+    def __init__(self, table: RouteTable, activity: dict[str, Activity] | None = None,
+                 now: float = 0.0) -> None:
+        """`activity`, if given, is the process's per-host activity: each host's entry
+        is reused (made if new), so counts survive the swap."""
         self.table: Final = table
+        if activity is None:
+            activity = {}
+        by_host: dict[bytes, Target] = {}
+        for host, route in table.routes.items():
+            found = activity.get(host)
+            if found is None:
+                found = activity[host] = Activity(host, now)
+            by_host[host.encode()] = Target(host, route, found)
         # By the host as a route names it: a Host header that is already a bare
         # lowercase name (the common case) finds its target with one dict lookup.
-        self.by_host: Final = {host.encode(): Target(r) for host, r in table.routes.items()}
+        self.by_host: Final = by_host
 
     def lookup(self, raw_host: bytes) -> Target | None:
         """The target for a Host header value, or None when no route names that host."""
