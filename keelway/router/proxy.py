@@ -165,7 +165,7 @@ class Proxy:
             pool.retire()
             self._retiring.add(pool)
         for marks in (self._wake_noted, self._wake_refused):
-            for host in [h for h in marks if not self._is_parked(host)]:
+            for host in [h for h in marks if not self._is_parked(h)]:
                 del marks[host]
         if self._held:
             self._release_held()

@@ -97,6 +97,14 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
         metavar="SECONDS",
         help="on SIGTERM, how long in-flight requests may take (default %(default)s)",
     )
+    parser.add_argument(
+        "--hold-timeout",
+        type=float,
+        default=ProxyOptions.hold_timeout_s,
+        metavar="SECONDS",
+        help="how long a request to a holding or parked route waits for the table that "
+             "serves it before 503 (default %(default)s)",
+    )
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error("--workers must be at least 1")
@@ -113,6 +121,7 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
         control_path=args.control,
         state_path=args.state,
         options=ProxyOptions(drain_timeout_s=args.drain_timeout,
+                             hold_timeout_s=args.hold_timeout,
                              trusted_proxies=frozenset(args.trusted_proxy)),
     )
 
@@ -199,6 +208,8 @@ async def serve(config: RouterConfig, sock: socket.socket,
         channel.cancel()
         return await proxy.drain()
     trusted = tuple(f"--trusted-proxy={ip}" for ip in sorted(config.options.trusted_proxies))
+    # The workers hold by the same bound, which is also how long the waker keeps trying.
+    passed_on = (*trusted, f"--hold-timeout={config.options.hold_timeout_s}")
     waker: Waker | None = None
     workers: WorkerSet | None = None
 
@@ -209,7 +220,7 @@ async def serve(config: RouterConfig, sock: socket.socket,
     if config.wake_socket is not None:
         waker = Waker(proxy, config.wake_socket, refuse_in_workers)
     workers = WorkerSet(config.workers, sock, config.state_path, config.options.drain_timeout_s,
-                        trusted, waker.need if waker is not None else None)
+                        passed_on, waker.need if waker is not None else None)
     await workers.start()
     control: ControlServer | None = None
     if config.control_path is not None:
