@@ -345,10 +345,9 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
             target = routing.lookup(host)
         if target is None:
             return self._local(ex, NOT_FOUND, close)
-        # Counted, not timed: Activity.sample reads the clock, the hot path does not.
-        activity = target.activity
-        activity.requests += 1
-        ex.activity = activity
+        # Marked, not timed: Proxy.activity reads the clock, the hot path does not.
+        target.hit = True
+        ex.target = target
         if not target.proxied:
             if target.holding and not upgrade and method != b"CONNECT" and proxy.hold(ex, target):
                 # Parked: it goes upstream, or gets its answer, when a table decides.

@@ -19,7 +19,7 @@ from keelway.router import responses
 
 if TYPE_CHECKING:
     from keelway.router.downstream import ClientConnection
-    from keelway.router.route_table import Activity
+    from keelway.router.route_table import Target
     from keelway.router.upstream import UpstreamConnection, UpstreamPool
 
 _LAST_CHUNK: Final = b"0\r\n\r\n"
@@ -37,7 +37,6 @@ class Exchange:
 
     __slots__ = (
         "abandoned",
-        "activity",
         "chunked_ok",
         "chunked_request",
         "client",
@@ -50,6 +49,7 @@ class Exchange:
         "request_done",
         "response_started",
         "retry_head",
+        "target",
         "upgrade",
         "upstream",
     )
@@ -77,9 +77,9 @@ class Exchange:
         self.abandoned = False
         # Waiting for its route to stop holding; the proxy resumes or answers it.
         self.held = False
-        # Its host's activity: while this is a connection's current exchange (an SSE
-        # stream, a tunnel), the host counts as open (Proxy.activity).
-        self.activity: Activity | None = None
+        # Its route: while this is a connection's current exchange (a streaming
+        # response, a tunnel, a held request), its host counts as open (Proxy.activity).
+        self.target: Target | None = None
 
     def start(self) -> None:
         """Become the current exchange: send a local answer, or find an upstream."""

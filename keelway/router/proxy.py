@@ -124,7 +124,8 @@ class Proxy:
         self.options: Final = options or ProxyOptions()
         # Per route host, across swaps: what `activity` reports.
         self._activity: dict[str, Activity] = {}
-        self.routing = Routing(table, self._activity, time.monotonic())
+        self.routing = Routing(table)
+        self._track(self.routing, time.monotonic())
         self.connections: set[ClientConnection] = set()
         self.draining = False
         self._pools: dict[str, UpstreamPool] = {}
@@ -153,12 +154,10 @@ class Proxy:
 
     def swap(self, table: RouteTable) -> None:
         """Make `table` the one new requests see; retire pools it no longer names."""
-        activity = self._activity
-        routing = Routing(table, activity, time.monotonic())
-        self.routing = routing
-        if len(activity) > len(table.routes):
-            for host in [h for h in activity if h not in table.routes]:
-                del activity[host]  # open exchanges keep theirs; it is just not reported
+        routing = Routing(table)
+        old, self.routing = self.routing, routing
+        self._fold_hits(old)  # after the assignment: no request marks `old` from here
+        self._track(routing, time.monotonic())
         live = routing.upstream_keys()
         for key in [k for k in self._pools if k not in live]:
             pool = self._pools.pop(key)
@@ -171,6 +170,27 @@ class Proxy:
             self._release_held()
         if self.swap_hook is not None:
             self.swap_hook()
+
+    def _track(self, routing: Routing, now: float) -> None:
+        """Give every host of `routing` its activity (kept if it had one), drop the
+        activity of hosts it does not name."""
+        activity = self._activity
+        routes = routing.table.routes
+        for host in routes:
+            if host not in activity:
+                activity[host] = Activity(now)
+        if len(activity) > len(routes):
+            for host in [h for h in activity if h not in routes]:
+                del activity[host]
+
+    def _fold_hits(self, routing: Routing) -> None:
+        activity = self._activity
+        for target in routing.by_host.values():
+            if target.hit:
+                target.hit = False
+                found = activity.get(target.host)
+                if found is not None:
+                    found.pending = True
 
     def _is_parked(self, host: str) -> bool:
         target = self.routing.by_host.get(host.encode())
@@ -287,20 +307,21 @@ class Proxy:
         """Per route host: seconds since its last request or open exchange, as far as
         this process can tell (see Activity.sample), and its exchanges open now (a
         connection's current one: a response still streaming, a tunnel, a held one)."""
-        open_now: dict[Activity, int] = {}
+        self._fold_hits(self.routing)
+        open_now: dict[str, int] = {}
         for conn in self.connections:
             ex = conn.current
             if ex is not None:
-                found = ex.activity
-                if found is not None:
-                    open_now[found] = open_now.get(found, 0) + 1
+                target = ex.target
+                if target is not None:
+                    open_now[target.host] = open_now.get(target.host, 0) + 1
         now = time.monotonic()
         report: dict[str, tuple[float, int]] = {}
         for host, found in self._activity.items():
-            n = open_now.pop(found, 0)
+            n = open_now.pop(host, 0)
             report[host] = (found.sample(now, n), n)
-        for found, n in open_now.items():  # a tunnel outliving its route
-            report.setdefault(found.host, (0.0, n))
+        for host, n in open_now.items():  # a tunnel outliving its route
+            report[host] = (0.0, n)
         return report
 
     def inflight(self) -> dict[str, int]:

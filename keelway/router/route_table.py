@@ -188,25 +188,22 @@ def host_key(raw: bytes) -> bytes:
 
 
 class Activity:
-    """One host's traffic in this process, kept across table swaps (every `Target` of
-    the host shares it). The hot path only counts requests: no clock is read per
-    request. `sample` turns the count into an idle time on the caller's clock, so the
-    idle time is as fine as the interval between samples (the activity op's callers)
-    and never longer than the truth: a count that moved since the last sample means
-    "active now"."""
+    """One host's traffic in this process, kept across table swaps by the proxy. The
+    hot path only marks the host's `Target` (`hit`): no clock is read per request.
+    `sample` folds the marks into an idle time on the caller's clock, so the idle time
+    is as fine as the interval between samples (the activity op's callers) and never
+    longer than the truth: a mark since the last sample means "active now"."""
 
-    __slots__ = ("host", "last_active", "requests", "seen")
+    __slots__ = ("last_active", "pending")
 
-    def __init__(self, host: str, now: float) -> None:
-        self.host: Final = host
-        self.requests = 0
-        self.seen = 0
+    def __init__(self, now: float) -> None:
+        self.pending = False  # a request was marked since the last sample
         self.last_active = now
 
     def sample(self, now: float, open_now: int) -> float:
         """Seconds idle at `now`, given `open_now` exchanges or tunnels still open."""
-        if open_now or self.requests != self.seen:
-            self.seen = self.requests
+        if open_now or self.pending:
+            self.pending = False
             self.last_active = now
         return max(0.0, now - self.last_active)
 
@@ -214,12 +211,13 @@ class Activity:
 class Target:
     """A compiled route: what the hot path needs, precomputed once per table."""
 
-    __slots__ = ("activity", "holding", "host", "parked", "pool", "proxied",
+    __slots__ = ("hit", "holding", "host", "parked", "pool", "proxied",
                  "retry_after_s", "upstream_host", "upstream_key", "upstream_port")
 
-    def __init__(self, host: str, route: Route, activity: Activity) -> None:
+    def __init__(self, host: str, route: Route) -> None:
         self.host: Final = host
-        self.activity: Final = activity
+        # A request came for this host since the proxy last looked (Proxy.activity).
+        self.hit = False
         self.proxied: Final = action_for(route.state) is Action.PROXY
         # Requests wait (bounded) for the next table instead of getting 503 at once;
         # a parked route's also make the router ask for a wake.
@@ -240,22 +238,12 @@ class Routing:
 
     __slots__ = ("by_host", "table")
 
-    def __init__(self, table: RouteTable, activity: dict[str, Activity] | None = None,
-                 now: float = 0.0) -> None:
-        """`activity`, if given, is the process's per-host activity: each host's entry
-        is reused (made if new), so counts survive the swap."""
+    def __init__(self, table: RouteTable) -> None:
         self.table: Final = table
-        if activity is None:
-            activity = {}
-        by_host: dict[bytes, Target] = {}
-        for host, route in table.routes.items():
-            found = activity.get(host)
-            if found is None:
-                found = activity[host] = Activity(host, now)
-            by_host[host.encode()] = Target(host, route, found)
         # By the host as a route names it: a Host header that is already a bare
         # lowercase name (the common case) finds its target with one dict lookup.
-        self.by_host: Final = by_host
+        self.by_host: Final = {host.encode(): Target(host, r)
+                               for host, r in table.routes.items()}
 
     def lookup(self, raw_host: bytes) -> Target | None:
         """The target for a Host header value, or None when no route names that host."""
