@@ -350,6 +350,7 @@ def hostile(api_sock: Path) -> Iterator[tuple[InProcessRouter, FakeControlPlane,
         cp.stop()
 
 
+@pytest.mark.slow
 def test_a_flood_to_a_parked_host_stays_in_its_bound_and_makes_one_wake(
     hostile: tuple[InProcessRouter, FakeControlPlane, Waker]
 ) -> None:
