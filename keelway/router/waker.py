@@ -84,13 +84,15 @@ async def post_wake(socket_path: Path, host: str, timeout_s: float) -> tuple[Out
             writer.close()
 
 
-def socket_identity(path: Path) -> tuple[int, int] | None:
-    """Which socket file is there now: a restarted control plane binds a new one."""
+def socket_identity(path: Path) -> tuple[int, int, int] | None:
+    """Which socket file is there now: a restarted control plane binds a new one. The
+    inode alone does not tell (a file system reuses a freed inode number at once); its
+    change time, in nanoseconds, with it does."""
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return st.st_dev, st.st_ino
+    return st.st_dev, st.st_ino, st.st_ctime_ns
 
 
 class Waker:
@@ -157,7 +159,7 @@ class Waker:
 
     async def _wake_loop(self, host: str) -> None:
         changed = self._changed[host]
-        accepted_by: tuple[int, int] | None = None
+        accepted_by: tuple[int, int, int] | None = None
         reask_at = 0.0
         unreachable_since: float | None = None
         while self._parked(host):
@@ -179,6 +181,8 @@ class Waker:
                     case Outcome.ACCEPTED:
                         if unreachable_since is not None:
                             log.info("wake of %s: the control plane is back and took it", host)
+                        else:
+                            log.info("wake of %s: asked, and the control plane took it", host)
                         accepted_by = identity
                         unreachable_since = None
                         reask_at = self._loop.time() + WAKE_REASK_S
