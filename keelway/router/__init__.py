@@ -3,6 +3,7 @@
 Modules, each importing only those listed below it:
 
     server       the process: arguments, listener, signals, drain; wires the rest
+    waker        asks the control plane to wake parked hosts, one request at a time each
     control      control server: validate -> persist -> swap -> reply
     client       control client (asyncio and blocking) for the control plane and CLI
     control_wire the control protocol's messages
@@ -16,7 +17,8 @@ Modules, each importing only those listed below it:
     route_table  the table, its wire format and host matching       (pure)
 
 The router imports nothing from the control plane (store, deploy, api): traffic keeps
-flowing when the control plane is gone.
+flowing when the control plane is gone. Its one call the other way, a wake, is a raw
+HTTP/1.1 request on the control plane's API socket (waker).
 
 The hot path (headers, exchange, upstream, downstream) is compiled to C by mypyc when
 the package is installed (setup.py), and the compiled modules are used when all of them

@@ -21,8 +21,10 @@ import msgspec
 
 from keelway.router.control_wire import (
     MAX_LINE_BYTES,
+    GetActivity,
     GetTable,
     Handoff,
+    HostActivity,
     Inflight,
     Ping,
     Reply,
@@ -148,6 +150,19 @@ async def inflight(
     return reply.inflight
 
 
+async def activity(
+    sock_path: SocketPath, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> dict[str, HostActivity]:
+    """Per route host, its idle time and open requests over every router worker."""
+    return _activity_of(await _call(sock_path, GetActivity(), timeout_s))
+
+
+def _activity_of(reply: Reply) -> dict[str, HostActivity]:
+    if reply.activity is None:
+        raise _missing("activity")
+    return reply.activity
+
+
 # -- blocking ------------------------------------------------------------------------
 
 
@@ -192,6 +207,13 @@ def get_table_sync(sock_path: SocketPath, timeout_s: float = DEFAULT_TIMEOUT_S) 
     return _table_of(_call_sync(sock_path, GetTable(), timeout_s))
 
 
+def activity_sync(
+    sock_path: SocketPath, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> dict[str, HostActivity]:
+    """Blocking `activity`."""
+    return _activity_of(_call_sync(sock_path, GetActivity(), timeout_s))
+
+
 def ping_sync(sock_path: SocketPath, timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
     """The router's pid, proving it is up and serving its control socket."""
     reply = _call_sync(sock_path, Ping(), timeout_s)
@@ -205,6 +227,8 @@ __all__ = [
     "RouterControlError",
     "RouterRefused",
     "RouterUnreachable",
+    "activity",
+    "activity_sync",
     "get_table",
     "get_table_sync",
     "inflight",

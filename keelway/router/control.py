@@ -32,8 +32,10 @@ import msgspec
 
 from keelway.router.control_wire import (
     MAX_LINE_BYTES,
+    GetActivity,
     GetTable,
     Handoff,
+    HostActivity,
     Inflight,
     Ping,
     Reply,
@@ -141,6 +143,16 @@ class ControlServer:
                     for key, n in (await self._workers.inflight()).items():
                         counts[key] = counts.get(key, 0) + n
                 return Reply(ok=True, inflight=counts)
+            case GetActivity():
+                seen = self._proxy.activity()
+                if self._workers is not None:
+                    for host, (idle_s, n) in (await self._workers.activity()).items():
+                        mine = seen.get(host)
+                        seen[host] = (idle_s, n) if mine is None else (
+                            min(mine[0], idle_s), mine[1] + n)
+                return Reply(ok=True, activity={
+                    host: HostActivity(idle_s=round(idle_s, 3), open=n)
+                    for host, (idle_s, n) in seen.items()})
             case Retire():
                 if self._on_retire is None:
                     return Reply(ok=False, error="this router cannot retire")

@@ -12,6 +12,10 @@ definition. One request per line, one reply per line, in order:
     {"op":"inflight"}           -> {"ok":true,"inflight":{"127.0.0.1:PORT":N,...}}
     {"op":"retire"}             -> {"ok":true,"pid":PID}; then it stops accepting,
                                    drains and exits
+    {"op":"activity"}           -> {"ok":true,"activity":{"HOST":{"idle_s":F,"open":N},...}}
+                                   over every worker: idle_s is the least any worker
+                                   saw (0.0 while open), open the sum; every host of
+                                   the current table is named
     anything refused            -> {"ok":false,"error":"..."}
 """
 
@@ -50,7 +54,20 @@ class Inflight(msgspec.Struct, tag_field="op", tag="inflight", frozen=True):
     pass
 
 
-Request = SetTable | GetTable | Ping | Handoff | Retire | Inflight
+class GetActivity(msgspec.Struct, tag_field="op", tag="activity", frozen=True):
+    pass
+
+
+class HostActivity(msgspec.Struct, frozen=True):
+    """One host's traffic as the router saw it: seconds since its last request or
+    open connection (precise to the interval between activity requests), and its
+    requests open now (streaming responses, WebSocket tunnels, held requests)."""
+
+    idle_s: float
+    open: int
+
+
+Request = SetTable | GetTable | Ping | Handoff | Retire | Inflight | GetActivity
 
 
 class Reply(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -59,6 +76,7 @@ class Reply(msgspec.Struct, frozen=True, omit_defaults=True):
     table: RouteTable | None = None
     pid: int | None = None
     inflight: dict[str, int] | None = None
+    activity: dict[str, HostActivity] | None = None
     refused: dict[str, str] | None = None
     error: str | None = None
 

@@ -345,8 +345,11 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
             target = routing.lookup(host)
         if target is None:
             return self._local(ex, NOT_FOUND, close)
+        # Marked, not timed: Proxy.activity reads the clock, the hot path does not.
+        target.hit = True
+        ex.target = target
         if not target.proxied:
-            if target.holding and not upgrade and method != b"CONNECT" and proxy.hold(ex, host):
+            if target.holding and not upgrade and method != b"CONNECT" and proxy.hold(ex, target):
                 # Parked: it goes upstream, or gets its answer, when a table decides.
                 ex.held = True
                 if framing is CHUNKED:
@@ -355,6 +358,8 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
                     ex.retry_head = head
                 ex.out.append(head)
                 return ex
+            if target.parked and (upgrade or method == b"CONNECT"):
+                proxy.want_wake(target)  # not held (cannot be), but it still wakes it
             return self._local(ex, responses.unavailable(target.retry_after_s), close)
         if method == b"CONNECT":
             return self._local(ex, BAD_REQUEST, True)

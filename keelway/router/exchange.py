@@ -19,6 +19,7 @@ from keelway.router import responses
 
 if TYPE_CHECKING:
     from keelway.router.downstream import ClientConnection
+    from keelway.router.route_table import Target
     from keelway.router.upstream import UpstreamConnection, UpstreamPool
 
 _LAST_CHUNK: Final = b"0\r\n\r\n"
@@ -48,6 +49,7 @@ class Exchange:
         "request_done",
         "response_started",
         "retry_head",
+        "target",
         "upgrade",
         "upstream",
     )
@@ -75,6 +77,9 @@ class Exchange:
         self.abandoned = False
         # Waiting for its route to stop holding; the proxy resumes or answers it.
         self.held = False
+        # Its route: while this is a connection's current exchange (a streaming
+        # response, a tunnel, a held request), its host counts as open (Proxy.activity).
+        self.target: Target | None = None
 
     def start(self) -> None:
         """Become the current exchange: send a local answer, or find an upstream."""

@@ -24,13 +24,14 @@ import asyncio
 import logging
 import resource
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
 from keelway.router import responses
 from keelway.router.downstream import ClientConnection
 from keelway.router.exchange import Exchange
-from keelway.router.route_table import RouteTable, Routing, Target
+from keelway.router.route_table import Activity, RouteTable, Routing, Target
 from keelway.router.upstream import UpstreamPool
 
 log: Final = logging.getLogger("keelway.router")
@@ -39,6 +40,13 @@ log: Final = logging.getLogger("keelway.router")
 IDLE_GRACE_S = 1.0
 HOLD_SWEEP_S = 0.25
 SHORTAGE_REPORT_S = 5.0
+# A process says a parked host needs waking at most this often: the waker (one per
+# router, keelway/router/waker.py) dedupes, and each note extends how long it keeps
+# trying, so notes must keep coming while new requests are held, but not one a request.
+WAKE_NOTE_S: Final = 0.1
+# After the control plane refused a wake (fenced, unknown), new requests to that host
+# get 503 at once for this long instead of each asking again.
+WAKE_REFUSED_HOLDOFF_S: Final = 1.0
 
 
 class DescriptorShortage:
@@ -96,6 +104,9 @@ class ProxyOptions:
     # at once in this process; past either bound they get 503 with Retry-After.
     hold_timeout_s: float = 30.0
     max_held: int = 1024
+    # And at most this many for one host, so a flood to one parked host leaves room
+    # for requests to the others.
+    max_held_per_host: int = 512
     upstream_connect_timeout_s: float = 5.0
     upstream_max_idle: int = 64
     upstream_idle_s: float = 30.0
@@ -111,13 +122,24 @@ class Proxy:
 
     def __init__(self, table: RouteTable, options: ProxyOptions | None = None) -> None:
         self.options: Final = options or ProxyOptions()
+        # Per route host, across swaps: what `activity` reports.
+        self._activity: dict[str, Activity] = {}
         self.routing = Routing(table)
+        self._track(self.routing, time.monotonic())
         self.connections: set[ClientConnection] = set()
         self.draining = False
         self._pools: dict[str, UpstreamPool] = {}
         self._retiring: set[UpstreamPool] = set()
-        # Exchanges waiting on a holding route: raw Host and the monotonic deadline.
-        self._held: dict[Exchange, tuple[bytes, float]] = {}
+        # Exchanges waiting on a holding route: its host and the monotonic deadline.
+        self._held: dict[Exchange, tuple[str, float]] = {}
+        self._held_per_host: dict[str, int] = {}
+        # Called with a parked host's name when it needs waking (rate-limited per host
+        # by WAKE_NOTE_S); the router's main process wires it to its waker, a worker to
+        # its channel to the main process. After each swap, `swap_hook` runs.
+        self.wake_hook: Callable[[str], None] | None = None
+        self.swap_hook: Callable[[], None] | None = None
+        self._wake_noted: dict[str, float] = {}
+        self._wake_refused: dict[str, float] = {}
         self._hold_sweeper: asyncio.TimerHandle | None = None
         self._sweeper: asyncio.TimerHandle | None = None
         limit = open_files_limit()
@@ -133,38 +155,129 @@ class Proxy:
     def swap(self, table: RouteTable) -> None:
         """Make `table` the one new requests see; retire pools it no longer names."""
         routing = Routing(table)
-        self.routing = routing
+        old, self.routing = self.routing, routing
+        self._fold_hits(old)  # after the assignment: no request marks `old` from here
+        self._track(routing, time.monotonic())
         live = routing.upstream_keys()
         for key in [k for k in self._pools if k not in live]:
             pool = self._pools.pop(key)
             pool.retire()
             self._retiring.add(pool)
+        for marks in (self._wake_noted, self._wake_refused):
+            for host in [h for h in marks if not self._is_parked(h)]:
+                del marks[host]
         if self._held:
             self._release_held()
+        if self.swap_hook is not None:
+            self.swap_hook()
+
+    def _track(self, routing: Routing, now: float) -> None:
+        """Give every host of `routing` its activity (kept if it had one), drop the
+        activity of hosts it does not name."""
+        activity = self._activity
+        routes = routing.table.routes
+        for host in routes:
+            if host not in activity:
+                activity[host] = Activity(now)
+        if len(activity) > len(routes):
+            for host in [h for h in activity if h not in routes]:
+                del activity[host]
+
+    def _fold_hits(self, routing: Routing) -> None:
+        activity = self._activity
+        for target in routing.by_host.values():
+            if target.hit:
+                target.hit = False
+                found = activity.get(target.host)
+                if found is not None:
+                    found.pending = True
+
+    def _is_parked(self, host: str) -> bool:
+        target = self.routing.by_host.get(host.encode())
+        return target is not None and target.parked
 
     # -- holding ------------------------------------------------------------------------
 
-    def hold(self, ex: Exchange, raw_host: bytes) -> bool:
-        """Park `ex` until a table decides its route; False when already full."""
-        if len(self._held) >= self.options.max_held:
+    def hold(self, ex: Exchange, target: Target) -> bool:
+        """Park `ex` until a table decides its route; False when already full (or a
+        wake of its parked host was just refused). A parked host is asked awake."""
+        now = time.monotonic()
+        host = target.host
+        if target.parked and not self.want_wake(target, now):
             return False
-        self._held[ex] = (raw_host, time.monotonic() + self.options.hold_timeout_s)
+        options = self.options
+        if len(self._held) >= options.max_held:
+            return False
+        count = self._held_per_host.get(host, 0)
+        if count >= options.max_held_per_host:
+            return False
+        self._held_per_host[host] = count + 1
+        self._held[ex] = (host, now + options.hold_timeout_s)
         if self._hold_sweeper is None:
             self._hold_sweeper = asyncio.get_running_loop().call_later(
                 HOLD_SWEEP_S, self._sweep_held)
         return True
 
+    def want_wake(self, target: Target, now: float | None = None) -> bool:
+        """Note that parked `target` has a request waiting (or turned away: an upgrade,
+        or one past the bounds): the waker is told, at most every WAKE_NOTE_S. False
+        while a refusal of its wake holds (its requests get 503 at once)."""
+        if now is None:
+            now = time.monotonic()
+        host = target.host
+        refused_until = self._wake_refused.get(host)
+        if refused_until is not None:
+            if now < refused_until:
+                return False
+            del self._wake_refused[host]
+        noted = self._wake_noted.get(host)
+        if noted is None or now - noted >= WAKE_NOTE_S:
+            self._wake_noted[host] = now
+            hook = self.wake_hook
+            if hook is not None:
+                hook(host)
+        return True
+
+    def refuse_wake(self, host: str) -> int:
+        """The control plane refused to wake `host`: its held requests get 503 now, and
+        new ones for WAKE_REFUSED_HOLDOFF_S. Returns how many were answered."""
+        self._wake_refused[host] = time.monotonic() + WAKE_REFUSED_HOLDOFF_S
+        self._wake_noted.pop(host, None)
+        answered = 0
+        for ex, (held_host, _deadline) in list(self._held.items()):
+            if held_host == host:
+                self._drop_held(ex, held_host)
+                target = self.routing.by_host.get(host.encode())
+                retry_s = target.retry_after_s if target is not None else 5
+                ex.answer_instead(responses.unavailable(retry_s))
+                answered += 1
+        return answered
+
+    def _drop_held(self, ex: Exchange, host: str) -> None:
+        del self._held[ex]
+        left = self._held_per_host.get(host, 1) - 1
+        if left > 0:
+            self._held_per_host[host] = left
+        else:
+            self._held_per_host.pop(host, None)
+
+    def held_counts(self) -> dict[str, int]:
+        """Requests held per host in this process (tests, and the hostile bounds)."""
+        return dict(self._held_per_host)
+
     def unhold(self, ex: Exchange) -> None:
-        self._held.pop(ex, None)
+        found = self._held.get(ex)
+        if found is not None:
+            self._drop_held(ex, found[0])
 
     def _release_held(self) -> None:
         """A new table: resume what it serves, answer what it refuses, keep the rest."""
-        routing = self.routing
-        for ex, (raw_host, _deadline) in list(self._held.items()):
-            target = routing.lookup(raw_host)
+        by_host = self.routing.by_host
+        for ex, (host, _deadline) in list(self._held.items()):
+            target = by_host.get(host.encode())
             if target is not None and target.holding:
                 continue
-            del self._held[ex]
+            self._drop_held(ex, host)
             if target is None:
                 ex.answer_instead(responses.NOT_FOUND)
             elif target.proxied:
@@ -177,18 +290,39 @@ class Proxy:
         client that left does not keep a place from one that waits."""
         self._hold_sweeper = None
         now = time.monotonic()
-        for ex, (raw_host, deadline) in list(self._held.items()):
+        for ex, (host, deadline) in list(self._held.items()):
             if deadline <= now:
-                del self._held[ex]
-                target = self.routing.lookup(raw_host)
+                self._drop_held(ex, host)
+                target = self.routing.by_host.get(host.encode())
                 retry_s = target.retry_after_s if target is not None else 5
                 ex.answer_instead(responses.unavailable(retry_s))
             elif ex.client.peer_gone():
-                del self._held[ex]
+                self._drop_held(ex, host)
                 ex.client.close()
         if self._held:
             self._hold_sweeper = asyncio.get_running_loop().call_later(
                 HOLD_SWEEP_S, self._sweep_held)
+
+    def activity(self) -> dict[str, tuple[float, int]]:
+        """Per route host: seconds since its last request or open exchange, as far as
+        this process can tell (see Activity.sample), and its exchanges open now (a
+        connection's current one: a response still streaming, a tunnel, a held one)."""
+        self._fold_hits(self.routing)
+        open_now: dict[str, int] = {}
+        for conn in self.connections:
+            ex = conn.current
+            if ex is not None:
+                target = ex.target
+                if target is not None:
+                    open_now[target.host] = open_now.get(target.host, 0) + 1
+        now = time.monotonic()
+        report: dict[str, tuple[float, int]] = {}
+        for host, found in self._activity.items():
+            n = open_now.pop(host, 0)
+            report[host] = (found.sample(now, n), n)
+        for host, n in open_now.items():  # a tunnel outliving its route
+            report[host] = (0.0, n)
+        return report
 
     def inflight(self) -> dict[str, int]:
         """Requests in flight per upstream, retired pools included, until they reach 0."""

@@ -32,15 +32,18 @@ class RouteState(enum.Enum):
     """What the router does with a request for one host.
 
     `serving` proxies to the upstream; `gated` answers 503 + Retry-After. `holding`
-    (requests wait for a wake) is answered like `gated` until the activator lands;
-    `draining` (in-flight requests finish, new ones go to the successor) proxies like
-    `serving`: the successor is simply the upstream the newest table names.
+    (requests wait, bounded, for the next table); `parked` (the instance is scaled to
+    zero) holds exactly like `holding` and also asks the control plane to wake it
+    (keelway/router/waker.py); `draining` (in-flight requests finish, new ones go to the
+    successor) proxies like `serving`: the successor is simply the upstream the newest
+    table names.
     """
 
     SERVING = "serving"
     GATED = "gated"
     HOLDING = "holding"
     DRAINING = "draining"
+    PARKED = "parked"
 
 
 class Action(enum.Enum):
@@ -55,7 +58,7 @@ def action_for(state: RouteState) -> Action:
     match state:
         case RouteState.SERVING | RouteState.DRAINING:
             return Action.PROXY
-        case RouteState.GATED | RouteState.HOLDING:
+        case RouteState.GATED | RouteState.HOLDING | RouteState.PARKED:
             return Action.UNAVAILABLE
         case _:
             assert_never(state)
@@ -184,16 +187,42 @@ def host_key(raw: bytes) -> bytes:
     return raw
 
 
+class Activity:
+    """One host's traffic in this process, kept across table swaps by the proxy. The
+    hot path only marks the host's `Target` (`hit`): no clock is read per request.
+    `sample` folds the marks into an idle time on the caller's clock, so the idle time
+    is as fine as the interval between samples (the activity op's callers) and never
+    longer than the truth: a mark since the last sample means "active now"."""
+
+    __slots__ = ("last_active", "pending")
+
+    def __init__(self, now: float) -> None:
+        self.pending = False  # a request was marked since the last sample
+        self.last_active = now
+
+    def sample(self, now: float, open_now: int) -> float:
+        """Seconds idle at `now`, given `open_now` exchanges or tunnels still open."""
+        if open_now or self.pending:
+            self.pending = False
+            self.last_active = now
+        return max(0.0, now - self.last_active)
+
+
 class Target:
     """A compiled route: what the hot path needs, precomputed once per table."""
 
-    __slots__ = ("holding", "pool", "proxied", "retry_after_s", "upstream_host",
-                 "upstream_key", "upstream_port")
+    __slots__ = ("hit", "holding", "host", "parked", "pool", "proxied",
+                 "retry_after_s", "upstream_host", "upstream_key", "upstream_port")
 
-    def __init__(self, route: Route) -> None:
+    def __init__(self, host: str, route: Route) -> None:
+        self.host: Final = host
+        # A request came for this host since the proxy last looked (Proxy.activity).
+        self.hit = False
         self.proxied: Final = action_for(route.state) is Action.PROXY
-        # Requests wait (bounded) for the next table instead of getting 503 at once.
-        self.holding: Final = route.state is RouteState.HOLDING
+        # Requests wait (bounded) for the next table instead of getting 503 at once;
+        # a parked route's also make the router ask for a wake.
+        self.parked: Final = route.state is RouteState.PARKED
+        self.holding: Final = self.parked or route.state is RouteState.HOLDING
         self.retry_after_s: Final = route.retry_after_s
         self.upstream_key: Final = route.upstream or ""
         host, port = parse_upstream(route.upstream) if route.upstream else ("", 0)
@@ -213,7 +242,8 @@ class Routing:
         self.table: Final = table
         # By the host as a route names it: a Host header that is already a bare
         # lowercase name (the common case) finds its target with one dict lookup.
-        self.by_host: Final = {host.encode(): Target(r) for host, r in table.routes.items()}
+        self.by_host: Final = {host.encode(): Target(host, r)
+                               for host, r in table.routes.items()}
 
     def lookup(self, raw_host: bytes) -> Target | None:
         """The target for a Host header value, or None when no route names that host."""

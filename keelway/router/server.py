@@ -32,6 +32,7 @@ from keelway.router.control import ControlServer
 from keelway.router.proxy import Proxy, ProxyOptions
 from keelway.router.route_table import EMPTY_TABLE, RouteTable
 from keelway.router.table_file import TableFileError, load_table
+from keelway.router.waker import Waker
 from keelway.router.workers import WorkerSet, serve_channel
 
 log: Final = logging.getLogger("keelway.router")
@@ -52,6 +53,10 @@ class RouterConfig:
     takeover: Path | None = None
     workers: int = 1
     channel_fd: int | None = None  # set in a worker: its channel to the parent router
+    wake_fd: int | None = None  # set in a worker: its notes of parked hosts to wake
+    # The control plane's API socket, where parked hosts are asked awake (waker.py);
+    # without it a parked route only holds, like `holding`.
+    wake_socket: Path | None = None
     control_path: Path | None = None
     state_path: Path | None = None
     options: ProxyOptions = field(default_factory=ProxyOptions)
@@ -76,6 +81,10 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
                             "socket, then retire it (a gapless restart)")
     parser.add_argument("--control", type=Path, metavar="PATH", help="control unix socket")
     parser.add_argument("--channel-fd", type=int, metavar="N", help=argparse.SUPPRESS)
+    parser.add_argument("--wake-fd", type=int, metavar="N", help=argparse.SUPPRESS)
+    parser.add_argument("--wake-socket", type=Path, metavar="PATH",
+                        help="the control plane's API unix socket: parked hosts are woken "
+                             "by POST /v1/instances/HOST/wake there")
     parser.add_argument("--trusted-proxy", action="append", default=[], metavar="IP",
                         help="a front proxy whose X-Forwarded-* are kept (repeatable)")
     parser.add_argument("--workers", type=int, default=1, metavar="N",
@@ -88,6 +97,14 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
         metavar="SECONDS",
         help="on SIGTERM, how long in-flight requests may take (default %(default)s)",
     )
+    parser.add_argument(
+        "--hold-timeout",
+        type=float,
+        default=ProxyOptions.hold_timeout_s,
+        metavar="SECONDS",
+        help="how long a request to a holding or parked route waits for the table that "
+             "serves it before 503 (default %(default)s)",
+    )
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error("--workers must be at least 1")
@@ -96,12 +113,15 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
     return RouterConfig(
         workers=args.workers,
         channel_fd=args.channel_fd,
+        wake_fd=args.wake_fd,
+        wake_socket=args.wake_socket,
         listen_fd=args.listen_fd,
         listen=args.listen,
         takeover=args.takeover,
         control_path=args.control,
         state_path=args.state,
         options=ProxyOptions(drain_timeout_s=args.drain_timeout,
+                             hold_timeout_s=args.hold_timeout,
                              trusted_proxies=frozenset(args.trusted_proxy)),
     )
 
@@ -177,6 +197,10 @@ async def serve(config: RouterConfig, sock: socket.socket,
     server = await loop.create_server(proxy.protocol, sock=sock, backlog=LISTEN_BACKLOG)
     if config.channel_fd is not None:
         # A worker: its parent is its control plane.
+        if config.wake_fd is not None:
+            wakes, _ = await loop.create_unix_connection(
+                asyncio.Protocol, sock=socket.socket(fileno=config.wake_fd))
+            proxy.wake_hook = lambda host: wakes.write(host.encode() + b"\n")
         channel = loop.create_task(
             serve_channel(config.channel_fd, proxy, config.state_path, stop))
         await stop.wait()
@@ -184,8 +208,19 @@ async def serve(config: RouterConfig, sock: socket.socket,
         channel.cancel()
         return await proxy.drain()
     trusted = tuple(f"--trusted-proxy={ip}" for ip in sorted(config.options.trusted_proxies))
+    # The workers hold by the same bound, which is also how long the waker keeps trying.
+    passed_on = (*trusted, f"--hold-timeout={config.options.hold_timeout_s}")
+    waker: Waker | None = None
+    workers: WorkerSet | None = None
+
+    async def refuse_in_workers(host: str) -> None:
+        if workers is not None:
+            await workers.refuse(host)
+
+    if config.wake_socket is not None:
+        waker = Waker(proxy, config.wake_socket, refuse_in_workers)
     workers = WorkerSet(config.workers, sock, config.state_path, config.options.drain_timeout_s,
-                        trusted)
+                        passed_on, waker.need if waker is not None else None)
     await workers.start()
     control: ControlServer | None = None
     if config.control_path is not None:
@@ -207,6 +242,8 @@ async def serve(config: RouterConfig, sock: socket.socket,
     await stop.wait()
     log.info("stopping: draining %d client connections", len(proxy.connections))
     server.close()
+    if waker is not None:
+        await waker.close()
     clean, _ = await asyncio.gather(proxy.drain(), workers.stop())
     if control is not None:
         await control.close()

@@ -8,7 +8,15 @@ line each way:
 
     reload   -> ok V        the worker re-read the table file and serves version V
     inflight -> {...}       its requests in flight per upstream, as JSON
+    activity -> {...}       per route host [idle_s, open], as JSON (Proxy.activity)
+    refuse H -> ok N        the control plane refused to wake parked host H: the
+                            worker answered its N held requests for H with 503
     stop                    drain and exit (no reply; the parent reaps it)
+
+A second socketpair carries the other direction, worker to parent, one line each and no
+reply: `HOST` (a parked host has requests waiting in that worker; Proxy.want_wake
+rate-limits it). The parent's waker dedupes them, so a router sends one wake at a time
+per instance however many workers hold requests for it.
 
 Rules: a table push is acknowledged only once every worker serves it, so a deploy never
 stops a process some worker still routes to. A worker whose channel closes (its parent
@@ -27,9 +35,11 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
+from keelway import names
 from keelway.router.proxy import Proxy
 from keelway.router.table_file import TableFileError, load_table
 
@@ -44,9 +54,12 @@ class Worker:
     """The parent's handle on one worker subprocess and its channel."""
 
     def __init__(self, index: int, listener: socket.socket, state_path: Path | None,
-                 drain_timeout_s: float, extra_argv: tuple[str, ...] = ()) -> None:
+                 drain_timeout_s: float, extra_argv: tuple[str, ...] = (),
+                 on_wake: Callable[[str], None] | None = None) -> None:
         self.index = index
         self._extra_argv = extra_argv
+        self._on_wake = on_wake
+        self._wakes: asyncio.Task[None] | None = None
         self._listener = listener
         self._state_path = state_path
         self._drain_timeout_s = drain_timeout_s
@@ -57,19 +70,26 @@ class Worker:
 
     async def start(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        wakes_ours, wakes_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         argv = [sys.executable, "-m", "keelway.router",
                 "--listen-fd", str(self._listener.fileno()),
                 "--channel-fd", str(theirs.fileno()),
+                "--wake-fd", str(wakes_theirs.fileno()),
                 "--drain-timeout", str(self._drain_timeout_s)]
         if self._state_path is not None:
             argv += ["--state", str(self._state_path)]
         argv += self._extra_argv
         try:
             self.proc = subprocess.Popen(
-                argv, pass_fds=(self._listener.fileno(), theirs.fileno()),
+                argv, pass_fds=(self._listener.fileno(), theirs.fileno(),
+                                wakes_theirs.fileno()),
                 stdin=subprocess.DEVNULL)
         finally:
             theirs.close()
+            wakes_theirs.close()
+        if self._wakes is not None:
+            self._wakes.cancel()
+        self._wakes = asyncio.get_running_loop().create_task(self._read_wakes(wakes_ours))
         reader, writer = await asyncio.open_connection(sock=ours)
         # The worker says "ready" once it accepts: the router answers on its control
         # socket (and so counts as up) only after its workers serve, so a table pushed
@@ -100,7 +120,23 @@ class Worker:
                 return None
             return reply.decode().strip() or None
 
+    async def _read_wakes(self, sock: socket.socket) -> None:
+        """The worker's notes of parked hosts with requests waiting, to the waker."""
+        reader, writer = await asyncio.open_connection(sock=sock)
+        try:
+            while line := await reader.readline():
+                host = line.decode(errors="replace").strip()
+                if self._on_wake is not None and names.HOST.accepts(host):
+                    self._on_wake(host)
+        except (OSError, ValueError):
+            pass  # the worker is gone (it is respawned with a new pair) or misbehaved
+        finally:
+            writer.close()
+
     async def stop(self) -> None:
+        if self._wakes is not None:
+            self._wakes.cancel()
+            self._wakes = None
         if self._writer is not None:
             with contextlib.suppress(OSError):
                 self._writer.write(b"stop\n")
@@ -124,8 +160,9 @@ class WorkerSet:
     """Workers 1..N-1 of this router; empty when it runs alone."""
 
     def __init__(self, count: int, listener: socket.socket, state_path: Path | None,
-                 drain_timeout_s: float, extra_argv: tuple[str, ...] = ()) -> None:
-        self.workers = [Worker(i, listener, state_path, drain_timeout_s, extra_argv)
+                 drain_timeout_s: float, extra_argv: tuple[str, ...] = (),
+                 on_wake: Callable[[str], None] | None = None) -> None:
+        self.workers = [Worker(i, listener, state_path, drain_timeout_s, extra_argv, on_wake)
                         for i in range(1, count)]
         self._watch: asyncio.Task[None] | None = None
         self._stopping = False
@@ -148,6 +185,21 @@ class WorkerSet:
                 for key, n in json.loads(reply).items():
                     counts[key] = counts.get(key, 0) + int(n)
         return counts
+
+    async def activity(self) -> dict[str, tuple[float, int]]:
+        """Per host over the workers: the least idle time any saw, the sum open."""
+        seen: dict[str, tuple[float, int]] = {}
+        for reply in await asyncio.gather(*(w.ask("activity") for w in self.workers)):
+            if reply:
+                for host, (idle_s, n) in json.loads(reply).items():
+                    mine = seen.get(host)
+                    seen[host] = (float(idle_s), int(n)) if mine is None else (
+                        min(mine[0], float(idle_s)), mine[1] + int(n))
+        return seen
+
+    async def refuse(self, host: str) -> None:
+        """Every worker answers its held requests for `host` with 503 (a refused wake)."""
+        await asyncio.gather(*(w.ask(f"refuse {host}") for w in self.workers))
 
     async def stop(self) -> None:
         self._stopping = True
@@ -192,6 +244,11 @@ async def serve_channel(channel_fd: int, proxy: Proxy, state_path: Path | None,
                 writer.write(f"ok {version}\n".encode())
             elif line == b"inflight":
                 writer.write(json.dumps(proxy.inflight()).encode() + b"\n")
+            elif line == b"activity":
+                writer.write(json.dumps(proxy.activity()).encode() + b"\n")
+            elif line.startswith(b"refuse "):
+                answered = proxy.refuse_wake(line[len(b"refuse "):].decode())
+                writer.write(f"ok {answered}\n".encode())
             await writer.drain()
     finally:
         stop.set()

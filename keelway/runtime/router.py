@@ -171,7 +171,8 @@ async def _spawn(home: Home, source: list[str],
     appended to the router log; `source` says where its listening socket comes from."""
     spawned = await process.spawn(
         [sys.executable, "-m", "keelway.router", *source,
-         "--control", str(home.router_socket), "--state", str(home.router_state)],
+         "--control", str(home.router_socket), "--state", str(home.router_state),
+         "--wake-socket", str(home.api_socket)],
         log_path=home.router_log, pass_fds=pass_fds,
     )
     _children[spawned.pid] = spawned.proc

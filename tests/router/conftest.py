@@ -195,7 +195,8 @@ class RouterProcess:
     `open_files` (soft, hard) is the RLIMIT_NOFILE it starts with (default: the test's)."""
 
     def __init__(
-        self, workdir: Path, state: Path | None = None, open_files: tuple[int, int] | None = None
+        self, workdir: Path, state: Path | None = None, open_files: tuple[int, int] | None = None,
+        extra_argv: tuple[str, ...] = (),
     ) -> None:
         self.control = workdir / "router.sock"
         self.state = state if state is not None else workdir / "routes.json"
@@ -207,7 +208,7 @@ class RouterProcess:
         self.port: int = listener.getsockname()[1]
         argv = [sys.executable, "-m", "keelway.router", "--listen-fd", str(listener.fileno())]
         argv += ["--control", str(self.control), "--state", str(self.state)]
-        argv += ["--drain-timeout", "5"]
+        argv += ["--drain-timeout", "5", *extra_argv]
         def limit_open_files() -> None:
             if open_files is not None:
                 resource.setrlimit(resource.RLIMIT_NOFILE, open_files)
@@ -272,8 +273,9 @@ def start_router(tmp_path: Path) -> Iterator[type[RouterProcess]]:
             workdir: Path = tmp_path,
             state: Path | None = None,
             open_files: tuple[int, int] | None = None,
+            extra_argv: tuple[str, ...] = (),
         ) -> None:
-            super().__init__(workdir, state, open_files)
+            super().__init__(workdir, state, open_files, extra_argv)
             started.append(self)
 
     try:

@@ -1,0 +1,213 @@
+"""The router's half of a wake: ask the control plane to wake a parked instance.
+
+One `Waker` per router, in its main process; every worker's notes of a parked host with
+requests waiting come to it (keelway/router/workers.py), so a router has at most one
+wake request per instance open at a time, however many requests and workers wait.
+
+The request is `POST /v1/instances/HOST/wake` with body `{}`, raw HTTP/1.1 over the
+control plane's API unix socket (`--wake-socket`): the router imports nothing of the
+control plane and needs no HTTP client for one line. Its answer:
+
+- 2xx: accepted, nothing more. The held requests are released by the table that names
+  the route `serving` (Proxy.swap), never by this answer or by a timer;
+- 4xx or 503: refused (fenced, unknown host): the held requests get 503 + Retry-After
+  now, and new ones for WAKE_REFUSED_HOLDOFF_S (keelway/router/proxy.py);
+- no answer (socket missing, connection refused or cut, any other status): the control
+  plane is down or restarting; asked again every WAKE_RETRY_S.
+
+It keeps at it while the host is still parked and requests may still be held: until the
+last note plus the hold bound. An accepted wake is asked again only if the control
+plane's socket was replaced since (it restarted, and may have lost the wake before
+journaling it) or WAKE_REASK_S passed with the host still parked, so the control plane's
+wake must be idempotent: a wake of an instance already waking is a no-op answered 2xx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Final, assert_never
+
+from keelway.router.proxy import WAKE_NOTE_S, WAKE_REFUSED_HOLDOFF_S, Proxy
+
+log: Final = logging.getLogger("keelway.router")
+
+WAKE_RETRY_S: Final = 0.1
+WAKE_REASK_S: Final = 5.0
+_STATUS_LINE_MAX: Final = 1024
+
+
+class Outcome(enum.Enum):
+    ACCEPTED = "accepted"
+    REFUSED = "refused"
+    UNREACHABLE = "unreachable"
+
+
+def wake_request(host: str) -> bytes:
+    """The whole request; `host` follows the host rule, so it needs no escaping."""
+    return (f"POST /v1/instances/{host}/wake HTTP/1.1\r\n"
+            "Host: keelway\r\nContent-Type: application/json\r\n"
+            "Content-Length: 2\r\nConnection: close\r\n\r\n{}").encode()
+
+
+def outcome_of(status_line: bytes) -> tuple[Outcome, int]:
+    parts = status_line.split(None, 2)
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+        return Outcome.UNREACHABLE, 0
+    status = int(parts[1])
+    if 200 <= status < 300:
+        return Outcome.ACCEPTED, status
+    if 400 <= status < 500 or status == 503:
+        return Outcome.REFUSED, status
+    return Outcome.UNREACHABLE, status
+
+
+async def post_wake(socket_path: Path, host: str, timeout_s: float) -> tuple[Outcome, int]:
+    """One wake request and the status of its answer (0: none)."""
+    writer: asyncio.StreamWriter | None = None
+    try:
+        async with asyncio.timeout(max(timeout_s, 0.01)):
+            reader, writer = await asyncio.open_unix_connection(
+                str(socket_path), limit=_STATUS_LINE_MAX)
+            writer.write(wake_request(host))
+            await writer.drain()
+            return outcome_of(await reader.readline())
+    except (OSError, TimeoutError, ValueError):
+        return Outcome.UNREACHABLE, 0
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+def socket_identity(path: Path) -> tuple[int, int, int] | None:
+    """Which socket file is there now: a restarted control plane binds a new one. The
+    inode alone does not tell (a file system reuses a freed inode number at once); its
+    change time, in nanoseconds, with it does."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_ctime_ns
+
+
+class Waker:
+    """Wakes parked hosts of `proxy`'s table, one request at a time per host."""
+
+    def __init__(self, proxy: Proxy, socket_path: Path,
+                 refuse_elsewhere: Callable[[str], Awaitable[None]] | None = None) -> None:
+        self._proxy = proxy
+        self._socket_path = socket_path
+        self._refuse_elsewhere = refuse_elsewhere
+        self._loop = asyncio.get_running_loop()
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._until: dict[str, float] = {}
+        # A refused host is not asked again before this (a worker may note it once
+        # more before its own hold-off begins).
+        self._refused_until: dict[str, float] = {}
+        # Set by every table swap, so a task sees its host unparked at once.
+        self._changed: dict[str, asyncio.Event] = {}
+        self.posts: dict[str, int] = {}  # wake requests sent per host (tests, logs)
+        proxy.wake_hook = self.need
+        proxy.swap_hook = self.table_changed
+
+    def need(self, host: str) -> None:
+        """A process holds requests for parked `host` (or just turned one away)."""
+        now = self._loop.time()
+        refused_until = self._refused_until.get(host)
+        if refused_until is not None:
+            if now < refused_until:
+                return
+            del self._refused_until[host]
+        until = now + self._proxy.options.hold_timeout_s + WAKE_NOTE_S
+        if until > self._until.get(host, 0.0):
+            self._until[host] = until
+        if host not in self._tasks and self._parked(host):
+            self._changed[host] = asyncio.Event()
+            self._tasks[host] = self._loop.create_task(self._wake(host))
+
+    def table_changed(self) -> None:
+        for event in self._changed.values():
+            event.set()
+
+    def waking(self) -> frozenset[str]:
+        return frozenset(self._tasks)
+
+    async def close(self) -> None:
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def _parked(self, host: str) -> bool:
+        target = self._proxy.routing.by_host.get(host.encode())
+        return target is not None and target.parked
+
+    async def _wake(self, host: str) -> None:
+        try:
+            await self._wake_loop(host)
+        finally:
+            del self._tasks[host]
+            del self._changed[host]
+            self._until.pop(host, None)
+
+    async def _wake_loop(self, host: str) -> None:
+        changed = self._changed[host]
+        accepted_by: tuple[int, int, int] | None = None
+        reask_at = 0.0
+        unreachable_since: float | None = None
+        while self._parked(host):
+            now = self._loop.time()
+            until = self._until.get(host, 0.0)
+            if now >= until:
+                if accepted_by is None:
+                    log.warning("wake of %s: the control plane did not take it before the "
+                                "hold bound; its requests got 503", host)
+                return
+            if accepted_by is None or now >= reask_at or (
+                    socket_identity(self._socket_path) != accepted_by):
+                # Taken before asking: a restart during the request changes it after.
+                identity = socket_identity(self._socket_path)
+                changed.clear()
+                self.posts[host] = self.posts.get(host, 0) + 1
+                outcome, status = await post_wake(self._socket_path, host, until - now)
+                match outcome:
+                    case Outcome.ACCEPTED:
+                        if unreachable_since is not None:
+                            log.info("wake of %s: the control plane is back and took it", host)
+                        else:
+                            log.info("wake of %s: asked, and the control plane took it", host)
+                        accepted_by = identity
+                        unreachable_since = None
+                        reask_at = self._loop.time() + WAKE_REASK_S
+                    case Outcome.REFUSED:
+                        log.warning("wake of %s refused by the control plane (HTTP %d): "
+                                    "its requests get 503", host, status)
+                        self._refused_until[host] = (self._loop.time()
+                                                     + WAKE_REFUSED_HOLDOFF_S)
+                        self._proxy.refuse_wake(host)
+                        if self._refuse_elsewhere is not None:
+                            await self._refuse_elsewhere(host)
+                        return
+                    case Outcome.UNREACHABLE:
+                        if unreachable_since is None:
+                            unreachable_since = now
+                            log.warning("wake of %s: no answer from the control plane on %s "
+                                        "(HTTP %d); asking again every %.1f s", host,
+                                        self._socket_path, status, WAKE_RETRY_S)
+                        accepted_by = None
+                    case _:
+                        assert_never(outcome)
+            if not self._parked(host):
+                return
+            # Woken at once by a swap; else it looks again after WAKE_RETRY_S.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(WAKE_RETRY_S):
+                    await changed.wait()
+            changed.clear()
