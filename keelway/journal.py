@@ -28,6 +28,9 @@ class OpKind(enum.StrEnum):
     RECOVER = "recover"
     # A published generation that crashed, restarted after its backoff.
     RESTART_CRASHED = "restart-crashed"
+    # Scale to zero and back (keelway/deploy/parking.py).
+    PARK = "park"
+    WAKE = "wake"
 
     @property
     def releases(self) -> bool:
@@ -36,7 +39,7 @@ class OpKind(enum.StrEnum):
             case OpKind.DEPLOY | OpKind.ROLLBACK:
                 return True
             case (OpKind.CONFIG | OpKind.RESTART | OpKind.STOP | OpKind.START
-                  | OpKind.RECOVER | OpKind.RESTART_CRASHED):
+                  | OpKind.RECOVER | OpKind.RESTART_CRASHED | OpKind.PARK | OpKind.WAKE):
                 return False
             case _:
                 assert_never(self)
@@ -64,6 +67,10 @@ class StepKind(enum.StrEnum):
     STOP_DOWN = "stop-down"
     # A failed step of this kind records an exception the operation itself raised.
     FAULT = "fault"
+    # The instance parked and its route parked, in one write (before anything stops).
+    PARK = "park"
+    # The instance running again (before anything of it is spawned).
+    WAKE = "wake"
 
     def label(self, service: str | None) -> str:
         who = service or "?"
@@ -78,7 +85,8 @@ class StepKind(enum.StrEnum):
                 return "withdraw traffic"
             case StepKind.HOLD_EXEC:
                 return "hold exec"
-            case StepKind.ACTIVATE | StepKind.PUBLISH | StepKind.SETTLE | StepKind.FAULT:
+            case (StepKind.ACTIVATE | StepKind.PUBLISH | StepKind.SETTLE | StepKind.FAULT
+                  | StepKind.PARK | StepKind.WAKE):
                 return self.value
             case StepKind.STOP_NO_FALLBACK:
                 return f"stop {who} (no fallback)"

@@ -20,7 +20,8 @@ ALLOWED = {
     "runtime": {"store", "router"},
     "reconcile": {"store", "runtime"},
     "deploy": {"store", "runtime", "builds", "router", "reconcile"},
-    "api": {"store", "runtime", "builds", "router", "deploy", "reconcile"},
+    "activator": {"store", "runtime", "builds", "router", "deploy", "reconcile"},
+    "api": {"store", "runtime", "builds", "router", "deploy", "reconcile", "activator"},
     "cli": set(),
 }
 

@@ -24,6 +24,7 @@ from keelway.deploy.attempt import Attempt, Outcome, Progress, Result
 from keelway.deploy.errors import AppFailed, NotFoundError, OperationError, UserError
 from keelway.deploy.instances import Target
 from keelway.deploy.locks import Locks
+from keelway.deploy.parking import refuse_if_fenced
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
 from keelway.deploy.steps import Done, Steps
@@ -246,6 +247,7 @@ class Deployer:
         """New generations of what each instance runs now (overlap or hold per service)."""
         results = []
         for inst in self.instances_of(app, host):
+            refuse_if_fenced(self.store, inst.host, "restart")
             target = targets.running_target(self.store, inst.host)
             if target is None:
                 raise UserError(f"{inst.host} runs nothing to restart",
@@ -313,6 +315,7 @@ class Deployer:
         async with self.locks.instance(inst.host):
             await self.recovery.converge(inst.host, Pass.MUTATION)
             inst = self.store.get_instance(inst.host) or inst
+            refuse_if_fenced(self.store, inst.host, "start")
 
             async def start(op: Operation) -> Result:
                 current = self.store.get_instance(inst.host) or inst

@@ -82,8 +82,8 @@ class Recovery:
         self.store.add_event("exit", f"{gen.service} generation {gen.id} exited (code {code})",
                              app=gen.app, instance=gen.instance)
         if (self.closing or active is None or active.generation_id != gen.id or inst is None
-                or inst.state is not InstanceState.RUNNING):
-            return
+                or inst.state is not InstanceState.RUNNING or self.store.fenced(gen.instance)):
+            return  # a fenced instance is not restarted (SPEC §1 fence)
         if gen.op_id in self.locks.live_ops:
             return  # it died while its own operation watches it settle: that op decides
         target = targets.target_of(self.store, gen)
@@ -139,7 +139,7 @@ class Recovery:
                 self._schedule_restart(gen, retry.retry_at - now)
         waiting = waiting | frozenset(r.service for r in later)
         inst = self.store.get_instance(host)
-        if inst is None or inst.state is not InstanceState.RUNNING:
+        if inst is None or inst.state is not InstanceState.RUNNING or self.store.fenced(host):
             return
         waiting = waiting | {s for (h, s), task in self._restarts.items()
                              if h == host and not task.done()}
@@ -197,8 +197,8 @@ class Recovery:
             inst = self.store.get_instance(gen.instance)
             active = self.store.get_active(gen.instance, gen.service)
             if (inst is None or inst.state is not InstanceState.RUNNING or active is None
-                    or active.generation_id != gen.id):
-                return  # something newer took over while we waited
+                    or active.generation_id != gen.id or self.store.fenced(gen.instance)):
+                return  # something newer took over while we waited, or a fence
             result = await self.journal.run(gen.app, gen.instance, OpKind.RESTART_CRASHED,
                                             lambda op: self.respawn_active(op, inst))
             try:

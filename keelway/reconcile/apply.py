@@ -71,6 +71,7 @@ def gather(store: Store, host: str, live_ops: set[int]) -> Records | None:
         inhibitions={g.id: frozenset(store.inhibitions(g.id)) for g in live},
         routed={host: route.generation_id if route else None},
         route_state=route.state if route else None,
+        fenced=store.fenced(host),
     )
 
 
@@ -140,7 +141,8 @@ class Reconciler:
                 case Kind.RECORD_GONE:
                     assert action.generation is not None
                     self.supervisor.bury(action.generation, None)
-                case Kind.REMOVE_STRAY | Kind.RETIRE | Kind.REMOVE_DESCENDANTS:
+                case (Kind.REMOVE_STRAY | Kind.RETIRE | Kind.REMOVE_DESCENDANTS
+                      | Kind.STOP_ACTIVE):
                     gen = self._gen(action)
                     if gen is not None and not await self.supervisor.stop(gen, self.grace(gen)):
                         self.store.add_event("leftover", f"{gen.service} generation {gen.id} "

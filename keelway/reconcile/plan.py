@@ -16,6 +16,9 @@ The rules (SPEC §4 Reconciler, §5):
   once the successor is verified and routed.
 - A hold-mode release that had executed and did not end published is never fallen
   back: the instance is marked down, so no path rebuilds the old build under its data.
+- A parked instance runs nothing: an ACTIVE generation still alive (a park interrupted
+  before its stops) is stopped, and nothing is restarted. A fenced instance has nothing
+  restarted either.
 - Interrupted convergence never touches traffic: only BOOT and PERIODIC passes adopt,
   restart and republish, through the verified start path.
 - A generation is its whole process tree: one whose leader died while descendants live
@@ -63,6 +66,7 @@ class Records:
     inhibitions: dict[int, frozenset[Inhibition]] = field(default_factory=dict)
     routed: dict[str, int | None] = field(default_factory=dict)  # route row: host -> gen
     route_state: RouteState | None = None
+    fenced: bool = False
 
 
 class Kind(enum.Enum):
@@ -75,6 +79,7 @@ class Kind(enum.Enum):
     REMOVE_STRAY = "remove-stray"
     REMOVE_DESCENDANTS = "remove-descendants"
     RETIRE = "retire"
+    STOP_ACTIVE = "stop-active"
     ADOPT = "adopt"
     RESTART_ACTIVE = "restart-active"
     RESTORE_ROUTE = "restore-route"
@@ -165,12 +170,17 @@ def plan(records: Records, observed: Observed, mode: Pass) -> list[Action]:
             ))
 
     running = records.instance.state is InstanceState.RUNNING
+    parked = (records.instance.state is InstanceState.PARKED
+              and not (op is not None and not op.terminal and records.latest_is_live))
     for gen in records.live:
         if gen.id in candidates:
             continue
         alive = gen.id in observed.alive or gen.id in observed.orphans
         if gen.id in active_ids:
-            if gen.id in observed.orphans and gen.id not in observed.alive:
+            if parked and alive:
+                actions.append(Action(Kind.STOP_ACTIVE, generation=gen.id, service=gen.service,
+                                      reason="its instance is parked"))
+            elif gen.id in observed.orphans and gen.id not in observed.alive:
                 if gen.id not in observed.watched:
                     actions.append(Action(Kind.REMOVE_DESCENDANTS, generation=gen.id,
                                           service=gen.service, reason="its leader exited"))
@@ -204,6 +214,8 @@ def plan(records: Records, observed: Observed, mode: Pass) -> list[Action]:
             # Restarted once its leader is dead; a watcher still removing the tree of a
             # leader that just died restarts it itself (the crash path, with backoff).
             alive = gen_id in live_ids and gen_id in observed.alive
+            if records.fenced:
+                break  # nothing starts a fenced instance (SPEC §1 fence)
             if not alive and not (gen_id in live_ids and gen_id in observed.watched):
                 actions.append(Action(Kind.RESTART_ACTIVE, generation=gen_id, service=service))
         # The recovery path: a route left holding or pointing elsewhere by an interrupted

@@ -178,3 +178,14 @@ class Event(msgspec.Struct, frozen=True):
     instance: str | None
     kind: str
     message: str
+
+
+class Fence(msgspec.Struct, frozen=True):
+    """An instance's fence: `generation` only grows; while `held`, nothing wakes, starts
+    or restarts the instance. Lifting names the generation it lifts."""
+
+    instance: str
+    generation: int
+    held: bool
+    reason: str | None
+    updated_at: float
