@@ -77,6 +77,17 @@ def test_a_fenced_instance_refuses_a_wake_until_its_own_fence_is_lifted(
         kw: Keelway) -> None:
     kw.up()
     kw.ok("deploy", "hello", str(EXAMPLE), "--host", HOST)
+    before = kw.store_dump()
+    for path, body, code in [("/v1/instances/Bad_Host/fence", {}, 400),
+                             ("/v1/instances/nobody.test/fence", {}, 404),
+                             (f"/v1/instances/{HOST}/fence", {"bogus": 1}, 400),
+                             (f"/v1/instances/{HOST}/fence", {"reason": "a\nb"}, 400),
+                             (f"/v1/instances/{HOST}/unfence", {"generation": "x"}, 400),
+                             ("/v1/instances/nobody.test/park", {}, 404),
+                             ("/v1/instances/nobody.test/wake", {}, 404)]:
+        status, answer = _api(kw, path, body)
+        assert status == code and "message" in answer["error"], (path, answer)  # type: ignore[operator]
+    assert kw.store_dump() == before  # bad input changed nothing
     kw.ok("park", HOST)
     assert kw.ok("fence", HOST, "--reason", "seed import", "--json").json() == {
         "host": HOST, "generation": 1, "held": True, "reason": "seed import"}
