@@ -82,8 +82,8 @@ class Recovery:
         self.store.add_event("exit", f"{gen.service} generation {gen.id} exited (code {code})",
                              app=gen.app, instance=gen.instance)
         if (self.closing or active is None or active.generation_id != gen.id or inst is None
-                or inst.state is not InstanceState.RUNNING or self.store.fenced(gen.instance)):
-            return  # a fenced instance is not restarted (SPEC §1 fence)
+                or inst.state is not InstanceState.RUNNING):
+            return
         if gen.op_id in self.locks.live_ops:
             return  # it died while its own operation watches it settle: that op decides
         target = targets.target_of(self.store, gen)
@@ -198,7 +198,10 @@ class Recovery:
             active = self.store.get_active(gen.instance, gen.service)
             if (inst is None or inst.state is not InstanceState.RUNNING or active is None
                     or active.generation_id != gen.id or self.store.fenced(gen.instance)):
-                return  # something newer took over while we waited, or a fence
+                # Something newer took over while we waited; or a fence holds it: the
+                # crash stays recorded (its route gated), and once the fence is lifted
+                # the periodic pass restarts it (RESTART_ACTIVE).
+                return
             result = await self.journal.run(gen.app, gen.instance, OpKind.RESTART_CRASHED,
                                             lambda op: self.respawn_active(op, inst))
             try:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -165,3 +167,24 @@ def test_many_wakes_at_once_are_answered_at_once_and_make_one_wake(kw: Keelway) 
     assert [o["kind"] for o in ops].count("wake") == 1
     spawned = [s for s in ops[0]["steps"] if s["name"] == "spawn web"]
     assert ops[0]["kind"] == "wake" and len(spawned) == 1
+
+
+def _web(kw: Keelway) -> dict[str, object]:
+    procs = _instance(kw, HOST)["processes"]
+    return next(p for p in procs if p["service"] == "web" and p["active"])  # type: ignore[attr-defined]
+
+
+def test_a_crashed_process_of_a_fenced_instance_is_restarted_only_once_unfenced(
+        kw: Keelway) -> None:
+    kw.up()
+    kw.ok("deploy", "hello", str(EXAMPLE), "--host", HOST)
+    crashed = _web(kw)
+    kw.ok("fence", HOST)
+    os.kill(int(str(crashed["pid"])), signal.SIGKILL)
+    assert wait_until(lambda: _web(kw)["state"] == "gone", 10)
+    time.sleep(3)  # past the first quick retries of the backoff
+    assert _web(kw)["id"] == crashed["id"] and kw.get(HOST, "/health")[0] == 503
+    kw.ok("unfence", HOST)
+    assert wait_until(lambda: _web(kw)["id"] != crashed["id"]
+                      and _web(kw)["state"] == "ready", 20)
+    assert kw.get(HOST, "/health")[0] == 200
