@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from keelway.router import route_table
 from keelway.router.client import get_table_sync
 from keelway.runtime import process
 from tests.e2e.harness import EXAMPLE, Keelway, wait_until
@@ -188,3 +189,33 @@ def test_a_crashed_process_of_a_fenced_instance_is_restarted_only_once_unfenced(
     assert wait_until(lambda: _web(kw)["id"] != crashed["id"]
                       and _web(kw)["state"] == "ready", 20)
     assert kw.get(HOST, "/health")[0] == 200
+
+
+ROUTER_HOLDS_PARKED = "parked" in {s.value for s in route_table.RouteState}
+
+
+@pytest.mark.skipif(not ROUTER_HOLDS_PARKED, reason="this router does not hold parked routes")
+def test_fifty_requests_to_a_parked_instance_all_get_200_from_one_spawn_of_web(
+        kw: Keelway) -> None:
+    kw.up()
+    kw.ok("deploy", "hello", str(EXAMPLE), "--host", HOST)
+    kw.ok("park", HOST)
+    with ThreadPoolExecutor(50) as pool:
+        statuses = list(pool.map(lambda _: kw.get(HOST, "/health", timeout_s=30)[0],
+                                 range(50)))
+    assert statuses == [200] * 50
+    ops = kw.ok("ops", "hello", "--json").json()["operations"]
+    wakes = [o for o in ops if o["kind"] == "wake"]
+    assert len(wakes) == 1 and wakes[0]["state"] == "succeeded"
+    assert [s["name"] for s in ops[0]["steps"]].count("spawn web") == 1
+
+
+@pytest.mark.skipif(not ROUTER_HOLDS_PARKED, reason="this router does not hold parked routes")
+def test_a_fenced_parked_instance_answers_503_and_stays_parked(kw: Keelway) -> None:
+    kw.up()
+    kw.ok("deploy", "hello", str(EXAMPLE), "--host", HOST)
+    kw.ok("park", HOST)
+    kw.ok("fence", HOST)
+    status, _, headers = kw.get(HOST, "/health", timeout_s=30)
+    assert status == 503 and "Retry-After" in headers
+    assert _instance(kw, HOST)["state"] == "parked" and kw.app_pids() == []
