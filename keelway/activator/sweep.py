@@ -26,7 +26,7 @@ from pathlib import Path
 
 from keelway.activator.activity import Activity, ActivityUnknown, fetch_activity
 from keelway.builds.errors import BuildError
-from keelway.builds.manifest import Manifest, load_manifest
+from keelway.builds.manifest import WEB, Manifest, load_manifest
 from keelway.clock import Clock
 from keelway.deploy import targets
 from keelway.deploy.errors import OperationError
@@ -52,7 +52,7 @@ class Awake:
 def idle_after_s(manifest: Manifest) -> float | None:
     """The bound after which an instance of this manifest parks, or None if it never
     does: one service without `idle` keeps the whole instance awake."""
-    if "web" not in manifest.services:
+    if WEB not in manifest.services:
         return None
     bounds = [spec.idle_s for spec in manifest.services.values()]
     if any(bound is None for bound in bounds):

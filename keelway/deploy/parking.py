@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import assert_never
 
 from keelway import failpoints, names
+from keelway.builds.manifest import WEB
 from keelway.deploy import targets
 from keelway.deploy.attempt import Outcome, Result
 from keelway.deploy.errors import AppFailed, Fenced, NotFoundError, OperationError, UserError
@@ -230,8 +231,16 @@ class Parking:
                 await Steps(self.store, op.id).run(StepKind.WAKE, running,
                                                    before=("wake.before",),
                                                    after=("wake.after",))
-                return await self.recovery.respawn_active(
-                    op, self.store.get_instance(host) or inst)
+                # Web first, published alone: the held requests are released as soon as
+                # it is ready, not after the workers' spawns too; then the workers wake.
+                # A crash between the two leaves a running instance whose ACTIVE workers
+                # are dead, which boot restarts like any other (RECOVER).
+                current = self.store.get_instance(host) or inst
+                workers = frozenset(a.service for a in self.store.list_active(host)
+                                    if a.service != WEB)
+                if workers and len(workers) < len(self.store.list_active(host)):
+                    await self.recovery.respawn_active(op, current, waiting=workers)
+                return await self.recovery.respawn_active(op, current)
 
             result = await self.journal.run(inst.app, host, OpKind.WAKE, work)
             await self.recovery.converge(host, Pass.MUTATION)
