@@ -140,9 +140,11 @@ class Parking:
                                 after=("park.after",))
                 published = await steps.run(StepKind.PUBLISH, self._publish(host))
                 if published is not None:
-                    # The router may still send requests to what we would stop: leave the
-                    # stops to the reconciler's rule for a parked instance (plan.py),
-                    # which runs once a publish can reach the router.
+                    # The router may still send requests to what would be stopped: the op
+                    # fails here and the reconciler's rule for a parked instance (plan.py)
+                    # stops them at its next pass, after which boot and the periodic
+                    # pass republish. A router that cannot be reached serves nothing
+                    # better meanwhile.
                     return Result(Outcome.FAILED, published.reason)
                 for gen in self.store.live_generations(host):
                     failed = await steps.run(StepKind.STOP, self._stop(gen),
