@@ -4,6 +4,7 @@ Layering (imports only point down this list; checked by tests/test_layering.py):
 
     cli            talks to the API over the unix socket with the stdlib only
     api            the control plane: aiohttp JSON API, wiring of everything below
+    activator      the idle sweep that parks instances (scale to zero)
     deploy         operations on instances (journaled), built on runtime + store
     reconcile      plan(records, observed) -> actions, and the executor of a plan
     runtime        spawn / reap / stop / kill of generations and of the router (one spawn

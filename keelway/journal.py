@@ -28,6 +28,9 @@ class OpKind(enum.StrEnum):
     RECOVER = "recover"
     # A published generation that crashed, restarted after its backoff.
     RESTART_CRASHED = "restart-crashed"
+    # Scale to zero and back (keelway/deploy/parking.py).
+    PARK = "park"
+    WAKE = "wake"
 
     @property
     def releases(self) -> bool:
@@ -36,7 +39,7 @@ class OpKind(enum.StrEnum):
             case OpKind.DEPLOY | OpKind.ROLLBACK:
                 return True
             case (OpKind.CONFIG | OpKind.RESTART | OpKind.STOP | OpKind.START
-                  | OpKind.RECOVER | OpKind.RESTART_CRASHED):
+                  | OpKind.RECOVER | OpKind.RESTART_CRASHED | OpKind.PARK | OpKind.WAKE):
                 return False
             case _:
                 assert_never(self)
@@ -69,6 +72,10 @@ class StepKind(enum.StrEnum):
     OUT_OF_SERVICE = "out-of-service"
     # `start`: the instance RUNNING again; once written, convergence restarts ACTIVE.
     IN_SERVICE = "in-service"
+    # The instance parked and its route parked, in one write (before anything stops).
+    PARK = "park"
+    # The instance running again (before anything of it is spawned).
+    WAKE = "wake"
 
     def label(self, service: str | None) -> str:
         who = service or "?"
@@ -83,7 +90,8 @@ class StepKind(enum.StrEnum):
                 return "withdraw traffic"
             case StepKind.HOLD_EXEC:
                 return "hold exec"
-            case StepKind.ACTIVATE | StepKind.PUBLISH | StepKind.SETTLE | StepKind.FAULT:
+            case (StepKind.ACTIVATE | StepKind.PUBLISH | StepKind.SETTLE | StepKind.FAULT
+                  | StepKind.PARK | StepKind.WAKE):
                 return self.value
             case StepKind.STOP_NO_FALLBACK:
                 return f"stop {who} (no fallback)"

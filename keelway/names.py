@@ -17,6 +17,8 @@ plane, imports it too. The rules, and the invariant each one keeps:
 - config name: an environment variable name; the names keelway sets itself after the
   app's config (`KEELWAY_*`, `PORT`, `DATABASE_URL`, `NOTIFY_SOCKET`) are refused rather
   than silently overridden.
+- fence reason: one line a person reads in `status` and the events, so no control
+  characters (no newline to forge a second event line, no terminal escapes).
 - config value: text that reaches the process unchanged. No NUL (the environment is C
   strings: it would be cut short there), valid UTF-8, and sizes that keep every
   process's environment inside the kernel's exec limits (one string at most 128 KiB,
@@ -95,6 +97,12 @@ CONFIG_NAME: Final = Rule(
     "characters",
     re.compile("[A-Za-z_][A-Za-z0-9_]*"),
     255,
+)
+FENCE_REASON: Final = Rule(
+    "fence reason",
+    "one line of at most 200 characters, no control characters",
+    re.compile(r"[^\x00-\x1f\x7f]+"),
+    200,
 )
 
 # Set by keelway in every process after the app's config (runtime/environment.py), so

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from keelway.activator.sweep import Sweep
 from keelway.api.server import Api
 from keelway.builds.stage import stage, sweep
 from keelway.clock import Clock, SystemClock
@@ -39,6 +40,7 @@ from keelway.deploy import targets
 from keelway.deploy.deployer import Deployer
 from keelway.deploy.errors import OperationError
 from keelway.deploy.locks import Locks
+from keelway.deploy.parking import Parking
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
 from keelway.durable import disk_full, disk_full_message, sweep_temp
@@ -76,6 +78,7 @@ class DeployParts:
     locks: Locks
     recovery: Recovery
     deployer: Deployer
+    parking: Parking
 
 
 def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher, clock: Clock,
@@ -84,7 +87,8 @@ def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
     locks = Locks()
     recovery = Recovery(store, home, supervisor, publisher, clock, locks, owner)
     return DeployParts(locks, recovery,
-                       Deployer(store, home, supervisor, publisher, locks, recovery))
+                       Deployer(store, home, supervisor, publisher, locks, recovery),
+                       Parking(store, home, supervisor, publisher, locks, recovery))
 
 
 def _take_lock(home: Home) -> int:
@@ -222,7 +226,8 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
         return None
 
     router.watch(push_routes)
-    api = Api(store, home, deployer, parts.recovery, http_port, request_shutdown, router)
+    api = Api(store, home, deployer, parts.recovery, http_port, request_shutdown, router,
+              parts.parking)
     # Open log streams (`logs -f`) must not hold a shutdown for long.
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False,
                            shutdown_timeout=2.0)
@@ -237,6 +242,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     os.chmod(home.api_socket, 0o600)
     rotation = loop.create_task(_rotate_logs_forever(home))
     periodic = loop.create_task(parts.recovery.periodic())
+    idle_sweep = loop.create_task(Sweep(store, parts.parking, home.router_socket, clock).run())
 
     announce(f"keelway {'adopted' if router.handle.adopted else 'started'} the router on "
              f"http://{http_addr}/ (pid {router.handle.pid})")
@@ -249,6 +255,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     announce("shutting down" + (" (apps keep running)" if keep_apps else ""))
     rotation.cancel()
     periodic.cancel()
+    idle_sweep.cancel()
     await runner.cleanup()
     home.api_socket.unlink(missing_ok=True)
     await parts.recovery.close()

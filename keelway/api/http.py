@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from keelway.deploy.errors import NotFoundError, OperationError, UserError
+from keelway.deploy.errors import Fenced, NotFoundError, OperationError, UserError
 from keelway.durable import DISK_FULL_HINT, disk_full, disk_full_message
 from keelway.names import InvalidName
 from keelway.store import Store
@@ -40,6 +40,8 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error_response(400, exc.code, exc.message, exc.hint)
     except InvalidName as exc:
         return error_response(400, "bad-request", exc.message, exc.hint)
+    except Fenced as exc:
+        return error_response(409, exc.code, exc.message, exc.hint)
     except OperationError as exc:
         return error_response(500, exc.code, exc.message, exc.hint)
     except msgspec.ValidationError as exc:

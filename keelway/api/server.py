@@ -19,9 +19,11 @@ from keelway import __version__
 from keelway.api import bodies
 from keelway.api.http import app_name, errors_middleware, read_body, send_line
 from keelway.api.operations import Operations
+from keelway.api.parking import ParkingApi
 from keelway.api.views import operation_view, router_view, status_view
 from keelway.deploy.deployer import Deployer
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
+from keelway.deploy.parking import Parking
 from keelway.deploy.recovery import Recovery
 from keelway.home import Home
 from keelway.runtime.logs import parse_log_name, read_from, tail_lines
@@ -33,8 +35,10 @@ from keelway.store import Store
 class Api:
     def __init__(self, store: Store, home: Home, deployer: Deployer, recovery: Recovery,
                  http_port: int | None, on_shutdown: Callable[[bool], None],
-                 router: RouterSupervisor | None = None) -> None:
+                 router: RouterSupervisor | None = None,
+                 parking: Parking | None = None) -> None:
         self.router = router
+        self.parking = ParkingApi(parking) if parking is not None else None
         self.store = store
         self.home = home
         self.deployer = deployer
@@ -60,6 +64,7 @@ class Api:
             web.post("/v1/shutdown", self.shutdown),
             web.post("/v1/router/restart", self.router_restart),
             *self.operations.routes(),
+            *(self.parking.routes() if self.parking is not None else []),
         ])
         return app
 

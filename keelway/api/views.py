@@ -84,6 +84,9 @@ def status_view(store: Store, http_port: int | None, app_filter: str | None,
                 "down_reason": inst.down_reason, "failed_closed": failed_closed,
                 "release": (f"v{running[0].release}" if running else None),
                 "route": ({"state": route.state.value, "port": route.port} if route else None),
+                "fence": ({"generation": fence.generation, "held": fence.held,
+                           "reason": fence.reason}
+                          if (fence := store.get_fence(inst.host)) is not None else None),
                 "processes": services,
                 "last_operation": operation_view(latest, with_steps=False) if latest else None,
             })

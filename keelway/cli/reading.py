@@ -57,6 +57,11 @@ def status(app: str | None, as_json: bool) -> None:
                              f"{time.strftime('%H:%M:%S', time.localtime(at))} (in "
                              f"{max(0, round(at - time.time()))}s; crash {crash['failures']} "
                              "in a row)")
+            if (fence := inst.get("fence")) and fence["held"]:
+                notes.append(f"{inst['host']} is fenced at generation {fence['generation']}"
+                             + (f" ({fence['reason']})" if fence["reason"] else "")
+                             + f": nothing wakes or starts it; `keelway unfence "
+                             f"{inst['host']}`")
             if inst.get("failed_closed"):
                 closed = inst["failed_closed"]
                 notes.append(f"{inst['host']} is failed closed, leftover "

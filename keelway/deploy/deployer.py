@@ -25,6 +25,7 @@ from keelway.deploy.errors import AppFailed, NotFoundError, OperationError, User
 from keelway.deploy.instances import Target
 from keelway.deploy.locks import Locks
 from keelway.deploy.outcome import Outcome, Progress, Result
+from keelway.deploy.parking import refuse_if_fenced
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
 from keelway.deploy.steps import Done, Failed, Steps
@@ -248,6 +249,7 @@ class Deployer:
         """New generations of what each instance runs now (overlap or hold per service)."""
         results = []
         for inst in self.instances_of(app, host):
+            refuse_if_fenced(self.store, inst.host, "restart")
             target = targets.running_target(self.store, inst.host)
             if target is None:
                 raise UserError(f"{inst.host} runs nothing to restart",
@@ -328,6 +330,8 @@ class Deployer:
         publish its route: the same path as a restart after a crash."""
         async with self.locks.instance(inst.host):
             await self.recovery.converge(inst.host, Pass.MUTATION)
+            inst = self.store.get_instance(inst.host) or inst
+            refuse_if_fenced(self.store, inst.host, "start")
 
             async def start(op: Operation) -> Result:
                 async def in_service() -> Done:

@@ -39,3 +39,10 @@ class RouteRefused(OperationError):
     other route was published."""
 
     code = "route-refused"
+
+
+class Fenced(OperationError):
+    """The instance is fenced: nothing wakes, starts or restarts it until the holder
+    lifts its fence generation. Nothing was changed."""
+
+    code = "fenced"

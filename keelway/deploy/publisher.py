@@ -33,6 +33,7 @@ from keelway.router.client import (
     push_routes,
 )
 from keelway.store import Store
+from keelway.store.lifecycle import RouteState
 from keelway.store.records import Route
 
 log = logging.getLogger("keelway.publisher")
@@ -40,6 +41,19 @@ log = logging.getLogger("keelway.publisher")
 failpoints.declare("publish.before", "publish.after")
 
 RETRY_AFTER_S = 5
+
+# The router's word for a parked route (it holds the request and asks for a wake). A
+# router built before it knew `parked` holds nothing: such a route is answered as
+# `holding` is there (503 + Retry-After), never proxied to a port nothing listens on.
+_PARKED: rt.RouteState = next((s for s in rt.RouteState if s.value == "parked"),
+                              rt.RouteState.HOLDING)
+
+
+def router_state(state: RouteState) -> rt.RouteState:
+    """The router table's state for a store route state."""
+    if state is RouteState.PARKED:
+        return _PARKED
+    return rt.RouteState(state.value)
 
 
 def table_of(routes: list[Route], version: int,
@@ -51,7 +65,7 @@ def table_of(routes: list[Route], version: int,
     entries: dict[str, rt.Route] = {}
     refused: dict[str, str] = {}
     for route in routes:
-        state = rt.RouteState(route.state.value)
+        state = router_state(route.state)
         upstream = f"127.0.0.1:{route.port}" if route.port is not None else None
         if state is rt.RouteState.SERVING and upstream is None:
             state = rt.RouteState.GATED  # nothing to serve with: answer 503, never guess

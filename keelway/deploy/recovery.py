@@ -139,7 +139,7 @@ class Recovery:
                 self._schedule_restart(gen, retry.retry_at - now)
         waiting = waiting | frozenset(r.service for r in later)
         inst = self.store.get_instance(host)
-        if inst is None or inst.state is not InstanceState.RUNNING:
+        if inst is None or inst.state is not InstanceState.RUNNING or self.store.fenced(host):
             return
         waiting = waiting | {s for (h, s), task in self._restarts.items()
                              if h == host and not task.done()}
@@ -197,8 +197,11 @@ class Recovery:
             inst = self.store.get_instance(gen.instance)
             active = self.store.get_active(gen.instance, gen.service)
             if (inst is None or inst.state is not InstanceState.RUNNING or active is None
-                    or active.generation_id != gen.id):
-                return  # something newer took over while we waited
+                    or active.generation_id != gen.id or self.store.fenced(gen.instance)):
+                # Something newer took over while we waited; or a fence holds it: the
+                # crash stays recorded (its route gated), and once the fence is lifted
+                # the periodic pass restarts it (RESTART_ACTIVE).
+                return
             result = await self.journal.run(gen.app, gen.instance, OpKind.RESTART_CRASHED,
                                             lambda op: self.respawn_active(op, inst))
             try:

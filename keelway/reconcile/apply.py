@@ -64,7 +64,7 @@ def gather(store: Store, host: str, live_ops: set[int]) -> Records | None:
         instance=inst, latest=store.latest_operation(host),
         active={a.service: a.generation_id for a in store.list_active(host)}, live=live,
         inhibitions={g.id: frozenset(store.inhibitions(g.id)) for g in live},
-        route=store.get_route(host)), live_ops)
+        route=store.get_route(host), fenced=store.fenced(host)), live_ops)
 
 
 def records_of(view: InstanceView, live_ops: set[int]) -> Records:
@@ -79,6 +79,7 @@ def records_of(view: InstanceView, live_ops: set[int]) -> Records:
         inhibitions=dict(view.inhibitions),
         routed={host: view.route.generation_id if view.route else None},
         route_state=view.route.state if view.route else None,
+        fenced=view.fenced,
     )
 
 
@@ -170,7 +171,7 @@ class Reconciler:
                     assert action.generation is not None
                     self.supervisor.bury(action.generation, None)
                 case (Kind.REMOVE_STRAY | Kind.RETIRE | Kind.REMOVE_DESCENDANTS
-                      | Kind.STOP_OUT_OF_SERVICE):
+                      | Kind.STOP_ACTIVE):
                     gen = self._gen(action)
                     if gen is not None and not await self.supervisor.stop(gen, self.grace(gen)):
                         self.store.add_event("leftover", f"{gen.service} generation {gen.id} "

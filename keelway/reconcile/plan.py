@@ -16,6 +16,9 @@ The rules (SPEC §4 Reconciler, §5):
   once the successor is verified and routed.
 - A hold-mode release that had executed and did not end published is never fallen
   back: the instance is marked down, so no path rebuilds the old build under its data.
+- A parked instance runs nothing: an ACTIVE generation still alive (a park interrupted
+  before its stops) is stopped, and nothing is restarted. A fenced instance has nothing
+  restarted either.
 - Interrupted convergence never touches traffic: only BOOT and PERIODIC passes adopt,
   restart and republish, through the verified start path.
 - A generation is its whole process tree: one whose leader died while descendants live
@@ -63,6 +66,7 @@ class Records:
     inhibitions: dict[int, frozenset[Inhibition]] = field(default_factory=dict)
     routed: dict[str, int | None] = field(default_factory=dict)  # route row: host -> gen
     route_state: RouteState | None = None
+    fenced: bool = False
 
 
 class Kind(enum.Enum):
@@ -74,11 +78,11 @@ class Kind(enum.Enum):
     RECORD_GONE = "record-gone"
     REMOVE_STRAY = "remove-stray"
     REMOVE_DESCENDANTS = "remove-descendants"
-    # An ACTIVE generation still alive on an instance that is not RUNNING (a stop or a
-    # take-down interrupted between its out-of-service write and its last stop): it is
-    # stopped, and ACTIVE keeps naming it so a start respawns what ran.
-    STOP_OUT_OF_SERVICE = "stop-out-of-service"
     RETIRE = "retire"
+    # An ACTIVE generation still alive on an instance that is not RUNNING (a stop, park
+    # or take-down interrupted between its first write and its last stop): it is
+    # stopped, and ACTIVE keeps naming it so a start or a wake respawns what ran.
+    STOP_ACTIVE = "stop-active"
     ADOPT = "adopt"
     RESTART_ACTIVE = "restart-active"
     RESTORE_ROUTE = "restore-route"
@@ -179,16 +183,15 @@ def plan(records: Records, observed: Observed, mode: Pass) -> list[Action]:
             continue
         alive = gen.id in observed.alive or gen.id in observed.orphans
         if gen.id in active_ids:
-            if gen.id in observed.orphans and gen.id not in observed.alive:
+            if not running and not owned and alive:
+                actions.append(Action(Kind.STOP_ACTIVE, generation=gen.id, service=gen.service,
+                                      reason=f"its instance is {records.instance.state}"))
+            elif gen.id in observed.orphans and gen.id not in observed.alive:
                 if gen.id not in observed.watched:
                     actions.append(Action(Kind.REMOVE_DESCENDANTS, generation=gen.id,
                                           service=gen.service, reason="its leader exited"))
             elif not alive:
                 actions.append(Action(Kind.RECORD_GONE, generation=gen.id, service=gen.service))
-            elif not running and mode is not Pass.MUTATION and not owned:
-                actions.append(Action(Kind.STOP_OUT_OF_SERVICE, generation=gen.id,
-                                      service=gen.service,
-                                      reason=f"the instance is {records.instance.state}"))
             elif mode is not Pass.MUTATION and gen.id not in observed.watched:
                 actions.append(Action(Kind.ADOPT, generation=gen.id, service=gen.service))
             continue
@@ -216,6 +219,8 @@ def plan(records: Records, observed: Observed, mode: Pass) -> list[Action]:
             # Restarted once its leader is dead; a watcher still removing the tree of a
             # leader that just died restarts it itself (the crash path, with backoff).
             alive = gen_id in live_ids and gen_id in observed.alive
+            if records.fenced:
+                break  # nothing starts a fenced instance (SPEC §1 fence)
             if not alive and not (gen_id in live_ids and gen_id in observed.watched):
                 actions.append(Action(Kind.RESTART_ACTIVE, generation=gen_id, service=service))
         # The recovery path: a route left holding or pointing elsewhere by an interrupted

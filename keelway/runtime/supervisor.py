@@ -175,7 +175,7 @@ class Supervisor:
         the process said READY=1 on its notify socket, whichever comes first."""
         handle = self._handles.get(gen.id)
         deadline = self.clock.monotonic() + timeout_s
-        delay_s = 0.01
+        delay_s = 0.002
         while True:
             if handle is None or handle.exited.is_set():
                 return ReadyOutcome.EXITED
@@ -196,7 +196,9 @@ class Supervisor:
                                                 return_when=asyncio.FIRST_COMPLETED)
             for task in pending:
                 task.cancel()
-            delay_s = min(delay_s * 2, 0.05)  # a probe is cheap; a late READY is not
+            # A probe of a port nobody listens on yet is one refused connect: cheap. A
+            # late READY is not: a wake's held requests wait for it (SPEC §7, <= 25 ms).
+            delay_s = min(delay_s * 2, 0.005)
 
     async def _exits_within(self, handle: _Handle, seconds: float) -> bool:
         """Whether `handle` exits before `seconds` pass on the supervisor's clock (the

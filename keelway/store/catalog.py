@@ -6,7 +6,7 @@ import json
 import sqlite3
 
 from keelway.store.base import Conflict, NotFound, StoreBase
-from keelway.store.lifecycle import InstanceState
+from keelway.store.lifecycle import InstanceState, check
 from keelway.store.records import App, Build, Instance, Release
 
 
@@ -68,6 +68,7 @@ class Catalog(StoreBase):
 
     def set_instance_state(self, inst: Instance, state: InstanceState,
                            down_reason: str | None = None) -> Instance:
+        check(inst.state, state)  # the caller's copy: a stale one loses the swap anyway
         with self.tx() as c:
             cur = c.execute(
                 "UPDATE instances SET state=?, down_reason=?, version=version+1"

@@ -37,6 +37,9 @@ class RouteState(enum.StrEnum):
     HOLDING = "holding"
     GATED = "gated"
     DRAINING = "draining"
+    # Its instance is parked: the router holds a request and asks the control plane to
+    # wake the instance. No upstream: nothing of the instance runs.
+    PARKED = "parked"
 
 
 class InstanceState(enum.StrEnum):
@@ -48,6 +51,9 @@ class InstanceState(enum.StrEnum):
     # migrated data, so nothing falls back and nothing restarts it until the next
     # deploy, rollback or start. `down_reason` says why.
     DOWN = "down"
+    # Scaled to zero (keelway/deploy/parking.py): nothing of it runs, ACTIVE still names
+    # what ran, so a wake respawns exactly that; the route is `parked`.
+    PARKED = "parked"
 
 
 class RequestState(enum.StrEnum):
@@ -82,10 +88,31 @@ _GEN: dict[GenState, frozenset[GenState]] = {
     GenState.GONE: frozenset(),
 }
 
+# Only a running instance parks (a stopped or down one has nothing to scale to zero, and
+# parking it would make a request wake what its user stopped); a parked one wakes
+# (RUNNING), is stopped, or is marked down by an interrupted hold release.
+_INSTANCE: dict[InstanceState, frozenset[InstanceState]] = {
+    InstanceState.RUNNING: frozenset({InstanceState.STOPPED, InstanceState.DOWN,
+                                      InstanceState.PARKED}),
+    InstanceState.STOPPED: frozenset({InstanceState.RUNNING, InstanceState.DOWN}),
+    InstanceState.DOWN: frozenset({InstanceState.RUNNING, InstanceState.STOPPED}),
+    InstanceState.PARKED: frozenset({InstanceState.RUNNING, InstanceState.STOPPED,
+                                     InstanceState.DOWN}),
+}
+
+# A parked route has no upstream, so it never drains: it is served again (a wake),
+# gated (stopped, down) or held; any other state may move to any other.
+_ROUTE: dict[RouteState, frozenset[RouteState]] = {
+    **{state: frozenset(RouteState) - {state} for state in RouteState},
+    RouteState.PARKED: frozenset({RouteState.SERVING, RouteState.GATED, RouteState.HOLDING}),
+}
+
 _TABLES: dict[type[enum.Enum], dict[object, frozenset[object]]] = {
     OpState: dict(_OP),  # type: ignore[arg-type]
     StepState: dict(_STEP),  # type: ignore[arg-type]
     GenState: dict(_GEN),  # type: ignore[arg-type]
+    InstanceState: dict(_INSTANCE),  # type: ignore[arg-type]
+    RouteState: dict(_ROUTE),  # type: ignore[arg-type]
 }
 
 

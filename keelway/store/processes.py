@@ -248,6 +248,7 @@ class Processes(StoreBase):
                 except sqlite3.IntegrityError as exc:
                     raise Conflict(f"the route of {host} was written under us") from exc
             else:
+                check(expected.state, state)
                 cur = c.execute(
                     "UPDATE routes SET instance=?, state=?, port=?, generation_id=?,"
                     " version=version+1 WHERE host=? AND version=?",

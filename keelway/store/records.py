@@ -191,3 +191,13 @@ class InstanceView(msgspec.Struct, frozen=True):
     live: list[Generation]
     inhibitions: dict[int, frozenset[Inhibition]]
     route: Route | None
+    fenced: bool = False
+class Fence(msgspec.Struct, frozen=True):
+    """An instance's fence: `generation` only grows; while `held`, nothing wakes, starts
+    or restarts the instance. Lifting names the generation it lifts."""
+
+    instance: str
+    generation: int
+    held: bool
+    reason: str | None
+    updated_at: float

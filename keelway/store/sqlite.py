@@ -26,13 +26,14 @@ from typing import Any
 from keelway.journal import Inhibition
 from keelway.store.base import NotFound, StaleSchedule
 from keelway.store.catalog import Catalog
+from keelway.store.fences import Fences
 from keelway.store.journal import Journal
 from keelway.store.lifecycle import GenState, InstanceState, RouteState
 from keelway.store.processes import Processes
-from keelway.store.records import Generation, InstanceView, Release, ReleaseDraft
+from keelway.store.records import Generation, Instance, InstanceView, Release, ReleaseDraft
 
 
-class SqliteStore(Catalog, Journal, Processes):
+class SqliteStore(Catalog, Journal, Processes, Fences):
     """The whole store on one SQLite connection."""
 
     def install(
@@ -147,12 +148,24 @@ class SqliteStore(Catalog, Journal, Processes):
         for g in self.live_generations():
             live.setdefault(g.instance, []).append(g)
         routes = {r.host: r for r in self.list_routes()}
+        fenced = self.fenced_instances()
         return [InstanceView(
             instance=inst, latest=latest.get(inst.host), active=active.get(inst.host, {}),
             live=live.get(inst.host, []),
             inhibitions={g.id: marks.get(g.id, frozenset()) for g in live.get(inst.host, [])},
-            route=routes.get(inst.host),
+            route=routes.get(inst.host), fenced=inst.host in fenced,
         ) for inst in self.list_instances()]
+    def park(self, inst: Instance) -> Instance:
+        """The instance PARKED and its route (if it has one) `parked`, with no upstream,
+        in one write; compare-and-swap on `inst.version`. So the router is never told to
+        hold a host whose instance is recorded running, nor to serve one recorded parked."""
+        with self.tx():
+            parked = self.set_instance_state(inst, InstanceState.PARKED)
+            route = self.get_route(inst.host)
+            if route is not None and route.state is not RouteState.PARKED:
+                self.set_route(inst.host, inst.host, RouteState.PARKED, None, None,
+                               expected=route)
+        return parked
 
     def dump(self) -> dict[str, list[dict[str, Any]]]:
         """Every row of every table except events and the journal: what tests compare."""

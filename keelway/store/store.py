@@ -44,6 +44,7 @@ from keelway.store.records import (
     Build,
     CrashRetry,
     Event,
+    Fence,
     Generation,
     Instance,
     InstanceView,
@@ -102,6 +103,29 @@ class Store(Protocol):
     def bump_schedule(self, host: str) -> int:
         """Advance the instance's schedule revision; attempts holding an older one are
         stale. `NotFound` if there is no such instance."""
+        ...
+
+    def park(self, inst: Instance) -> Instance:
+        """The instance PARKED and its route `parked` (no upstream) in one write;
+        compare-and-swap on `inst.version`, the move checked."""
+        ...
+
+    # -- fences ------------------------------------------------------------------------
+
+    def get_fence(self, instance: str) -> Fence | None: ...
+
+    def fenced(self, instance: str) -> bool:
+        """Whether a fence is held on `instance` now."""
+        ...
+
+    def fence(self, instance: str, reason: str | None) -> Fence:
+        """A new, held fence generation (one more than any before); `NotFound` if there
+        is no such instance."""
+        ...
+
+    def unfence(self, instance: str, generation: int) -> tuple[Fence | None, bool]:
+        """Lift the fence if `generation` is the held one; (the fence now, whether this
+        lifted it). A stale generation changes nothing."""
         ...
 
     # -- builds and releases -----------------------------------------------------------
@@ -283,6 +307,10 @@ class Store(Protocol):
 
     def active_generations(self) -> list[Generation]:
         """What ACTIVE names, every instance and service (web first per instance)."""
+        ...
+
+    def fenced_instances(self) -> set[str]:
+        """Every instance a fence holds."""
         ...
 
     def instance_views(self) -> list[InstanceView]:

@@ -15,6 +15,7 @@ every point: a tree half-stopped by the crash must be whole-gone after recovery.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -31,6 +32,8 @@ from pathlib import Path
 
 import pytest
 
+from keelway.builds.manifest import Mode, load_manifest
+from keelway.store import SqliteStore
 from tests.deploy.apps import DAEMONIZE_PY
 from tests.e2e.harness import EXAMPLE, free_port, gone, kill_home_processes, wait_until
 from tests.invariants import violations
@@ -157,7 +160,40 @@ SCENARIOS: dict[str, tuple[list[Step], Step]] = {
     # gated, and after the backoff it is restarted and published again.
     "crash-restart": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test")],
                       _crash_the_web),
+    # Scale to zero and back: the park intent, its publish and each stop; the wake's
+    # RUNNING step, then each spawn and ready of its respawn and the publish. The worker
+    # is hold-mode: across a crash mid-wake it must never run twice (_hold_overlaps).
+    "park": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test")],
+             lambda h: h.ok("park", "one.test")),
+    "wake": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test"),
+              lambda h: h.ok("park", "one.test")],
+             lambda h: h.ok("wake", "one.test")),
 }
+# Scenarios whose every generation of a hold-mode service is checked for overlap in time,
+# not only at the end: the one before must be recorded gone before the next is planned.
+HOLD_CHECKED = {"park", "wake"}
+
+
+def _hold_overlaps(root: Path, label: str) -> list[str]:
+    store = SqliteStore(root / "keelway.db")
+    try:
+        found = []
+        for inst in store.list_instances():
+            builds = {b.digest: Path(b.path) for b in store.list_builds(inst.app)}
+            gens = sorted(store.recent_generations(inst.host, limit=1000), key=lambda g: g.id)
+            for service in {g.service for g in gens}:
+                # Unspawned ones too: a crash between spawn and record leaves no pid.
+                mine = [g for g in gens if g.service == service]
+                for old, new in itertools.pairwise(mine):
+                    spec = load_manifest(builds[new.build_digest]).services.get(service)
+                    if spec is None or spec.mode is not Mode.HOLD:
+                        continue
+                    if old.exited_at is None or old.exited_at > new.created_at:
+                        found.append(f"{label}: {inst.host} {service} generation {new.id} "
+                                     f"was planned before generation {old.id} was gone")
+        return found
+    finally:
+        store.close()
 
 
 def _kill_router_until_respawned(home: Home) -> None:
@@ -247,7 +283,10 @@ def _crash_at(name: str, point: str) -> list[str]:
     try:
         if not _crash_in_operation(home, name, point):
             return [f"{name} {point}: the failpoint was never hit"]
-        return _recovered(home, f"{name} {point}")
+        problems = _recovered(home, f"{name} {point}")
+        if name in HOLD_CHECKED:
+            problems += _hold_overlaps(home.root, f"{name} {point}")
+        return problems
     finally:
         _cleanup(home)
 

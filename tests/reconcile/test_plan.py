@@ -204,19 +204,19 @@ def test_an_interrupted_stop_stops_what_active_still_runs_and_keeps_active() -> 
     records = Records(inst(InstanceState.STOPPED), interrupted, False, {"web": 1, "worker": 2},
                       [gen(1), gen(2, "worker")], route_state=RouteState.GATED)
     actions = plan(records, observed(1, 2), Mode.BOOT)
-    assert kinds(actions) == [(Kind.FINALIZE, None), (Kind.STOP_OUT_OF_SERVICE, 1),
-                              (Kind.STOP_OUT_OF_SERVICE, 2)]
+    assert kinds(actions) == [(Kind.FINALIZE, None), (Kind.STOP_ACTIVE, 1),
+                              (Kind.STOP_ACTIVE, 2)]
     # Nothing restarts it and nothing routes to it: it stays stopped.
     assert not any(a.kind in (Kind.RESTART_ACTIVE, Kind.RESTORE_ROUTE) for a in actions)
 
 
-def test_an_out_of_service_instance_is_left_to_a_live_owner_and_to_mutation_passes() -> None:
+def test_an_out_of_service_instance_is_left_to_a_live_owner_only() -> None:
     running_stop = op([step(1, StepKind.OUT_OF_SERVICE)], kind=OpKind.STOP)
     owned = Records(inst(InstanceState.STOPPED), running_stop, True, {"web": 1}, [gen(1)])
     assert kinds(plan(owned, observed(1, watched=(1,)), Mode.PERIODIC)) == []
     done = Records(inst(InstanceState.DOWN), None, False, {"web": 1}, [gen(1)])
-    assert kinds(plan(done, observed(1), Mode.MUTATION)) == []
-    assert kinds(plan(done, observed(1), Mode.BOOT)) == [(Kind.STOP_OUT_OF_SERVICE, 1)]
+    for mode in Mode:
+        assert kinds(plan(done, observed(1), mode)) == [(Kind.STOP_ACTIVE, 1)]
 
 
 def test_an_interrupted_start_that_wrote_running_restarts_active_at_boot() -> None:

@@ -1,0 +1,96 @@
+"""The API of scale to zero and fences, per instance:
+
+    POST /v1/instances/{host}/park     {}                  -> 200 {"host","state":"parked",
+                                                                "parked":bool,"stopped":[gen]}
+    POST /v1/instances/{host}/wake     {}                  -> 202 {"host","accepted":true}
+                                       {"wait":true}       -> 200 {"host","state":"running",
+                                                                "woke":bool,"generations":{}}
+    POST /v1/instances/{host}/fence    {"reason":R|null}   -> 200 fence
+    POST /v1/instances/{host}/unfence  {"generation":N}    -> 200 fence + {"lifted":bool}
+    GET  /v1/instances/{host}/fence                        -> 200 fence
+    fence = {"host","generation","held","reason"}
+
+A wake without `wait` is the router's: it is answered as soon as the wake is started
+(or joined: one wake per instance however many ask), and the router learns the rest
+from the route table. A fenced instance's wake is refused 409 `fenced` at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from keelway.api.http import read_body
+from keelway.deploy.parking import Parking
+from keelway.store.records import Fence
+
+
+class WakeBody(msgspec.Struct, forbid_unknown_fields=True):
+    wait: bool = False
+
+
+class FenceBody(msgspec.Struct, forbid_unknown_fields=True):
+    reason: str | None = None
+
+
+class UnfenceBody(msgspec.Struct, forbid_unknown_fields=True):
+    generation: int
+
+
+class Empty(msgspec.Struct, forbid_unknown_fields=True):
+    pass
+
+
+def fence_view(host: str, fence: Fence | None) -> dict[str, Any]:
+    if fence is None:
+        return {"host": host, "generation": 0, "held": False, "reason": None}
+    return {"host": host, "generation": fence.generation, "held": fence.held,
+            "reason": fence.reason}
+
+
+class ParkingApi:
+    def __init__(self, parking: Parking) -> None:
+        self.parking = parking
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.post("/v1/instances/{host}/park", self.park),
+            web.post("/v1/instances/{host}/wake", self.wake),
+            web.post("/v1/instances/{host}/fence", self.fence),
+            web.post("/v1/instances/{host}/unfence", self.unfence),
+            web.get("/v1/instances/{host}/fence", self.get_fence),
+        ]
+
+    async def park(self, request: web.Request) -> web.Response:
+        await read_body(request, Empty)
+        done = await self.parking.park(request.match_info["host"])
+        return web.json_response({"host": done.host, "state": "parked", "parked": done.parked,
+                                  "stopped": list(done.stopped)})
+
+    async def wake(self, request: web.Request) -> web.Response:
+        body: WakeBody = await read_body(request, WakeBody)
+        host = request.match_info["host"]
+        if not body.wait:
+            self.parking.wake_soon(host)
+            return web.json_response({"host": host, "accepted": True}, status=202)
+        woken = await self.parking.wake(host)
+        return web.json_response({"host": woken.host, "state": "running", "woke": woken.woke,
+                                  "generations": woken.generations})
+
+    async def fence(self, request: web.Request) -> web.Response:
+        body: FenceBody = await read_body(request, FenceBody)
+        host = request.match_info["host"]
+        return web.json_response(fence_view(host, self.parking.fence(host, body.reason)))
+
+    async def unfence(self, request: web.Request) -> web.Response:
+        body: UnfenceBody = await read_body(request, UnfenceBody)
+        host = request.match_info["host"]
+        fence, lifted = self.parking.unfence(host, body.generation)
+        return web.json_response(fence_view(host, fence) | {"lifted": lifted})
+
+    async def get_fence(self, request: web.Request) -> web.Response:
+        host = request.match_info["host"]
+        self.parking.instance(host)
+        return web.json_response(fence_view(host, self.parking.store.get_fence(host)))

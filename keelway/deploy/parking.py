@@ -1,0 +1,285 @@
+"""Scale to zero: park, wake, and the fences that keep an instance down.
+
+A part beside `Deployer`, on the same `Locks` and `Recovery` (wired in
+keelway/api/daemon.py). Park and wake are journaled operations under the instance lock,
+after convergence, their effects run as steps (keelway/deploy/steps.py):
+
+- park: one store intent puts the instance PARKED and its route `parked` (the router
+  holds requests and asks for a wake) → publish → stop every generation and prove it
+  gone. ACTIVE stays, so a wake respawns exactly what ran. Crash after the intent: the
+  reconciler stops any ACTIVE generation still alive of a parked instance
+  (keelway/reconcile/plan.py) and boot republishes; before it: nothing changed.
+- wake: the instance RUNNING (a step of its own, before anything spawns) → respawn the
+  ACTIVE services through the verified start path (`Recovery.respawn_active`: spawn and
+  ready steps, readiness by NOTIFY_SOCKET or tight probing) → ACTIVE and the route
+  serving in one write → publish. Crash after the RUNNING step: the instance is running
+  with its ACTIVE dead, which boot restarts (RECOVER), removing an unpublished candidate
+  first, so a hold-mode worker is proven gone before its successor spawns.
+  One wake per instance at a time: a second call joins the one in flight (`wake_soon`).
+
+Fences (SPEC §1, §5.6): `fence` writes a new, held generation, one more than any before;
+`unfence` lifts only the generation it names. While fenced, wake, start and restart are
+refused (`Fenced`) and crash restarts do not run; parking and stopping still may.
+A fence is written without the instance lock: it must take effect while an operation
+runs; an operation already past its fence check finishes (its own steps are journaled),
+and nothing new starts after the fence is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import assert_never
+
+from keelway import failpoints, names
+from keelway.builds.manifest import WEB
+from keelway.deploy import targets
+from keelway.deploy.errors import AppFailed, Fenced, NotFoundError, OperationError, UserError
+from keelway.deploy.locks import Locks
+from keelway.deploy.outcome import Outcome, Result
+from keelway.deploy.publisher import Publisher
+from keelway.deploy.recovery import Recovery
+from keelway.deploy.steps import Done, Effect, Failed, Steps
+from keelway.home import Home
+from keelway.journal import OpKind, StepKind
+from keelway.reconcile.plan import Pass
+from keelway.runtime.supervisor import Supervisor
+from keelway.store import Store
+from keelway.store.lifecycle import InstanceState
+from keelway.store.records import Fence, Generation, Instance, Operation
+
+log = logging.getLogger("keelway.parking")
+
+failpoints.declare("park.before", "park.after", "wake.before", "wake.after")
+
+
+def refuse_if_fenced(store: Store, host: str, verb: str) -> None:
+    """Raise `Fenced` if a fence is held on `host`: nothing wakes, starts or restarts it."""
+    fence = store.get_fence(host)
+    if fence is not None and fence.held:
+        why = f" ({fence.reason})" if fence.reason else ""
+        raise Fenced(f"{host} is fenced at generation {fence.generation}{why}: "
+                     f"it cannot {verb}",
+                     hint=f"the fence's holder lifts it; by hand: `keelway unfence {host}`")
+
+
+@dataclass(frozen=True)
+class Parked:
+    host: str
+    parked: bool  # False: it was parked already
+    stopped: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Woken:
+    host: str
+    woke: bool  # False: it was running already
+    generations: dict[str, int]
+
+
+class Parking:
+    def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
+                 locks: Locks, recovery: Recovery) -> None:
+        self.store = store
+        self.home = home
+        self.supervisor = supervisor
+        self.publisher = publisher
+        self.locks = locks
+        self.recovery = recovery
+        self.journal = recovery.journal
+        # The wake in flight per instance; an entry lives exactly as long as its task.
+        self._wakes: dict[str, asyncio.Task[Woken]] = {}
+        # When each instance last woke (the clock's monotonic time), so the idle sweep
+        # counts idleness from then, not from a request the router saw before the park.
+        self.woken_at: dict[str, float] = {}
+
+    def instance(self, host: str) -> Instance:
+        """The instance named `host`, its name checked first (UserError, NotFoundError)."""
+        try:
+            names.HOST.check(host)
+        except names.InvalidName as exc:
+            raise UserError(exc.message, hint=exc.hint) from None
+        inst = self.store.get_instance(host)
+        if inst is None:
+            raise NotFoundError(f"no instance {host}", hint="see `keelway status`")
+        return inst
+
+    # -- park ------------------------------------------------------------------------
+
+    async def park(self, host: str, why: str = "by hand") -> Parked:
+        """Park `host`: after return it is PARKED, its route parked and published, and
+        every generation of it proven gone. A stopped or down instance is refused
+        (nothing runs to scale to zero, and a request must not wake what its user
+        stopped); a parked one is left as it is."""
+        self.instance(host)
+        async with self.locks.instance(host):
+            await self.recovery.converge(host, Pass.MUTATION)
+            inst = self.instance(host)
+            match inst.state:
+                case InstanceState.PARKED:
+                    return Parked(host, parked=False)
+                case InstanceState.STOPPED | InstanceState.DOWN:
+                    raise UserError(f"{host} is {inst.state.value}; only a running instance "
+                                    "parks", hint=f"`keelway start {inst.app} --instance "
+                                                  f"{host}` first")
+                case InstanceState.RUNNING:
+                    pass
+                case _:
+                    assert_never(inst.state)
+            stopped: list[int] = []
+
+            async def work(op: Operation) -> Result:
+                steps = Steps(self.store, op.id)
+
+                async def intent() -> Done:
+                    self.store.park(self.store.get_instance(host) or inst)
+                    return Done(f"parked ({why})")
+
+                await steps.run(StepKind.PARK, intent, before=("park.before",),
+                                after=("park.after",))
+                published = await steps.run(StepKind.PUBLISH, self._publish(host))
+                if published is not None:
+                    # The router may still send requests to what would be stopped: the op
+                    # fails here and the reconciler's rule for a parked instance (plan.py)
+                    # stops them at its next pass, after which boot and the periodic
+                    # pass republish. A router that cannot be reached serves nothing
+                    # better meanwhile.
+                    return Result(Outcome.FAILED, published.reason)
+                for gen in self.store.live_generations(host):
+                    failed = await steps.run(StepKind.STOP, self._stop(gen),
+                                             service=gen.service, before_gen=gen.id)
+                    if failed is not None:
+                        raise OperationError(failed.reason)
+                    stopped.append(gen.id)
+                return Result(Outcome.DONE)
+
+            result = await self.journal.run(inst.app, host, OpKind.PARK, work)
+        if result.outcome is not Outcome.DONE:
+            raise OperationError(f"{host}: park failed: {result.reason}",
+                                 hint=f"see `keelway ops {inst.app} --instance {host}`")
+        self.woken_at.pop(host, None)
+        return Parked(host, parked=True, stopped=tuple(stopped))
+
+    def _publish(self, host: str) -> Effect:
+        async def publish() -> Done | Failed:
+            try:
+                await self.publisher.publish(host)
+            except OperationError as exc:
+                return Failed(exc.message)
+            return Done()
+
+        return publish
+
+    def _stop(self, gen: Generation) -> Effect:
+        async def stop() -> Done | Failed:
+            if await self.supervisor.stop(gen, targets.stop_grace_s(self.store, gen)):
+                return Done(f"generation {gen.id} gone")
+            return Failed(f"{gen.service} generation {gen.id} (pid {gen.pid}) did not stop")
+
+        return stop
+
+    # -- wake ------------------------------------------------------------------------
+
+    def wake_soon(self, host: str) -> asyncio.Task[Woken]:
+        """The wake of `host`, started now or joined if one is in flight. Checks that
+        can refuse at once (a bad name, no such instance, a fence) raise here, before
+        any task exists."""
+        self.instance(host)
+        refuse_if_fenced(self.store, host, "wake")
+        task = self._wakes.get(host)
+        if task is not None and not task.done():
+            return task
+        task = asyncio.get_running_loop().create_task(self._wake(host))
+        self._wakes[host] = task
+        task.add_done_callback(lambda done: self._forget_wake(host, done))
+        return task
+
+    def _forget_wake(self, host: str, task: asyncio.Task[Woken]) -> None:
+        if self._wakes.get(host) is task:
+            del self._wakes[host]
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            # A caller that did not wait (the router's 202) hears it by the route table;
+            # the journal and this line say why.
+            log.warning("wake of %s: %s", host,
+                        exc.message if isinstance(exc, OperationError) else exc)
+
+    async def wake(self, host: str) -> Woken:
+        return await asyncio.shield(self.wake_soon(host))
+
+    async def _wake(self, host: str) -> Woken:
+        async with self.locks.instance(host):
+            await self.recovery.converge(host, Pass.MUTATION)
+            inst = self.instance(host)
+            refuse_if_fenced(self.store, host, "wake")
+            match inst.state:
+                case InstanceState.RUNNING:
+                    return Woken(host, woke=False, generations=self._active(host))
+                case InstanceState.STOPPED | InstanceState.DOWN:
+                    raise UserError(f"{host} is {inst.state.value}, not parked; a wake does "
+                                    "not start it", hint=f"`keelway start {inst.app} "
+                                                         f"--instance {host}`")
+                case InstanceState.PARKED:
+                    pass
+                case _:
+                    assert_never(inst.state)
+
+            async def work(op: Operation) -> Result:
+                async def running() -> Done:
+                    current = self.store.get_instance(host) or inst
+                    self.store.set_instance_state(current, InstanceState.RUNNING)
+                    return Done()
+
+                await Steps(self.store, op.id).run(StepKind.WAKE, running,
+                                                   before=("wake.before",),
+                                                   after=("wake.after",))
+                # Web first, published alone: the held requests are released as soon as
+                # it is ready, not after the workers' spawns too; then the workers wake.
+                # A crash between the two leaves a running instance whose ACTIVE workers
+                # are dead, which boot restarts like any other (RECOVER).
+                current = self.store.get_instance(host) or inst
+                workers = frozenset(a.service for a in self.store.list_active(host)
+                                    if a.service != WEB)
+                if workers and len(workers) < len(self.store.list_active(host)):
+                    await self.recovery.respawn_active(op, current, waiting=workers)
+                return await self.recovery.respawn_active(op, current)
+
+            result = await self.journal.run(inst.app, host, OpKind.WAKE, work)
+            await self.recovery.converge(host, Pass.MUTATION)
+            targets.link_current(self.store, self.home, host)
+        if result.outcome is not Outcome.DONE:
+            raise AppFailed(f"{host}: wake failed: {result.reason}",
+                            hint=f"see `keelway logs {inst.app} --instance {host}`")
+        self.woken_at[host] = self.recovery.clock.monotonic()
+        return Woken(host, woke=True, generations=self._active(host))
+
+    def _active(self, host: str) -> dict[str, int]:
+        return {a.service: a.generation_id for a in self.store.list_active(host)}
+
+    # -- fences ----------------------------------------------------------------------
+
+    def fence(self, host: str, reason: str | None) -> Fence:
+        """Hold a new fence generation on `host` (one more than any before)."""
+        inst = self.instance(host)
+        if reason is not None:
+            try:
+                names.FENCE_REASON.check(reason)
+            except names.InvalidName as exc:
+                raise UserError(exc.message, hint=exc.hint) from None
+        fence = self.store.fence(host, reason)
+        self.store.add_event("fence", f"fenced at generation {fence.generation}"
+                             + (f" ({reason})" if reason else ""), app=inst.app,
+                             instance=host)
+        return fence
+
+    def unfence(self, host: str, generation: int) -> tuple[Fence | None, bool]:
+        """Lift fence `generation` of `host` if it is the one held; (the fence now,
+        whether this lifted it). A stale generation changes nothing."""
+        inst = self.instance(host)
+        if generation < 1:
+            raise UserError("a fence generation is a whole number from 1")
+        fence, lifted = self.store.unfence(host, generation)
+        if lifted:
+            self.store.add_event("fence", f"fence generation {generation} lifted",
+                                 app=inst.app, instance=host)
+        return fence, lifted
