@@ -28,6 +28,9 @@ class OpKind(enum.StrEnum):
     RECOVER = "recover"
     # A published generation that crashed, restarted after its backoff.
     RESTART_CRASHED = "restart-crashed"
+    # `keelway run`: a one-off process in the instance's ACTIVE build. Never an
+    # instance's latest operation (it changes nothing convergence reads).
+    RUN = "run"
 
     @property
     def releases(self) -> bool:
@@ -36,7 +39,7 @@ class OpKind(enum.StrEnum):
             case OpKind.DEPLOY | OpKind.ROLLBACK:
                 return True
             case (OpKind.CONFIG | OpKind.RESTART | OpKind.STOP | OpKind.START
-                  | OpKind.RECOVER | OpKind.RESTART_CRASHED):
+                  | OpKind.RECOVER | OpKind.RESTART_CRASHED | OpKind.RUN):
                 return False
             case _:
                 assert_never(self)
@@ -64,6 +67,10 @@ class StepKind(enum.StrEnum):
     STOP_DOWN = "stop-down"
     # A failed step of this kind records an exception the operation itself raised.
     FAULT = "fault"
+    # A one-off process (`keelway run`) spawned, then its exit (or its stop, the
+    # terminal having gone away).
+    RUN = "run"
+    RUN_EXIT = "run-exit"
 
     def label(self, service: str | None) -> str:
         who = service or "?"
@@ -84,6 +91,10 @@ class StepKind(enum.StrEnum):
                 return f"stop {who} (no fallback)"
             case StepKind.STOP_DOWN:
                 return f"stop {who} (down)"
+            case StepKind.RUN:
+                return "run"
+            case StepKind.RUN_EXIT:
+                return "run exit"
             case _:
                 assert_never(self)
 

@@ -8,10 +8,10 @@ them on the group.
 
 from __future__ import annotations
 
-from keelway.cli import lifecycle, operations, reading
+from keelway.cli import lifecycle, operations, reading, run
 from keelway.cli.base import cli
 
-__all__ = ["cli", "lifecycle", "main", "operations", "reading"]
+__all__ = ["cli", "lifecycle", "main", "operations", "reading", "run"]
 
 
 def main() -> None:

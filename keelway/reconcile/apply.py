@@ -71,6 +71,8 @@ def gather(store: Store, host: str, live_ops: set[int]) -> Records | None:
         inhibitions={g.id: frozenset(store.inhibitions(g.id)) for g in live},
         routed={host: route.generation_id if route else None},
         route_state=route.state if route else None,
+        owned=frozenset(g.id for g in live if g.op_id is not None and g.op_id in live_ops
+                        and (latest is None or g.op_id != latest.id)),
     )
 
 

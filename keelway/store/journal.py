@@ -48,9 +48,15 @@ class Journal(StoreBase):
 
     def latest_operation(self, instance: str) -> Operation | None:
         row = self._one(
-            "SELECT * FROM operations WHERE instance=? ORDER BY id DESC LIMIT 1", instance
+            "SELECT * FROM operations WHERE instance=? AND kind!=? ORDER BY id DESC LIMIT 1",
+            instance, OpKind.RUN.value,
         )
         return self._operation(row) if row else None
+
+    def unfinished_runs(self) -> list[Operation]:
+        rows = self._all("SELECT * FROM operations WHERE kind=? AND state=? ORDER BY id",
+                         OpKind.RUN.value, OpState.RUNNING.value)
+        return [self._operation(r) for r in rows]
 
     def list_operations(
         self, app: str, instance: str | None = None, limit: int = 50
