@@ -20,6 +20,9 @@ SERVICE_OF = {StepKind.RELEASE_COMMAND: "release", StepKind.FAULT: None,
               StepKind.INSTANCE_KEY: None, StepKind.HOLD_EXEC: None,
               StepKind.WITHDRAW: None, StepKind.ACTIVATE: None, StepKind.PUBLISH: None,
               StepKind.SETTLE: None}
+# Kinds added after migration 4: the old code never wrote them, so there is no old name
+# to migrate.
+SINCE_KINDS = {StepKind.RUN, StepKind.RUN_EXIT}
 
 
 def _old_store(path: Path, names: list[tuple[str, str | None]]) -> None:
@@ -40,7 +43,8 @@ def _old_store(path: Path, names: list[tuple[str, str | None]]) -> None:
 
 def test_every_step_name_the_old_code_wrote_migrates_to_its_kind(tmp_path: Path) -> None:
     # The old code's names are exactly the labels `keelway ops` shows today.
-    written = [(kind, SERVICE_OF.get(kind, "web")) for kind in StepKind]
+    written = [(kind, SERVICE_OF.get(kind, "web")) for kind in StepKind
+               if kind not in SINCE_KINDS]
     _old_store(tmp_path / "k.db", [(kind.label(service), service) for kind, service in written])
     store = SqliteStore(tmp_path / "k.db")
     op = store.get_operation(1)
