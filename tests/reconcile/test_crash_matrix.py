@@ -149,7 +149,16 @@ SCENARIOS: dict[str, tuple[list[Step], Step]] = {
     # gated, and after the backoff it is restarted and published again.
     "crash-restart": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test")],
                       _crash_the_web),
+    # A one-off run (`keelway run`) that leaves a child behind: a crash anywhere leaves
+    # no process of it alive, and its operation finalized, once the next boot is done.
+    "run": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test")],
+            lambda h: _run_once(h)),
 }
+
+
+def _run_once(home: Home) -> None:
+    done = home.cli("run", "hello", "--", "sh", "-c", "sleep 30 & sleep 0.3; exit 3")
+    assert done.returncode == 3, done.stderr
 
 
 def _kill_router_until_respawned(home: Home) -> None:
