@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from keelway import failpoints, names
+from keelway.builds.manifest import ONE_OFF
 from keelway.deploy import targets
 from keelway.deploy.attempt import Outcome, Result
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
@@ -51,7 +52,7 @@ from keelway.store.records import Generation, Instance, Operation
 
 failpoints.declare("run.spawn.before", "run.spawn.after", "run.exit.before", "run.exit.after")
 
-RUN_SERVICE = "run"
+RUN_SERVICE = ONE_OFF
 # After a hangup's SIGHUP, how long until SIGTERM, then SIGKILL (the stop path's grace).
 HANGUP_GRACE_S = 2.0
 # The child's status could not be read (its tree outlived the stop): what the CLI exits.
