@@ -43,6 +43,7 @@ class RunServer:
         self._listener: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
         self._sessions: dict[asyncio.Task[None], Signals] = {}
+        self._attending: set[asyncio.Task[None]] = set()  # past their request
 
     async def start(self) -> None:
         path = self.home.run_socket
@@ -69,8 +70,11 @@ class RunServer:
         if self._listener is not None:
             self._listener.close()
             self.home.run_socket.unlink(missing_ok=True)
-        for signals in self._sessions.values():
-            signals.put_nowait(None)
+        for task, signals in list(self._sessions.items()):
+            if task in self._attending:
+                signals.put_nowait(None)
+            else:
+                task.cancel()  # nothing started yet; it must not hold the shutdown
         if self._sessions:
             _done, pending = await asyncio.wait(list(self._sessions), timeout=CLOSE_TIMEOUT_S)
             for task in pending:
@@ -86,19 +90,28 @@ class RunServer:
             signals: Signals = asyncio.Queue()
             task = loop.create_task(self._serve(conn, signals))
             self._sessions[task] = signals
-            task.add_done_callback(self._sessions.pop)
+            task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        self._sessions.pop(task, None)
+        self._attending.discard(task)
 
     async def _serve(self, conn: socket.socket, signals: Signals) -> None:
         fds: list[int] = []
         try:
             with conn:
                 try:
-                    request, fds, lines = await asyncio.wait_for(self._request(conn),
-                                                                 REQUEST_TIMEOUT_S)
+                    request, fds, lines, early = await asyncio.wait_for(
+                        self._request(conn), REQUEST_TIMEOUT_S)
                 except (WireError, TimeoutError) as exc:
                     await _send(conn, Refused("bad-request", f"not a run request: {exc}",
                                               "use `keelway run APP -- CMD...`"))
                     return
+                current = asyncio.current_task()
+                assert current is not None
+                self._attending.add(current)  # a shutdown hangs it up from here on
+                for forward in early:
+                    signals.put_nowait(forward.signum)
                 await self._run(conn, request, fds, lines, signals)
         except Exception:
             # Protects the daemon's loop: one run's failure is logged, and its CLI sees
@@ -109,12 +122,26 @@ class RunServer:
                 with contextlib.suppress(OSError):
                     os.close(fd)
 
-    async def _request(self, conn: socket.socket) -> tuple[RunRequest, list[int], Lines]:
+    async def _request(self, conn: socket.socket
+                       ) -> tuple[RunRequest, list[int], Lines, list[Forward]]:
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
         _pid, uid, _gid = _UCRED.unpack(creds)
         if uid != os.getuid():
             raise WireError(f"uid {uid} may not run here")
         data, fds = await _recv_fds(conn)
+        try:
+            first, lines, early = await self._request_line(conn, data)
+            if len(fds) != run_wire.STDIO_FDS:
+                raise WireError(f"expected {run_wire.STDIO_FDS} descriptors (stdin, stdout, "
+                                f"stderr), got {len(fds)}")
+        except BaseException:
+            for fd in fds:  # a refused or timed-out request keeps nothing of its sender's
+                os.close(fd)
+            raise
+        return first, fds, lines, early
+
+    async def _request_line(self, conn: socket.socket, data: bytes
+                            ) -> tuple[RunRequest, Lines, list[Forward]]:
         lines = Lines()
         loop = asyncio.get_running_loop()
         while True:
@@ -127,12 +154,11 @@ class RunServer:
         first, *later = messages
         if not isinstance(first, RunRequest):
             raise WireError(f"expected a run request, got {type(first).__name__}")
-        if later:
-            raise WireError("nothing may follow the request before the start")
-        if len(fds) != run_wire.STDIO_FDS:
-            raise WireError(f"expected {run_wire.STDIO_FDS} descriptors (stdin, stdout, "
-                            f"stderr), got {len(fds)}")
-        return first, fds, lines
+        # The user may press Ctrl-C before the command runs: those reach it once it does.
+        early = [m for m in later if isinstance(m, Forward)]
+        if len(early) != len(later):
+            raise WireError("only signals may follow the request")
+        return first, lines, early
 
     async def _run(self, conn: socket.socket, request: RunRequest, fds: list[int],
                    lines: Lines, signals: Signals) -> None:

@@ -62,7 +62,21 @@ def run(app: str, host: str | None, command: tuple[str, ...], as_json: bool) -> 
     tty = os.isatty(0)
     request = RunRequest(app, host, command, tty, os.environ.get("TERM") if tty else None)
     saved = _terminal_state()
-    socket.send_fds(sock, [run_wire.encode(request)], [0, 1, 2])
+    line = run_wire.encode(request)
+    # Forwarding starts before the request goes: the command may run (and the user press
+    # Ctrl-C) before the started line is here. A signal arriving meanwhile waits until
+    # the request is whole, so its line never lands inside the request's.
+    forwarded = [signal.Signals[name] for name in sorted(run_wire.FORWARDED)]
+    signal.pthread_sigmask(signal.SIG_BLOCK, forwarded)
+    _forward_signals(sock)
+    try:
+        sent = socket.send_fds(sock, [line], [0, 1, 2])
+        if sent < len(line):  # a long command line may not fit in one send
+            sock.sendall(line[sent:])
+    except BrokenPipeError:
+        pass  # the daemon answered (a refusal) and closed already: its answer is read next
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, forwarded)
     lines = Lines()
     messages = _messages(sock, lines)
     first = next(messages, None)
@@ -70,7 +84,6 @@ def run(app: str, host: str | None, command: tuple[str, ...], as_json: bool) -> 
         _refuse(as_json, first.code, first.message, first.hint)
     if not isinstance(first, Started):
         _lost(as_json, command, started=False)
-    _forward_signals(sock)
     try:
         end = next(messages, None)
     finally:

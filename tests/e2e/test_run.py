@@ -210,7 +210,7 @@ def test_a_fenced_instance_refuses_a_run_and_starts_nothing(deployed: Keelway) -
                      " VALUES (?, 1, 1, 'test', 0)", (HOST,))
     try:
         result = run(kw, "blog", "--", "python3", "manage.py", "env")
-        assert result.code == 1 and f"{HOST} is fenced" in result.err
+        assert result.code == 1 and f"{HOST} is fenced" in result.err, result
         assert "SECRET" not in result.out
         assert len(run_ops(kw)) == before
     finally:
@@ -263,3 +263,18 @@ def test_a_control_plane_crash_mid_run_removes_the_run_when_it_comes_back(kw: Ke
     (op,) = run_ops(kw)
     assert op["state"] == "failed" and "control-plane crash" in op["error"]
     assert kw.get(HOST)[0] == 200
+
+
+def test_keelway_down_hangs_up_a_run_and_journals_it(kw: Keelway, tmp_path: Path) -> None:
+    kw.up()
+    kw.ok("deploy", "blog", str(_app(tmp_path, "blog")), "--host", HOST)
+    cli = spawn_cli(kw, "blog", "--", "sh", "-c", "echo ready; exec sleep 300")
+    gen = run_generation(kw)
+    stat = process.read_stat(gen["pid"])
+    assert stat is not None
+    kw.ok("down")
+    assert finish(cli) == 128 + signal.SIGHUP
+    assert tree_gone(kw.home, gen["id"], (gen["pid"], stat.start_ticks))
+    kw.up()
+    (op,) = run_ops(kw)
+    assert op["state"] == "failed" and "the terminal went away" in op["error"]
