@@ -43,7 +43,8 @@ _IGNORED = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
 @click.argument("app")
 @click.option("--instance", "host", default=None, metavar="HOST",
               help="The instance to run in (needed when the app has several).")
-@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED,
+                metavar="[--] CMD...")
 @json_option
 def run(app: str, host: str | None, command: tuple[str, ...], as_json: bool) -> None:
     """Run CMD once in an instance's build and environment, on this terminal.

@@ -11,12 +11,14 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from keelway.deploy.recovery import PERIODIC_S
 from keelway.runtime import process
 from tests.deploy.apps import hello
 from tests.e2e.harness import Keelway, Result, free_port, gone, wait_until
@@ -217,6 +219,25 @@ def test_a_fenced_instance_refuses_a_run_and_starts_nothing(deployed: Keelway) -
         with sqlite3.connect(kw.home / "keelway.db", timeout=10) as conn:
             conn.execute("DELETE FROM fences WHERE instance=?", (HOST,))
     assert run(kw, "blog", "--", "true").code == 0
+
+
+def test_a_run_outlives_a_restart_and_a_periodic_pass_of_its_instance(
+        deployed: Keelway) -> None:
+    # The instance lock is lent out while a run runs, and the reconciler leaves a live
+    # run's generation to it: neither an operation nor a pass waits for it or sweeps it.
+    kw = deployed
+    started = time.monotonic()
+    cli = spawn_cli(kw, "blog", "--", "sh", "-c", "echo ready; exec sleep 60")
+    gen = run_generation(kw)
+    stat = process.read_stat(gen["pid"])
+    assert stat is not None
+    kw.ok("restart", "blog", timeout_s=30)
+    time.sleep(max(0.0, PERIODIC_S + 1 - (time.monotonic() - started)))
+    assert process.is_alive(gen["pid"], stat.start_ticks)
+    assert kw.ok("status", "--json").json()["leftovers"] == []
+    os.kill(cli.pid, signal.SIGTERM)
+    assert finish(cli) == 128 + signal.SIGTERM
+    assert run_ops(kw)[0]["error"] == "sh exited with code 143"
 
 
 def test_killing_the_cli_leaves_no_process_of_the_run(deployed: Keelway) -> None:
