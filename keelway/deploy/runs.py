@@ -137,75 +137,17 @@ class Runs:
         """
         inst = self.resolve(app, host)
         lock = self.locks.instance(inst.host)
-        code = UNKNOWN_EXIT
         async with lock:
             await self.recovery.converge(inst.host, Pass.MUTATION)
             inst = self.store.get_instance(inst.host) or inst
-            target = self._refuse(inst)
-            program = os.path.basename(argv[0])
+            one = _OneOff(self, inst, self._refuse(inst), tuple(argv), stdio, term)
+            await self.recovery.journal.run(
+                inst.app, inst.host, OpKind.RUN,
+                lambda op: one.run(op, lock, started, signals))
+        return one.code
 
-            async def work(op: Operation) -> Result:
-                nonlocal code
-                steps = Steps(self.store, op.id)
-                spawned: list[tuple[Generation, asyncio.Future[int | None]]] = []
-
-                async def spawn() -> Done:
-                    gen = self.store.plan_generation(
-                        app=inst.app, instance=inst.host, service=RUN_SERVICE,
-                        release=target.release, build_digest=target.build_digest,
-                        op_id=op.id, port=None)
-                    env = process_env(
-                        home=self.home, app=inst.app, instance=inst.host, service=RUN_SERVICE,
-                        release=target.release, generation=gen.id, port=None,
-                        config=target.config, build_path=target.build_path)
-                    if term is not None:
-                        env.setdefault("TERM", term)
-                    self.home.data_dir(inst.host).mkdir(parents=True, exist_ok=True)
-                    gen = await self.supervisor.spawn_attached(
-                        gen, [*_EXEC, *argv], target.build_path, env, stdio)
-                    # Taken at once: a command that exits at once is buried by its
-                    # watcher, and its code is then read from the record.
-                    spawned.append((gen, asyncio.ensure_future(self.supervisor.wait_exit(
-                        gen, None, HANGUP_GRACE_S))))
-                    return Done(f"generation {gen.id} pid {gen.pid}")
-
-                await steps.run(StepKind.RUN, spawn, before=("run.spawn.before",),
-                                after=("run.spawn.after",), service=RUN_SERVICE, detail=program)
-                ((gen, exited),) = spawned
-                self.store.add_event("run", f"run of {program} started in v{target.release} "
-                                     f"(generation {gen.id}, pid {gen.pid})",
-                                     app=inst.app, instance=inst.host)
-                await started(Spawned(gen.pid or 0, inst.host, target.release))
-
-                async def wait() -> Done | Failed:
-                    nonlocal code
-                    hung_up = await self._attend(gen, exited, signals)
-                    returncode = await exited
-                    code = UNKNOWN_EXIT if returncode is None else exit_code(returncode)
-                    latest = self.store.get_generation(gen.id)
-                    if latest is None or latest.state is not GenState.GONE:
-                        return Failed(f"{program} (pid {gen.pid}) left processes that could "
-                                      "not be stopped")
-                    if hung_up:
-                        return Failed(f"the terminal went away; {program} was stopped "
-                                      f"(code {code})")
-                    return Done("exit code 0") if code == 0 else Failed(
-                        f"{program} exited with code {code}")
-
-                lock.release()  # lent out while the command runs; see the header
-                try:
-                    end = await steps.run(StepKind.RUN_EXIT, wait, before=("run.exit.before",),
-                                          after=("run.exit.after",), service=RUN_SERVICE)
-                finally:
-                    await lock.acquire()
-                return Result(Outcome.DONE) if end is None else Result(Outcome.FAILED,
-                                                                       end.reason)
-
-            await self.recovery.journal.run(inst.app, inst.host, OpKind.RUN, work)
-        return code
-
-    async def _attend(self, gen: Generation, exited: asyncio.Future[int | None],
-                      signals: Signals) -> bool:
+    async def attend(self, gen: Generation, exited: asyncio.Future[int | None],
+                     signals: Signals) -> bool:
         """Forward signals to the child's session until it exits; True if its terminal
         went away first, which stops it (proven gone when this returns)."""
         assert gen.pid is not None and gen.start_ticks is not None
@@ -246,3 +188,82 @@ class Runs:
                                  instance=op.instance)
             finalized.append(op.id)
         return finalized
+
+
+@dataclass
+class _OneOff:
+    """One run as its operation carries it out: spawned, attended, its exit journaled."""
+
+    runs: Runs
+    inst: Instance
+    target: Target
+    argv: tuple[str, ...]
+    stdio: tuple[int, int, int]
+    term: str | None
+    code: int = UNKNOWN_EXIT
+    gen: Generation | None = None
+    exited: asyncio.Future[int | None] | None = None
+
+    @property
+    def program(self) -> str:
+        return os.path.basename(self.argv[0])
+
+    async def run(self, op: Operation, lock: asyncio.Lock,
+                  started: Callable[[Spawned], Awaitable[None]], signals: Signals) -> Result:
+        """The operation's work, under the instance lock it lends out while the command
+        runs and takes back to write the outcome."""
+        store = self.runs.store
+        steps = Steps(store, op.id)
+        await steps.run(StepKind.RUN, lambda: self._spawn(op), before=("run.spawn.before",),
+                        after=("run.spawn.after",), service=RUN_SERVICE, detail=self.program)
+        gen = self.gen
+        assert gen is not None
+        store.add_event("run", f"run of {self.program} started in v{self.target.release} "
+                        f"(generation {gen.id}, pid {gen.pid})",
+                        app=self.inst.app, instance=self.inst.host)
+        await started(Spawned(gen.pid or 0, self.inst.host, self.target.release))
+        lock.release()  # a shell may run for hours: operations on the instance go on
+        try:
+            end = await steps.run(StepKind.RUN_EXIT, lambda: self._wait(signals),
+                                  before=("run.exit.before",), after=("run.exit.after",),
+                                  service=RUN_SERVICE)
+        finally:
+            await lock.acquire()
+        return Result(Outcome.DONE) if end is None else Result(Outcome.FAILED, end.reason)
+
+    async def _spawn(self, op: Operation) -> Done:
+        runs, inst, target = self.runs, self.inst, self.target
+        gen = runs.store.plan_generation(
+            app=inst.app, instance=inst.host, service=RUN_SERVICE, release=target.release,
+            build_digest=target.build_digest, op_id=op.id, port=None)
+        env = process_env(
+            home=runs.home, app=inst.app, instance=inst.host, service=RUN_SERVICE,
+            release=target.release, generation=gen.id, port=None, config=target.config,
+            build_path=target.build_path)
+        if self.term is not None:
+            env.setdefault("TERM", self.term)
+        runs.home.data_dir(inst.host).mkdir(parents=True, exist_ok=True)
+        self.gen = await runs.supervisor.spawn_attached(
+            gen, [*_EXEC, *self.argv], target.build_path, env, self.stdio)
+        # Taken at once: a command that exits at once is buried by its watcher, and its
+        # code is then read from the record.
+        self.exited = asyncio.ensure_future(
+            runs.supervisor.wait_exit(self.gen, None, HANGUP_GRACE_S))
+        return Done(f"generation {self.gen.id} pid {self.gen.pid}")
+
+    async def _wait(self, signals: Signals) -> Done | Failed:
+        gen, exited = self.gen, self.exited
+        assert gen is not None and exited is not None
+        hung_up = await self.runs.attend(gen, exited, signals)
+        returncode = await exited
+        self.code = UNKNOWN_EXIT if returncode is None else exit_code(returncode)
+        latest = self.runs.store.get_generation(gen.id)
+        if latest is None or latest.state is not GenState.GONE:
+            return Failed(f"{self.program} (pid {gen.pid}) left processes that could not "
+                          "be stopped")
+        if hung_up:
+            return Failed(f"the terminal went away; {self.program} was stopped "
+                          f"(code {self.code})")
+        if self.code != 0:
+            return Failed(f"{self.program} exited with code {self.code}")
+        return Done("exit code 0")
