@@ -24,7 +24,7 @@ import struct
 
 from keelway import run_wire
 from keelway.deploy.errors import OperationError
-from keelway.deploy.runs import Runs, Signals, Spawned
+from keelway.deploy.runs import Runs, RunStarted, Signals
 from keelway.home import Home
 from keelway.run_wire import Exited, Forward, Lines, Refused, RunRequest, Started, WireError
 
@@ -165,7 +165,7 @@ class RunServer:
         loop = asyncio.get_running_loop()
         reader: asyncio.Task[None] | None = None
 
-        async def started(spawned: Spawned) -> None:
+        async def started(spawned: RunStarted) -> None:
             nonlocal reader
             for fd in fds:  # the child has its own copies now
                 os.close(fd)

@@ -19,6 +19,14 @@ Rules it keeps:
   as a terminal's hangup sends, then the stop path (SIGTERM, SIGKILL), until proven gone.
 - Nothing of the command line is journaled or logged beyond its program name: an
   argument may be a secret (`psql postgres://user:password@...`).
+
+Crash windows (each one in the crash matrix's `run` scenario): after the `run` step is
+written, before the spawn: a PLANNED generation, recorded gone at boot. After the spawn,
+whether or not its pid was recorded: its tree is found by its cgroup or its marker and
+removed at boot as a stray, its CLI having exited 255 when the socket closed. After the
+exit, before the outcome is written: the command ran to its end, but the operation says
+"interrupted", since its exit code was never journaled. In every case the next boot
+leaves no process of the run and its operation failed (`finalize_interrupted`).
 """
 
 from __future__ import annotations
@@ -66,7 +74,7 @@ Signals = asyncio.Queue[signal.Signals | None]
 
 
 @dataclass(frozen=True)
-class Spawned:
+class RunStarted:
     """What `Runs.run` tells its caller once the command runs."""
 
     pid: int
@@ -127,7 +135,7 @@ class Runs:
 
     async def run(self, app: str, host: str | None, argv: Sequence[str], *,
                   stdio: tuple[int, int, int], term: str | None,
-                  started: Callable[[Spawned], Awaitable[None]], signals: Signals) -> int:
+                  started: Callable[[RunStarted], Awaitable[None]], signals: Signals) -> int:
         """Run `argv` to its end; returns its exit code (128+N for a signal N).
 
         Refusals raise `OperationError` (UserError, NotFoundError) with nothing written.
@@ -209,7 +217,7 @@ class _OneOff:
         return os.path.basename(self.argv[0])
 
     async def run(self, op: Operation, lock: asyncio.Lock,
-                  started: Callable[[Spawned], Awaitable[None]], signals: Signals) -> Result:
+                  started: Callable[[RunStarted], Awaitable[None]], signals: Signals) -> Result:
         """The operation's work, under the instance lock it lends out while the command
         runs and takes back to write the outcome."""
         store = self.runs.store
@@ -221,7 +229,7 @@ class _OneOff:
         store.add_event("run", f"run of {self.program} started in v{self.target.release} "
                         f"(generation {gen.id}, pid {gen.pid})",
                         app=self.inst.app, instance=self.inst.host)
-        await started(Spawned(gen.pid or 0, self.inst.host, self.target.release))
+        await started(RunStarted(gen.pid or 0, self.inst.host, self.target.release))
         lock.release()  # a shell may run for hours: operations on the instance go on
         try:
             end = await steps.run(StepKind.RUN_EXIT, lambda: self._wait(signals),
