@@ -52,6 +52,11 @@ class Home:
         return self.root / "api.sock"
 
     @property
+    def run_socket(self) -> Path:
+        """Where `keelway run` lends the daemon its terminal (keelway/run_wire.py)."""
+        return self.root / "run.sock"
+
+    @property
     def lock_path(self) -> Path:
         return self.root / "keelway.lock"
 

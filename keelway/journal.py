@@ -31,6 +31,9 @@ class OpKind(enum.StrEnum):
     # Scale to zero and back (keelway/deploy/parking.py).
     PARK = "park"
     WAKE = "wake"
+    # `keelway run`: a one-off process in the instance's ACTIVE build. Never an
+    # instance's latest operation (it changes nothing convergence reads).
+    RUN = "run"
 
     @property
     def releases(self) -> bool:
@@ -39,7 +42,8 @@ class OpKind(enum.StrEnum):
             case OpKind.DEPLOY | OpKind.ROLLBACK:
                 return True
             case (OpKind.CONFIG | OpKind.RESTART | OpKind.STOP | OpKind.START
-                  | OpKind.RECOVER | OpKind.RESTART_CRASHED | OpKind.PARK | OpKind.WAKE):
+                  | OpKind.RECOVER | OpKind.RESTART_CRASHED | OpKind.PARK | OpKind.WAKE
+                  | OpKind.RUN):
                 return False
             case _:
                 assert_never(self)
@@ -76,6 +80,10 @@ class StepKind(enum.StrEnum):
     PARK = "park"
     # The instance running again (before anything of it is spawned).
     WAKE = "wake"
+    # A one-off process (`keelway run`) spawned, then its exit (or its stop, the
+    # terminal having gone away).
+    RUN = "run"
+    RUN_EXIT = "run-exit"
 
     def label(self, service: str | None) -> str:
         who = service or "?"
@@ -101,6 +109,10 @@ class StepKind(enum.StrEnum):
                 return "out of service"
             case StepKind.IN_SERVICE:
                 return "in service"
+            case StepKind.RUN:
+                return "run"
+            case StepKind.RUN_EXIT:
+                return "run exit"
             case _:
                 assert_never(self)
 

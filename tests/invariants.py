@@ -85,6 +85,10 @@ def violations(home: Path) -> list[str]:
                 if not (stuck and latest.warnings):
                     found.append(f"{inst.host}: op {latest.id} ({latest.kind}) is not "
                                  "terminal and nothing is failed closed")
+        # 4, for one-off runs, which are never the latest: a run's terminal is gone with
+        # the control plane that attended it, so none is unfinished once one booted.
+        for run in store.unfinished_runs():
+            found.append(f"{run.instance}: run op {run.id} is not terminal after a boot")
         # 2, as the router sees it: every served upstream is an ACTIVE web's port.
         try:
             table = get_table_sync(home / "router" / "control.sock", timeout_s=5)

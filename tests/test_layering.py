@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "keelway"
 
 # Which keelway packages each layer may import (besides itself and the leaf modules).
 LEAVES = {"keelway.durable", "keelway.failpoints", "keelway.clock", "keelway.home",
-          "keelway.names", "keelway.journal",
+          "keelway.names", "keelway.journal", "keelway.run_wire",
           "keelway", "keelway.testing"}
 ALLOWED = {
     "router": set(),
@@ -72,7 +72,7 @@ def test_the_cli_starts_without_aiohttp_uvloop_or_rich() -> None:
 # request runs API → deployer → attempt → plan / steps → store, runtime, router and
 # never comes back to a module it has left. A new part takes its place in this list.
 DEPLOY_ORDER = ["errors", "outcome", "locks", "plan", "steps", "instances", "targets",
-                "publisher", "journaled", "attempt", "recovery", "parking", "deployer"]
+                "publisher", "journaled", "attempt", "recovery", "parking", "runs", "deployer"]
 
 
 def test_the_deploy_path_reads_one_way() -> None:

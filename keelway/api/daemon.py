@@ -6,8 +6,9 @@ edges, and the reconciler) and `Deployer` (the operations users ask for) on both
 
 Start order keeps every failure clear and harmless: the home lock first (one control
 plane per home), then the router's port (a busy port fails before the store is even
-opened), then the store, boot recovery, and last the API socket, so a client that can
-connect sees a converged system. The router and the apps run in sessions of their own
+opened), then the store, boot recovery, and last the API socket and the run socket
+(`keelway run`, keelway/api/run_server.py), so a client that can connect sees a
+converged system. The router and the apps run in sessions of their own
 and survive this process; only `keelway down` (or Ctrl-C in the foreground) stops them,
 and `down --keep-apps` leaves both running. While this process runs it brings a dead
 router back at once (keelway.runtime.router_supervisor).
@@ -33,6 +34,7 @@ from pathlib import Path
 from aiohttp import web
 
 from keelway.activator.sweep import Sweep
+from keelway.api.run_server import RunServer
 from keelway.api.server import Api
 from keelway.builds.stage import stage, sweep
 from keelway.clock import Clock, SystemClock
@@ -43,6 +45,7 @@ from keelway.deploy.locks import Locks
 from keelway.deploy.parking import Parking
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
+from keelway.deploy.runs import Runs
 from keelway.durable import disk_full, disk_full_message, sweep_temp
 from keelway.home import PRIVATE_UMASK, Home
 from keelway.runtime import router as router_process
@@ -200,6 +203,8 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     parts = wire(store, home, supervisor, publisher, clock, owner)
     deployer = parts.deployer
     await parts.recovery.boot()
+    runs = Runs(store, home, supervisor, parts.locks, parts.recovery)
+    runs.finalize_interrupted()  # their processes were strays of the boot pass
 
     if demo:
         await _deploy_demo(home, store, deployer, announce)
@@ -240,6 +245,8 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     finally:
         os.umask(old_umask)
     os.chmod(home.api_socket, 0o600)
+    run_server = RunServer(home, runs)
+    await run_server.start()
     rotation = loop.create_task(_rotate_logs_forever(home))
     periodic = loop.create_task(parts.recovery.periodic())
     idle_sweep = loop.create_task(Sweep(store, parts.parking, home.router_socket, clock).run())
@@ -253,6 +260,9 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
 
     await stopping.wait()
     announce("shutting down" + (" (apps keep running)" if keep_apps else ""))
+    # First, while the store and the supervisor are whole: a run has no terminal once
+    # this process is gone, so every one is hung up, stopped and journaled now.
+    await run_server.close()
     rotation.cancel()
     periodic.cancel()
     idle_sweep.cancel()

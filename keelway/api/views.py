@@ -60,7 +60,10 @@ def status_view(store: Store, http_port: int | None, app_filter: str | None,
                 if gen.id not in active.values():
                     item = generation_view(gen) | {"active": False}
                     services.append(item)
-                    leftovers.append({"instance": inst.host, **item})
+                    # A generation its live operation attends (a one-off run) is no
+                    # leftover, though ACTIVE does not name it.
+                    if gen.op_id is None or gen.op_id not in (live_ops or set()):
+                        leftovers.append({"instance": inst.host, **item})
             running = [g for g in live if g.id in active.values() and g.state is not GenState.GONE]
             url = f"http://{inst.host}:{http_port}/" if http_port else f"http://{inst.host}/"
             stuck = unconverged(latest, set(active.values()),

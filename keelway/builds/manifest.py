@@ -6,8 +6,9 @@ write.
 
 Rules:
 - A Procfile line is `name: command`; `#` starts a comment line; blank lines are skipped.
-  Names follow keelway/names.py's SERVICE rule and are unique. `release` is the one-shot release
-  command, not a service. A `web` process is required: keelway routes HTTP to it.
+  Names follow keelway/names.py's SERVICE rule and are unique. `release` is the one-shot
+  release command, not a service; `run` is reserved for one-off processes (`keelway
+  run`). A `web` process is required: keelway routes HTTP to it.
 - keelway.toml holds `[build] command` and `[services.<name>]` tables with `mode`,
   `health`, `settle`, `stop_grace`, `idle`. Unknown keys and services not in the
   Procfile are errors, so a typo never silently falls back to a default.
@@ -32,6 +33,9 @@ PROCFILE = "Procfile"
 CONFIG_FILE = "keelway.toml"
 RELEASE = "release"
 WEB = "web"
+# The service of `keelway run`'s one-off processes (keelway/deploy/runs.py): no Procfile
+# process may take it, or a one-off would pass for a generation of that service.
+ONE_OFF = "run"
 
 DEFAULT_HEALTH = "/"
 DEFAULT_SETTLE_S = 10.0
@@ -204,6 +208,11 @@ def _apply(commands: dict[str, str], config: _Config) -> Manifest:
         raise ManifestError(
             f"{PROCFILE} has no `web` process, and keelway routes HTTP to `web`: add a line "
             "like `web: python -m myapp` that listens on 127.0.0.1:$PORT"
+        )
+    if ONE_OFF in commands:
+        raise ManifestError(
+            f"{PROCFILE}: `{ONE_OFF}` names keelway's one-off processes (`keelway run`), "
+            "so no process may be called that; rename it (for example `runner`)"
         )
     service_names = [name for name in commands if name != RELEASE]
     for name in config.services:

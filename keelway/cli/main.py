@@ -8,10 +8,10 @@ them on the group.
 
 from __future__ import annotations
 
-from keelway.cli import lifecycle, operations, parking, reading
+from keelway.cli import lifecycle, operations, parking, reading, run
 from keelway.cli.base import cli
 
-__all__ = ["cli", "lifecycle", "main", "operations", "parking", "reading"]
+__all__ = ["cli", "lifecycle", "main", "operations", "parking", "reading", "run"]
 
 
 def main() -> None:

@@ -80,6 +80,8 @@ def records_of(view: InstanceView, live_ops: set[int]) -> Records:
         routed={host: view.route.generation_id if view.route else None},
         route_state=view.route.state if view.route else None,
         fenced=view.fenced,
+        owned=frozenset(g.id for g in view.live if g.op_id is not None and g.op_id in live_ops
+                        and (view.latest is None or g.op_id != view.latest.id)),
     )
 
 

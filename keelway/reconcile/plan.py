@@ -4,6 +4,8 @@ The rules (SPEC §4 Reconciler, §5):
 - The common case, a latest operation that succeeded and nothing stray, plans nothing.
 - A candidate recorded by a step of the latest operation is kept when ACTIVE names it,
   and removed otherwise; a step is converged once, then never looked at again.
+- A generation of a live operation that is not the latest (a one-off run) is its
+  owner's; once its owner is gone (a crash), a live one is a stray to remove.
 - An operation that is not terminal and not owned by a live task here was interrupted:
   it is finalized, succeeded only when every step had succeeded. One whose own code
   raised is converged the same way (its effects are as unknown as after a crash), but
@@ -67,6 +69,10 @@ class Records:
     routed: dict[str, int | None] = field(default_factory=dict)  # route row: host -> gen
     route_state: RouteState | None = None
     fenced: bool = False
+    # Generations a live operation here started that is not the latest one: a one-off
+    # run (OpKind.RUN never is), whose process its operation stops and buries. Like
+    # a live latest operation's candidates, they are their owner's, never strays.
+    owned: frozenset[int] = frozenset()
 
 
 class Kind(enum.Enum):
@@ -179,7 +185,7 @@ def plan(records: Records, observed: Observed, mode: Pass) -> list[Action]:
     # The latest operation is still being run by its owner, who decides for now.
     owned = op is not None and not op.terminal and records.latest_is_live
     for gen in records.live:
-        if gen.id in candidates:
+        if gen.id in candidates or gen.id in records.owned:
             continue
         alive = gen.id in observed.alive or gen.id in observed.orphans
         if gen.id in active_ids:

@@ -106,31 +106,37 @@ class Spawned:
 async def spawn(
     argv: list[str], *, log_path: Path, cwd: Path | None = None,
     env: Mapping[str, str] | None = None, pass_fds: tuple[int, ...] = (),
+    stdio: tuple[int, int, int] | None = None,
 ) -> Spawned:
     """Start `argv` as the leader of a new session, output appended to `log_path`: the
     one way keelway starts a process that outlives it (generations, the router). `env`
     None inherits ours; `pass_fds` stay open in the child (the router's listening
-    socket), every other descriptor of ours is closed in it.
+    socket), every other descriptor of ours is closed in it. `stdio` (stdin, stdout,
+    stderr) replaces /dev/null and the log: a one-off run's lent terminal; the caller
+    keeps and closes its copies.
 
     Output goes straight to a file, not through a pipe to us, so the process keeps
     running and logging while the control plane is down. The fork happens on the event
     loop, which reaps the child when it exits (`Spawned.proc.wait()`): nothing here
     blocks the loop, and nothing ever waits on the child in the foreground.
     """
-    log_fd = logs.open_for_append(log_path)
+    log_fd = logs.open_for_append(log_path) if stdio is None else None
+    stdin, stdout, stderr = stdio if stdio is not None else (
+        asyncio.subprocess.DEVNULL, log_fd, log_fd)
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv,
             cwd=cwd,
             env=dict(env) if env is not None else None,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=log_fd,
-            stderr=log_fd,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
             start_new_session=True,
             pass_fds=pass_fds,
         )
     finally:
-        os.close(log_fd)
+        if log_fd is not None:
+            os.close(log_fd)
     stat = read_stat(proc.pid)
     # A process that exited before we looked is a zombie we still own: its start time is
     # readable until we reap it, so stat is None only if the kernel lost it, a bug.

@@ -103,16 +103,30 @@ class Supervisor:
         removes its tree. Crash after the cgroup is made, before the spawn: an empty
         cgroup of a PLANNED generation, removed with it.
         """
+        return await self._spawn(gen, shell_argv(command), cwd, env, None)
+
+    async def spawn_attached(self, gen: Generation, argv: list[str], cwd: Path,
+                             env: dict[str, str], stdio: tuple[int, int, int]) -> Generation:
+        """Start a PLANNED generation of a one-off run: `argv` as given (no shell), with
+        `stdio` (a terminal lent by `keelway run`) as its stdin, stdout and stderr. It is
+        a generation like any other (its tree, its record, its crash windows: `spawn`);
+        its exit is its caller's to read (`wait_exit`), never a crash to restart."""
+        return await self._spawn(gen, argv, cwd, env, stdio, expected_exit=True)
+
+    async def _spawn(self, gen: Generation, argv: list[str], cwd: Path, env: dict[str, str],
+                     stdio: tuple[int, int, int] | None,
+                     expected_exit: bool = False) -> Generation:
         path = log_path(self.home.log_dir(gen.instance), gen.service, gen.id)
         failpoints.hit("spawn.before")
         self.trees.create(gen.id)
         failpoints.hit("cgroup.created")
-        argv = self.trees.enter_argv(gen.id, shell_argv(command))
-        spawned = await process.spawn(argv, cwd=cwd, env=env, log_path=path)
+        argv = self.trees.enter_argv(gen.id, argv)
+        spawned = await process.spawn(argv, cwd=cwd, env=env, log_path=path, stdio=stdio)
         failpoints.hit("spawn.after")
         running = self.store.record_spawn(gen, spawned.pid, spawned.start_ticks)
         failpoints.hit("spawn.recorded")
-        handle = _Handle(gen.id, spawned.pid, spawned.start_ticks, spawned.proc)
+        handle = _Handle(gen.id, spawned.pid, spawned.start_ticks, spawned.proc,
+                         stopping=expected_exit)
         self._watch(handle)
         return running
 
@@ -200,9 +214,13 @@ class Supervisor:
             # late READY is not: a wake's held requests wait for it (SPEC §7, <= 25 ms).
             delay_s = min(delay_s * 2, 0.005)
 
-    async def _exits_within(self, handle: _Handle, seconds: float) -> bool:
+    async def _exits_within(self, handle: _Handle, seconds: float | None) -> bool:
         """Whether `handle` exits before `seconds` pass on the supervisor's clock (the
-        injected one: a test's settle window or one-shot timeout passes at once)."""
+        injected one: a test's settle window or one-shot timeout passes at once); None
+        waits for the exit however long it takes."""
+        if seconds is None:
+            await handle.exited.wait()
+            return True
         exited = asyncio.ensure_future(handle.exited.wait())
         window = asyncio.ensure_future(self.clock.sleep(seconds))
         try:
@@ -221,13 +239,16 @@ class Supervisor:
             return SettleOutcome.GOOD
         return SettleOutcome.COMPLETED if handle.exit_code == 0 else SettleOutcome.CRASHED
 
-    async def wait_exit(self, gen: Generation, timeout_s: float, grace_s: float) -> int | None:
+    async def wait_exit(self, gen: Generation, timeout_s: float | None,
+                        grace_s: float) -> int | None:
         """The exit code of a one-shot, or None if it was still running at the deadline
-        (then stopped after `grace_s`) or is not our child; the process is proven gone
-        either way on return."""
+        (then stopped after `grace_s`; None: no deadline) or is not our child; the
+        process is proven gone either way on return. A signal N is the code -N."""
         handle = self._handles.get(gen.id)
         if handle is None:
-            return None
+            # Already buried by its watcher (it exited at once), or never ours.
+            latest = self.store.get_generation(gen.id)
+            return latest.exit_code if latest is not None else None
         handle.stopping = True  # its exit is the expected end, not a crash to restart
         if not await self._exits_within(handle, timeout_s):
             await self.stop(gen, grace_s)

@@ -55,6 +55,10 @@ class Catalog(StoreBase):
             rows = self._all("SELECT * FROM instances WHERE app=? ORDER BY host", app)
         return [_instance(r) for r in rows]
 
+    def fence_held(self, host: str) -> bool:
+        row = self._one("SELECT held FROM fences WHERE instance=?", host)
+        return row is not None and bool(row["held"])
+
     def ensure_instance(self, host: str, app: str) -> Instance:
         with self.tx() as c:
             c.execute(

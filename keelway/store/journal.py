@@ -53,19 +53,26 @@ class Journal(StoreBase):
 
     def latest_operation(self, instance: str) -> Operation | None:
         row = self._one(
-            "SELECT * FROM operations WHERE instance=? ORDER BY id DESC LIMIT 1", instance
+            "SELECT * FROM operations WHERE instance=? AND kind!=? ORDER BY id DESC LIMIT 1",
+            instance, OpKind.RUN.value,
         )
         return self._operation(row) if row else None
 
     def latest_operations(self) -> dict[str, Operation]:
         """Each instance's latest operation with its steps, in two queries however many
         instances there are (boot and the periodic pass read every instance)."""
-        latest = "SELECT MAX(id) FROM operations GROUP BY instance"
+        # A one-off run is never an instance's latest operation (as latest_operation).
+        latest = ("SELECT MAX(id) FROM operations"
+                  f" WHERE kind!='{OpKind.RUN.value}' GROUP BY instance")
         steps: dict[int, list[Step]] = {}
         for r in self._all(f"SELECT * FROM steps WHERE op_id IN ({latest}) ORDER BY op_id, seq"):
             steps.setdefault(r["op_id"], []).append(_step(r))
         return {r["instance"]: self._operation(r, steps.get(r["id"], []))
                 for r in self._all(f"SELECT * FROM operations WHERE id IN ({latest})")}
+    def unfinished_runs(self) -> list[Operation]:
+        rows = self._all("SELECT * FROM operations WHERE kind=? AND state=? ORDER BY id",
+                         OpKind.RUN.value, OpState.RUNNING.value)
+        return [self._operation(r) for r in rows]
 
     def list_operations(
         self, app: str, instance: str | None = None, limit: int = 50

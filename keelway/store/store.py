@@ -100,6 +100,11 @@ class Store(Protocol):
         """Compare-and-swap on `inst.version`."""
         ...
 
+    def fence_held(self, host: str) -> bool:
+        """Whether a fence is held on the instance (a `fences` row with held=1): while
+        it is, nothing starts a process of it."""
+        ...
+
     def bump_schedule(self, host: str) -> int:
         """Advance the instance's schedule revision; attempts holding an older one are
         stale. `NotFound` if there is no such instance."""
@@ -169,7 +174,15 @@ class Store(Protocol):
 
     def find_operation_by_key(self, instance: str, key: str) -> Operation | None: ...
 
-    def latest_operation(self, instance: str) -> Operation | None: ...
+    def latest_operation(self, instance: str) -> Operation | None:
+        """The newest operation that convergence reads: a one-off run (OpKind.RUN)
+        changes nothing of the instance's state, so it is never the latest."""
+        ...
+
+    def unfinished_runs(self) -> list[Operation]:
+        """One-off runs (OpKind.RUN) not yet terminal, oldest first: after a crash, the
+        ones no live control plane owns are finalized (keelway/deploy/runs.py)."""
+        ...
 
     def list_operations(self, app: str, instance: str | None = None,
                         limit: int = 50) -> list[Operation]: ...

@@ -168,6 +168,10 @@ SCENARIOS: dict[str, tuple[list[Step], Step]] = {
     "wake": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test"),
               lambda h: h.ok("park", "one.test")],
              lambda h: h.ok("wake", "one.test")),
+    # A one-off run (`keelway run`) that leaves a child behind: a crash anywhere leaves
+    # no process of it alive, and its operation finalized, once the next boot is done.
+    "run": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test")],
+            lambda h: _run_once(h)),
 }
 # Scenarios whose every generation of a hold-mode service is checked for overlap in time,
 # not only at the end: the one before must be recorded gone before the next is planned.
@@ -194,6 +198,11 @@ def _hold_overlaps(root: Path, label: str) -> list[str]:
         return found
     finally:
         store.close()
+
+
+def _run_once(home: Home) -> None:
+    done = home.cli("run", "hello", "--", "sh", "-c", "sleep 30 & sleep 0.3; exit 3")
+    assert done.returncode == 3, done.stderr
 
 
 def _kill_router_until_respawned(home: Home) -> None:

@@ -1,0 +1,277 @@
+"""One-off processes (`keelway run APP [--instance H] -- CMD...`), as journaled operations.
+
+A run is a generation of service `run` in the instance's ACTIVE build, its working dir
+and its whole environment (config vars, KEELWAY_DB, the instance key), with a terminal
+the CLI lent as its stdio (keelway/run_wire.py; keelway/api/run_server.py serves it).
+Rules it keeps:
+- Refused, with nothing written, when the instance is failed closed, fenced, down, or
+  runs no release: a run never starts what the instance itself may not start.
+- Its operation (OpKind.RUN) is never the instance's latest (the store's
+  `latest_operation` skips it): convergence of deploys, restarts and crashes reads
+  nothing of it. While it runs it is a live operation here, and the reconciler leaves
+  its generation to it (`Records.owned`); after a control-plane crash nobody holds its
+  terminal any more, so a live run generation is a stray to remove (invariant 5), and
+  `finalize_interrupted` fails its operation at boot.
+- The instance lock is held while the run is checked and spawned, and lent out while
+  it runs (a shell may run for hours; deploys and restarts of the instance go on), then
+  taken back to write the outcome.
+- The terminal going away (the CLI closed its socket, was killed) is a hangup: SIGHUP,
+  as a terminal's hangup sends, then the stop path (SIGTERM, SIGKILL), until proven gone.
+- Nothing of the command line is journaled or logged beyond its program name: an
+  argument may be a secret (`psql postgres://user:password@...`).
+
+Crash windows (each one in the crash matrix's `run` scenario): after the `run` step is
+written, before the spawn: a PLANNED generation, recorded gone at boot. After the spawn,
+whether or not its pid was recorded: its tree is found by its cgroup or its marker and
+removed at boot as a stray, its CLI having exited 255 when the socket closed. After the
+exit, before the outcome is written: the command ran to its end, but the operation says
+"interrupted", since its exit code was never journaled. In every case the next boot
+leaves no process of the run and its operation failed (`finalize_interrupted`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from keelway import failpoints, names
+from keelway.builds.manifest import ONE_OFF
+from keelway.deploy import targets
+from keelway.deploy.errors import NotFoundError, OperationError, UserError
+from keelway.deploy.instances import Target
+from keelway.deploy.locks import Locks
+from keelway.deploy.outcome import Outcome, Result
+from keelway.deploy.recovery import Recovery
+from keelway.deploy.steps import Done, Failed, Steps
+from keelway.home import Home
+from keelway.journal import OpKind, StepKind
+from keelway.reconcile.plan import Pass
+from keelway.run_wire import exit_code
+from keelway.runtime import process
+from keelway.runtime.environment import process_env
+from keelway.runtime.supervisor import Supervisor
+from keelway.store import Store
+from keelway.store.lifecycle import GenState, InstanceState, OpState, StepState
+from keelway.store.records import Generation, Instance, Operation
+
+failpoints.declare("run.spawn.before", "run.spawn.after", "run.exit.before", "run.exit.after")
+
+RUN_SERVICE = ONE_OFF
+# After a hangup's SIGHUP, how long until SIGTERM, then SIGKILL (the stop path's grace).
+HANGUP_GRACE_S = 2.0
+# The child's status could not be read (its tree outlived the stop): what the CLI exits.
+UNKNOWN_EXIT = 255
+# Runs the command as given, no shell parsing: `sh` only execs it, so that a missing
+# program is the shell's "not found" (127) on the user's terminal, under any mechanism.
+_EXEC = ("/bin/sh", "-c", 'exec "$@"', "keelway-run")
+
+# The child's session gets these; None is the hangup (the terminal went away).
+Signals = asyncio.Queue[signal.Signals | None]
+
+
+@dataclass(frozen=True)
+class RunStarted:
+    """What `Runs.run` tells its caller once the command runs."""
+
+    pid: int
+    instance: str
+    release: int
+
+
+class Runs:
+    def __init__(self, store: Store, home: Home, supervisor: Supervisor, locks: Locks,
+                 recovery: Recovery) -> None:
+        self.store = store
+        self.home = home
+        self.supervisor = supervisor
+        self.locks = locks
+        self.recovery = recovery
+
+    def resolve(self, app: str, host: str | None) -> Instance:
+        """The instance a run goes to; refused (UserError) before anything is written."""
+        try:
+            names.APP.check(app)
+            if host is not None:
+                names.HOST.check(host)
+        except names.InvalidName as exc:
+            raise UserError(exc.message, hint=exc.hint) from None
+        if self.store.get_app(app) is None:
+            raise NotFoundError(f"no app named {app}", hint="see `keelway apps`")
+        instances = self.store.list_instances(app)
+        if host is not None:
+            chosen = [i for i in instances if i.host == host]
+            if not chosen:
+                raise NotFoundError(f"{app} has no instance {host}",
+                                    hint=f"see `keelway status {app}`")
+            return chosen[0]
+        if not instances:
+            raise UserError(f"{app} has no instance to run in", hint=f"deploy {app} first")
+        if len(instances) > 1:
+            # Each instance has its own database: guessing one could change the wrong data.
+            shown = ", ".join(i.host for i in instances[:3])
+            raise UserError(f"{app} has {len(instances)} instances; say which one",
+                            hint=f"add --instance HOST (one of {shown}"
+                                 f"{', ...' if len(instances) > 3 else ''})")
+        return instances[0]
+
+    def _refuse(self, inst: Instance) -> Target:
+        if self.store.fence_held(inst.host):
+            raise UserError(f"{inst.host} is fenced: nothing of it may start",
+                            hint=f"lift the fence with `keelway unfence {inst.host}`")
+        if inst.state is InstanceState.DOWN:
+            # ACTIVE still names the build the failed release replaced; its code may
+            # not match the data any more (keelway/reconcile/plan.py MARK_DOWN).
+            raise UserError(f"{inst.host} is down: {inst.down_reason or 'a release failed'}",
+                            hint=f"deploy or roll back {inst.app} first")
+        target = targets.running_target(self.store, inst.host)
+        if target is None:
+            raise UserError(f"{inst.app} has no release running on {inst.host}",
+                            hint=f"deploy {inst.app} first (`keelway deploy {inst.app} DIR`)")
+        return target
+
+    async def run(self, app: str, host: str | None, argv: Sequence[str], *,
+                  stdio: tuple[int, int, int], term: str | None,
+                  started: Callable[[RunStarted], Awaitable[None]], signals: Signals) -> int:
+        """Run `argv` to its end; returns its exit code (128+N for a signal N).
+
+        Refusals raise `OperationError` (UserError, NotFoundError) with nothing written.
+        `started` is awaited once the process runs; `signals` carries what the user
+        sent the CLI, and None when its terminal went away. The caller keeps `stdio`
+        and closes it; the child has its own copies.
+        """
+        inst = self.resolve(app, host)
+        lock = self.locks.instance(inst.host)
+        async with lock:
+            await self.recovery.converge(inst.host, Pass.MUTATION)
+            inst = self.store.get_instance(inst.host) or inst
+            one = _OneOff(self, inst, self._refuse(inst), tuple(argv), stdio, term)
+            await self.recovery.journal.run(
+                inst.app, inst.host, OpKind.RUN,
+                lambda op: one.run(op, lock, started, signals))
+        return one.code
+
+    async def attend(self, gen: Generation, exited: asyncio.Future[int | None],
+                     signals: Signals) -> bool:
+        """Forward signals to the child's session until it exits; True if its terminal
+        went away first, which stops it (proven gone when this returns)."""
+        assert gen.pid is not None and gen.start_ticks is not None
+        while not exited.done():
+            getter = asyncio.ensure_future(signals.get())
+            await asyncio.wait((exited, getter), return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                getter.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await getter
+                break
+            sig = getter.result()
+            if sig is None:
+                process.signal_session(gen.pid, gen.start_ticks, signal.SIGHUP)
+                latest = self.store.get_generation(gen.id) or gen
+                if not await self.supervisor.stop(latest, HANGUP_GRACE_S):
+                    raise OperationError(f"run generation {gen.id} (pid {gen.pid}) did not "
+                                         "stop after its terminal went away")
+                return True
+            process.signal_session(gen.pid, gen.start_ticks, sig)
+        return False
+
+    def finalize_interrupted(self) -> list[int]:
+        """At boot, after the reconciler removed their processes: fail every run that no
+        live operation here owns (a crash ended the control plane that attended it).
+        Each write is idempotent, the operation's last: a crash midway is redone."""
+        finalized = []
+        for op in self.store.unfinished_runs():
+            if op.id in self.locks.live_ops:
+                continue
+            why = "interrupted by a control-plane crash; its process was removed"
+            for step in op.steps:
+                if step.state is StepState.PENDING:
+                    self.store.finish_step(op.id, step.seq, StepState.FAILED, error=why)
+            self.store.finish_operation(self.store.get_operation(op.id) or op, OpState.FAILED,
+                                        error=why)
+            self.store.add_event("run", f"op {op.id} run {why}", app=op.app,
+                                 instance=op.instance)
+            finalized.append(op.id)
+        return finalized
+
+
+@dataclass
+class _OneOff:
+    """One run as its operation carries it out: spawned, attended, its exit journaled."""
+
+    runs: Runs
+    inst: Instance
+    target: Target
+    argv: tuple[str, ...]
+    stdio: tuple[int, int, int]
+    term: str | None
+    code: int = UNKNOWN_EXIT
+    gen: Generation | None = None
+    exited: asyncio.Future[int | None] | None = None
+
+    @property
+    def program(self) -> str:
+        return os.path.basename(self.argv[0])
+
+    async def run(self, op: Operation, lock: asyncio.Lock,
+                  started: Callable[[RunStarted], Awaitable[None]], signals: Signals) -> Result:
+        """The operation's work, under the instance lock it lends out while the command
+        runs and takes back to write the outcome."""
+        store = self.runs.store
+        steps = Steps(store, op.id)
+        await steps.run(StepKind.RUN, lambda: self._spawn(op), before=("run.spawn.before",),
+                        after=("run.spawn.after",), service=RUN_SERVICE, detail=self.program)
+        gen = self.gen
+        assert gen is not None
+        store.add_event("run", f"run of {self.program} started in v{self.target.release} "
+                        f"(generation {gen.id}, pid {gen.pid})",
+                        app=self.inst.app, instance=self.inst.host)
+        await started(RunStarted(gen.pid or 0, self.inst.host, self.target.release))
+        lock.release()  # a shell may run for hours: operations on the instance go on
+        try:
+            end = await steps.run(StepKind.RUN_EXIT, lambda: self._wait(signals),
+                                  before=("run.exit.before",), after=("run.exit.after",),
+                                  service=RUN_SERVICE)
+        finally:
+            await lock.acquire()
+        return Result(Outcome.DONE) if end is None else Result(Outcome.FAILED, end.reason)
+
+    async def _spawn(self, op: Operation) -> Done:
+        runs, inst, target = self.runs, self.inst, self.target
+        gen = runs.store.plan_generation(
+            app=inst.app, instance=inst.host, service=RUN_SERVICE, release=target.release,
+            build_digest=target.build_digest, op_id=op.id, port=None)
+        env = process_env(
+            home=runs.home, app=inst.app, instance=inst.host, service=RUN_SERVICE,
+            release=target.release, generation=gen.id, port=None, config=target.config,
+            build_path=target.build_path)
+        if self.term is not None:
+            env.setdefault("TERM", self.term)
+        runs.home.data_dir(inst.host).mkdir(parents=True, exist_ok=True)
+        self.gen = await runs.supervisor.spawn_attached(
+            gen, [*_EXEC, *self.argv], target.build_path, env, self.stdio)
+        # Taken at once: a command that exits at once is buried by its watcher, and its
+        # code is then read from the record.
+        self.exited = asyncio.ensure_future(
+            runs.supervisor.wait_exit(self.gen, None, HANGUP_GRACE_S))
+        return Done(f"generation {self.gen.id} pid {self.gen.pid}")
+
+    async def _wait(self, signals: Signals) -> Done | Failed:
+        gen, exited = self.gen, self.exited
+        assert gen is not None and exited is not None
+        hung_up = await self.runs.attend(gen, exited, signals)
+        returncode = await exited
+        self.code = UNKNOWN_EXIT if returncode is None else exit_code(returncode)
+        latest = self.runs.store.get_generation(gen.id)
+        if latest is None or latest.state is not GenState.GONE:
+            return Failed(f"{self.program} (pid {gen.pid}) left processes that could not "
+                          "be stopped")
+        if hung_up:
+            return Failed(f"the terminal went away; {self.program} was stopped "
+                          f"(code {self.code})")
+        if self.code != 0:
+            return Failed(f"{self.program} exited with code {self.code}")
+        return Done("exit code 0")
