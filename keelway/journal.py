@@ -28,6 +28,12 @@ class OpKind(enum.StrEnum):
     RECOVER = "recover"
     # A published generation that crashed, restarted after its backoff.
     RESTART_CRASHED = "restart-crashed"
+    # `instances add`: the new instances' files laid down (journaled on the first one).
+    ADD_INSTANCES = "add-instances"
+    # `instances remove`: one instance withdrawn, stopped and forgotten.
+    REMOVE_INSTANCE = "remove-instance"
+    # `apps destroy`: every instance removed, then the app's builds and records.
+    DESTROY = "destroy"
 
     @property
     def releases(self) -> bool:
@@ -36,7 +42,8 @@ class OpKind(enum.StrEnum):
             case OpKind.DEPLOY | OpKind.ROLLBACK:
                 return True
             case (OpKind.CONFIG | OpKind.RESTART | OpKind.STOP | OpKind.START
-                  | OpKind.RECOVER | OpKind.RESTART_CRASHED):
+                  | OpKind.RECOVER | OpKind.RESTART_CRASHED | OpKind.ADD_INSTANCES
+                  | OpKind.REMOVE_INSTANCE | OpKind.DESTROY):
                 return False
             case _:
                 assert_never(self)
@@ -64,6 +71,14 @@ class StepKind(enum.StrEnum):
     STOP_DOWN = "stop-down"
     # A failed step of this kind records an exception the operation itself raised.
     FAULT = "fault"
+    # New instances' data dirs, empty databases and env files with minted keys.
+    LAY_DOWN = "lay-down"
+    # An instance's data dir and env file removed (`--purge-data`).
+    PURGE_DATA = "purge-data"
+    # An instance's (or an app's) records deleted, so the name can be used again.
+    FORGET = "forget"
+    # An app's staged builds removed from disk (`apps destroy`).
+    REMOVE_BUILDS = "remove-builds"
 
     def label(self, service: str | None) -> str:
         who = service or "?"
@@ -84,6 +99,14 @@ class StepKind(enum.StrEnum):
                 return f"stop {who} (no fallback)"
             case StepKind.STOP_DOWN:
                 return f"stop {who} (down)"
+            case StepKind.LAY_DOWN:
+                return "lay down"
+            case StepKind.PURGE_DATA:
+                return "purge data"
+            case StepKind.FORGET:
+                return "forget"
+            case StepKind.REMOVE_BUILDS:
+                return "remove builds"
             case _:
                 assert_never(self)
 

@@ -19,10 +19,12 @@ from keelway import __version__
 from keelway.api import bodies
 from keelway.api.http import app_name, errors_middleware, read_body, send_line
 from keelway.api.operations import Operations
+from keelway.api.tenants import TenantsApi
 from keelway.api.views import operation_view, router_view, status_view
 from keelway.deploy.deployer import Deployer
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
 from keelway.deploy.recovery import Recovery
+from keelway.deploy.tenants import Tenants
 from keelway.home import Home
 from keelway.runtime.logs import parse_log_name, read_from, tail_lines
 from keelway.runtime.router import RouterRestartFailed, RouterStartFailed
@@ -33,8 +35,10 @@ from keelway.store import Store
 class Api:
     def __init__(self, store: Store, home: Home, deployer: Deployer, recovery: Recovery,
                  http_port: int | None, on_shutdown: Callable[[bool], None],
-                 router: RouterSupervisor | None = None) -> None:
+                 router: RouterSupervisor | None = None,
+                 tenants: Tenants | None = None) -> None:
         self.router = router
+        self.tenants = TenantsApi(store, tenants, http_port) if tenants is not None else None
         self.store = store
         self.home = home
         self.deployer = deployer
@@ -60,6 +64,7 @@ class Api:
             web.post("/v1/shutdown", self.shutdown),
             web.post("/v1/router/restart", self.router_restart),
             *self.operations.routes(),
+            *(self.tenants.routes() if self.tenants is not None else []),
         ])
         return app
 

@@ -30,9 +30,10 @@ from keelway.store.journal import Journal
 from keelway.store.lifecycle import GenState, InstanceState, RouteState
 from keelway.store.processes import Processes
 from keelway.store.records import Generation, Release, ReleaseDraft
+from keelway.store.tenancy import Tenancy
 
 
-class SqliteStore(Catalog, Journal, Processes):
+class SqliteStore(Catalog, Journal, Processes, Tenancy):
     """The whole store on one SQLite connection."""
 
     def install(
@@ -116,6 +117,6 @@ class SqliteStore(Catalog, Journal, Processes):
         """Every row of every table except events and the journal: what tests compare."""
         out: dict[str, list[dict[str, Any]]] = {}
         for table in ("apps", "instances", "builds", "releases", "active", "inhibitions",
-                      "port_claims", "routes", "fences"):
+                      "port_claims", "routes", "fences", "aliases"):
             out[table] = [dict(r) for r in self._all(f"SELECT * FROM {table} ORDER BY 1, 2")]
         return out
