@@ -33,6 +33,8 @@ def status(app: str | None, as_json: bool) -> None:
         notes = []
         for inst in item["instances"]:
             last = inst["last_operation"]
+            if inst.get("aliases"):
+                notes.append(f"{inst['host']} also serves {', '.join(inst['aliases'])}")
             if inst.get("down_reason"):
                 notes.append(f"{inst['host']} is down: {inst['down_reason']}; deploy a fix, "
                              f"`keelway rollback {item['name']}` or `keelway start`")

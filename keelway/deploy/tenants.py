@@ -11,10 +11,11 @@ intent written before its first effect:
   them idempotent), then, if the app has a release, each instance is started on it; the
   mark is cleared last. Crash anywhere: boot (`resume`) lays down and starts what is
   still marked.
-- `instances remove` and each instance of `apps destroy`: WITHDRAW (the intent
-  `removing`, the instance STOPPED so nothing restarts it, its routes gated, in one
-  write; then the router told), a STOP per generation (proven gone, SPEC §5.5: the
-  records go only after), PURGE_DATA when asked, FORGET (the records, in one write).
+- `instances remove` and each instance of `apps destroy`: the intent `removing`
+  written before the operation begins, then WITHDRAW (the instance STOPPED so nothing
+  restarts it, its routes gated, in one write; then the router told), a STOP per
+  generation (proven gone, SPEC §5.5: the records go only after), PURGE_DATA when
+  asked, FORGET (the records, in one write).
   Crash anywhere: the reconciler finalizes the operation, and boot removes the
   instance again from its start, every step a no-op where already done.
 - `apps destroy` then runs one operation of the app itself (journaled with no
@@ -253,8 +254,10 @@ class Tenants:
         await self._lay_down(app, hosts)
         progress(f"laid down {len(hosts)} instances")
         started: list[InstanceResult] = []
-        if self.store.list_releases(app):
-            started = await self.deployer.start_new(app, hosts, progress)
+        # Only what runs nothing yet: after a crash past a start, that start counts.
+        idle = [host for host in hosts if not self.store.list_active(host)]
+        if idle and self.store.list_releases(app):
+            started = await self.deployer.start_new(app, idle, progress)
         failpoints.hit("adding.finish.before")
         self.store.finish_adding(hosts)
         return started
@@ -300,6 +303,8 @@ class Tenants:
         host = inst.host
         async with self.locks.instance(host):
             await self.recovery.converge(host, Pass.MUTATION)  # failed closed refuses
+            # The intent first: a crash from here on is carried on by the next boot.
+            self.store.mark_removing(host, removal)
             result = await self.journal.run(
                 inst.app, host, kind, lambda op: self._removal_steps(op, host, removal))
         if result.outcome is not Outcome.DONE:

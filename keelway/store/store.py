@@ -142,6 +142,10 @@ class Store(Protocol):
         """Compare-and-swap on `inst.version`."""
         ...
 
+    def mark_removing(self, host: str, removal: Removal) -> None:
+        """A removal's durable intent, before its operation begins (a purge stays)."""
+        ...
+
     def withdraw_instance(self, host: str, removal: Removal) -> bool:
         """A removal's intent, the instance STOPPED and its routes (aliases too) gated,
         in one write; True if it had a route."""

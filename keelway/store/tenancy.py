@@ -109,6 +109,17 @@ class Tenancy(StoreBase):
         new = self._instances([inst.host])
         return new[0]
 
+    def mark_removing(self, host: str, removal: Removal) -> None:
+        """The durable intent of a removal, written before its operation begins: boot
+        carries on an interrupted one. A purge asked once stays asked."""
+        with self.tx() as c:
+            cur = c.execute(
+                "UPDATE instances SET removing=CASE WHEN removing=? THEN removing ELSE ? END,"
+                " version=version+1 WHERE host=?",
+                (Removal.PURGE_DATA.value, removal.value, host))
+            if cur.rowcount != 1:
+                raise NotFound(f"instance {host}")
+
     def withdraw_instance(self, host: str, removal: Removal) -> bool:
         """The first effect of a removal, in one write: the removal's durable intent,
         the instance STOPPED (so nothing restarts it), its routes (primary and aliases)

@@ -149,6 +149,33 @@ SCENARIOS: dict[str, tuple[list[Step], Step]] = {
     # gated, and after the backoff it is restarted and published again.
     "crash-restart": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test")],
                       _crash_the_web),
+    # Tenants whole (keelway/deploy/tenants.py): each rolled forward by the next boot
+    # from its durable intent (`adding`, `removing`, the app's `destroying`).
+    "instances-add": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test")],
+                      lambda h: h.ok("instances", "add", "hello", "two.test", "three.test")),
+    "instances-remove": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test",
+                                         "--host", "two.test"),
+                          lambda h: h.ok("domains", "add", "two.test", "www.two.test")],
+                         lambda h: h.ok("instances", "remove", "hello", "two.test")),
+    "destroy": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test"),
+                 lambda h: h.ok("domains", "add", "one.test", "www.one.test")],
+                lambda h: h.ok("apps", "destroy", "hello", "--yes", "--purge-data")),
+}
+
+
+def _hosts(h: Home) -> set[str]:
+    status = json.loads(h.cli("status", "--json").stdout)
+    return {inst["host"] for app in status["apps"] for inst in app["instances"]}
+
+
+# What an operation rolled forward after a crash must have reached once boot is done.
+ROLLED_FORWARD: dict[str, Callable[[Home], bool]] = {
+    "instances-add": lambda h: _hosts(h) == {"one.test", "two.test", "three.test"} and all(
+        (h.root / "data" / host / "db.sqlite3").exists() for host in ("two.test", "three.test")),
+    "instances-remove": lambda h: _hosts(h) == {"one.test"} and _get(h.port, "www.two.test")
+    == 404 and (h.root / "data" / "two.test").exists(),
+    "destroy": lambda h: _hosts(h) == set() and _get(h.port, "www.one.test") == 404
+    and not (h.root / "data" / "one.test").exists(),
 }
 
 
@@ -239,7 +266,11 @@ def _crash_at(name: str, point: str) -> list[str]:
     try:
         if not _crash_in_operation(home, name, point):
             return [f"{name} {point}: the failpoint was never hit"]
-        return _recovered(home, f"{name} {point}")
+        problems = _recovered(home, f"{name} {point}")
+        reached = ROLLED_FORWARD.get(name)
+        if reached is not None and not reached(home):
+            problems.append(f"{name} {point}: boot did not carry the operation through")
+        return problems
     finally:
         _cleanup(home)
 
