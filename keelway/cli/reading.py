@@ -154,7 +154,7 @@ def ops(app: str, instance: str | None, as_json: bool) -> None:
         emit_json(data)
         return
     for op in data["operations"]:
-        line = f"op {op['id']} {op['kind']} {op['instance']}: {op['state']}"
+        line = f"op {op['id']} {op['kind']} {op['instance'] or '(the app)'}: {op['state']}"
         click.echo(line + (f" ({op['error']})" if op["error"] else ""))
         for warning in op["warnings"]:
             click.echo(f"    ! {warning}")

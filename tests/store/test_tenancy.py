@@ -13,6 +13,7 @@ from keelway.store import Conflict, NotFound, Store
 from keelway.store.hosts import HostTaken
 from keelway.store.instance_db import is_empty_wal, lay_down_db
 from keelway.store.lifecycle import GenState, InstanceState, Removal, RouteState
+from keelway.store.records import CrashRetry
 
 
 def _serving(store: Store, host: str, port: int = 4000) -> int:
@@ -87,6 +88,8 @@ def test_an_alias_route_mirrors_every_write_of_its_instance_route(store: Store) 
     store.activate_and_route("a.test", {"web": gen_id})  # an intent that writes the route
     alias = store.get_route("a.example")
     assert alias is not None and alias.state is RouteState.SERVING and alias.port == 4000
+    assert store.record_crash(CrashRetry("a.test", "web", gen_id, 1, 1.0, 2.0)) is True
+    assert {r.state for r in store.list_routes()} == {RouteState.GATED}  # the alias too
     store.remove_aliases("a.test", ["a.example"])
     assert store.get_route("a.example") is None
     assert [r.host for r in store.list_routes()] == ["a.test", "www.a.test"]
