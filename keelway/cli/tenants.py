@@ -97,6 +97,10 @@ def instances_add(app: str, hosts: tuple[str, ...], pairs: tuple[str, ...],
     click.echo(f"added {len(data['added'])} instances of {app} in {data['seconds']}s")
     for item in data["started"]:
         click.echo(f"  {item['host']}: {item['release']} {item['outcome']}")
+    failed = [item["host"] for item in data["started"] if item["outcome"] != "done"]
+    if failed:
+        fail(f"added, but {', '.join(failed)} did not start",
+             f"see `keelway logs {app} --instance {failed[0]}` and `keelway ops {app}`")
 
 
 @instances.command("remove")
