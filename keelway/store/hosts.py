@@ -70,7 +70,8 @@ def mirror_aliases(c: sqlite3.Connection, instance: str) -> None:
     primary = c.execute("SELECT state, port, generation_id FROM routes WHERE host=?",
                         (instance,)).fetchone()
     if primary is None:
-        c.execute("DELETE FROM routes WHERE instance=? AND host != ?", (instance, instance))
+        c.execute("DELETE FROM routes WHERE host IN (SELECT host FROM aliases"
+                  " WHERE instance=?)", (instance,))
         return
     c.execute(
         "INSERT INTO routes(host, instance, state, port, generation_id)"
