@@ -34,6 +34,12 @@ class OpKind(enum.StrEnum):
     # `keelway run`: a one-off process in the instance's ACTIVE build. Never an
     # instance's latest operation (it changes nothing convergence reads).
     RUN = "run"
+    # `instances add`: the new instances' files laid down (journaled on the first one).
+    ADD_INSTANCES = "add-instances"
+    # `instances remove`: one instance withdrawn, stopped and forgotten.
+    REMOVE_INSTANCE = "remove-instance"
+    # `apps destroy`: every instance removed, then the app's builds and records.
+    DESTROY = "destroy"
 
     @property
     def releases(self) -> bool:
@@ -43,7 +49,8 @@ class OpKind(enum.StrEnum):
                 return True
             case (OpKind.CONFIG | OpKind.RESTART | OpKind.STOP | OpKind.START
                   | OpKind.RECOVER | OpKind.RESTART_CRASHED | OpKind.PARK | OpKind.WAKE
-                  | OpKind.RUN):
+                  | OpKind.RUN | OpKind.ADD_INSTANCES | OpKind.REMOVE_INSTANCE
+                  | OpKind.DESTROY):
                 return False
             case _:
                 assert_never(self)
@@ -84,6 +91,14 @@ class StepKind(enum.StrEnum):
     # terminal having gone away).
     RUN = "run"
     RUN_EXIT = "run-exit"
+    # New instances' data dirs, empty databases and env files with minted keys.
+    LAY_DOWN = "lay-down"
+    # An instance's data dir and env file removed (`--purge-data`).
+    PURGE_DATA = "purge-data"
+    # An instance's (or an app's) records deleted, so the name can be used again.
+    FORGET = "forget"
+    # An app's staged builds removed from disk (`apps destroy`).
+    REMOVE_BUILDS = "remove-builds"
 
     def label(self, service: str | None) -> str:
         who = service or "?"
@@ -113,6 +128,14 @@ class StepKind(enum.StrEnum):
                 return "run"
             case StepKind.RUN_EXIT:
                 return "run exit"
+            case StepKind.LAY_DOWN:
+                return "lay down"
+            case StepKind.PURGE_DATA:
+                return "purge data"
+            case StepKind.FORGET:
+                return "forget"
+            case StepKind.REMOVE_BUILDS:
+                return "remove builds"
             case _:
                 assert_never(self)
 

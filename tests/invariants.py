@@ -98,7 +98,9 @@ def violations(home: Path) -> list[str]:
             for host, entry in table.routes.items():
                 if entry.state.value != "serving":
                     continue
-                web = store.get_active(host, "web")
+                # An alias serves its instance: its row names the instance it mirrors.
+                row = store.get_route(host)
+                web = store.get_active(row.instance if row is not None else host, "web")
                 web_gen = store.get_generation(web.generation_id) if web else None
                 if web_gen is None or web_gen.state is GenState.GONE or (
                         entry.upstream != f"127.0.0.1:{web_gen.port}"):

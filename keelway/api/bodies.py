@@ -66,3 +66,38 @@ class GcBody(msgspec.Struct, forbid_unknown_fields=True):
 
 class ShutdownBody(msgspec.Struct, forbid_unknown_fields=True):
     keep_apps: bool = False
+
+
+class CreateAppBody(msgspec.Struct, forbid_unknown_fields=True):
+    app: str
+
+    def check(self) -> None:
+        names.APP.check(self.app)
+
+
+class DestroyBody(msgspec.Struct, forbid_unknown_fields=True):
+    yes: bool = False
+    purge_data: bool = False
+
+
+class AddInstancesBody(msgspec.Struct, forbid_unknown_fields=True):
+    hosts: list[str]
+    config: dict[str, str] = {}
+
+
+class RemoveInstanceBody(msgspec.Struct, forbid_unknown_fields=True):
+    purge_data: bool = False
+
+
+class InstanceConfigBody(msgspec.Struct, forbid_unknown_fields=True):
+    set: dict[str, str] = {}
+    unset: list[str] = []
+
+    def changes(self) -> dict[str, str | None]:
+        changes: dict[str, str | None] = dict.fromkeys(self.unset)
+        changes.update(self.set)
+        return changes
+
+
+class AliasesBody(msgspec.Struct, forbid_unknown_fields=True):
+    aliases: list[str]

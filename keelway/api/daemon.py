@@ -2,7 +2,8 @@
 
 The deploy parts (`wire`): `Locks` (per-instance locks and live operations), `Recovery`
 (converging, boot, periodic and crash restarts; it holds `Journaled`, the journal's
-edges, and the reconciler) and `Deployer` (the operations users ask for) on both.
+edges, and the reconciler), `Deployer` (the operations users ask for) on both, and
+`Tenants` (apps, instances and aliases whole) on all three.
 
 Start order keeps every failure clear and harmless: the home lock first (one control
 plane per home), then the router's port (a busy port fails before the store is even
@@ -46,6 +47,7 @@ from keelway.deploy.parking import Parking
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
 from keelway.deploy.runs import Runs
+from keelway.deploy.tenants import Tenants
 from keelway.durable import disk_full, disk_full_message, sweep_temp
 from keelway.home import PRIVATE_UMASK, Home
 from keelway.runtime import router as router_process
@@ -82,6 +84,7 @@ class DeployParts:
     recovery: Recovery
     deployer: Deployer
     parking: Parking
+    tenants: Tenants
 
 
 def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher, clock: Clock,
@@ -89,9 +92,10 @@ def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
     """The deploy parts of one control plane, sharing one set of locks and live ops."""
     locks = Locks()
     recovery = Recovery(store, home, supervisor, publisher, clock, locks, owner)
-    return DeployParts(locks, recovery,
-                       Deployer(store, home, supervisor, publisher, locks, recovery),
-                       Parking(store, home, supervisor, publisher, locks, recovery))
+    deployer = Deployer(store, home, supervisor, publisher, locks, recovery)
+    return DeployParts(locks, recovery, deployer,
+                       Parking(store, home, supervisor, publisher, locks, recovery),
+                       Tenants(store, home, supervisor, publisher, locks, recovery, deployer))
 
 
 def _take_lock(home: Home) -> int:
@@ -205,6 +209,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     await parts.recovery.boot()
     runs = Runs(store, home, supervisor, parts.locks, parts.recovery)
     runs.finalize_interrupted()  # their processes were strays of the boot pass
+    await parts.tenants.resume()  # interrupted adds, removals and destroys carry on
 
     if demo:
         await _deploy_demo(home, store, deployer, announce)
@@ -232,7 +237,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
 
     router.watch(push_routes)
     api = Api(store, home, deployer, parts.recovery, http_port, request_shutdown, router,
-              parts.parking)
+              parts.parking, parts.tenants)
     # Open log streams (`logs -f`) must not hold a shutdown for long.
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False,
                            shutdown_timeout=2.0)

@@ -84,6 +84,7 @@ def status_view(store: Store, http_port: int | None, app_filter: str | None,
                        if inst.state is InstanceState.RUNNING]
             instances.append({
                 "host": inst.host, "state": inst.state.value, "url": url, "crashed": crashed,
+                "aliases": [a.host for a in store.list_aliases(inst.host)],
                 "down_reason": inst.down_reason, "failed_closed": failed_closed,
                 "release": (f"v{running[0].release}" if running else None),
                 "route": ({"state": route.state.value, "port": route.port} if route else None),

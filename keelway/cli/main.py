@@ -2,16 +2,16 @@
 
 Only click and the stdlib are imported at start; the daemon (aiohttp, uvloop) runs as
 its own process, started by `up`, and rich loads only when a table is drawn. The
-commands live in `lifecycle`, `operations` and `reading`; importing them registers
+commands live in `lifecycle`, `operations`, `reading` and `tenants`; importing them registers
 them on the group.
 """
 
 from __future__ import annotations
 
-from keelway.cli import lifecycle, operations, parking, reading, run
+from keelway.cli import lifecycle, operations, parking, reading, run, tenants
 from keelway.cli.base import cli
 
-__all__ = ["cli", "lifecycle", "main", "operations", "parking", "reading", "run"]
+__all__ = ["cli", "lifecycle", "main", "operations", "parking", "reading", "run", "tenants"]
 
 
 def main() -> None:

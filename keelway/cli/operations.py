@@ -104,15 +104,48 @@ def rollback(app: str, release: str | None, key: str | None, as_json: bool) -> N
                   f"rolled back {app}", app)
 
 
-@cli.group(invoke_without_command=True)
+class _ConfigGroup(click.Group):
+    """`config APP --instance H set K=V`: click stops reading a group's options at its
+    first argument, so the group's own options right after APP move in front of it."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        front: list[str] = []
+        rest = list(args[1:])
+        while rest:
+            if rest[0] == "--instance" and len(rest) >= 2:
+                front += rest[:2]
+                rest = rest[2:]
+            elif rest[0].startswith("--instance=") or rest[0] == "--json":
+                front.append(rest.pop(0))
+            else:
+                break
+        return super().parse_args(ctx, [*front, *args[:1], *rest] if args else args)
+
+
+@cli.group(cls=_ConfigGroup, invoke_without_command=True)
 @click.argument("app")
+@click.option("--instance", default=None,
+              help="The config of this instance, layered over the app's.")
 @json_option
 @click.pass_context
 @api_call
-def config(ctx: click.Context, app: str, as_json: bool) -> None:
-    """Show APP's config vars, or change them: `config APP set K=V`, `config APP unset K`."""
-    ctx.obj = app
+def config(ctx: click.Context, app: str, instance: str | None, as_json: bool) -> None:
+    """Show APP's config vars, or change them: `config APP set K=V`, `config APP unset K`;
+    with --instance H, H's own vars (layered over the app's; H restarts per mode)."""
+    ctx.obj = (app, instance)
     if ctx.invoked_subcommand is not None:
+        return
+    if instance is not None:
+        data = client().request("GET", f"/v1/apps/{app}/instances/{instance}/config")
+        if as_json:
+            emit_json(data)
+            return
+        for name, value in sorted(data["effective"].items()):
+            source = "instance" if name in data["config"] else "app"
+            click.echo(f"{name}={value}  ({source})")
+        if not data["effective"]:
+            click.echo(f"{instance} has no config vars; set one with "
+                       f"`keelway config {app} --instance {instance} set K=V`")
         return
     data = client().request("GET", f"/v1/apps/{app}/config")
     if as_json:
@@ -124,14 +157,26 @@ def config(ctx: click.Context, app: str, as_json: bool) -> None:
         click.echo(f"{name}={value}")
 
 
+def _instance_config(app: str, instance: str, body: dict[str, Any], as_json: bool,
+                     what: str) -> None:
+    data = client(None).request("POST", f"/v1/apps/{app}/instances/{instance}/config", body)
+    if as_json:
+        emit_json(data)
+        return
+    click.echo(what + (f"; restarted {', '.join(data['restarted'])}" if data["restarted"]
+                       else ""))
+
+
 @config.command("set")
 @click.argument("pairs", nargs=-1, required=True)
 @key_option
 @json_option
 @click.pass_obj
 @api_call
-def config_set(app: str, pairs: tuple[str, ...], key: str | None, as_json: bool) -> None:
+def config_set(obj: tuple[str, str | None], pairs: tuple[str, ...], key: str | None,
+               as_json: bool) -> None:
     """Set K=V (a new release; processes restart per mode)."""
+    app, instance = obj
     values: dict[str, str] = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
@@ -141,6 +186,10 @@ def config_set(app: str, pairs: tuple[str, ...], key: str | None, as_json: bool)
                 fail_json("bad-request", message, hint)
             fail(message, hint)
         values[name] = value
+    if instance is not None:
+        _instance_config(app, instance, {"set": values}, as_json,
+                         f"set {', '.join(values)} on {instance}")
+        return
     run_operation(f"/v1/apps/{app}/config", {"set": values, "key": key}, as_json,
                   f"set {', '.join(values)} on {app}", app)
 
@@ -151,8 +200,14 @@ def config_set(app: str, pairs: tuple[str, ...], key: str | None, as_json: bool)
 @json_option
 @click.pass_obj
 @api_call
-def config_unset(app: str, names: tuple[str, ...], key: str | None, as_json: bool) -> None:
+def config_unset(obj: tuple[str, str | None], names: tuple[str, ...], key: str | None,
+                 as_json: bool) -> None:
     """Remove config vars (a new release)."""
+    app, instance = obj
+    if instance is not None:
+        _instance_config(app, instance, {"unset": list(names)}, as_json,
+                         f"unset {', '.join(names)} on {instance}")
+        return
     run_operation(f"/v1/apps/{app}/config", {"unset": list(names), "key": key}, as_json,
                   f"unset {', '.join(names)} on {app}", app)
 

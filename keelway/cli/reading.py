@@ -1,4 +1,5 @@
-"""Commands that only read: apps, status, logs, events, ops, releases."""
+"""Commands that only read: status, logs, events, ops, releases (`apps` lists in
+keelway/cli/tenants.py)."""
 
 from __future__ import annotations
 
@@ -10,22 +11,6 @@ import click
 
 from keelway.cli.base import api_call, cli, client, json_option
 from keelway.cli.output import ago, emit_json, table
-
-
-@cli.command()
-@json_option
-@api_call
-def apps(as_json: bool) -> None:
-    """List apps."""
-    data = client().request("GET", "/v1/apps")
-    if as_json:
-        emit_json(data)
-        return
-    if not data["apps"]:
-        click.echo("no apps yet: deploy one with `keelway deploy NAME PATH`")
-        return
-    table(None, ["app", "release", "instances"],
-          [(a["name"], a["release"] or "-", ", ".join(a["instances"])) for a in data["apps"]])
 
 
 @cli.command()
@@ -48,6 +33,8 @@ def status(app: str | None, as_json: bool) -> None:
         notes = []
         for inst in item["instances"]:
             last = inst["last_operation"]
+            if inst.get("aliases"):
+                notes.append(f"{inst['host']} also serves {', '.join(inst['aliases'])}")
             if inst.get("down_reason"):
                 notes.append(f"{inst['host']} is down: {inst['down_reason']}; deploy a fix, "
                              f"`keelway rollback {item['name']}` or `keelway start`")
@@ -172,7 +159,7 @@ def ops(app: str, instance: str | None, as_json: bool) -> None:
         emit_json(data)
         return
     for op in data["operations"]:
-        line = f"op {op['id']} {op['kind']} {op['instance']}: {op['state']}"
+        line = f"op {op['id']} {op['kind']} {op['instance'] or '(the app)'}: {op['state']}"
         click.echo(line + (f" ({op['error']})" if op["error"] else ""))
         for warning in op["warnings"]:
             click.echo(f"    ! {warning}")

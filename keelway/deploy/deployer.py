@@ -114,10 +114,13 @@ class Deployer:
                 names.HOST.check(host)
             except names.InvalidName as exc:
                 raise UserError(exc.message, hint=exc.hint) from None
-            owner = self.store.get_instance(host)
-            if owner is not None and owner.app != app:
-                raise UserError(f"{host} already belongs to app {owner.app}",
-                                hint=f"pick another host, or remove it from {owner.app}")
+            claim = self.store.claim(host)
+            if claim is not None and claim.alias:
+                raise UserError(f"{host} is {claim.describe()}, not an instance",
+                                hint=f"deploy to {claim.instance}, which it serves")
+            if claim is not None and claim.app != app:
+                raise UserError(f"{host} already belongs to app {claim.app}",
+                                hint=f"pick another host, or remove it from {claim.app}")
 
     def instances_of(self, app: str, host: str | None) -> list[Instance]:
         if self.store.get_app(app) is None:
@@ -160,6 +163,12 @@ class Deployer:
                          request_digest: str | None = None) -> list[InstanceResult]:
         """A new release with changed config vars (None unsets); restarts per mode."""
         config = self.new_config(app, changes)
+        app_record = self.store.get_app(app)
+        if app_record is not None and not self.store.list_releases(app):
+            # `apps create`, then config before the first deploy: nothing runs yet, so
+            # there is nothing to roll out; the first deploy's release carries it.
+            self.store.set_app_config(app_record, config)
+            return []
         current = targets.current_release(self.store, app)
         changed = ", ".join(sorted(changes))
         verb = "Set" if all(v is not None for v in changes.values()) else "Update"
@@ -242,6 +251,23 @@ class Deployer:
                         hint=f"see `keelway logs {intent.app} --instance {host}` and "
                              f"`keelway ops {intent.app}`")
             return results
+
+    async def start_new(self, app: str, hosts: list[str],
+                        progress: Progress = _quiet) -> list[InstanceResult]:
+        """Start instances that run nothing yet on the app's current release, writing no
+        new release (`instances add`, keelway/deploy/tenants.py). Each is an attempt of
+        its own; one that fails leaves the others to start. The caller holds the app's
+        lock."""
+        target = targets.current_release(self.store, app)
+        revs = {host: self.store.bump_schedule(host) for host in hosts}
+        rollout = Rollout(app, OpKind.DEPLOY, Cause.RELEASE, target, revs, None, progress,
+                          None, None)
+        results = []
+        for host in hosts:
+            result = await self._attempt_on(rollout, host)
+            results.append(InstanceResult(host, target.release, result.outcome.value,
+                                          result.generations))
+        return results
 
     async def restart(self, app: str, host: str | None, progress: Progress = _quiet,
                       key: str | None = None,

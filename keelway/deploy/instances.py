@@ -67,6 +67,12 @@ class Target:
         return cls(app, release, build_digest, build_path, config, manifest)
 
 
+def layered_config(store: Store, instance: str, app_config: dict[str, str]) -> dict[str, str]:
+    """What a process of `instance` gets as config: its instance's own over its app's."""
+    inst = store.get_instance(instance)
+    return {**app_config, **inst.config} if inst is not None else dict(app_config)
+
+
 @dataclass(frozen=True)
 class StartFailed:
     """An expected outcome, returned as a value: the candidate did not start, get ready
@@ -103,8 +109,8 @@ async def start_generation(
     home.data_dir(instance).mkdir(parents=True, exist_ok=True)
     env = process_env(
         home=home, app=target.app, instance=instance, service=spec.name,
-        release=target.release, generation=gen.id, port=port, config=target.config,
-        build_path=target.build_path,
+        release=target.release, generation=gen.id, port=port,
+        config=layered_config(store, instance, target.config), build_path=target.build_path,
     )
     steps = Steps(store, op_id)
     health = spec.health if spec.kind is ServiceKind.WEB else None
@@ -164,8 +170,8 @@ async def run_release_command(
     home.data_dir(instance).mkdir(parents=True, exist_ok=True)
     env = process_env(
         home=home, app=target.app, instance=instance, service=RELEASE_SERVICE,
-        release=target.release, generation=gen.id, port=None, config=target.config,
-        build_path=target.build_path,
+        release=target.release, generation=gen.id, port=None,
+        config=layered_config(store, instance, target.config), build_path=target.build_path,
     )
 
     async def release() -> Done | Failed:

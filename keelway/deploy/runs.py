@@ -119,7 +119,7 @@ class Runs:
         return instances[0]
 
     def _refuse(self, inst: Instance) -> Target:
-        if self.store.fence_held(inst.host):
+        if self.store.fenced(inst.host):
             raise UserError(f"{inst.host} is fenced: nothing of it may start",
                             hint=f"lift the fence with `keelway unfence {inst.host}`")
         if inst.state is InstanceState.DOWN:

@@ -6,6 +6,7 @@ import json
 import sqlite3
 
 from keelway.store.base import Conflict, NotFound, StoreBase
+from keelway.store.hosts import refuse_claimed
 from keelway.store.lifecycle import InstanceState, check
 from keelway.store.records import App, Build, Instance, Release
 
@@ -55,12 +56,9 @@ class Catalog(StoreBase):
             rows = self._all("SELECT * FROM instances WHERE app=? ORDER BY host", app)
         return [_instance(r) for r in rows]
 
-    def fence_held(self, host: str) -> bool:
-        row = self._one("SELECT held FROM fences WHERE instance=?", host)
-        return row is not None and bool(row["held"])
-
     def ensure_instance(self, host: str, app: str) -> Instance:
         with self.tx() as c:
+            refuse_claimed(c, host, app)
             c.execute(
                 "INSERT INTO instances(host, app, state, created_at) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT(host) DO NOTHING",
@@ -160,12 +158,14 @@ class Catalog(StoreBase):
 
 
 def _app(r: sqlite3.Row) -> App:
-    return App(r["name"], json.loads(r["config"]), r["created_at"], r["version"])
+    return App(r["name"], json.loads(r["config"]), r["created_at"], r["version"],
+               r["destroying"])
 
 
 def _instance(r: sqlite3.Row) -> Instance:
     return Instance(r["host"], r["app"], InstanceState(r["state"]), r["fence"],
-                    r["schedule_rev"], r["created_at"], r["version"], r["down_reason"])
+                    r["schedule_rev"], r["created_at"], r["version"], r["down_reason"],
+                    json.loads(r["config"]), bool(r["adding"]), r["removing"])
 
 
 def _build(r: sqlite3.Row) -> Build:

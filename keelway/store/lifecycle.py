@@ -56,6 +56,14 @@ class InstanceState(enum.StrEnum):
     PARKED = "parked"
 
 
+class Removal(enum.StrEnum):
+    """What removing an instance (alone, or in an app's destroy) does with its data:
+    the durable intent of a removal, which boot carries on after a crash."""
+
+    KEEP_DATA = "keep-data"
+    PURGE_DATA = "purge-data"
+
+
 class RequestState(enum.StrEnum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"

@@ -7,6 +7,7 @@ import sqlite3
 
 from keelway.journal import Inhibition
 from keelway.store.base import Conflict, NotFound, StoreBase
+from keelway.store.hosts import mirror_aliases
 from keelway.store.lifecycle import GenState, RouteState, check
 from keelway.store.records import Active, CrashRetry, Generation, Route
 
@@ -255,6 +256,8 @@ class Processes(StoreBase):
                     (instance, state.value, port, generation_id, host, expected.version))
                 if cur.rowcount != 1:
                     raise Conflict(f"the route of {host} changed under us")
+            if host == instance:  # an instance's own row: its aliases say the same
+                mirror_aliases(c, instance)
         route = self.get_route(host)
         assert route is not None
         return route
@@ -269,6 +272,7 @@ class Processes(StoreBase):
             " generation_id=excluded.generation_id, version=routes.version+1",
             (host, host, state.value, port, generation_id),
         )
+        mirror_aliases(c, host)
 
     def get_route(self, host: str) -> Route | None:
         row = self._one("SELECT * FROM routes WHERE host=?", host)

@@ -24,6 +24,8 @@ class App(msgspec.Struct, frozen=True):
     config: dict[str, str]
     created_at: float
     version: int
+    # Set while `apps destroy` is under way: how it treats data (a `Removal` value).
+    destroying: str | None = None
 
 
 class Instance(msgspec.Struct, frozen=True):
@@ -35,6 +37,20 @@ class Instance(msgspec.Struct, frozen=True):
     created_at: float
     version: int
     down_reason: str | None = None
+    # Layered over the app's config in every process of this instance.
+    config: dict[str, str] = {}
+    # `instances add` has recorded it and not yet laid it down and started it.
+    adding: bool = False
+    # Set while `instances remove` (or a destroy) is under way (a `Removal` value).
+    removing: str | None = None
+
+
+class Alias(msgspec.Struct, frozen=True):
+    """Another host of one instance: routed to it exactly as its primary host is."""
+
+    host: str
+    instance: str
+    created_at: float
 
 
 class Build(msgspec.Struct, frozen=True):

@@ -217,6 +217,25 @@ MIGRATIONS: list[str] = [
     DROP TABLE steps;
     ALTER TABLE steps_v4 RENAME TO steps;
     """,
+    # 5: tenants whole (issue 10). An instance's own config, layered over its app's;
+    # `adding` is 1 from the write that records a new instance until its files are laid
+    # down and it has been started (boot redoes an unfinished add); `removing` and an
+    # app's `destroying` say an interrupted removal is to be carried on, and whether it
+    # purges the data ('keep-data' | 'purge-data'). Aliases: more hosts of one instance;
+    # a host is either one instance's primary or one alias (keelway/store/tenancy.py).
+    """
+    ALTER TABLE instances ADD COLUMN config TEXT NOT NULL DEFAULT '{}';
+    ALTER TABLE instances ADD COLUMN adding INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE instances ADD COLUMN removing TEXT;
+    ALTER TABLE apps ADD COLUMN destroying TEXT;
+    CREATE TABLE aliases (
+        host TEXT PRIMARY KEY,
+        instance TEXT NOT NULL REFERENCES instances(host),
+        created_at REAL NOT NULL
+    );
+    CREATE INDEX aliases_by_instance ON aliases(instance);
+    CREATE INDEX routes_by_instance ON routes(instance);
+    """,
 ]
 
 

@@ -31,9 +31,10 @@ from keelway.store.journal import Journal
 from keelway.store.lifecycle import GenState, InstanceState, RouteState
 from keelway.store.processes import Processes
 from keelway.store.records import Generation, Instance, InstanceView, Release, ReleaseDraft
+from keelway.store.tenancy import Tenancy
 
 
-class SqliteStore(Catalog, Journal, Processes, Fences):
+class SqliteStore(Catalog, Journal, Processes, Fences, Tenancy):
     """The whole store on one SQLite connection."""
 
     def install(
@@ -171,6 +172,6 @@ class SqliteStore(Catalog, Journal, Processes, Fences):
         """Every row of every table except events and the journal: what tests compare."""
         out: dict[str, list[dict[str, Any]]] = {}
         for table in ("apps", "instances", "builds", "releases", "active", "inhibitions",
-                      "port_claims", "routes", "fences"):
+                      "port_claims", "routes", "fences", "aliases"):
             out[table] = [dict(r) for r in self._all(f"SELECT * FROM {table} ORDER BY 1, 2")]
         return out

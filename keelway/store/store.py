@@ -24,22 +24,25 @@ Rules every implementation keeps:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from keelway.clock import Clock
 from keelway.journal import Inhibition, OpKind, StepKind
 from keelway.store.base import Conflict, DiskFull, NotFound, StaleSchedule, StoreError
+from keelway.store.hosts import Claim
 from keelway.store.lifecycle import (
     GenState,
     InstanceState,
     OpState,
+    Removal,
     RequestState,
     RouteState,
     StepState,
 )
 from keelway.store.records import (
     Active,
+    Alias,
     App,
     Build,
     CrashRetry,
@@ -100,11 +103,6 @@ class Store(Protocol):
         """Compare-and-swap on `inst.version`."""
         ...
 
-    def fence_held(self, host: str) -> bool:
-        """Whether a fence is held on the instance (a `fences` row with held=1): while
-        it is, nothing starts a process of it."""
-        ...
-
     def bump_schedule(self, host: str) -> int:
         """Advance the instance's schedule revision; attempts holding an older one are
         stale. `NotFound` if there is no such instance."""
@@ -132,6 +130,69 @@ class Store(Protocol):
         """Lift the fence if `generation` is the held one; (the fence now, whether this
         lifted it). A stale generation changes nothing."""
         ...
+
+    # -- tenancy: apps created and destroyed, instances added and removed, aliases -----
+    # A host names one thing (an instance or an alias): keelway/store/hosts.py.
+
+    def claim(self, host: str) -> Claim | None:
+        """What `host` names now, if anything."""
+        ...
+
+    def create_app(self, name: str) -> App:
+        """A new app; `Conflict` if the name is taken."""
+        ...
+
+    def mark_destroying(self, name: str, removal: Removal) -> None:
+        """The durable intent of a destroy, before its first effect (a purge stays)."""
+        ...
+
+    def destroying_apps(self) -> list[App]: ...
+
+    def forget_app(self, name: str) -> None:
+        """Delete the app's releases, builds and row; `Conflict` while it has instances.
+        Journal, events and idempotency keys stay."""
+        ...
+
+    def add_instances(self, app: str, hosts: Sequence[str],
+                      config: Mapping[str, str]) -> list[Instance]:
+        """New instances, all or none, each `adding`; `HostTaken` if a host names
+        anything already, `NotFound` without the app (or while it is destroyed)."""
+        ...
+
+    def adding_instances(self) -> list[Instance]: ...
+
+    def finish_adding(self, hosts: Sequence[str]) -> None: ...
+
+    def set_instance_config(self, inst: Instance, config: Mapping[str, str]) -> Instance:
+        """Compare-and-swap on `inst.version`."""
+        ...
+
+    def mark_removing(self, host: str, removal: Removal) -> None:
+        """A removal's durable intent, before its operation begins (a purge stays)."""
+        ...
+
+    def withdraw_instance(self, host: str, removal: Removal) -> bool:
+        """A removal's intent, the instance STOPPED and its routes (aliases too) gated,
+        in one write; True if it had a route."""
+        ...
+
+    def removing_instances(self) -> list[Instance]: ...
+
+    def forget_instance(self, host: str) -> None:
+        """Delete the instance's records; `Conflict` while a generation is not gone."""
+        ...
+
+    def unfinished_operations(self) -> list[int]:
+        """Operations not terminal whose instance no longer exists."""
+        ...
+
+    def add_aliases(self, instance: str, hosts: Sequence[str]) -> list[Alias]:
+        """Aliases routed as the instance's primary host, in the same write."""
+        ...
+
+    def remove_aliases(self, instance: str, hosts: Sequence[str]) -> list[Alias]: ...
+
+    def list_aliases(self, instance: str | None = None) -> list[Alias]: ...
 
     # -- builds and releases -----------------------------------------------------------
 

@@ -172,6 +172,33 @@ SCENARIOS: dict[str, tuple[list[Step], Step]] = {
     # no process of it alive, and its operation finalized, once the next boot is done.
     "run": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test")],
             lambda h: _run_once(h)),
+    # Tenants whole (keelway/deploy/tenants.py): each rolled forward by the next boot
+    # from its durable intent (`adding`, `removing`, the app's `destroying`).
+    "instances-add": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test")],
+                      lambda h: h.ok("instances", "add", "hello", "two.test", "three.test")),
+    "instances-remove": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test",
+                                         "--host", "two.test"),
+                          lambda h: h.ok("domains", "add", "two.test", "www.two.test")],
+                         lambda h: h.ok("instances", "remove", "hello", "two.test")),
+    "destroy": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test"),
+                 lambda h: h.ok("domains", "add", "one.test", "www.one.test")],
+                lambda h: h.ok("apps", "destroy", "hello", "--yes", "--purge-data")),
+}
+
+
+def _hosts(h: Home) -> set[str]:
+    status = json.loads(h.cli("status", "--json").stdout)
+    return {inst["host"] for app in status["apps"] for inst in app["instances"]}
+
+
+# What an operation rolled forward after a crash must have reached once boot is done.
+ROLLED_FORWARD: dict[str, Callable[[Home], bool]] = {
+    "instances-add": lambda h: _hosts(h) == {"one.test", "two.test", "three.test"} and all(
+        (h.root / "data" / host / "db.sqlite3").exists() for host in ("two.test", "three.test")),
+    "instances-remove": lambda h: _hosts(h) == {"one.test"} and _get(h.port, "www.two.test")
+    == 404 and (h.root / "data" / "two.test").exists(),
+    "destroy": lambda h: _hosts(h) == set() and _get(h.port, "www.one.test") == 404
+    and not (h.root / "data" / "one.test").exists(),
 }
 # Scenarios whose every generation of a hold-mode service is checked for overlap in time,
 # not only at the end: the one before must be recorded gone before the next is planned.
@@ -295,6 +322,9 @@ def _crash_at(name: str, point: str) -> list[str]:
         problems = _recovered(home, f"{name} {point}")
         if name in HOLD_CHECKED:
             problems += _hold_overlaps(home.root, f"{name} {point}")
+        reached = ROLLED_FORWARD.get(name)
+        if reached is not None and not reached(home):
+            problems.append(f"{name} {point}: boot did not carry the operation through")
         return problems
     finally:
         _cleanup(home)

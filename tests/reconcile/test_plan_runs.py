@@ -56,8 +56,8 @@ def test_after_a_crash_a_run_generation_still_alive_is_a_stray_to_remove(
 def test_a_fence_is_held_only_while_its_row_says_so(store: Store) -> None:
     store.ensure_app("hello")
     store.ensure_instance(HOST, "hello")
-    assert not store.fence_held(HOST)
-    assert not store.fence_held("nowhere.test")
+    assert not store.fenced(HOST)
+    assert not store.fenced("nowhere.test")
 
 
 def test_a_finished_run_is_no_longer_unfinished(store: Store) -> None:

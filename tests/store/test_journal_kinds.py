@@ -16,6 +16,9 @@ from keelway.store.schema import MIGRATIONS, current_version
 # The schema before steps stored kinds.
 OLD_SCHEMA = 3
 
+# The kinds migration 4 knew: members are only ever appended, so they are the first 14.
+KINDS_AT_V4 = list(StepKind)[:14]
+
 SERVICE_OF = {StepKind.RELEASE_COMMAND: "release", StepKind.FAULT: None,
               StepKind.INSTANCE_KEY: None, StepKind.HOLD_EXEC: None,
               StepKind.WITHDRAW: None, StepKind.ACTIVATE: None, StepKind.PUBLISH: None,
@@ -38,15 +41,9 @@ def _old_store(path: Path, names: list[tuple[str, str | None]]) -> None:
     conn.close()
 
 
-# The kinds the old code wrote names for: the first 14 members (members are only ever
-# appended, keelway/journal.py), so a kind added since never needs this list edited.
-WRITTEN_BEFORE_KINDS = frozenset(list(StepKind)[:14])
-
-
 def test_every_step_name_the_old_code_wrote_migrates_to_its_kind(tmp_path: Path) -> None:
     # The old code's names are exactly the labels `keelway ops` shows today.
-    written = [(kind, SERVICE_OF.get(kind, "web")) for kind in StepKind
-               if kind in WRITTEN_BEFORE_KINDS]
+    written = [(kind, SERVICE_OF.get(kind, "web")) for kind in KINDS_AT_V4]
     _old_store(tmp_path / "k.db", [(kind.label(service), service) for kind, service in written])
     store = SqliteStore(tmp_path / "k.db")
     op = store.get_operation(1)

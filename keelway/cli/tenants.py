@@ -1,0 +1,189 @@
+"""Commands for tenants whole: `apps` (list, create, destroy), `instances` (add, remove,
+list) and `domains` (add, remove, list). Every one takes --json."""
+
+from __future__ import annotations
+
+import click
+
+from keelway.cli.base import api_call, cli, client, json_option
+from keelway.cli.output import emit_json, fail, fail_json, table
+
+
+def _config_pairs(pairs: tuple[str, ...], as_json: bool) -> dict[str, str]:
+    values: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            message, hint = f"{pair!r} is not K=V", "write NAME=value"
+            if as_json:
+                fail_json("bad-request", message, hint)
+            fail(message, hint)
+        values[name] = value
+    return values
+
+
+@cli.group(invoke_without_command=True)
+@json_option
+@click.pass_context
+@api_call
+def apps(ctx: click.Context, as_json: bool) -> None:
+    """List apps; `apps create APP`, `apps destroy APP --yes`."""
+    if ctx.invoked_subcommand is not None:
+        return
+    data = client().request("GET", "/v1/apps")
+    if as_json:
+        emit_json(data)
+        return
+    if not data["apps"]:
+        click.echo("no apps yet: deploy one with `keelway deploy NAME PATH`")
+        return
+    table(None, ["app", "release", "instances"],
+          [(a["name"], a["release"] or "-", ", ".join(a["instances"])) for a in data["apps"]])
+
+
+@apps.command("create")
+@click.argument("app")
+@json_option
+@api_call
+def apps_create(app: str, as_json: bool) -> None:
+    """Create APP with no instances, so config can be set before its first deploy."""
+    data = client().request("POST", "/v1/apps", {"app": app})
+    if as_json:
+        emit_json(data)
+        return
+    click.echo(f"created {app}; next: `keelway config {app} set K=V`, "
+               f"`keelway instances add {app} HOST`, `keelway deploy {app} PATH`")
+
+
+@apps.command("destroy")
+@click.argument("app")
+@click.option("--yes", is_flag=True, help="Yes, stop and remove everything of APP.")
+@click.option("--purge-data", is_flag=True, help="Remove the instances' data dirs too.")
+@json_option
+@api_call
+def apps_destroy(app: str, yes: bool, purge_data: bool, as_json: bool) -> None:
+    """Stop and remove every instance of APP, its routes, builds and records (data dirs
+    stay unless --purge-data); the name can then be used again."""
+    data = client(None).request("POST", f"/v1/apps/{app}/destroy",
+                                {"yes": yes, "purge_data": purge_data})
+    if as_json:
+        emit_json(data)
+        return
+    kept = "" if purge_data else "; data dirs kept"
+    click.echo(f"destroyed {app} ({len(data['instances'])} instances){kept}")
+
+
+@cli.group()
+def instances() -> None:
+    """The instances (tenants) of an app: add, remove, list."""
+
+
+@instances.command("add")
+@click.argument("app")
+@click.argument("hosts", nargs=-1, required=True)
+@click.option("--config", "pairs", multiple=True, help="K=V of the instances' own config.")
+@json_option
+@api_call
+def instances_add(app: str, hosts: tuple[str, ...], pairs: tuple[str, ...],
+                  as_json: bool) -> None:
+    """Add instances of APP at HOSTS, laid down whole (data dir, empty database, env file
+    with a key) and started on APP's release if it has one. One request for all."""
+    config = _config_pairs(pairs, as_json)
+    data = client(None).request("POST", f"/v1/apps/{app}/instances",
+                                {"hosts": list(hosts), "config": config})
+    if as_json:
+        emit_json(data)
+        return
+    click.echo(f"added {len(data['added'])} instances of {app} in {data['seconds']}s")
+    for item in data["started"]:
+        click.echo(f"  {item['host']}: {item['release']} {item['outcome']}")
+    failed = [item["host"] for item in data["started"] if item["outcome"] != "done"]
+    if failed:
+        fail(f"added, but {', '.join(failed)} did not start",
+             f"see `keelway logs {app} --instance {failed[0]}` and `keelway ops {app}`")
+
+
+@instances.command("remove")
+@click.argument("app")
+@click.argument("host")
+@click.option("--purge-data", is_flag=True, help="Remove its data dir and env file too.")
+@json_option
+@api_call
+def instances_remove(app: str, host: str, purge_data: bool, as_json: bool) -> None:
+    """Stop HOST's processes, withdraw its routes and forget it (data kept unless
+    --purge-data)."""
+    data = client(None).request("POST", f"/v1/apps/{app}/instances/{host}/remove",
+                                {"purge_data": purge_data})
+    if as_json:
+        emit_json(data)
+        return
+    click.echo(f"removed {host}" + ("" if purge_data else "; its data dir is kept"))
+
+
+@instances.command("list")
+@click.argument("app")
+@json_option
+@api_call
+def instances_list(app: str, as_json: bool) -> None:
+    """APP's instances, their state and aliases."""
+    data = client().request("GET", f"/v1/apps/{app}/instances")
+    if as_json:
+        emit_json(data)
+        return
+    if not data["instances"]:
+        click.echo(f"{app} has no instances: `keelway instances add {app} HOST`")
+        return
+    table(None, ["instance", "state", "aliases", "own config"],
+          [(i["host"], i["state"] + (" (adding)" if i["adding"] else ""),
+            ", ".join(i["aliases"]) or "-", ", ".join(i["config"]) or "-")
+           for i in data["instances"]])
+
+
+@cli.group()
+def domains() -> None:
+    """Aliases of an instance: more hosts that serve the same instance."""
+
+
+@domains.command("add")
+@click.argument("host")
+@click.argument("aliases", nargs=-1, required=True)
+@json_option
+@api_call
+def domains_add(host: str, aliases: tuple[str, ...], as_json: bool) -> None:
+    """Serve instance HOST at ALIASES too."""
+    data = client(None).request("POST", f"/v1/instances/{host}/domains",
+                                {"aliases": list(aliases)})
+    if as_json:
+        emit_json(data)
+        return
+    click.echo(f"{host} is served at {', '.join([host, *data['aliases']])}")
+
+
+@domains.command("remove")
+@click.argument("host")
+@click.argument("aliases", nargs=-1, required=True)
+@json_option
+@api_call
+def domains_remove(host: str, aliases: tuple[str, ...], as_json: bool) -> None:
+    """Stop serving instance HOST at ALIASES."""
+    data = client(None).request("POST", f"/v1/instances/{host}/domains/remove",
+                                {"aliases": list(aliases)})
+    if as_json:
+        emit_json(data)
+        return
+    click.echo(f"{host} is served at {', '.join([host, *data['aliases']])}")
+
+
+@domains.command("list")
+@click.argument("host")
+@json_option
+@api_call
+def domains_list(host: str, as_json: bool) -> None:
+    """The aliases of instance HOST."""
+    data = client().request("GET", f"/v1/instances/{host}/domains")
+    if as_json:
+        emit_json(data)
+        return
+    click.echo(f"{host} (app {data['app']})")
+    for alias in data["aliases"]:
+        click.echo(f"  {alias}")

@@ -1,0 +1,112 @@
+"""Tenants in process, on a real store and home (no router is needed: nothing here is
+routed): the lay-down of new instances, and boot carrying on what a crash left."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from keelway.api.daemon import wire
+from keelway.deploy.errors import NotFoundError, UserError
+from keelway.deploy.publisher import Publisher
+from keelway.deploy.tenants import Tenants
+from keelway.home import Home
+from keelway.journal import OpKind, StepKind
+from keelway.runtime.environment import INSTANCE_KEY, read_env_file
+from keelway.runtime.supervisor import Supervisor
+from keelway.store import SqliteStore
+from keelway.store.instance_db import is_empty_wal
+from keelway.store.lifecycle import OpState, Removal, StepState
+from keelway.store.records import Generation
+from keelway.testing.clock import FakeClock
+
+
+@pytest.fixture
+def parts(tmp_path: Path) -> tuple[Tenants, SqliteStore, Home]:
+    store = SqliteStore(tmp_path / "keelway.db", FakeClock())
+    home = Home(tmp_path / "home")
+    home.ensure()
+    clock = FakeClock()
+
+    async def on_exit(_gen: Generation, _code: int | None) -> None:
+        return None
+
+    tenants = wire(store, home, Supervisor(store, home, clock, on_exit),
+                   Publisher(store, home.router_socket), clock, "test").tenants
+    return tenants, store, home
+
+
+def test_added_instances_are_laid_down_whole_in_one_journaled_step(
+        parts: tuple[Tenants, SqliteStore, Home]) -> None:
+    tenants, store, home = parts
+    tenants.create_app("shop")
+    added = asyncio.run(tenants.add_instances("shop", ["a.test", "b.test"], {"TIER": "gold"}))
+    assert [i.host for i in added.instances] == ["a.test", "b.test"] and added.started == []
+    for host in ("a.test", "b.test"):
+        assert is_empty_wal(home.db_path(host))
+        assert read_env_file(home.env_file(host))[INSTANCE_KEY]
+    assert store.adding_instances() == []
+    (op,) = store.list_operations("shop")
+    assert (op.kind, op.instance, op.state) == (OpKind.ADD_INSTANCES, "a.test",
+                                                OpState.SUCCEEDED)
+    assert [(s.kind, s.state) for s in op.steps] == [(StepKind.LAY_DOWN, StepState.SUCCEEDED)]
+
+
+def test_bad_input_is_refused_before_any_record_or_file(
+        parts: tuple[Tenants, SqliteStore, Home]) -> None:
+    tenants, store, home = parts
+    tenants.create_app("shop")
+    before = store.dump()
+    for hosts, config in ((["ok.test", "Nope"], {}), (["ok.test", "ok.test"], {}),
+                          (["ok.test"], {"PORT": "1"}), (["ok.test"], {"bad name": "1"}),
+                          ([], {})):
+        with pytest.raises(UserError):
+            asyncio.run(tenants.add_instances("shop", hosts, config))
+    with pytest.raises(NotFoundError):
+        asyncio.run(tenants.add_instances("nope", ["ok.test"], {}))
+    assert store.dump() == before
+    assert list((home.root / "data").iterdir()) == []
+
+
+def test_boot_lays_down_instances_a_crash_left_recorded_but_not_laid_down(
+        parts: tuple[Tenants, SqliteStore, Home]) -> None:
+    tenants, store, home = parts
+    store.create_app("shop")
+    store.add_instances("shop", ["a.test"], {})  # the intent, then the crash
+    home.data_dir("a.test").mkdir(parents=True)  # half laid down: a dir, no database
+    asyncio.run(tenants.resume())
+    assert is_empty_wal(home.db_path("a.test"))
+    assert read_env_file(home.env_file("a.test"))[INSTANCE_KEY]
+    assert store.adding_instances() == []
+
+
+def test_boot_ends_a_removal_whose_records_were_deleted_before_it_was_finished(
+        parts: tuple[Tenants, SqliteStore, Home]) -> None:
+    tenants, store, _home = parts
+    store.create_app("shop")
+    store.add_instances("shop", ["a.test"], {})
+    store.finish_adding(["a.test"])
+    op = store.begin_operation("shop", "a.test", OpKind.REMOVE_INSTANCE, owner="gone")
+    seq = store.begin_step(op.id, StepKind.FORGET)
+    store.forget_instance("a.test")  # the crash came after this write, before the next
+    asyncio.run(tenants.resume())
+    done = store.get_operation(op.id)
+    assert done is not None and done.state is OpState.SUCCEEDED
+    assert [s.state for s in done.steps if s.seq == seq] == [StepState.SUCCEEDED]
+    assert store.unfinished_operations() == []
+
+
+def test_a_destroy_needs_the_app_and_forgets_it_with_its_builds(
+        parts: tuple[Tenants, SqliteStore, Home]) -> None:
+    tenants, store, home = parts
+    tenants.create_app("shop")
+    build = home.builds_dir / "shop" / ("d" * 64)
+    build.mkdir(parents=True)
+    store.record_build("shop", "d" * 64, str(build))
+    assert asyncio.run(tenants.destroy_app("shop", Removal.KEEP_DATA)) == []
+    assert store.get_app("shop") is None and not build.exists()
+    with pytest.raises(NotFoundError):
+        asyncio.run(tenants.destroy_app("shop", Removal.KEEP_DATA))
+    tenants.create_app("shop")  # the name is free again
