@@ -42,17 +42,9 @@ failpoints.declare("publish.before", "publish.after")
 
 RETRY_AFTER_S = 5
 
-# The router's word for a parked route (it holds the request and asks for a wake). A
-# router built before it knew `parked` holds nothing: such a route is answered as
-# `holding` is there (503 + Retry-After), never proxied to a port nothing listens on.
-_PARKED: rt.RouteState = next((s for s in rt.RouteState if s.value == "parked"),
-                              rt.RouteState.HOLDING)
-
-
 def router_state(state: RouteState) -> rt.RouteState:
-    """The router table's state for a store route state."""
-    if state is RouteState.PARKED:
-        return _PARKED
+    """The router table's state for a store route state: the same word (`parked`: the
+    router holds the request and asks the control plane for a wake)."""
     return rt.RouteState(state.value)
 
 

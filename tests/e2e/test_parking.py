@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from keelway.router import route_table
 from keelway.router.client import get_table_sync
 from keelway.runtime import process
 from tests.e2e.harness import EXAMPLE, Keelway, wait_until
@@ -191,10 +190,6 @@ def test_a_crashed_process_of_a_fenced_instance_is_restarted_only_once_unfenced(
     assert kw.get(HOST, "/health")[0] == 200
 
 
-ROUTER_HOLDS_PARKED = "parked" in {s.value for s in route_table.RouteState}
-
-
-@pytest.mark.skipif(not ROUTER_HOLDS_PARKED, reason="this router does not hold parked routes")
 def test_fifty_requests_to_a_parked_instance_all_get_200_from_one_spawn_of_web(
         kw: Keelway) -> None:
     kw.up()
@@ -210,7 +205,6 @@ def test_fifty_requests_to_a_parked_instance_all_get_200_from_one_spawn_of_web(
     assert [s["name"] for s in ops[0]["steps"]].count("spawn web") == 1
 
 
-@pytest.mark.skipif(not ROUTER_HOLDS_PARKED, reason="this router does not hold parked routes")
 def test_a_fenced_parked_instance_answers_503_and_stays_parked(kw: Keelway) -> None:
     kw.up()
     kw.ok("deploy", "hello", str(EXAMPLE), "--host", HOST)
