@@ -100,6 +100,10 @@ class StepKind(enum.StrEnum):
     # An app's staged builds removed from disk (`apps destroy`).
     REMOVE_BUILDS = "remove-builds"
 
+    # A rollout reached a parked instance: the release is left pending for its next
+    # wake (which runs it as an attempt), and nothing of it starts now.
+    DEFER = "defer"
+
     def label(self, service: str | None) -> str:
         who = service or "?"
         match self:
@@ -124,6 +128,8 @@ class StepKind(enum.StrEnum):
                 return "out of service"
             case StepKind.IN_SERVICE:
                 return "in service"
+            case StepKind.DEFER:
+                return "deferred to the next wake"
             case StepKind.RUN:
                 return "run"
             case StepKind.RUN_EXIT:

@@ -83,6 +83,7 @@ class DestroyBody(msgspec.Struct, forbid_unknown_fields=True):
 class AddInstancesBody(msgspec.Struct, forbid_unknown_fields=True):
     hosts: list[str]
     config: dict[str, str] = {}
+    parked: bool = False
 
 
 class RemoveInstanceBody(msgspec.Struct, forbid_unknown_fields=True):

@@ -82,7 +82,8 @@ class TenantsApi:
         name = app_name(self.store, request)
         body: bodies.AddInstancesBody = await read_body(request, bodies.AddInstancesBody)
         began = time.monotonic()
-        added = await self.tenants.add_instances(name, body.hosts, body.config)
+        added = await self.tenants.add_instances(name, body.hosts, body.config,
+                                                 parked=body.parked)
         return web.json_response({
             "app": name, "added": [i.host for i in added.instances],
             "started": [{"host": r.host, "release": f"v{r.release}", "outcome": r.outcome}

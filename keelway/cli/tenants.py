@@ -82,15 +82,18 @@ def instances() -> None:
 @click.argument("app")
 @click.argument("hosts", nargs=-1, required=True)
 @click.option("--config", "pairs", multiple=True, help="K=V of the instances' own config.")
+@click.option("--parked", is_flag=True,
+              help="Add them parked: nothing runs until a first request wakes each one.")
 @json_option
 @api_call
-def instances_add(app: str, hosts: tuple[str, ...], pairs: tuple[str, ...],
+def instances_add(app: str, hosts: tuple[str, ...], pairs: tuple[str, ...], parked: bool,
                   as_json: bool) -> None:
     """Add instances of APP at HOSTS, laid down whole (data dir, empty database, env file
-    with a key) and started on APP's release if it has one. One request for all."""
+    with a key) and started on APP's release if it has one (with --parked, started by
+    their first request instead). One request for all."""
     config = _config_pairs(pairs, as_json)
     data = client(None).request("POST", f"/v1/apps/{app}/instances",
-                                {"hosts": list(hosts), "config": config})
+                                {"hosts": list(hosts), "config": config, "parked": parked})
     if as_json:
         emit_json(data)
         return

@@ -22,7 +22,7 @@ from keelway.builds.manifest import Mode
 from keelway.deploy import targets
 from keelway.deploy.attempt import Attempt
 from keelway.deploy.errors import AppFailed, NotFoundError, OperationError, UserError
-from keelway.deploy.instances import Target
+from keelway.deploy.instances import Target, mint_instance_key
 from keelway.deploy.locks import Locks
 from keelway.deploy.outcome import Outcome, Progress, Result
 from keelway.deploy.parking import refuse_if_fenced
@@ -32,14 +32,14 @@ from keelway.deploy.steps import Done, Failed, Steps
 from keelway.home import Home
 from keelway.journal import Cause, OpKind, StepKind
 from keelway.reconcile.plan import Pass
-from keelway.runtime.environment import ensure_instance_key
 from keelway.runtime.supervisor import Supervisor
-from keelway.store import Store
+from keelway.store import StaleSchedule, Store
 from keelway.store.lifecycle import InstanceState
 from keelway.store.records import Generation, Instance, Operation, ReleaseDraft
 
-failpoints.declare("key.before", "key.after", "service.out.before", "service.out.after",
-                   "service.in.before", "service.in.after")
+failpoints.declare("defer.before", "defer.after",
+                   "service.out.before", "service.out.after", "service.in.before",
+                   "service.in.after")
 
 
 def _quiet(_message: str) -> None:
@@ -242,7 +242,7 @@ class Deployer:
                 if result.released:
                     # The first install wrote the release; the rest install that one.
                     rollout = dataclasses.replace(rollout, release=None)
-                results.append(InstanceResult(host, number, result.outcome.value,
+                results.append(InstanceResult(host, number, _said(result),
                                               result.generations))
                 if result.outcome is not Outcome.DONE:
                     raise AppFailed(
@@ -265,7 +265,7 @@ class Deployer:
         results = []
         for host in hosts:
             result = await self._attempt_on(rollout, host)
-            results.append(InstanceResult(host, target.release, result.outcome.value,
+            results.append(InstanceResult(host, target.release, _said(result),
                                           result.generations))
         return results
 
@@ -275,6 +275,11 @@ class Deployer:
         """New generations of what each instance runs now (overlap or hold per service)."""
         results = []
         for inst in self.instances_of(app, host):
+            if inst.state is InstanceState.PARKED:
+                # Nothing runs to restart; its next wake starts fresh processes anyway,
+                # and a pending release is not to be replaced by what ran before.
+                results.append(InstanceResult(inst.host, 0, "parked", {}))
+                continue
             refuse_if_fenced(self.store, inst.host, "restart")
             target = targets.running_target(self.store, inst.host)
             if target is None:
@@ -298,9 +303,12 @@ class Deployer:
             inst = self.store.get_instance(host)
             if inst is None or inst.schedule_rev != rev:
                 return Result(Outcome.SUPERSEDED, "superseded before it started")
+            if inst.state is InstanceState.PARKED:
+                return await self._defer(rollout, host, rev)
+            refuse_if_fenced(self.store, host, rollout.kind.value)
 
             async def attempt(op: Operation) -> Result:
-                await self._mint_key(op, host)
+                await mint_instance_key(self.store, self.home, op.id, host)
                 return await Attempt(
                     store=self.store, home=self.home, supervisor=self.supervisor,
                     publisher=self.publisher, op=op, host=host, cause=rollout.cause,
@@ -313,6 +321,40 @@ class Deployer:
                                             schedule_rev=rev, converge_after=True)
             targets.link_current(self.store, self.home, host)
             return result
+
+    async def _defer(self, rollout: Rollout, host: str, rev: int) -> Result:
+        """A parked instance stays parked: the rollout's release is left pending for its
+        next wake, which runs it as an attempt with the settle window and the fallback
+        of `rollout.cause`. Nothing starts now; the caller holds the instance lock."""
+        released = False
+
+        async def defer(op: Operation) -> Result:
+            nonlocal released
+
+            async def pending() -> Done | Failed:
+                nonlocal released
+                try:
+                    written = self.store.defer_release(
+                        host, schedule_rev=rev, number=rollout.target.release,
+                        cause=rollout.cause, release=rollout.release)
+                except StaleSchedule:
+                    return Failed("superseded by a newer operation before it was deferred")
+                released = written is not None
+                return Done(f"v{rollout.target.release}")
+
+            failed = await Steps(self.store, op.id).run(StepKind.DEFER, pending,
+                                                        before=("defer.before",),
+                                                        after=("defer.after",))
+            if failed is not None:
+                return Result(Outcome.SUPERSEDED, failed.reason)
+            rollout.progress(f"{host} is parked: v{rollout.target.release} starts at its "
+                             "next wake")
+            return Result(Outcome.DONE, "deferred to the next wake", released=released,
+                          deferred=True)
+
+        return await self.journal.run(rollout.app, host, rollout.kind, defer,
+                                      key=rollout.key, request_digest=rollout.request_digest,
+                                      schedule_rev=rev)
 
     # -- stop / start ----------------------------------------------------------------
 
@@ -381,12 +423,8 @@ class Deployer:
                 raise AppFailed(f"{inst.host}: {result.reason}",
                                 hint=f"see `keelway logs {inst.app} --instance {inst.host}`")
 
-    # -- records -----------------------------------------------------------------------
 
-    async def _mint_key(self, op: Operation, host: str) -> None:
-        async def mint() -> Done:
-            minted = ensure_instance_key(self.home.env_file(host))
-            return Done("minted" if minted else "kept")
 
-        await Steps(self.store, op.id).run(StepKind.INSTANCE_KEY, mint,
-                                           before=("key.before",), after=("key.after",))
+def _said(result: Result) -> str:
+    """An instance's outcome as a rollout reports it: `deferred` for a parked one."""
+    return "deferred" if result.deferred else result.outcome.value

@@ -20,7 +20,7 @@ from keelway.builds.manifest import Manifest, Mode, ServiceKind, ServiceSpec, lo
 from keelway.deploy.steps import Done, Failed, Steps
 from keelway.home import Home
 from keelway.journal import StepKind
-from keelway.runtime.environment import process_env
+from keelway.runtime.environment import ensure_instance_key, process_env
 from keelway.runtime.notify import NotifyListener
 from keelway.runtime.ports import pick_free_port
 from keelway.runtime.supervisor import ReadyOutcome, Supervisor
@@ -28,7 +28,7 @@ from keelway.store import Store
 from keelway.store.lifecycle import GenState
 from keelway.store.records import Generation
 
-failpoints.declare("plan.before", "plan.after", "ready.after")
+failpoints.declare("plan.before", "plan.after", "ready.after", "key.before", "key.after")
 
 READY_TIMEOUT_S = 60.0
 RELEASE_TIMEOUT_S = 600.0
@@ -190,3 +190,14 @@ async def run_release_command(
         return StartFailed(RELEASE_SERVICE, failed.reason.removeprefix("release "),
                            store.get_generation(gen.id))
     return None
+
+
+async def mint_instance_key(store: Store, home: Home, op_id: int, instance: str) -> None:
+    """The instance's key in its env file, minted if it has none (an attempt's first
+    step: its processes read it). Journaled, so a crash after the mint is seen."""
+    async def mint() -> Done:
+        minted = ensure_instance_key(home.env_file(instance))
+        return Done("minted" if minted else "kept")
+
+    await Steps(store, op_id).run(StepKind.INSTANCE_KEY, mint, before=("key.before",),
+                                  after=("key.after",))

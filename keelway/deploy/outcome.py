@@ -28,3 +28,5 @@ class Result:
     reason: str | None = None
     generations: dict[str, int] = field(default_factory=dict)
     released: bool = False
+    # Done by deferring: the instance is parked, and its next wake runs the release.
+    deferred: bool = False

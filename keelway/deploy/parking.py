@@ -35,14 +35,16 @@ from typing import assert_never
 from keelway import failpoints, names
 from keelway.builds.manifest import WEB
 from keelway.deploy import targets
+from keelway.deploy.attempt import Attempt
 from keelway.deploy.errors import AppFailed, Fenced, NotFoundError, OperationError, UserError
+from keelway.deploy.instances import mint_instance_key
 from keelway.deploy.locks import Locks
 from keelway.deploy.outcome import Outcome, Result
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
 from keelway.deploy.steps import Done, Effect, Failed, Steps
 from keelway.home import Home
-from keelway.journal import OpKind, StepKind
+from keelway.journal import Cause, OpKind, StepKind
 from keelway.reconcile.plan import Pass
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
@@ -50,6 +52,10 @@ from keelway.store.lifecycle import InstanceState
 from keelway.store.records import Fence, Generation, Instance, Operation
 
 log = logging.getLogger("keelway.parking")
+
+
+def _quiet(_message: str) -> None:
+    pass
 
 failpoints.declare("park.before", "park.after", "wake.before", "wake.after")
 
@@ -233,6 +239,11 @@ class Parking:
                 await Steps(self.store, op.id).run(StepKind.WAKE, running,
                                                    before=("wake.before",),
                                                    after=("wake.after",))
+                current = self.store.get_instance(host) or inst
+                if current.pending_release is not None:
+                    deferred = await self._wake_onto_pending(op, current)
+                    if deferred is not None:
+                        return deferred
                 # Web first, published alone: the held requests are released as soon as
                 # it is ready, not after the workers' spawns too; then the workers wake.
                 # A crash between the two leaves a running instance whose ACTIVE workers
@@ -252,6 +263,33 @@ class Parking:
                             hint=f"see `keelway logs {inst.app} --instance {host}`")
         self.woken_at[host] = self.recovery.clock.monotonic()
         return Woken(host, woke=True, generations=self._active(host))
+
+    async def _wake_onto_pending(self, op: Operation, inst: Instance) -> Result | None:
+        """Run the release a rollout deferred to this wake, as the attempt the rollout
+        would have run had the instance been awake: candidates, the settle window,
+        ACTIVE and the route in one install, and on failure the fallback of its cause
+        and mode (overlap: back to the good build; hold that executed: down). None when
+        the release can no longer run (its build is gone): the wake brings back what
+        ACTIVE names instead, and the log says why."""
+        number = inst.pending_release
+        assert number is not None
+        target = targets.release_target(self.store, inst.app, number)
+        if target is None:
+            log.warning("wake of %s: v%d, deferred to it, has no staged build; it wakes "
+                        "on what ran before", inst.host, number)
+            self.store.clear_pending(inst.host, number)
+            return None
+        await mint_instance_key(self.store, self.home, op.id, inst.host)
+        result = await Attempt(
+            store=self.store, home=self.home, supervisor=self.supervisor,
+            publisher=self.publisher, op=op, host=inst.host,
+            cause=inst.pending_cause or Cause.RELEASE, target=target,
+            rev=inst.schedule_rev, release=None, progress=_quiet).run()
+        if result.outcome is not Outcome.SUPERSEDED:
+            # Tried once, whatever came of it: a failed release is not tried again by
+            # every later wake (the journal and `keelway ops` say how it failed).
+            self.store.clear_pending(inst.host, number)
+        return result
 
     def _active(self, host: str) -> dict[str, int]:
         return {a.service: a.generation_id for a in self.store.list_active(host)}

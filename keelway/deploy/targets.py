@@ -84,6 +84,16 @@ def running_target(store: Store, host: str) -> Target | None:
             return target_of(store, gen)
     return None
 
+def release_target(store: Store, app: str, number: int) -> Target | None:
+    """Release `number` of `app` as a target, or None if it has no row or its build is
+    no longer staged."""
+    release = store.get_release(app, number)
+    path = build_path(store, app, release.build_digest) if release is not None else None
+    if release is None or path is None:
+        return None
+    return Target.load(app, number, release.build_digest, path, dict(release.config))
+
+
 def current_release(store: Store, app: str) -> Target:
     releases = store.list_releases(app)
     for release in releases:

@@ -52,7 +52,7 @@ from keelway.runtime.supervisor import Supervisor
 from keelway.store import Conflict, NotFound, Store
 from keelway.store.hosts import HostTaken
 from keelway.store.instance_db import lay_down_db
-from keelway.store.lifecycle import OpState, Removal, StepState
+from keelway.store.lifecycle import InstanceState, OpState, Removal, StepState
 from keelway.store.records import Alias, App, Instance, Operation
 
 log = logging.getLogger("keelway.tenants")
@@ -230,17 +230,23 @@ class Tenants:
     # -- instances -------------------------------------------------------------------
 
     async def add_instances(self, app_name: str, hosts: Sequence[str],
-                            config: Mapping[str, str], progress: Progress = _quiet) -> Added:
+                            config: Mapping[str, str], progress: Progress = _quiet,
+                            parked: bool = False) -> Added:
         """Lay new instances down whole (records in one write, then their files), then
         start them on the app's current release if it has one. Bad input changes
         nothing: every host and the config are checked first, and the records are
-        written all or none."""
+        written all or none.
+
+        `parked`: recorded PARKED with parked routes, the app's current release (if any)
+        deferred to each one's first wake; nothing is started here, so adding 10,000
+        idle tenants costs records and files only."""
         app = self.app(app_name)
         self.check_hosts(hosts)
         layered = self.checked_config(app, {}, dict(config))
         async with self.locks.app(app_name):
             try:
-                instances = self.store.add_instances(app_name, list(hosts), layered)
+                instances = self.store.add_instances(app_name, list(hosts), layered,
+                                                     parked=parked)
             except HostTaken as exc:
                 raise _taken(exc) from None
             except NotFound:
@@ -254,10 +260,17 @@ class Tenants:
         await self._lay_down(app, hosts)
         progress(f"laid down {len(hosts)} instances")
         started: list[InstanceResult] = []
-        # Only what runs nothing yet: after a crash past a start, that start counts.
-        idle = [host for host in hosts if not self.store.list_active(host)]
+        # Only what runs nothing yet and is not parked: after a crash past a start, that
+        # start counts; a parked instance starts at its first wake.
+        idle = [host for host in hosts if not self.store.list_active(host)
+                and (inst := self.store.get_instance(host)) is not None
+                and inst.state is InstanceState.RUNNING]
         if idle and self.store.list_releases(app):
             started = await self.deployer.start_new(app, idle, progress)
+        if len(idle) < len(hosts):
+            # Parked ones have parked routes: the router must hold their first request
+            # and ask for the wake, not answer 404.
+            await self.publisher.publish()
         failpoints.hit("adding.finish.before")
         self.store.finish_adding(hosts)
         return started

@@ -164,8 +164,10 @@ def plan(records: Records, observed: Observed, mode: Pass) -> list[Action]:
                                           reason=reason))
         if interrupted:
             ok = bool(op.steps) and not failed_steps
-            if (not ok and op.kind.releases
-                    and any(s.kind is StepKind.HOLD_EXEC for s in op.steps)
+            # The evidence step alone decides: it is journaled only by an attempt onto a
+            # new release in hold mode (a deploy, a rollback, or a wake running a
+            # release deferred to it), so its kind need not be asked.
+            if (not ok and any(s.kind is StepKind.HOLD_EXEC for s in op.steps)
                     and not _hold_candidate_published(op, active_ids)):
                 actions.append(Action(
                     Kind.MARK_DOWN, op_id=op.id,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 
+from keelway.journal import Cause
 from keelway.store.base import Conflict, NotFound, StoreBase
 from keelway.store.hosts import refuse_claimed
 from keelway.store.lifecycle import InstanceState, check
@@ -165,7 +166,9 @@ def _app(r: sqlite3.Row) -> App:
 def _instance(r: sqlite3.Row) -> Instance:
     return Instance(r["host"], r["app"], InstanceState(r["state"]), r["fence"],
                     r["schedule_rev"], r["created_at"], r["version"], r["down_reason"],
-                    json.loads(r["config"]), bool(r["adding"]), r["removing"])
+                    json.loads(r["config"]), bool(r["adding"]), r["removing"],
+                    r["pending_release"],
+                    Cause(r["pending_cause"]) if r["pending_cause"] else None)
 
 
 def _build(r: sqlite3.Row) -> Build:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
-from keelway.journal import Inhibition, OpKind, StepKind
+from keelway.journal import Cause, Inhibition, OpKind, StepKind
 from keelway.store.lifecycle import (
     GenState,
     InstanceState,
@@ -43,6 +43,10 @@ class Instance(msgspec.Struct, frozen=True):
     adding: bool = False
     # Set while `instances remove` (or a destroy) is under way (a `Removal` value).
     removing: str | None = None
+    # A release a rollout reached while the instance was parked: its next wake runs it
+    # as an attempt (settle, fallback by `pending_cause` and mode) instead of what ran.
+    pending_release: int | None = None
+    pending_cause: Cause | None = None
 
 
 class Alias(msgspec.Struct, frozen=True):

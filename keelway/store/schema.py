@@ -236,6 +236,13 @@ MIGRATIONS: list[str] = [
     CREATE INDEX aliases_by_instance ON aliases(instance);
     CREATE INDEX routes_by_instance ON routes(instance);
     """,
+    # 6: a release deferred to a parked instance's next wake (deploy, config and rollback
+    # leave a parked instance parked): the release's number and why it replaces what
+    # ran (a `Cause`, which picks the wake attempt's fallback).
+    """
+    ALTER TABLE instances ADD COLUMN pending_release INTEGER;
+    ALTER TABLE instances ADD COLUMN pending_cause TEXT;
+    """,
 ]
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from keelway.journal import Inhibition
+from keelway.journal import Cause, Inhibition
 from keelway.store.base import NotFound, StaleSchedule
 from keelway.store.catalog import Catalog
 from keelway.store.fences import Fences
@@ -72,7 +72,42 @@ class SqliteStore(Catalog, Journal, Processes, Fences, Tenancy):
                                expected=self.get_route(instance))
             if inst.state is not InstanceState.RUNNING:
                 self.set_instance_state(inst, InstanceState.RUNNING)
+            if inst.pending_release is not None:
+                # What is installed now supersedes a release deferred to a wake.
+                self.clear_pending(instance, inst.pending_release)
         return written
+
+    def defer_release(self, instance: str, *, schedule_rev: int, number: int, cause: Cause,
+                      release: ReleaseDraft | None) -> Release | None:
+        """Release `number` pending on a parked `instance`, the release row written when
+        `release` is given, in one write; compare-and-swap on the schedule revision, as
+        `install` does, so a superseded rollout defers nothing. The instance's route and
+        processes are untouched: it stays parked until a request wakes it."""
+        with self.tx() as c:
+            inst = self.get_instance(instance)
+            if inst is None or inst.schedule_rev != schedule_rev:
+                raise StaleSchedule(f"{instance} was rescheduled past revision {schedule_rev}")
+            written = None
+            if release is not None:
+                written = self.create_release(release.app, release.build_digest,
+                                              release.config, release.description)
+                number = written.number
+                app = self.get_app(release.app)
+                if app is not None and app.config != release.config:
+                    self.set_app_config(app, release.config)
+            # A release still pending keeps its cause: a config change on top of a
+            # deferred release runs a new build all the same, and must fall back as one.
+            c.execute("UPDATE instances SET pending_release=?, pending_cause=CASE WHEN"
+                      " pending_release IS NOT NULL AND pending_cause=? THEN pending_cause"
+                      " ELSE ? END, version=version+1 WHERE host=?",
+                      (number, Cause.RELEASE.value, cause.value, instance))
+        return written
+
+    def clear_pending(self, instance: str, number: int) -> None:
+        with self.tx() as c:
+            c.execute("UPDATE instances SET pending_release=NULL, pending_cause=NULL,"
+                      " version=version+1 WHERE host=? AND pending_release=?",
+                      (instance, number))
 
     def activate_and_route(self, instance: str, generations: Mapping[str, int]) -> None:
         """Name `generations` ACTIVE (service -> generation id) and, in the same write,

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from keelway.clock import Clock
-from keelway.journal import Inhibition, OpKind, StepKind
+from keelway.journal import Cause, Inhibition, OpKind, StepKind
 from keelway.store.base import Conflict, DiskFull, NotFound, StaleSchedule, StoreError
 from keelway.store.hosts import Claim
 from keelway.store.lifecycle import (
@@ -154,9 +154,10 @@ class Store(Protocol):
         ...
 
     def add_instances(self, app: str, hosts: Sequence[str],
-                      config: Mapping[str, str]) -> list[Instance]:
+                      config: Mapping[str, str], parked: bool = False) -> list[Instance]:
         """New instances, all or none, each `adding`; `HostTaken` if a host names
-        anything already, `NotFound` without the app (or while it is destroyed)."""
+        anything already, `NotFound` without the app (or while it is destroyed).
+        `parked`: PARKED, routes parked, the latest release deferred to their wake."""
         ...
 
     def adding_instances(self) -> list[Instance]: ...
@@ -395,6 +396,18 @@ class Store(Protocol):
                             reason: str | None = None) -> bool:
         """The instance in `state` and its route gated, in one write; True if the route
         changed (publish). `NotFound` if there is no such instance."""
+        ...
+
+    def defer_release(self, instance: str, *, schedule_rev: int, number: int, cause: Cause,
+                      release: ReleaseDraft | None) -> Release | None:
+        """For a parked instance: release `number` becomes its pending release (its next
+        wake runs it, falling back by `cause`), with the release row when `release` is
+        given (the rollout's first instance writes it), in one write. `StaleSchedule`
+        (nothing written) if the schedule moved past `schedule_rev`."""
+        ...
+
+    def clear_pending(self, instance: str, number: int) -> None:
+        """Forget the pending release if it is still `number` (a newer one stays)."""
         ...
 
     def activate_and_route(self, instance: str, generations: Mapping[str, int]) -> None:

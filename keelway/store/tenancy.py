@@ -9,6 +9,7 @@ import json
 import sqlite3
 from collections.abc import Mapping, Sequence
 
+from keelway.journal import Cause
 from keelway.store.base import Conflict, NotFound, StoreBase
 from keelway.store.catalog import _app, _instance
 from keelway.store.hosts import Claim, HostTaken, claim_of, mirror_aliases
@@ -69,10 +70,14 @@ class Tenancy(StoreBase):
     # -- instances ---------------------------------------------------------------------
 
     def add_instances(self, app: str, hosts: Sequence[str],
-                      config: Mapping[str, str]) -> list[Instance]:
+                      config: Mapping[str, str], parked: bool = False) -> list[Instance]:
         """Record new instances of `app`, all or none, each `adding` until its files are
         laid down and it has started (`finish_adding`). `HostTaken` (nothing written)
-        if any host already names something; `NotFound` if there is no such app."""
+        if any host already names something; `NotFound` if there is no such app.
+
+        `parked`: each is recorded PARKED with a `parked` route (the router holds its
+        first request and asks for a wake) and the app's latest release deferred to
+        that wake, in the same write."""
         now = self.clock.now()
         encoded = json.dumps(dict(config), sort_keys=True)
         with self.tx() as c:
@@ -82,13 +87,20 @@ class Tenancy(StoreBase):
             for host in hosts:
                 if (claim := claim_of(c, host)) is not None:
                     raise HostTaken(host, claim)
+            state = InstanceState.PARKED if parked else InstanceState.RUNNING
+            latest = self._one("SELECT MAX(number) FROM releases WHERE app=?", app)
+            pending = latest[0] if parked and latest is not None else None
             try:
                 c.executemany(
-                    "INSERT INTO instances(host, app, state, created_at, config, adding)"
-                    " VALUES (?, ?, ?, ?, ?, 1)",
-                    [(h, app, InstanceState.RUNNING.value, now, encoded) for h in hosts])
+                    "INSERT INTO instances(host, app, state, created_at, config, adding,"
+                    " pending_release, pending_cause) VALUES (?, ?, ?, ?, ?, 1, ?, ?)",
+                    [(h, app, state.value, now, encoded, pending,
+                      Cause.RELEASE.value if pending is not None else None) for h in hosts])
             except sqlite3.IntegrityError as exc:  # a host given twice
                 raise Conflict(f"a host is given twice: {exc}") from exc
+            if parked:
+                c.executemany("INSERT INTO routes(host, instance, state) VALUES (?, ?, ?)",
+                              [(h, h, RouteState.PARKED.value) for h in hosts])
         return self._instances(hosts)
 
     def adding_instances(self) -> list[Instance]:

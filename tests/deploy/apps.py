@@ -10,7 +10,8 @@ from tests.e2e.harness import EXAMPLE
 
 def hello(root: Path, name: str, *, settle: str = "0.3s", greeting: str = "hello from",
           web_cmd: str | None = None, worker_cmd: str | None = None,
-          release_cmd: str | None = None, web_mode: str | None = None) -> Path:
+          release_cmd: str | None = None, web_mode: str | None = None,
+          worker_mode: str | None = None) -> Path:
     """A copy of examples/hello with its settle window, commands and greeting changed."""
     app = root / name
     shutil.copytree(EXAMPLE, app, ignore=shutil.ignore_patterns("__pycache__"))
@@ -22,9 +23,10 @@ def hello(root: Path, name: str, *, settle: str = "0.3s", greeting: str = "hello
         lines.append(f"release: {release_cmd}")
     (app / "Procfile").write_text("\n".join(lines) + "\n")
     mode = f'mode = "{web_mode}"\n' if web_mode else ""
+    worker = f'mode = "{worker_mode}"\n' if worker_mode else ""
     (app / "keelway.toml").write_text(
         f'[services.web]\nhealth = "/health"\nsettle = "{settle}"\nstop_grace = "2s"\n{mode}'
-        f'[services.worker]\nsettle = "{settle}"\nstop_grace = "2s"\n')
+        f'[services.worker]\nsettle = "{settle}"\nstop_grace = "2s"\n{worker}')
     return app
 
 

@@ -168,6 +168,17 @@ SCENARIOS: dict[str, tuple[list[Step], Step]] = {
     "wake": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test"),
               lambda h: h.ok("park", "one.test")],
              lambda h: h.ok("wake", "one.test")),
+    # Releases to parked instances: a deploy leaves a parked instance parked (the
+    # release deferred in one write), and the wake runs it as an attempt. The worker is
+    # hold-mode, so a crash after the wake's hold exec must leave the instance down, and
+    # the worker never runs twice (_hold_overlaps).
+    "deploy-parked": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test"),
+                       lambda h: h.ok("park", "one.test")],
+                      lambda h: h.ok("deploy", "hello", str(h.app_b))),
+    "wake-release": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test"),
+                      lambda h: h.ok("park", "one.test"),
+                      lambda h: h.ok("deploy", "hello", str(h.app_b))],
+                     lambda h: h.ok("wake", "one.test")),
     # A one-off run (`keelway run`) that leaves a child behind: a crash anywhere leaves
     # no process of it alive, and its operation finalized, once the next boot is done.
     "run": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test")],
@@ -202,7 +213,7 @@ ROLLED_FORWARD: dict[str, Callable[[Home], bool]] = {
 }
 # Scenarios whose every generation of a hold-mode service is checked for overlap in time,
 # not only at the end: the one before must be recorded gone before the next is planned.
-HOLD_CHECKED = {"park", "wake"}
+HOLD_CHECKED = {"park", "wake", "wake-release"}
 
 
 def _hold_overlaps(root: Path, label: str) -> list[str]:
