@@ -319,11 +319,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--router-workers", type=int,
                         default=router_process.default_workers())
     parser.add_argument("--trusted-proxy", action="append", default=[])
+    parser.add_argument("--hold-timeout", type=float, default=None)
     args = parser.parse_args(argv)
     # Before anything is created: what this process, the router, build steps and the
     # apps create is then owner-only from its first instant (see keelway/home.py).
     os.umask(PRIVATE_UMASK)
-    settings = RouterSettings(max(1, args.router_workers), tuple(args.trusted_proxy))
+    settings = RouterSettings(max(1, args.router_workers), tuple(args.trusted_proxy),
+                              args.hold_timeout)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import uvloop

@@ -29,9 +29,12 @@ _DAEMON_DISK_FULL = 5  # keelway.api.daemon.EXIT_DISK_FULL, which the CLI does n
               help="Router processes on the listening socket (default: one per core).")
 @click.option("--trusted-proxy", "trusted", multiple=True, metavar="IP",
               help="A front proxy whose X-Forwarded-* headers are kept (repeatable).")
+@click.option("--hold-timeout", type=click.FloatRange(0.1, 600), default=None,
+              metavar="SECONDS",
+              help="How long the router holds a request for a wake (default: 30).")
 @json_option
 def up(demo: bool, detach: bool, http_addr: str | None, router_workers: int | None,
-       trusted: tuple[str, ...], as_json: bool) -> None:
+       trusted: tuple[str, ...], hold_timeout: float | None, as_json: bool) -> None:
     """Start the control plane and the router (state in $KEELWAY_HOME)."""
     home = Home.from_env()
     daemon_argv = [sys.executable, "-m", "keelway.api.daemon"]
@@ -40,6 +43,8 @@ def up(demo: bool, detach: bool, http_addr: str | None, router_workers: int | No
     if router_workers is not None:
         daemon_argv += ["--router-workers", str(router_workers)]
     daemon_argv += [f"--trusted-proxy={ip}" for ip in trusted]
+    if hold_timeout is not None:
+        daemon_argv += ["--hold-timeout", str(hold_timeout)]
     if not detach:
         # The foreground control plane replaces this process: Ctrl-C reaches it directly.
         os.execv(sys.executable, daemon_argv)

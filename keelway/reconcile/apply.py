@@ -171,7 +171,7 @@ class Reconciler:
                         outcome.republish = True
                 case Kind.RECORD_GONE:
                     assert action.generation is not None
-                    self.supervisor.bury(action.generation, None)
+                    await self.supervisor.bury(action.generation, None)
                 case (Kind.REMOVE_STRAY | Kind.RETIRE | Kind.REMOVE_DESCENDANTS
                       | Kind.STOP_ACTIVE):
                     gen = self._gen(action)

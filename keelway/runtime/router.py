@@ -128,21 +128,27 @@ class RouterSettings:
 
     workers: int = 1
     trusted_proxies: tuple[str, ...] = ()
+    # How long a request to a holding or parked route waits (for a wake, a hold-mode
+    # swap) before 503 + Retry-After; None: the router's own default.
+    hold_timeout_s: float | None = None
 
     def argv(self) -> list[str]:
+        hold = [] if self.hold_timeout_s is None else [f"--hold-timeout={self.hold_timeout_s}"]
         return ["--workers", str(self.workers),
-                *(f"--trusted-proxy={ip}" for ip in self.trusted_proxies)]
+                *(f"--trusted-proxy={ip}" for ip in self.trusted_proxies), *hold]
 
 
 class _SettingsRecord(msgspec.Struct, frozen=True):
     addr: str
     workers: int
     trusted_proxies: list[str]
+    hold_timeout_s: float | None = None
 
 
 def record_settings(home: Home, addr: str, settings: RouterSettings) -> None:
     """Note what the running router serves and how, once it answers with them."""
-    record = _SettingsRecord(addr, settings.workers, list(settings.trusted_proxies))
+    record = _SettingsRecord(addr, settings.workers, list(settings.trusted_proxies),
+                             settings.hold_timeout_s)
     write_atomic(home.router_settings, msgspec.json.encode(record))
 
 
@@ -156,7 +162,8 @@ def recorded_settings(home: Home) -> tuple[str, RouterSettings | None] | None:
             return (home.router_dir / "addr").read_text().strip(), None
         except FileNotFoundError:
             return None
-    return record.addr, RouterSettings(record.workers, tuple(record.trusted_proxies))
+    return record.addr, RouterSettings(record.workers, tuple(record.trusted_proxies),
+                                       record.hold_timeout_s)
 
 
 # The routers this process started, kept to reap them (and read how they ended) once

@@ -164,7 +164,7 @@ class Supervisor:
                                grace_s=0.0, clock=self.clock)
         handle.exit_code = code
         if gone:
-            gone = self.bury(handle.gen_id, code)
+            gone = await self.bury(handle.gen_id, code)
         if not gone:
             log.warning("generation %s exited but its tree could not be removed",
                         handle.gen_id)
@@ -285,14 +285,14 @@ class Supervisor:
             await handle.exited.wait()  # its watcher buries it
             latest = self.store.get_generation(gen.id)
             return latest is None or latest.state is GenState.GONE
-        return self.bury(gen.id, None)
+        return await self.bury(gen.id, None)
 
-    def bury(self, gen_id: int, exit_code: int | None) -> bool:
+    async def bury(self, gen_id: int, exit_code: int | None) -> bool:
         """Record a generation whose tree is proven gone: its cgroup first, then the
         record. Crash between the two: a record naming a dead tree with no cgroup, which
-        the reconciler records gone. False if the cgroup still has a member."""
+        the reconciler records gone. False if the cgroup still has a live member."""
         failpoints.hit("cgroup.remove.before")
-        removed = self.trees.remove(gen_id)
+        removed = await self.trees.remove_reaped(gen_id, self.clock)
         failpoints.hit("cgroup.remove.after")
         if removed:
             self.store.record_gone(gen_id, exit_code)
@@ -310,7 +310,7 @@ class Supervisor:
         for gen_id in strays:
             if await tree.stop(self.trees, gen_id, None, grace_s=0.0, clock=self.clock):
                 failpoints.hit("cgroup.remove.before")
-                self.trees.remove(gen_id)
+                await self.trees.remove_reaped(gen_id, self.clock)
                 failpoints.hit("cgroup.remove.after")
             else:
                 log.warning("a stray tree of generation %s could not be removed", gen_id)

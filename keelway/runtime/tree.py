@@ -64,6 +64,9 @@ GENERATION_MARK = "KEELWAY_GENERATION"
 _ENTER = ('while [ "$1" != -- ]; do echo 0 > "$1" || { echo "keelway: cannot join the '
           'cgroup $1" >&2; exit 125; }; shift; done; shift; exec "$@"')
 _KILL_BOUND_S = 5.0
+# How long a tree whose members are all dead may wait for init to reap them before its
+# cgroup can go: init reaps orphans every few seconds on some boxes (a VM's minimal init).
+_REAP_BOUND_S = 15.0
 
 
 class Mechanism(enum.Enum):
@@ -177,7 +180,7 @@ class ProcessTrees:
         procs = [str(path / "cgroup.procs") for path in self._dirs(gen_id)]
         return ["/bin/sh", "-c", _ENTER, "keelway-enter", *procs, "--", *argv]
 
-    def remove(self, gen_id: int) -> bool:
+    def remove(self, gen_id: int, *, quiet: bool = False) -> bool:
         """Remove the generation's cgroups once its tree is gone; False while any member
         lives (the kernel refuses). A directory already gone counts as removed."""
         removed = True
@@ -187,9 +190,25 @@ class ProcessTrees:
             except FileNotFoundError:
                 pass
             except OSError as exc:
-                log.warning("cannot remove cgroup %s: %s", path, exc)
+                if not quiet:
+                    log.warning("cannot remove cgroup %s: %s", path, exc)
                 removed = False
         return removed
+
+    async def remove_reaped(self, gen_id: int, clock: Clock,
+                            bound_s: float = _REAP_BOUND_S) -> bool:
+        """`remove`, waiting while the only tasks left in the cgroup are zombies.
+
+        A member that died after its parent (a process the app forked) is reparented
+        to init, and stays in its cgroup, dead, until init reaps it: the kernel refuses
+        the removal meanwhile. Such a tree is gone (nothing of it runs), so the wait is
+        for init, bounded; a member that still runs ends the wait at once."""
+        deadline = clock.monotonic() + bound_s
+        while not self.remove(gen_id, quiet=True):
+            if self.members(gen_id, None) or clock.monotonic() >= deadline:
+                return self.remove(gen_id)  # says why in the log
+            await clock.sleep(0.05)
+        return True
 
     def forget_home(self) -> None:
         """Remove the home's own cgroup directories if no generation's is left in them
