@@ -142,7 +142,7 @@ def _remember_before(h: Home) -> None:
     """What a seed scenario must find again: one.test's key and rows, and two.test's
     database, env file and route as they were before the operation."""
     for host in ("one.test", "two.test"):
-        assert _get(h.port, host) == 200
+        assert _get(h.port, host, "/") == 200  # a visit: a row of the host's own
     store = SqliteStore(h.root / "keelway.db")
     try:
         route = store.get_route("two.test")
@@ -453,12 +453,12 @@ def _crash_at(name: str, point: str) -> list[str]:
         _cleanup(home)
 
 
-def _get(port: int, host: str) -> int:
+def _get(port: int, host: str, path: str = "/health") -> int:
     import http.client
 
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
-        conn.request("GET", "/health", headers={"Host": host})
+        conn.request("GET", path, headers={"Host": host})
         return conn.getresponse().status
     except OSError:
         return 0
