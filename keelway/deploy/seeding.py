@@ -350,7 +350,9 @@ class Seeding:
                 if held is not None:
                     return held
             case ImportState.CLEANUP_PENDING:
-                pass
+                # Step 5 again: a crash between the restore and the lift leaves the
+                # journal's generation held, and only that generation is lifted.
+                await self._unfence(steps, journal.instance, journal.fence_gen)
             case _:
                 assert_never(state)
         return await self._clean_up(steps, journal)

@@ -241,3 +241,59 @@ def test_boot_rolls_back_an_import_interrupted_before_its_gate_opened(
     assert not home.seed_db_path(HOST).exists() and not orphan.exists()
     assert _rows(home.db_path(HOST)) == ["original"]
     assert store.get_import(HOST) is None and not store.fenced(HOST)
+
+
+# How far a rollback got before it was cut short: each prefix of its steps, done by
+# hand, then the rollback run again from the journal must end where a whole one does.
+def _close(store: SqliteStore, home: Home, seed: str) -> None:
+    store.close_import_gate(HOST, seed)
+
+
+def _retired(store: SqliteStore, home: Home, seed: str) -> None:
+    _close(store, home, seed)
+    journal = store.get_import(HOST)
+    assert journal is not None
+    files.retire_import_env(home.env_file(HOST), journal.env_before)
+
+
+def _removed(store: SqliteStore, home: Home, seed: str) -> None:
+    _retired(store, home, seed)
+    files.remove_local(home.seed_db_path(HOST))
+
+
+def _restored(store: SqliteStore, home: Home, seed: str) -> None:
+    _removed(store, home, seed)
+    store.restore_import_route(HOST, seed)
+
+
+def _unfenced(store: SqliteStore, home: Home, seed: str) -> None:
+    _restored(store, home, seed)
+    journal = store.get_import(HOST)
+    assert journal is not None and journal.fence_gen is not None
+    store.unfence(HOST, journal.fence_gen)
+
+
+def _copy_deleted(store: SqliteStore, home: Home, seed: str) -> None:
+    _unfenced(store, home, seed)
+    home.seed_copy(seed).unlink()
+
+
+@pytest.mark.parametrize("cut_short", [_close, _retired, _removed, _restored, _unfenced,
+                                       _copy_deleted])
+def test_a_rollback_cut_short_after_any_step_resumes_from_its_journal_to_the_end(
+        parts: tuple[DeployParts, SqliteStore, Home], tmp_path: Path,
+        cut_short: object) -> None:
+    deploy, store, home = parts
+    key = read_env_file(home.env_file(HOST))[INSTANCE_KEY]
+    report = asyncio.run(deploy.seeding.import_seed(HOST, _seed_file(tmp_path, ["s"])))
+    assert report.seed is not None and callable(cut_short)
+    cut_short(store, home, report.seed)
+    assert asyncio.run(deploy.seeding.rollback(HOST)).outcome is SeedOutcome.ROLLED_BACK
+    assert store.get_import(HOST) is None and not store.fenced(HOST)
+    assert read_env_file(home.env_file(HOST))[INSTANCE_KEY] == key
+    assert not home.seed_db_path(HOST).exists() and not home.seed_copy(report.seed).exists()
+    assert _rows(home.db_path(HOST)) == ["original"]
+    row = store.row_at(HOST)
+    assert row is None or row.seed is None
+    record = store.seed_record(HOST)
+    assert record is not None and record.state is SeedState.ROLLED_BACK
