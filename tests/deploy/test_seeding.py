@@ -127,6 +127,7 @@ def test_a_wake_during_an_import_is_refused_by_the_fence(
 
     async def progress(step: str) -> None:
         if step == "fenced":
+            assert store.fenced(HOST)
             try:
                 deploy.parking.wake_soon(HOST)
             except Fenced as exc:
@@ -135,6 +136,7 @@ def test_a_wake_during_an_import_is_refused_by_the_fence(
     asyncio.run(deploy.seeding.import_seed(HOST, _seed_file(tmp_path, ["s"]),
                                            progress=progress))
     assert len(refused) == 1 and "fenced" in refused[0]
+    assert not store.fenced(HOST)  # the import lifted its own generation
 
 
 def test_another_row_at_the_host_holds_touches_nothing_and_lifts_only_our_fence(

@@ -184,6 +184,8 @@ def _seed_settled(h: Home) -> list[str]:
             problems.append("rolled back, but the import's data or copy is left")
         if _visits(h.root / "data" / "one.test" / "db.sqlite3") < before["visits"]:
             problems.append("rolled back, but one.test's own rows are not all there")
+        if status["fenced"]:
+            problems.append("rolled back, but a fence is still held on one.test")
     elif journal["state"] == "swapped":
         if status["marker"] != journal["seed"] or env.get("KEELWAY_DB") != str(nested):
             problems.append(f"imported, but its database or env is not in place: {status}")
