@@ -6,6 +6,8 @@ Layering (imports only point down this list; checked by tests/test_layering.py):
     api            the control plane: aiohttp JSON API, wiring of everything below
     activator      the idle sweep that parks instances (scale to zero)
     deploy         operations on instances (journaled), built on runtime + store
+    data           instance databases' files: a seed's verified copy, the database an
+                   import lays down with its marker, the env names an import writes
     reconcile      plan(records, observed) -> actions, and the executor of a plan
     runtime        spawn / reap / stop / kill of generations and of the router (one spawn
                    path, runtime.process), the supervision of both, ports, logs

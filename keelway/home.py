@@ -99,6 +99,19 @@ class Home:
     def db_path(self, instance: str) -> Path:
         return self.data_dir(instance) / "db.sqlite3"
 
+    @property
+    def seeds_dir(self) -> Path:
+        """Seeds' verified copies, by seed id (keelway/data/seed.py)."""
+        return self.root / "objects" / "seeds"
+
+    def seed_copy(self, seed: str) -> Path:
+        return self.seeds_dir / f"{seed}.db"
+
+    def seed_db_path(self, instance: str) -> Path:
+        """Where a seed import lays its database down: nested in the instance's data
+        dir, beside and never over the instance's own database."""
+        return self.data_dir(instance) / "seed" / "db.sqlite3"
+
     def env_file(self, instance: str) -> Path:
         return self.root / "env" / f"{instance}.env"
 

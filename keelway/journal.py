@@ -40,6 +40,10 @@ class OpKind(enum.StrEnum):
     REMOVE_INSTANCE = "remove-instance"
     # `apps destroy`: every instance removed, then the app's builds and records.
     DESTROY = "destroy"
+    # `seed import` / `seed rollback` (keelway/deploy/seeding.py): the import journal
+    # (keelway/store/seeds.py) is what convergence of these reads, not their steps.
+    SEED_IMPORT = "seed-import"
+    SEED_ROLLBACK = "seed-rollback"
 
     @property
     def releases(self) -> bool:
@@ -50,7 +54,7 @@ class OpKind(enum.StrEnum):
             case (OpKind.CONFIG | OpKind.RESTART | OpKind.STOP | OpKind.START
                   | OpKind.RECOVER | OpKind.RESTART_CRASHED | OpKind.PARK | OpKind.WAKE
                   | OpKind.RUN | OpKind.ADD_INSTANCES | OpKind.REMOVE_INSTANCE
-                  | OpKind.DESTROY):
+                  | OpKind.DESTROY | OpKind.SEED_IMPORT | OpKind.SEED_ROLLBACK):
                 return False
             case _:
                 assert_never(self)
@@ -104,6 +108,28 @@ class StepKind(enum.StrEnum):
     # wake (which runs it as an attempt), and nothing of it starts now.
     DEFER = "defer"
 
+    # Seed import and rollback (SPEC §4 Seed import), each an effect of its own: the
+    # seed's copy stored; the journal row with the gate closed; the fence; the seeded
+    # database and its marker laid down; the import's key (and database) in the env
+    # file; the gate open; then the rollback's gate closed again, the key retired, the
+    # import's local data removed, the original route back, the fence lifted, the
+    # seed's copy and the replica deleted, the row deleted, the record swapped.
+    SEED_STORE = "seed-store"
+    SEED_JOURNAL = "seed-journal"
+    SEED_FENCE = "seed-fence"
+    SEED_LAY_DOWN = "seed-lay-down"
+    SEED_KEY = "seed-key"
+    SEED_OPEN = "seed-open"
+    SEED_CLOSE = "seed-close"
+    SEED_RETIRE_KEY = "seed-retire-key"
+    SEED_REMOVE_DATA = "seed-remove-data"
+    SEED_RESTORE = "seed-restore"
+    SEED_UNFENCE = "seed-unfence"
+    SEED_DELETE_COPY = "seed-delete-copy"
+    SEED_DELETE_REPLICA = "seed-delete-replica"
+    SEED_FORGET = "seed-forget"
+    SEED_RECORD = "seed-record"
+
     def label(self, service: str | None) -> str:
         who = service or "?"
         match self:
@@ -142,6 +168,14 @@ class StepKind(enum.StrEnum):
                 return "forget"
             case StepKind.REMOVE_BUILDS:
                 return "remove builds"
+            case (StepKind.SEED_STORE | StepKind.SEED_JOURNAL | StepKind.SEED_FENCE
+                  | StepKind.SEED_LAY_DOWN | StepKind.SEED_KEY | StepKind.SEED_OPEN
+                  | StepKind.SEED_CLOSE | StepKind.SEED_RETIRE_KEY
+                  | StepKind.SEED_REMOVE_DATA | StepKind.SEED_RESTORE
+                  | StepKind.SEED_UNFENCE | StepKind.SEED_DELETE_COPY
+                  | StepKind.SEED_DELETE_REPLICA | StepKind.SEED_FORGET
+                  | StepKind.SEED_RECORD):
+                return self.value.replace("-", " ")
             case _:
                 assert_never(self)
 

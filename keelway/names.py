@@ -17,6 +17,8 @@ plane, imports it too. The rules, and the invariant each one keeps:
 - config name: an environment variable name; the names keelway sets itself after the
   app's config (`KEELWAY_*`, `PORT`, `DATABASE_URL`, `NOTIFY_SOCKET`) are refused rather
   than silently overridden.
+- seed id: `seed-` and 16 hex digits, minted per import and never reused, so naming
+  it names one import; one safe path component (the seed's stored copy is named so).
 - fence reason: one line a person reads in `status` and the events, so no control
   characters (no newline to forge a second event line, no terminal escapes).
 - config value: text that reaches the process unchanged. No NUL (the environment is C
@@ -103,6 +105,16 @@ FENCE_REASON: Final = Rule(
     "one line of at most 200 characters, no control characters",
     re.compile(r"[^\x00-\x1f\x7f]+"),
     200,
+)
+
+# A seed import's id: minted by keelway (keelway/data/seed.py), never reused, so a
+# record, a route row or a `<db>.seed` marker naming it names that one import. It is
+# a file name too (the seed's stored copy), so one safe path component.
+SEED_ID: Final = Rule(
+    "seed id",
+    "a seed id as `keelway seed status` shows it: `seed-` and 16 lowercase hex digits",
+    re.compile("seed-[0-9a-f]{16}"),
+    21,
 )
 
 # Set by keelway in every process after the app's config (runtime/environment.py), so

@@ -47,6 +47,7 @@ from keelway.deploy.parking import Parking
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
 from keelway.deploy.runs import Runs
+from keelway.deploy.seeding import Seeding
 from keelway.deploy.tenants import Tenants
 from keelway.durable import disk_full, disk_full_message, sweep_temp
 from keelway.home import PRIVATE_UMASK, Home
@@ -85,6 +86,7 @@ class DeployParts:
     deployer: Deployer
     parking: Parking
     tenants: Tenants
+    seeding: Seeding
 
 
 def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher, clock: Clock,
@@ -95,7 +97,8 @@ def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
     deployer = Deployer(store, home, supervisor, publisher, locks, recovery)
     return DeployParts(locks, recovery, deployer,
                        Parking(store, home, supervisor, publisher, locks, recovery),
-                       Tenants(store, home, supervisor, publisher, locks, recovery, deployer))
+                       Tenants(store, home, supervisor, publisher, locks, recovery, deployer),
+                       Seeding(store, home, supervisor, publisher, locks, recovery))
 
 
 def _take_lock(home: Home) -> int:
@@ -210,6 +213,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     runs = Runs(store, home, supervisor, parts.locks, parts.recovery)
     runs.finalize_interrupted()  # their processes were strays of the boot pass
     await parts.tenants.resume()  # interrupted adds, removals and destroys carry on
+    await parts.seeding.resume()  # interrupted imports roll back; rollbacks carry on
 
     if demo:
         await _deploy_demo(home, store, deployer, announce)
@@ -237,7 +241,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
 
     router.watch(push_routes)
     api = Api(store, home, deployer, parts.recovery, http_port, request_shutdown, router,
-              parts.parking, parts.tenants)
+              parts.parking, parts.tenants, parts.seeding)
     # Open log streams (`logs -f`) must not hold a shutdown for long.
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False,
                            shutdown_timeout=2.0)

@@ -243,6 +243,31 @@ MIGRATIONS: list[str] = [
     ALTER TABLE instances ADD COLUMN pending_release INTEGER;
     ALTER TABLE instances ADD COLUMN pending_cause TEXT;
     """,
+    # 7: seed imports (SPEC §4 Data, Seed import; keelway/store/seeds.py). One journal
+    # row per instance while an import of it is in effect or being undone: it is the
+    # import gate (no second import while it exists) and all the rollback reads. The
+    # route row the import swapped in carries `seed` (the import's row is the one that
+    # names its seed); the instance record carries the seed it names and that seed's
+    # state, the record the rollback compares and swaps at its end.
+    """
+    CREATE TABLE seed_imports (
+        instance TEXT PRIMARY KEY,
+        seed TEXT NOT NULL,
+        state TEXT NOT NULL,
+        fence_gen INTEGER,
+        env_before TEXT NOT NULL,
+        record TEXT NOT NULL,
+        had_route INTEGER NOT NULL,
+        instance_before TEXT NOT NULL,
+        sha256 TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        version INTEGER NOT NULL DEFAULT 1
+    );
+    ALTER TABLE routes ADD COLUMN seed TEXT;
+    ALTER TABLE instances ADD COLUMN seed TEXT;
+    ALTER TABLE instances ADD COLUMN seed_state TEXT;
+    """,
 ]
 
 

@@ -31,10 +31,11 @@ from keelway.store.journal import Journal
 from keelway.store.lifecycle import GenState, InstanceState, RouteState
 from keelway.store.processes import Processes
 from keelway.store.records import Generation, Instance, InstanceView, Release, ReleaseDraft
+from keelway.store.seeds import Seeds
 from keelway.store.tenancy import Tenancy
 
 
-class SqliteStore(Catalog, Journal, Processes, Fences, Tenancy):
+class SqliteStore(Catalog, Journal, Processes, Fences, Tenancy, Seeds):
     """The whole store on one SQLite connection."""
 
     def install(

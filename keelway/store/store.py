@@ -58,6 +58,7 @@ from keelway.store.records import (
     Route,
     Step,
 )
+from keelway.store.seeds import ImportJournal, RowAt, SeedRecord, SeedState
 
 __all__ = ["Conflict", "DiskFull", "NotFound", "StaleSchedule", "Store", "StoreError"]
 
@@ -129,6 +130,52 @@ class Store(Protocol):
     def unfence(self, instance: str, generation: int) -> tuple[Fence | None, bool]:
         """Lift the fence if `generation` is the held one; (the fence now, whether this
         lifted it). A stale generation changes nothing."""
+        ...
+
+    # -- seed imports (keelway/store/seeds.py: the journal is the import gate) ----------
+
+    def get_import(self, instance: str) -> ImportJournal | None: ...
+
+    def list_imports(self) -> list[ImportJournal]: ...
+
+    def row_at(self, host: str) -> RowAt | None:
+        """The host's primary route row: its state and the seed it names, if any."""
+        ...
+
+    def seed_record(self, host: str) -> SeedRecord | None: ...
+
+    def begin_import(self, instance: str, seed: str, *, env_before: dict[str, str | None],
+                     sha256: str) -> ImportJournal:
+        """The journal row (IMPORTING) and the gate closed (the host's row gated and
+        named the import's, the instance STOPPED, the record naming the seed), in one
+        write; `Conflict` while an import is journaled at the host."""
+        ...
+
+    def fence_import(self, instance: str, seed: str) -> ImportJournal:
+        """The journal's fence generation held (a new one bumped and stored if not)."""
+        ...
+
+    def open_import_gate(self, instance: str, seed: str) -> ImportJournal:
+        """IMPORTING -> SWAPPED, the record imported, the instance reinstated."""
+        ...
+
+    def close_import_gate(self, instance: str, seed: str) -> ImportJournal:
+        """Rollback step 1: ROLLING_BACK under a new fence generation, the import's row
+        gated, the record aborted, in one write."""
+        ...
+
+    def restore_import_route(self, instance: str, seed: str) -> ImportJournal:
+        """Rollback step 4: the original route back and CLEANUP_PENDING in one write;
+        `Conflict` while the row at the host is not the import's."""
+        ...
+
+    def delete_import(self, instance: str, seed: str) -> bool:
+        """Rollback step 7: the row gone if it names `seed` in CLEANUP_PENDING."""
+        ...
+
+    def cas_seed_record(self, record: str, seed: str, expected: frozenset[SeedState],
+                        state: SeedState) -> bool:
+        """The record to `state` only if it names `seed` in one of `expected`."""
         ...
 
     # -- tenancy: apps created and destroyed, instances added and removed, aliases -----

@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -33,6 +34,7 @@ from pathlib import Path
 import pytest
 
 from keelway.builds.manifest import Mode, load_manifest
+from keelway.runtime.environment import INSTANCE_KEY, read_env_file
 from keelway.store import SqliteStore
 from tests.deploy.apps import DAEMONIZE_PY
 from tests.e2e.harness import EXAMPLE, free_port, gone, kill_home_processes, wait_until
@@ -125,6 +127,84 @@ def _crash_the_web(h: Home) -> None:
 
     assert wait_until(settled, 30, 0.1)
 
+def _seed_file(h: Home) -> Path:
+    path = h.root.parent / "seed.sqlite3"
+    if not path.exists():
+        conn = sqlite3.connect(path)
+        conn.execute("CREATE TABLE visits (n INTEGER NOT NULL)")
+        conn.executemany("INSERT INTO visits VALUES (1)", [()] * 100)
+        conn.commit()
+        conn.close()
+    return path
+
+
+def _remember_before(h: Home) -> None:
+    """What a seed scenario must find again: one.test's key and rows, and two.test's
+    database, env file and route as they were before the operation."""
+    for host in ("one.test", "two.test"):
+        assert _get(h.port, host, "/") == 200  # a visit: a row of the host's own
+    store = SqliteStore(h.root / "keelway.db")
+    try:
+        route = store.get_route("two.test")
+    finally:
+        store.close()
+    before = {
+        "key": read_env_file(h.root / "env" / "one.test.env")[INSTANCE_KEY],
+        "visits": _visits(h.root / "data" / "one.test" / "db.sqlite3"),
+        "other_env": (h.root / "env" / "two.test.env").read_text(),
+        "other_db": _visits(h.root / "data" / "two.test" / "db.sqlite3"),
+        "other_route": route.state.value if route else None,
+    }
+    (h.root.parent / "before.json").write_text(json.dumps(before))
+
+
+def _visits(db: Path) -> int:
+    conn = sqlite3.connect(db)
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        return int(conn.execute("SELECT COUNT(*) FROM visits").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def _seed_settled(h: Home) -> list[str]:
+    """The import whole (journal swapped: its database, marker and key in place, no
+    fence held) or rolled back whole (no journal: the instance's own key and rows, no
+    import data, no stored copy); two.test as it was."""
+    before = json.loads((h.root.parent / "before.json").read_text())
+    status = json.loads(h.cli("seed", "status", "one.test", "--json").stdout)
+    env = read_env_file(h.root / "env" / "one.test.env")
+    nested = h.root / "data" / "one.test" / "seed" / "db.sqlite3"
+    problems = []
+    journal = status["journal"]
+    if journal is None:
+        if env.get(INSTANCE_KEY) != before["key"] or "KEELWAY_DB" in env:
+            problems.append("rolled back, but one.test's env file is not its own")
+        if nested.parent.exists() or any((h.root / "objects" / "seeds").glob("*")):
+            problems.append("rolled back, but the import's data or copy is left")
+        if _visits(h.root / "data" / "one.test" / "db.sqlite3") < before["visits"]:
+            problems.append("rolled back, but one.test's own rows are not all there")
+        if status["fenced"]:
+            problems.append("rolled back, but a fence is still held on one.test")
+    elif journal["state"] == "swapped":
+        if status["marker"] != journal["seed"] or env.get("KEELWAY_DB") != str(nested):
+            problems.append(f"imported, but its database or env is not in place: {status}")
+        if env.get(INSTANCE_KEY) == before["key"] or status["fenced"]:
+            problems.append("imported, but its key was not minted or its fence is held")
+    else:
+        problems.append(f"the import is left {journal['state']}")
+    store = SqliteStore(h.root / "keelway.db")
+    try:
+        route = store.get_route("two.test")
+    finally:
+        store.close()
+    if ((h.root / "env" / "two.test.env").read_text() != before["other_env"]
+            or (route.state.value if route else None) != before["other_route"]
+            or _visits(h.root / "data" / "two.test" / "db.sqlite3") != before["other_db"]):
+        problems.append("two.test changed")
+    return problems
+
+
 SCENARIOS: dict[str, tuple[list[Step], Step]] = {
     # name: (baseline steps, the operation under test)
     "deploy": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test")],
@@ -194,6 +274,16 @@ SCENARIOS: dict[str, tuple[list[Step], Step]] = {
     "destroy": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test"),
                  lambda h: h.ok("domains", "add", "one.test", "www.one.test")],
                 lambda h: h.ok("apps", "destroy", "hello", "--yes", "--purge-data")),
+    # Seed import and rollback (keelway/deploy/seeding.py): after a crash anywhere and
+    # the next boot, the import is in effect whole or rolled back whole (_seed_settled),
+    # and two.test, never named, is exactly as it was.
+    "seed-import": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test",
+                                    "--host", "two.test"), _remember_before],
+                    lambda h: h.ok("seed", "import", "one.test", str(_seed_file(h)))),
+    "seed-rollback": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test",
+                                      "--host", "two.test"), _remember_before,
+                       lambda h: h.ok("seed", "import", "one.test", str(_seed_file(h)))],
+                      lambda h: h.ok("seed", "rollback", "one.test")),
 }
 
 
@@ -355,6 +445,8 @@ def _crash_at(name: str, point: str) -> list[str]:
         problems = _recovered(home, f"{name} {point}")
         if name in HOLD_CHECKED:
             problems += _hold_overlaps(home.root, f"{name} {point}")
+        if name.startswith("seed-"):
+            problems += [f"{name} {point}: {p}" for p in _seed_settled(home)]
         reached = ROLLED_FORWARD.get(name)
         if reached is not None and not reached(home):
             problems.append(f"{name} {point}: boot did not carry the operation through")
@@ -363,12 +455,12 @@ def _crash_at(name: str, point: str) -> list[str]:
         _cleanup(home)
 
 
-def _get(port: int, host: str) -> int:
+def _get(port: int, host: str, path: str = "/health") -> int:
     import http.client
 
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
-        conn.request("GET", "/health", headers={"Host": host})
+        conn.request("GET", path, headers={"Host": host})
         return conn.getresponse().status
     except OSError:
         return 0

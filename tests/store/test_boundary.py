@@ -33,9 +33,15 @@ def _transactions_opened(path: Path, root: Path) -> list[str]:
     return found
 
 
+# keelway/data opens *instance* databases (a seed's copy, a snapshot) to verify and copy
+# them; keelway's own store is never among them (it is only ever opened through
+# keelway/store), so that package may speak SQLite to the files it owns.
+_INSTANCE_DATABASES = "data"
+
+
 def _outside_the_store(root: Path) -> list[str]:
     return [hit for path in sorted(root.rglob("*.py"))
-            if path.relative_to(root).parts[0] != "store"
+            if path.relative_to(root).parts[0] not in ("store", _INSTANCE_DATABASES)
             for hit in _transactions_opened(path, root)]
 
 

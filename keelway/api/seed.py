@@ -1,0 +1,65 @@
+"""The API of seed imports (keelway/deploy/seeding.py), per instance:
+
+    POST /v1/instances/{host}/seed/import    {"source": PATH, "dry_run": bool}
+                                             -> 200 report
+    POST /v1/instances/{host}/seed/rollback  {"dry_run": bool}  -> 200 report
+    GET  /v1/instances/{host}/seed                              -> 200 status
+    report = {"host", "seed", "outcome", "reason", "plan"}
+
+SOURCE is an absolute path to an SQLite file on this box; snapshot ids of another
+instance come with the snapshots part. A refused import (bad name, a damaged seed, an
+import already journaled, a fence) is a 4xx and changes nothing. A rollback that holds
+or defers answers 200 with its outcome: the journal keeps the rest for a later pass.
+The journal's `env_before` values (an instance key) are never in an answer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+from aiohttp import web
+
+from keelway.api.http import read_body
+from keelway.deploy.errors import UserError
+from keelway.deploy.seeding import Seeding
+
+
+class ImportBody(msgspec.Struct, forbid_unknown_fields=True):
+    source: str
+    dry_run: bool = False
+
+    def path(self) -> Path:
+        if not self.source or "\0" in self.source:
+            raise UserError("the seed's path is empty or holds a NUL")
+        return Path(self.source)
+
+
+class RollbackBody(msgspec.Struct, forbid_unknown_fields=True):
+    dry_run: bool = False
+
+
+class SeedApi:
+    def __init__(self, seeding: Seeding) -> None:
+        self.seeding = seeding
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.post("/v1/instances/{host}/seed/import", self.import_seed),
+            web.post("/v1/instances/{host}/seed/rollback", self.rollback),
+            web.get("/v1/instances/{host}/seed", self.status),
+        ]
+
+    async def import_seed(self, request: web.Request) -> web.Response:
+        body: ImportBody = await read_body(request, ImportBody)
+        report = await self.seeding.import_seed(request.match_info["host"], body.path(),
+                                                dry_run=body.dry_run)
+        return web.json_response(report.view())
+
+    async def rollback(self, request: web.Request) -> web.Response:
+        body: RollbackBody = await read_body(request, RollbackBody)
+        report = await self.seeding.rollback(request.match_info["host"], dry_run=body.dry_run)
+        return web.json_response(report.view())
+
+    async def status(self, request: web.Request) -> web.Response:
+        return web.json_response(self.seeding.status(request.match_info["host"]))

@@ -1,0 +1,90 @@
+"""Seed imports: `seed import H SOURCE`, `seed rollback H`, `seed status H`.
+
+SOURCE is a path to an SQLite file; it is made absolute here, since the daemon does not
+share this shell's working directory. (Snapshot ids of another instance come with the
+snapshots part.) A rollback that holds or defers exits 1: the journal keeps the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import urllib.parse
+from typing import Any
+
+import click
+
+from keelway.cli.base import api_call, cli, client, json_option
+from keelway.cli.output import emit_json
+
+
+def _path(host: str, verb: str = "") -> str:
+    return f"/v1/instances/{urllib.parse.quote(host, safe='')}/seed{verb}"
+
+
+@cli.group()
+def seed() -> None:
+    """Import a database into an instance, undo it, see where it stands."""
+
+
+def _say(data: dict[str, Any]) -> None:
+    outcome = data["outcome"]
+    if outcome == "dry-run":
+        click.echo(f"dry run: {data['reason'] or 'would import'}")
+        for step in data["plan"]:
+            click.echo(f"  - {step}")
+    elif outcome == "imported":
+        click.echo(f"imported {data['seed']} into {data['host']}")
+    elif outcome == "rolled-back":
+        click.echo(f"rolled back {data['seed']} on {data['host']}")
+    else:
+        click.echo(f"{data['host']}: {outcome}: {data['reason']}")
+
+
+@seed.command(name="import")
+@click.argument("host")
+@click.argument("source", type=click.Path(dir_okay=False))
+@click.option("--dry-run", is_flag=True, help="Verify and say what would happen.")
+@json_option
+@api_call
+def import_(host: str, source: str, dry_run: bool, as_json: bool) -> None:
+    """Import the SQLite file SOURCE into instance HOST (verified, then stored first)."""
+    data = client(None).request("POST", _path(host, "/import"),
+                                {"source": os.path.abspath(source), "dry_run": dry_run})
+    emit_json(data) if as_json else _say(data)
+
+
+@seed.command()
+@click.argument("host")
+@click.option("--dry-run", is_flag=True, help="Say what the rollback would do.")
+@json_option
+@api_call
+def rollback(host: str, dry_run: bool, as_json: bool) -> None:
+    """Roll back the seed import of HOST, from wherever its journal stands."""
+    data = client(None).request("POST", _path(host, "/rollback"), {"dry_run": dry_run})
+    emit_json(data) if as_json else _say(data)
+    if data["outcome"] not in ("rolled-back", "dry-run", "nothing"):
+        sys.exit(1)
+
+
+@seed.command()
+@click.argument("host")
+@json_option
+@api_call
+def status(host: str, as_json: bool) -> None:
+    """The import journaled at HOST, its record, route and marker."""
+    data = client().request("GET", _path(host))
+    if as_json:
+        emit_json(data)
+        return
+    journal = data["journal"]
+    if journal is None:
+        click.echo(f"{host}: no import journaled")
+    else:
+        click.echo(f"{host}: import {journal['seed']} is {journal['state']} (fence "
+                   f"generation {journal['fence_generation']})")
+    record = data["record"]
+    if record and record["seed"]:
+        click.echo(f"  record: {record['seed']} {record['state']}")
+    if data["marker"]:
+        click.echo(f"  marker: {data['marker']} at {data['database']}")

@@ -1,0 +1,643 @@
+"""Seed import and its rollback (SPEC §4 Seed import): operations under the instance lock,
+every effect a journaled step with failpoints around it (keelway/deploy/steps.py), the
+import journal (keelway/store/seeds.py) the one record that says where an import stands.
+
+Import of a verified SQLite file into instance H:
+    store the seed's copy (verified where it lands) → journal + gate closed (one write:
+    the row, H's route gated and named the import's, H STOPPED) → fence H (the journal
+    holds the generation) → stop H's processes, proven gone → lay the database down at
+    home.seed_db_path(H) with its `<db>.seed` marker → the import's key and database
+    in H's env file (what was there is in the journal's `env_before`) → open the gate
+    (SWAPPED) → lift the import's fence → H started through the verified start path.
+A failure or a crash before the gate opens leaves the journal IMPORTING, and an
+IMPORTING import is rolled back (now, or by the next boot): it always rolls back.
+
+Rollback, driven by the journal alone; each step idempotent, the journal's state where
+a later pass resumes:
+    importing | swapped → 1. close the gate (ROLLING_BACK, a new fence generation)
+    rolling-back        → 2. fence (again, if someone lifted it) and stop H
+                          3. retire the import's key against `env_before`, then remove
+                             the import's local data (database, side files, marker last)
+                          4. the original route back (CLEANUP_PENDING, one write)
+                          5. lift that fence generation
+    cleanup-pending     → 6. delete the seed's copy, and H's replica if it is the import's
+                          7. delete the journal row
+                          8. the record's seed from aborted to rolled back (its CAS)
+Only the import's own row (the route at H naming the seed) is acted on. Any other row
+at H is someone else's: the rollback holds there, touching nothing, and lifts only its
+own fence generation. With no row at H, the local data is removed only when its marker
+names this seed (and H still has no row); otherwise it is left. A journal state this
+keelway does not know is left alone and reported.
+
+Crash windows: each step is journaled before its effect and the store's own writes are
+one transaction each, so a crash between any two leaves a journal state from which the
+next pass redoes the interrupted step (all of them are idempotent) and goes on. The
+seed's copy is stored before the journal row exists: a crash there leaves a copy no
+journal names, which `resume` removes at boot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import assert_never
+
+from keelway import failpoints, names
+from keelway.data import seed as files
+from keelway.deploy import targets
+from keelway.deploy.errors import NotFoundError, OperationError, UserError
+from keelway.deploy.locks import Locks
+from keelway.deploy.outcome import Outcome, Result
+from keelway.deploy.parking import refuse_if_fenced
+from keelway.deploy.publisher import Publisher
+from keelway.deploy.recovery import Recovery
+from keelway.deploy.steps import Done, Effect, Failed, Steps
+from keelway.durable import TEMP_PREFIX
+from keelway.home import Home
+from keelway.journal import OpKind, StepKind
+from keelway.reconcile.plan import Pass
+from keelway.runtime.supervisor import Supervisor
+from keelway.store import Conflict, Store
+from keelway.store.lifecycle import RouteState
+from keelway.store.records import Generation, Instance, Operation
+from keelway.store.seeds import (
+    ABANDONED,
+    ImportJournal,
+    ImportState,
+    SeedRecord,
+    SeedState,
+    record_key,
+)
+
+log = logging.getLogger("keelway.seeding")
+
+_POINTS = ("store", "journal", "fence", "lay-down", "key", "open", "unfence", "close",
+           "retire-key", "remove-data", "restore", "delete-copy", "delete-replica",
+           "forget", "record")
+failpoints.declare(*(f"seed.{p}.{w}" for p in _POINTS for w in ("before", "after")))
+
+# Deletes an instance's replica in the object store (the replicas part joins it at
+# merge); None: this box keeps no replicas, so there is none to delete.
+DeleteReplica = Callable[[str], Awaitable[None]]
+Progress = Callable[[str], Awaitable[None]]
+
+
+class SeedOutcome(enum.StrEnum):
+    IMPORTED = "imported"
+    ROLLED_BACK = "rolled-back"
+    # Someone else's row at the host, or one that changed under the fence: untouched.
+    HELD = "held"
+    # A step could not be done now (a stop, a read); the journal resumes it later.
+    DEFERRED = "deferred"
+    UNKNOWN_STATE = "unknown-state"
+    NOTHING = "nothing"  # no import journaled at the host
+    DRY_RUN = "dry-run"
+
+
+@dataclass(frozen=True)
+class SeedReport:
+    host: str
+    seed: str | None
+    outcome: SeedOutcome
+    reason: str | None = None
+    plan: tuple[str, ...] = field(default=())
+
+    def view(self) -> dict[str, object]:
+        return {"host": self.host, "seed": self.seed, "outcome": self.outcome.value,
+                "reason": self.reason, "plan": list(self.plan)}
+
+
+async def _quiet(_step: str) -> None:
+    return None
+
+
+class Seeding:
+    def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
+                 locks: Locks, recovery: Recovery,
+                 delete_replica: DeleteReplica | None = None) -> None:
+        self.store = store
+        self.home = home
+        self.supervisor = supervisor
+        self.publisher = publisher
+        self.locks = locks
+        self.recovery = recovery
+        self.journal = recovery.journal
+        self.delete_replica = delete_replica
+
+    def instance(self, host: str) -> Instance:
+        try:
+            names.HOST.check(host)
+        except names.InvalidName as exc:
+            raise UserError(exc.message, hint=exc.hint) from None
+        inst = self.store.get_instance(host)
+        if inst is None:
+            raise NotFoundError(f"no instance {host}", hint="see `keelway status`")
+        return inst
+
+    # -- import ------------------------------------------------------------------------
+
+    def _refuse_import(self, host: str, source: Path) -> files.Verified:
+        """Every reason to refuse, checked before anything changes."""
+        if not source.is_absolute():
+            raise UserError(f"{source} is not an absolute path",
+                            hint="give the seed's path from / (the CLI does this)")
+        held = self.store.get_import(host)
+        if held is not None:
+            raise UserError(f"{host} has import {held.seed} journaled ({held.state}); a "
+                            "second import waits until it is rolled back",
+                            hint=f"`keelway seed rollback {host}` first")
+        refuse_if_fenced(self.store, host, "take a seed import")
+        nested = self.home.seed_db_path(host)
+        if nested.exists() or files.marker_of(nested).exists():
+            raise UserError(f"{nested} holds a database no import journal names",
+                            hint="move it away; keelway does not remove data it cannot "
+                                 "prove is an import's")
+        try:
+            return files.verify_sqlite(source)
+        except files.SeedRefused as exc:
+            raise UserError(f"seed refused: {exc.message}; nothing was changed",
+                            hint="give a copy that opens and passes "
+                                 "`PRAGMA integrity_check`") from None
+
+    async def import_seed(self, host: str, source: Path, *, dry_run: bool = False,
+                          progress: Progress = _quiet) -> SeedReport:
+        """Import the SQLite file `source` into `host`. After return the import is in
+        effect (IMPORTED) with `host` started on it if it was running or parked, or,
+        when it failed past its journal, rolled back (and the error raised). A refusal
+        (bad name, damaged seed, a journaled import, a fence) changes nothing."""
+        inst = self.instance(host)
+        self._refuse_import(host, source)
+        if dry_run:
+            return SeedReport(host, None, SeedOutcome.DRY_RUN, plan=(
+                f"verify and store a copy of {source}", "journal the import and close "
+                f"{host}'s gate", f"fence and stop {host}",
+                f"lay down {self.home.seed_db_path(host)} with its seed marker",
+                "mint the import's instance key", "open the gate, lift the fence, start"))
+        seed = files.mint_seed_id()
+        async with self.locks.instance(host):
+            await self.recovery.converge(host, Pass.MUTATION)
+            inst = self.instance(host)
+            verified = self._refuse_import(host, source)
+
+            async def work(op: Operation) -> Result:
+                return await self._import(op, inst, seed, source, verified, progress)
+
+            result = await self.journal.run(inst.app, host, OpKind.SEED_IMPORT, work)
+            journal = self.store.get_import(host)
+            if journal is not None and journal.seed == seed and (
+                    journal.known is ImportState.IMPORTING):
+                # It failed before its gate opened: an import always rolls back.
+                undone = await self._rollback_locked(host)
+                raise OperationError(f"{host}: seed import failed ({result.reason}); "
+                                     f"rolled back: {undone.outcome.value}",
+                                     hint=f"see `keelway ops {inst.app} --instance {host}`")
+            if result.outcome is not Outcome.DONE:
+                raise OperationError(f"{host}: seed import failed: {result.reason}")
+            await self.recovery.restart_active(host)
+            targets.link_current(self.store, self.home, host)
+        return SeedReport(host, seed, SeedOutcome.IMPORTED)
+
+    async def _import(self, op: Operation, inst: Instance, seed: str, source: Path,
+                      verified: files.Verified, progress: Progress) -> Result:
+        host = inst.host
+        steps = Steps(self.store, op.id)
+        copy = self.home.seed_copy(seed)
+        stored: list[files.Verified] = []
+
+        async def store_copy() -> Done | Failed:
+            try:
+                stored.append(files.store_copy(source, copy))
+            except files.SeedRefused as exc:
+                return Failed(exc.message)
+            return Done(f"{seed}: {verified.size_bytes} bytes verified")
+
+        if (failed := await self._step(steps, "store", StepKind.SEED_STORE,
+                                       store_copy)) is not None:
+            return Result(Outcome.FAILED, failed.reason)
+        await progress("stored")
+        before = files.env_before(self.home.env_file(host))
+
+        async def begin() -> Done:
+            self.store.begin_import(host, seed, env_before=before, sha256=stored[0].sha256)
+            await self._publish(host)
+            return Done(seed)
+
+        await self._step(steps, "journal", StepKind.SEED_JOURNAL, begin)
+        journal = await self._fence(steps, host, seed)
+        await progress("fenced")
+        if (failed := await self._stop_all(steps, host)) is not None:
+            return Result(Outcome.FAILED, failed.reason)
+        db = self.home.seed_db_path(host)
+
+        async def lay_down() -> Done | Failed:
+            try:
+                files.lay_down(copy, db, seed, stored[0].sha256)
+            except files.SeedRefused as exc:
+                return Failed(exc.message)
+            return Done(str(db))
+
+        if (failed := await self._step(steps, "lay-down", StepKind.SEED_LAY_DOWN,
+                                       lay_down)) is not None:
+            return Result(Outcome.FAILED, failed.reason)
+
+        async def key() -> Done:
+            minted = files.write_import_env(self.home.env_file(host), db, before)
+            return Done("minted" if minted else "kept")
+
+        await self._step(steps, "key", StepKind.SEED_KEY, key)
+
+        async def open_gate() -> Done:
+            self.store.open_import_gate(host, seed)
+            return Done()
+
+        await self._step(steps, "open", StepKind.SEED_OPEN, open_gate)
+        await self._unfence(steps, host, journal.fence_gen)
+        await progress("open")
+        self.store.add_event("seed", f"seed {seed} imported", app=inst.app, instance=host)
+        return Result(Outcome.DONE)
+
+    # -- rollback ----------------------------------------------------------------------
+
+    async def rollback(self, host: str, *, dry_run: bool = False) -> SeedReport:
+        """Roll back the import journaled at `host`, from whatever state its journal is
+        in, under the instance lock; then start the instance on its own data if it was
+        running. The report says how far it got (HELD, DEFERRED: the journal keeps the
+        rest for a later pass; UNKNOWN_STATE: nothing was done)."""
+        try:
+            names.HOST.check(host)
+        except names.InvalidName as exc:
+            raise UserError(exc.message, hint=exc.hint) from None
+        if self.store.get_import(host) is None:
+            self.instance(host)  # NotFoundError for a host that is nothing at all
+        if dry_run:
+            return self._plan(host)
+        async with self.locks.instance(host):
+            await self.recovery.converge(host, Pass.MUTATION)
+            report = await self._rollback_locked(host)
+            if report.outcome is SeedOutcome.ROLLED_BACK:
+                await self.recovery.restart_active(host)
+                targets.link_current(self.store, self.home, host)
+        return report
+
+    def _plan(self, host: str) -> SeedReport:
+        journal = self.store.get_import(host)
+        if journal is None:
+            return SeedReport(host, None, SeedOutcome.DRY_RUN, "no import is journaled")
+        state = journal.known
+        route: tuple[str, ...] = (
+            "close the gate under a new fence generation", "fence and stop the instance",
+            "retire the import's key, remove the import's local data",
+            "restore the original route", "lift the fence")
+        cleanup: tuple[str, ...] = (
+            "delete the seed's copy and the import's replica", "delete the journal row",
+            "mark the record rolled back")
+        match state:
+            case None:
+                return SeedReport(host, journal.seed, SeedOutcome.DRY_RUN,
+                                  f"unknown journal state {journal.state!r}: left alone")
+            case ImportState.IMPORTING | ImportState.SWAPPED:
+                plan: tuple[str, ...] = route + cleanup
+            case ImportState.ROLLING_BACK:
+                plan = route[1:] + cleanup
+            case ImportState.CLEANUP_PENDING:
+                plan = cleanup
+            case _:
+                assert_never(state)
+        return SeedReport(host, journal.seed, SeedOutcome.DRY_RUN,
+                          f"would roll back from {journal.state}", plan)
+
+    async def _rollback_locked(self, host: str) -> SeedReport:
+        journal = self.store.get_import(host)
+        if journal is None:
+            return SeedReport(host, None, SeedOutcome.NOTHING, "no import is journaled")
+        if journal.known is None:
+            return self._unknown(journal)
+        app = journal.record.partition("/")[0]
+        reports: list[SeedReport] = []
+
+        async def work(op: Operation) -> Result:
+            reports.append(await self._roll_back(op, journal))
+            report = reports[0]
+            if report.outcome is SeedOutcome.ROLLED_BACK:
+                return Result(Outcome.DONE)
+            return Result(Outcome.FAILED, f"{report.outcome.value}: {report.reason}")
+
+        result = await self.journal.run(app, host, OpKind.SEED_ROLLBACK, work)
+        if reports:
+            return reports[0]
+        return SeedReport(host, journal.seed, SeedOutcome.DEFERRED, result.reason)
+
+    def _unknown(self, journal: ImportJournal) -> SeedReport:
+        why = (f"import {journal.seed} is journaled in an unknown state "
+               f"{journal.state!r}; it is left alone")
+        log.warning("%s: %s", journal.instance, why)
+        self.store.add_event("seed", why, app=journal.record.partition("/")[0],
+                             instance=journal.instance)
+        return SeedReport(journal.instance, journal.seed, SeedOutcome.UNKNOWN_STATE, why)
+
+    async def _roll_back(self, op: Operation, journal: ImportJournal) -> SeedReport:
+        steps = Steps(self.store, op.id)
+        state = journal.known
+        match state:
+            case None:
+                return self._unknown(journal)
+            case ImportState.IMPORTING | ImportState.SWAPPED | ImportState.ROLLING_BACK:
+                held = await self._roll_back_route(steps, journal)
+                if held is not None:
+                    return held
+            case ImportState.CLEANUP_PENDING:
+                # Step 5 again: a crash between the restore and the lift leaves the
+                # journal's generation held, and only that generation is lifted.
+                await self._unfence(steps, journal.instance, journal.fence_gen)
+            case _:
+                assert_never(state)
+        return await self._clean_up(steps, journal)
+
+    async def _roll_back_route(self, steps: Steps, journal: ImportJournal) -> SeedReport | None:
+        """Steps 1 to 5; None when the journal is CLEANUP_PENDING after them, else the
+        report of why the rollback stopped."""
+        host, seed = journal.instance, journal.seed
+        row = self.store.row_at(host)
+        if row is not None and row.seed != seed:
+            # A fence an earlier pass kept for this rollback must not hold the host for
+            # whoever owns it now: only our generation is lifted.
+            if journal.known is ImportState.ROLLING_BACK and journal.fence_gen:
+                self.store.unfence(host, journal.fence_gen)
+            return self._held(journal, "the route at the host is not the import's, so "
+                                       "nothing there is touched")
+        if journal.known in (ImportState.IMPORTING, ImportState.SWAPPED):
+            async def close() -> Done:
+                self.store.close_import_gate(host, seed)
+                await self._publish(host)
+                return Done()
+
+            await self._step(steps, "close", StepKind.SEED_CLOSE, close)
+        journal = await self._fence(steps, host, seed)
+        if (failed := await self._stop_all(steps, host)) is not None:
+            # Under the fence still: the next pass finds it its own and resumes.
+            return SeedReport(host, seed, SeedOutcome.DEFERRED, failed.reason)
+        row = self.store.row_at(host)
+        db = self.home.seed_db_path(host)
+        if row is None:
+            left = await self._remove_orphaned(steps, journal, db)
+            if left is not None:
+                return left
+        elif row.seed != seed or row.state is not RouteState.GATED:
+            self._lift(journal)
+            return self._held(journal, "the route changed under the fence, so nothing "
+                                       "there is touched")
+        else:
+            await self._retire_and_remove(steps, journal, db)
+
+        async def restore() -> Done | Failed:
+            try:
+                self.store.restore_import_route(host, seed)
+            except Conflict as exc:
+                return Failed(str(exc))
+            await self._publish(host)
+            return Done()
+
+        if (failed := await self._step(steps, "restore", StepKind.SEED_RESTORE,
+                                       restore)) is not None:
+            self._lift(journal)
+            return self._held(journal, failed.reason)
+        await self._unfence(steps, host, journal.fence_gen)
+        return None
+
+    async def _remove_orphaned(self, steps: Steps, journal: ImportJournal,
+                               db: Path) -> SeedReport | None:
+        """Step 3 with no row at the host: the local data goes only when its marker
+        names this seed and the host still has no row; else it is left (None either
+        way: the rollback goes on). A marker that cannot be read defers, fence lifted."""
+        host, seed = journal.instance, journal.seed
+        try:
+            named = files.local_seed_id(db)
+        except OSError as exc:
+            self._lift(journal)
+            return SeedReport(host, seed, SeedOutcome.DEFERRED,
+                              f"the seed marker beside {db} cannot be read: {exc}")
+        if named != seed:
+            log.info("%s: import %s has no route; %s is left: its marker names %r",
+                     host, seed, db, named)
+            return None
+        if self.store.row_at(host) is not None:
+            self._lift(journal)
+            return SeedReport(host, seed, SeedOutcome.DEFERRED,
+                              "a route appeared at the host; its data is left")
+        await self._retire_and_remove(steps, journal, db)
+        return None
+
+    async def _retire_and_remove(self, steps: Steps, journal: ImportJournal,
+                                 db: Path) -> None:
+        """The key before the database: the marker that proves the installation is
+        the import's is removed with the database, last."""
+        env_file = self.home.env_file(journal.instance)
+
+        async def retire() -> Done:
+            changed = files.retire_import_env(env_file, journal.env_before)
+            return Done("restored" if changed else "was restored")
+
+        async def remove() -> Done:
+            removed = files.remove_local(db)
+            return Done(", ".join(removed) or "nothing left")
+
+        await self._step(steps, "retire-key", StepKind.SEED_RETIRE_KEY, retire)
+        await self._step(steps, "remove-data", StepKind.SEED_REMOVE_DATA, remove)
+
+    async def _clean_up(self, steps: Steps, journal: ImportJournal) -> SeedReport:
+        """Steps 6 to 8, from CLEANUP_PENDING; nothing is fenced or stopped here."""
+        host, seed = journal.instance, journal.seed
+        valid = names.SEED_ID.accepts(seed)
+        if valid:
+            async def delete_copy() -> Done:
+                copy = self.home.seed_copy(seed)
+                existed = copy.exists()
+                copy.unlink(missing_ok=True)
+                return Done("deleted" if existed else "gone already")
+
+            await self._step(steps, "delete-copy", StepKind.SEED_DELETE_COPY, delete_copy)
+        # Read again right before the replica: the replica is keyed by host, not seed.
+        record = self.store.seed_record(host)
+        ours, why = replica_is_the_imports(journal, record)
+        if valid and ours:
+            async def delete_replica() -> Done:
+                if self.delete_replica is None:
+                    return Done("no replicas on this box")
+                await self.delete_replica(host)
+                return Done("deleted")
+
+            await self._step(steps, "delete-replica", StepKind.SEED_DELETE_REPLICA,
+                             delete_replica)
+        elif valid:
+            log.info("%s: import %s: the replica is left alone: %s", host, seed, why)
+
+        async def forget() -> Done:
+            return Done("deleted" if self.store.delete_import(host, seed) else "gone")
+
+        await self._step(steps, "forget", StepKind.SEED_FORGET, forget)
+
+        async def cas() -> Done:
+            moved = self.store.cas_seed_record(journal.record, seed,
+                                               frozenset({SeedState.ABORTED}),
+                                               SeedState.ROLLED_BACK)
+            return Done("rolled back" if moved else "the record names another seed "
+                        "or is done")
+
+        await self._step(steps, "record", StepKind.SEED_RECORD, cas)
+        self.store.add_event("seed", f"seed {seed} rolled back",
+                             app=journal.record.partition("/")[0], instance=host)
+        return SeedReport(host, seed, SeedOutcome.ROLLED_BACK)
+
+    # -- boot ----------------------------------------------------------------------------
+
+    async def resume(self) -> list[SeedReport]:
+        """At boot, after the reconciler's pass: an import interrupted before its gate
+        opened, and every rollback under way, are carried through to rolled back; an
+        import in effect keeps going (its fence lifted if a crash kept it); an unknown
+        state is reported. Copies of seeds no journal names (a crash before the journal
+        row) are removed."""
+        reports = []
+        for journal in self.store.list_imports():
+            try:
+                reports.append(await self._resume_one(journal))
+            except OperationError as exc:
+                log.warning("boot: seed import at %s: %s", journal.instance, exc.message)
+        self._sweep_copies()
+        return reports
+
+    async def _resume_one(self, journal: ImportJournal) -> SeedReport:
+        state = journal.known
+        match state:
+            case None:
+                return self._unknown(journal)
+            case ImportState.SWAPPED:
+                host = journal.instance
+                async with self.locks.instance(host):
+                    if journal.fence_gen is not None:
+                        self.store.unfence(host, journal.fence_gen)
+                    await self.recovery.restart_active(host)
+                return SeedReport(host, journal.seed, SeedOutcome.IMPORTED)
+            case (ImportState.IMPORTING | ImportState.ROLLING_BACK
+                  | ImportState.CLEANUP_PENDING):
+                return await self.rollback(journal.instance)
+            case _:
+                assert_never(state)
+
+    def _sweep_copies(self) -> None:
+        named = {j.seed for j in self.store.list_imports()}
+        with contextlib.suppress(FileNotFoundError):
+            for entry in self.home.seeds_dir.iterdir():
+                seed = entry.name.removesuffix(".db")
+                if entry.name.startswith(TEMP_PREFIX) or (
+                        names.SEED_ID.accepts(seed) and entry.suffix == ".db"
+                        and seed not in named):
+                    entry.unlink(missing_ok=True)
+
+    # -- status --------------------------------------------------------------------------
+
+    def status(self, host: str) -> dict[str, object]:
+        """What `seed status` shows; never a value of `env_before`."""
+        inst = self.store.get_instance(host)
+        journal = self.store.get_import(host)
+        if inst is None and journal is None:
+            self.instance(host)
+        record = self.store.seed_record(host)
+        db = self.home.seed_db_path(host)
+        try:
+            marker: str | None = files.local_seed_id(db)
+        except OSError:
+            marker = "unreadable"
+        row = self.store.row_at(host)
+        return {
+            "host": host,
+            "journal": None if journal is None else {
+                "seed": journal.seed, "state": journal.state,
+                "known": journal.known is not None, "fence_generation": journal.fence_gen,
+                "record": journal.record, "sha256": journal.sha256,
+                "env_before": sorted(n for n, v in journal.env_before.items() if v is not None),
+            },
+            "record": None if record is None else {
+                "seed": record.seed, "state": record.state.value if record.state else None},
+            "route": None if row is None else {"state": row.state.value, "seed": row.seed},
+            "marker": marker, "database": str(db) if db.exists() else None,
+            "fenced": self.store.fenced(host) if inst is not None else False,
+        }
+
+    # -- shared steps --------------------------------------------------------------------
+
+    async def _step(self, steps: Steps, point: str, kind: StepKind,
+                    effect: Effect) -> Failed | None:
+        return await steps.run(kind, effect, before=(f"seed.{point}.before",),
+                               after=(f"seed.{point}.after",))
+
+    async def _fence(self, steps: Steps, host: str, seed: str) -> ImportJournal:
+        fenced: list[ImportJournal] = []
+
+        async def fence() -> Done:
+            fenced.append(self.store.fence_import(host, seed))
+            return Done(f"generation {fenced[0].fence_gen}")
+
+        await self._step(steps, "fence", StepKind.SEED_FENCE, fence)
+        return fenced[0]
+
+    async def _unfence(self, steps: Steps, host: str, generation: int | None) -> None:
+        async def unfence() -> Done:
+            if generation is None:
+                return Done("no fence")
+            _, lifted = self.store.unfence(host, generation)
+            return Done(f"generation {generation} " + ("lifted" if lifted else "not held"))
+
+        await self._step(steps, "unfence", StepKind.SEED_UNFENCE, unfence)
+
+    def _lift(self, journal: ImportJournal) -> None:
+        if journal.fence_gen is not None:
+            self.store.unfence(journal.instance, journal.fence_gen)
+
+    def _held(self, journal: ImportJournal, why: str) -> SeedReport:
+        log.warning("%s: import %s is not rolled back: %s", journal.instance,
+                    journal.seed, why)
+        return SeedReport(journal.instance, journal.seed, SeedOutcome.HELD, why)
+
+    async def _stop_all(self, steps: Steps, host: str) -> Failed | None:
+        for gen in self.store.live_generations(host):
+            failed = await steps.run(StepKind.STOP, self._stop(gen), service=gen.service,
+                                     before_gen=gen.id)
+            if failed is not None:
+                return failed
+        return None
+
+    def _stop(self, gen: Generation) -> Effect:
+        async def stop() -> Done | Failed:
+            if await self.supervisor.stop(gen, targets.stop_grace_s(self.store, gen)):
+                return Done(f"generation {gen.id} gone")
+            return Failed(f"{gen.service} generation {gen.id} (pid {gen.pid}) did not stop")
+
+        return stop
+
+    async def _publish(self, host: str) -> None:
+        try:
+            await self.publisher.publish(host)
+        except OperationError as exc:
+            # The store's table is the truth: boot and the periodic pass publish it.
+            log.warning("%s: publish: %s", host, exc.message)
+
+
+def replica_is_the_imports(journal: ImportJournal,
+                           record: SeedRecord | None) -> tuple[bool, str]:
+    """Whether the host's replica is the import's to delete (step 6): only while the
+    record under the journal's key, if there is one, names this seed abandoned. A
+    record naming another seed or none, or a record of the host under another key,
+    means the replica is someone else's."""
+    if record is None:
+        return True, ""
+    if record_key(record.app, record.host) != journal.record:
+        return False, f"the record {record_key(record.app, record.host)} holds the host"
+    if record.seed != journal.seed:
+        return False, "its record no longer names this seed"
+    if record.state not in ABANDONED:
+        return False, f"its record names this seed as {record.state}, not abandoned"
+    return True, ""

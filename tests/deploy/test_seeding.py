@@ -1,0 +1,301 @@
+"""Seed import and rollback in process, on a real store, home and SQLite files (no
+router: publishing fails and is logged, the store's routes are what is checked)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from keelway.api.daemon import DeployParts, wire
+from keelway.data import seed as files
+from keelway.deploy.errors import Fenced, UserError
+from keelway.deploy.publisher import Publisher
+from keelway.deploy.seeding import SeedOutcome
+from keelway.home import Home
+from keelway.runtime.environment import INSTANCE_KEY, read_env_file
+from keelway.runtime.supervisor import Supervisor
+from keelway.store import SqliteStore
+from keelway.store.records import Generation
+from keelway.store.seeds import ImportState, SeedState
+from keelway.testing.clock import FakeClock
+
+HOST = "acme.shop.test"
+OTHER = "globex.shop.test"
+
+
+@pytest.fixture
+def parts(tmp_path: Path) -> tuple[DeployParts, SqliteStore, Home]:
+    store = SqliteStore(tmp_path / "keelway.db", FakeClock())
+    home = Home(tmp_path / "home")
+    home.ensure()
+    clock = FakeClock()
+
+    async def on_exit(_gen: Generation, _code: int | None) -> None:
+        return None
+
+    deploy = wire(store, home, Supervisor(store, home, clock, on_exit),
+                  Publisher(store, home.router_socket), clock, "test")
+    deploy.tenants.create_app("shop")
+    asyncio.run(deploy.tenants.add_instances("shop", [HOST, OTHER], {}))
+    for host, rows in ((HOST, ["original"]), (OTHER, ["other"])):
+        _fill(home.db_path(host), rows)
+    return deploy, store, home
+
+
+def _fill(db: Path, rows: list[str]) -> None:
+    conn = sqlite3.connect(db)
+    conn.execute("CREATE TABLE IF NOT EXISTS t (v TEXT)")
+    conn.executemany("INSERT INTO t VALUES (?)", [(r,) for r in rows])
+    conn.commit()
+    conn.close()
+
+
+def _rows(db: Path) -> list[str]:
+    conn = sqlite3.connect(db)
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        return [r[0] for r in conn.execute("SELECT v FROM t ORDER BY rowid")]
+    finally:
+        conn.close()
+
+
+def _seed_file(tmp_path: Path, rows: list[str]) -> Path:
+    path = tmp_path / "seed.sqlite3"
+    _fill(path, rows)
+    return path
+
+
+def _sums(home: Home, host: str) -> tuple[str, str]:
+    return (hashlib.sha256(home.db_path(host).read_bytes()).hexdigest(),
+            home.env_file(host).read_text())
+
+
+def test_an_import_then_its_rollback_leaves_the_original_database_and_key_intact(
+        parts: tuple[DeployParts, SqliteStore, Home], tmp_path: Path) -> None:
+    deploy, store, home = parts
+    key = read_env_file(home.env_file(HOST))[INSTANCE_KEY]
+    other_before, other_route = _sums(home, OTHER), store.get_route(OTHER)
+    report = asyncio.run(deploy.seeding.import_seed(HOST, _seed_file(tmp_path, ["seeded"])))
+    assert report.outcome is SeedOutcome.IMPORTED and report.seed
+    journal = store.get_import(HOST)
+    assert journal is not None and journal.known is ImportState.SWAPPED
+    env = read_env_file(home.env_file(HOST))
+    assert env["KEELWAY_DB"] == str(home.seed_db_path(HOST)) and env[INSTANCE_KEY] != key
+    assert _rows(home.seed_db_path(HOST)) == ["seeded"]
+    assert files.local_seed_id(home.seed_db_path(HOST)) == report.seed
+    assert not store.fenced(HOST)
+    record = store.seed_record(HOST)
+    assert record is not None and record.state is SeedState.IMPORTED
+
+    undone = asyncio.run(deploy.seeding.rollback(HOST))
+    assert undone.outcome is SeedOutcome.ROLLED_BACK
+    assert _rows(home.db_path(HOST)) == ["original"]
+    env = read_env_file(home.env_file(HOST))
+    assert env[INSTANCE_KEY] == key and "KEELWAY_DB" not in env
+    assert not home.seed_db_path(HOST).exists()
+    assert not files.marker_of(home.seed_db_path(HOST)).exists()
+    assert not home.seed_copy(report.seed).exists()
+    assert store.get_import(HOST) is None and not store.fenced(HOST)
+    record = store.seed_record(HOST)
+    assert record is not None and record.state is SeedState.ROLLED_BACK
+    assert _sums(home, OTHER) == other_before and store.get_route(OTHER) == other_route
+
+
+def test_a_damaged_seed_is_refused_at_import_with_nothing_changed(
+        parts: tuple[DeployParts, SqliteStore, Home], tmp_path: Path) -> None:
+    deploy, store, home = parts
+    bad = _seed_file(tmp_path, ["x"] * 200)
+    data = bytearray(bad.read_bytes())
+    data[4096:8192] = b"\x5a" * 4096  # a whole page of garbage
+    bad.write_bytes(bytes(data))
+    before, sums = store.dump(), _sums(home, HOST)
+    with pytest.raises(UserError, match="seed refused"):
+        asyncio.run(deploy.seeding.import_seed(HOST, bad))
+    assert store.dump() == before and _sums(home, HOST) == sums
+    assert store.list_imports() == [] and not home.seeds_dir.exists()
+    assert store.list_operations("shop", HOST)[0].kind.value != "seed-import"
+
+
+def test_a_wake_during_an_import_is_refused_by_the_fence(
+        parts: tuple[DeployParts, SqliteStore, Home], tmp_path: Path) -> None:
+    deploy, store, _home = parts
+    refused: list[str] = []
+
+    async def progress(step: str) -> None:
+        if step == "fenced":
+            assert store.fenced(HOST)
+            try:
+                deploy.parking.wake_soon(HOST)
+            except Fenced as exc:
+                refused.append(exc.message)
+
+    asyncio.run(deploy.seeding.import_seed(HOST, _seed_file(tmp_path, ["s"]),
+                                           progress=progress))
+    assert len(refused) == 1 and "fenced" in refused[0]
+    assert not store.fenced(HOST)  # the import lifted its own generation
+
+
+def test_another_row_at_the_host_holds_touches_nothing_and_lifts_only_our_fence(
+        parts: tuple[DeployParts, SqliteStore, Home], tmp_path: Path) -> None:
+    deploy, store, home = parts
+    report = asyncio.run(deploy.seeding.import_seed(HOST, _seed_file(tmp_path, ["s"])))
+    assert report.seed
+    journal = store.close_import_gate(HOST, report.seed)  # a rollback cut short
+    assert store.fenced(HOST)
+    # A later row at the host (a stale journal restored, say): it is someone else's.
+    store._conn.execute("UPDATE routes SET seed=NULL WHERE host=?", (HOST,))
+    env, db = home.env_file(HOST).read_text(), home.seed_db_path(HOST).read_bytes()
+    held = asyncio.run(deploy.seeding.rollback(HOST))
+    assert held.outcome is SeedOutcome.HELD
+    assert home.env_file(HOST).read_text() == env
+    assert home.seed_db_path(HOST).read_bytes() == db
+    fence = store.get_fence(HOST)
+    assert fence is not None and not fence.held and fence.generation == journal.fence_gen
+    # A fence someone else holds now is never lifted by the rollback's generation.
+    store.fence(HOST, "operator")
+    assert asyncio.run(deploy.seeding.rollback(HOST)).outcome is SeedOutcome.HELD
+    assert store.fenced(HOST)
+    assert store.get_import(HOST) is not None
+
+
+def test_no_row_and_a_marker_naming_another_seed_leaves_the_file(
+        parts: tuple[DeployParts, SqliteStore, Home], tmp_path: Path) -> None:
+    deploy, store, home = parts
+    report = asyncio.run(deploy.seeding.import_seed(HOST, _seed_file(tmp_path, ["s"])))
+    db = home.seed_db_path(HOST)
+    store._conn.execute("DELETE FROM routes WHERE host=?", (HOST,))
+    files.marker_of(db).write_text("seed-00000000000000ff\n")
+    done = asyncio.run(deploy.seeding.rollback(HOST))
+    assert done.outcome is SeedOutcome.ROLLED_BACK
+    assert _rows(db) == ["s"] and files.local_seed_id(db) == "seed-00000000000000ff"
+    assert store.get_import(HOST) is None and store.get_route(HOST) is None
+    assert report.seed and not home.seed_copy(report.seed).exists()
+
+
+def test_no_row_and_a_marker_naming_this_seed_removes_the_import_s_data(
+        parts: tuple[DeployParts, SqliteStore, Home], tmp_path: Path) -> None:
+    deploy, store, home = parts
+    key = read_env_file(home.env_file(HOST))[INSTANCE_KEY]
+    asyncio.run(deploy.seeding.import_seed(HOST, _seed_file(tmp_path, ["s"])))
+    store._conn.execute("DELETE FROM routes WHERE host=?", (HOST,))
+    assert asyncio.run(deploy.seeding.rollback(HOST)).outcome is SeedOutcome.ROLLED_BACK
+    assert not home.seed_db_path(HOST).exists()
+    assert read_env_file(home.env_file(HOST))[INSTANCE_KEY] == key
+    assert store.get_route(HOST) is None  # nothing is put back where nothing was
+
+
+def test_an_unknown_journal_state_is_left_alone_and_reported(
+        parts: tuple[DeployParts, SqliteStore, Home], tmp_path: Path) -> None:
+    deploy, store, home = parts
+    asyncio.run(deploy.seeding.import_seed(HOST, _seed_file(tmp_path, ["s"])))
+    store._conn.execute("UPDATE seed_imports SET state='frobbed' WHERE instance=?", (HOST,))
+    before = store.dump()
+    report = asyncio.run(deploy.seeding.rollback(HOST))
+    assert report.outcome is SeedOutcome.UNKNOWN_STATE and "frobbed" in (report.reason or "")
+    assert store.dump() == before and home.seed_db_path(HOST).exists()
+    assert [r.outcome for r in asyncio.run(deploy.seeding.resume())] == [
+        SeedOutcome.UNKNOWN_STATE]
+
+
+def test_dry_runs_change_nothing(parts: tuple[DeployParts, SqliteStore, Home],
+                                 tmp_path: Path) -> None:
+    deploy, store, home = parts
+    before = store.dump()
+    plan = asyncio.run(deploy.seeding.import_seed(HOST, _seed_file(tmp_path, ["s"]),
+                                                  dry_run=True))
+    assert plan.outcome is SeedOutcome.DRY_RUN and plan.plan
+    assert store.dump() == before and not home.seeds_dir.exists()
+    asyncio.run(deploy.seeding.import_seed(HOST, _seed_file(tmp_path, ["s"])))
+    before = store.dump()
+    plan = asyncio.run(deploy.seeding.rollback(HOST, dry_run=True))
+    assert plan.outcome is SeedOutcome.DRY_RUN and len(plan.plan) == 8
+    assert store.dump() == before
+
+
+def test_a_second_import_waits_for_the_first_to_roll_back(
+        parts: tuple[DeployParts, SqliteStore, Home], tmp_path: Path) -> None:
+    deploy, _store, _home = parts
+    asyncio.run(deploy.seeding.import_seed(HOST, _seed_file(tmp_path, ["s"])))
+    with pytest.raises(UserError, match="journaled"):
+        asyncio.run(deploy.seeding.import_seed(HOST, _seed_file(tmp_path, ["t"])))
+
+
+def test_boot_rolls_back_an_import_interrupted_before_its_gate_opened(
+        parts: tuple[DeployParts, SqliteStore, Home], tmp_path: Path) -> None:
+    deploy, store, home = parts
+    key = read_env_file(home.env_file(HOST))[INSTANCE_KEY]
+    seed = files.mint_seed_id()
+    copy = files.store_copy(_seed_file(tmp_path, ["s"]), home.seed_copy(seed))
+    before = files.env_before(home.env_file(HOST))
+    store.begin_import(HOST, seed, env_before=before, sha256=copy.sha256)
+    store.fence_import(HOST, seed)
+    files.lay_down(home.seed_copy(seed), home.seed_db_path(HOST), seed, copy.sha256)
+    files.write_import_env(home.env_file(HOST), home.seed_db_path(HOST), before)
+    orphan = home.seed_copy(files.mint_seed_id())  # a crash before its journal row
+    orphan.write_bytes(b"")
+    (report,) = asyncio.run(deploy.seeding.resume())
+    assert report.outcome is SeedOutcome.ROLLED_BACK
+    assert read_env_file(home.env_file(HOST))[INSTANCE_KEY] == key
+    assert not home.seed_db_path(HOST).exists() and not orphan.exists()
+    assert _rows(home.db_path(HOST)) == ["original"]
+    assert store.get_import(HOST) is None and not store.fenced(HOST)
+
+
+# How far a rollback got before it was cut short: each prefix of its steps, done by
+# hand, then the rollback run again from the journal must end where a whole one does.
+def _close(store: SqliteStore, home: Home, seed: str) -> None:
+    store.close_import_gate(HOST, seed)
+
+
+def _retired(store: SqliteStore, home: Home, seed: str) -> None:
+    _close(store, home, seed)
+    journal = store.get_import(HOST)
+    assert journal is not None
+    files.retire_import_env(home.env_file(HOST), journal.env_before)
+
+
+def _removed(store: SqliteStore, home: Home, seed: str) -> None:
+    _retired(store, home, seed)
+    files.remove_local(home.seed_db_path(HOST))
+
+
+def _restored(store: SqliteStore, home: Home, seed: str) -> None:
+    _removed(store, home, seed)
+    store.restore_import_route(HOST, seed)
+
+
+def _unfenced(store: SqliteStore, home: Home, seed: str) -> None:
+    _restored(store, home, seed)
+    journal = store.get_import(HOST)
+    assert journal is not None and journal.fence_gen is not None
+    store.unfence(HOST, journal.fence_gen)
+
+
+def _copy_deleted(store: SqliteStore, home: Home, seed: str) -> None:
+    _unfenced(store, home, seed)
+    home.seed_copy(seed).unlink()
+
+
+@pytest.mark.parametrize("cut_short", [_close, _retired, _removed, _restored, _unfenced,
+                                       _copy_deleted])
+def test_a_rollback_cut_short_after_any_step_resumes_from_its_journal_to_the_end(
+        parts: tuple[DeployParts, SqliteStore, Home], tmp_path: Path,
+        cut_short: object) -> None:
+    deploy, store, home = parts
+    key = read_env_file(home.env_file(HOST))[INSTANCE_KEY]
+    report = asyncio.run(deploy.seeding.import_seed(HOST, _seed_file(tmp_path, ["s"])))
+    assert report.seed is not None and callable(cut_short)
+    cut_short(store, home, report.seed)
+    assert asyncio.run(deploy.seeding.rollback(HOST)).outcome is SeedOutcome.ROLLED_BACK
+    assert store.get_import(HOST) is None and not store.fenced(HOST)
+    assert read_env_file(home.env_file(HOST))[INSTANCE_KEY] == key
+    assert not home.seed_db_path(HOST).exists() and not home.seed_copy(report.seed).exists()
+    assert _rows(home.db_path(HOST)) == ["original"]
+    row = store.row_at(HOST)
+    assert row is None or row.seed is None
+    record = store.seed_record(HOST)
+    assert record is not None and record.state is SeedState.ROLLED_BACK
