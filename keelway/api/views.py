@@ -91,6 +91,9 @@ def status_view(store: Store, http_port: int | None, app_filter: str | None,
                 "fence": ({"generation": fence.generation, "held": fence.held,
                            "reason": fence.reason}
                           if (fence := store.get_fence(inst.host)) is not None else None),
+                # An import in effect, or being rolled back (never `env_before`: secrets).
+                "seed": ({"seed": seed.seed, "state": seed.state}
+                         if (seed := store.get_import(inst.host)) is not None else None),
                 "processes": services,
                 "last_operation": operation_view(latest, with_steps=False) if latest else None,
             })

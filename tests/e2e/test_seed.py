@@ -60,6 +60,10 @@ def test_a_seed_serves_then_rolls_back_to_the_instance_s_own_data_and_key(
     status = kw.ok("seed", "status", HOST, "--json").json()
     assert status["journal"]["state"] == "swapped" and status["marker"] == done["seed"]
     assert key not in json.dumps(status)
+    shown = kw.ok("status", "--json").json()
+    assert key not in json.dumps(shown)
+    seen = {i["host"]: i["seed"] for a in shown["apps"] for i in a["instances"]}
+    assert seen[HOST] == {"seed": done["seed"], "state": "swapped"} and seen[OTHER] is None
 
     refused = kw.run("seed", "import", HOST, str(seed), "--json")
     assert refused.code != 0 and "journaled" in refused.out
@@ -70,6 +74,8 @@ def test_a_seed_serves_then_rolls_back_to_the_instance_s_own_data_and_key(
     assert "visit 4" in _visit(kw, HOST)
     assert read_env_file(kw.home / "env" / f"{HOST}.env")[INSTANCE_KEY] == key
     assert kw.ok("seed", "status", HOST, "--json").json()["journal"] is None
+    assert all(i["seed"] is None for a in kw.ok("status", "--json").json()["apps"]
+               for i in a["instances"])
     assert not (kw.home / "data" / HOST / "seed").exists()
     assert [r for r in kw.store_dump()["routes"] if r["host"] == OTHER] == other_route
     assert (kw.home / "env" / f"{OTHER}.env").read_text() == other_env
