@@ -99,6 +99,16 @@ class Home:
     def db_path(self, instance: str) -> Path:
         return self.data_dir(instance) / "db.sqlite3"
 
+    @property
+    def objects_dir(self) -> Path:
+        """The default object store (snapshots and their manifests)."""
+        return self.root / "objects"
+
+    @property
+    def objects_setting(self) -> Path:
+        """The object store `keelway up --objects` named, kept for the next `up`."""
+        return self.root / "objects.url"
+
     def env_file(self, instance: str) -> Path:
         return self.root / "env" / f"{instance}.env"
 

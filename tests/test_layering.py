@@ -19,9 +19,12 @@ ALLOWED = {
     "builds": set(),
     "runtime": {"store", "router"},
     "reconcile": {"store", "runtime"},
-    "deploy": {"store", "runtime", "builds", "router", "reconcile"},
-    "activator": {"store", "runtime", "builds", "router", "deploy", "reconcile"},
-    "api": {"store", "runtime", "builds", "router", "deploy", "reconcile", "activator"},
+    # instance data: object stores, snapshots and their verification
+    "data": {"store", "runtime", "builds"},
+    "deploy": {"store", "runtime", "builds", "router", "reconcile", "data"},
+    "activator": {"store", "runtime", "builds", "router", "deploy", "reconcile", "data"},
+    "api": {"store", "runtime", "builds", "router", "deploy", "reconcile", "activator",
+            "data"},
     "cli": set(),
 }
 

@@ -1,0 +1,67 @@
+"""Verification of a copy of an instance database: nobody trusts a copy until it has
+been opened and checked (SPEC §4 Data).
+
+A copy is verified when SQLite opens it read-only, `PRAGMA integrity_check` says `ok`,
+and (when a checksum is expected) its sha256 matches the manifest's. Verification never
+writes the file (the read-only open creates no `-wal`/`-shm` beside it: a snapshot is a
+single rollback-journal file, see snapshots.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class Damaged(Exception):
+    """A copy that failed verification; `message` says how. Whoever asked for it changes
+    nothing with it."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Verified:
+    size: int
+    sha256: str
+    schema_version: int  # PRAGMA user_version
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_file(path: Path, expect_sha256: str | None = None) -> Verified:
+    """Check the database copy at `path`; raises Damaged if it fails, changes nothing.
+
+    The checksum is compared first: a copy whose bytes are not the recorded ones is
+    refused even if SQLite would open it."""
+    path = Path(path)
+    size = path.stat().st_size
+    digest = sha256_file(path)
+    if expect_sha256 is not None and digest != expect_sha256:
+        raise Damaged(f"{path.name}: sha256 {digest[:12]}… is not the recorded "
+                      f"{expect_sha256[:12]}…")
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+    except sqlite3.Error as exc:
+        raise Damaged(f"{path.name}: SQLite cannot open it: {exc}") from None
+    try:
+        rows = conn.execute("PRAGMA integrity_check").fetchall()
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    except sqlite3.DatabaseError as exc:
+        raise Damaged(f"{path.name}: not a whole SQLite database: {exc}") from None
+    finally:
+        conn.close()
+    said = [str(row[0]) for row in rows]
+    if said != ["ok"]:
+        raise Damaged(f"{path.name}: integrity_check: {'; '.join(said[:3])}")
+    return Verified(size, digest, version)
