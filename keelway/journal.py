@@ -40,6 +40,8 @@ class OpKind(enum.StrEnum):
     REMOVE_INSTANCE = "remove-instance"
     # `apps destroy`: every instance removed, then the app's builds and records.
     DESTROY = "destroy"
+    # `db restore`: an instance's database replaced by a verified snapshot.
+    RESTORE = "restore"
 
     @property
     def releases(self) -> bool:
@@ -50,7 +52,7 @@ class OpKind(enum.StrEnum):
             case (OpKind.CONFIG | OpKind.RESTART | OpKind.STOP | OpKind.START
                   | OpKind.RECOVER | OpKind.RESTART_CRASHED | OpKind.PARK | OpKind.WAKE
                   | OpKind.RUN | OpKind.ADD_INSTANCES | OpKind.REMOVE_INSTANCE
-                  | OpKind.DESTROY):
+                  | OpKind.DESTROY | OpKind.RESTORE):
                 return False
             case _:
                 assert_never(self)
@@ -104,6 +106,12 @@ class StepKind(enum.StrEnum):
     # wake (which runs it as an attempt), and nothing of it starts now.
     DEFER = "defer"
 
+    # `db restore`: the route held (requests wait) before the instance stops.
+    HOLD_ROUTE = "hold-route"
+    # `db restore`: the verified copy committed and swapped in for the database (its
+    # -wal/-shm with it); once begun, boot finishes the swap (keelway/data/swap.py).
+    SWAP_DB = "swap-db"
+
     def label(self, service: str | None) -> str:
         who = service or "?"
         match self:
@@ -142,6 +150,10 @@ class StepKind(enum.StrEnum):
                 return "forget"
             case StepKind.REMOVE_BUILDS:
                 return "remove builds"
+            case StepKind.HOLD_ROUTE:
+                return "hold route"
+            case StepKind.SWAP_DB:
+                return "swap database"
             case _:
                 assert_never(self)
 

@@ -1,0 +1,105 @@
+"""Snapshots and restore of an instance's database, through the real CLI and daemon."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.harness import EXAMPLE, Keelway
+
+pytestmark = pytest.mark.slow
+
+HOST = "one.test"
+OTHER = "two.test"
+
+
+def _visit(kw: Keelway, host: str = HOST) -> int:
+    status, body, _ = kw.get(host)
+    assert status == 200, body
+    return int(body.decode().rsplit("visit ", 1)[1])
+
+
+def _instance_state(kw: Keelway, host: str) -> str:
+    for app in kw.ok("status", "--json").json()["apps"]:
+        for inst in app["instances"]:
+            if inst["host"] == host:
+                return str(inst["state"])
+    raise AssertionError(f"no instance {host}")
+
+
+def _stored(kw: Keelway, snap_id: str) -> Path:
+    return kw.home / "objects" / "instances" / HOST / "snapshots" / f"{snap_id}.db"
+
+
+def test_a_restore_brings_back_the_rows_of_the_snapshot(kw: Keelway) -> None:
+    kw.up()
+    kw.ok("deploy", "hello", str(EXAMPLE), "--host", HOST, "--host", OTHER)
+    for _ in range(3):
+        _visit(kw)
+    assert _visit(kw, OTHER) == 1
+    snap = kw.ok("db", "snapshot", HOST, "--json").json()
+    assert snap["instance"] == HOST and snap["release"] == 1
+    listed = kw.ok("db", "snapshots", HOST, "--json").json()["snapshots"]
+    assert [s["id"] for s in listed] == [snap["id"]]
+    assert kw.ok("db", "verify", HOST, snap["id"], "--json").json()["ok"] is True
+    assert _visit(kw) == 4 and _visit(kw) == 5
+    before = kw.app_pids()
+
+    done = kw.ok("db", "restore", HOST, snap["id"], "--json").json()
+
+    assert done["state"] == "running"
+    assert _visit(kw) == 4  # the three visits of the snapshot, then this one
+    assert _visit(kw, OTHER) == 2  # the other instance's database was not touched
+    after = kw.app_pids()
+    assert len(after) == len(before) and set(after) != set(before)  # HOST restarted
+    data = kw.home / "data" / HOST
+    assert sorted(p.name for p in data.iterdir() if "restore" in p.name or "incoming"
+                  in p.name) == []
+    ops = kw.ok("ops", "hello", "--instance", HOST, "--json").json()
+    assert any(op["kind"] == "restore" and op["state"] == "succeeded"
+               for op in (ops["operations"] if isinstance(ops, dict) else ops))
+
+
+def test_a_damaged_snapshot_is_refused_at_restore_and_nothing_changes(kw: Keelway) -> None:
+    kw.up()
+    kw.ok("deploy", "hello", str(EXAMPLE), "--host", HOST)
+    _visit(kw)
+    snap = kw.ok("db", "snapshot", HOST, "--json").json()
+    stored = _stored(kw, snap["id"])
+    raw = bytearray(stored.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    stored.write_bytes(bytes(raw))
+    _visit(kw)
+    pids = kw.app_pids()
+
+    verified = kw.run("db", "verify", HOST, snap["id"], "--json")
+    refused = kw.run("db", "restore", HOST, snap["id"], "--json")
+
+    assert verified.code != 0 and "snapshot-refused" in verified.out + verified.err
+    assert refused.code != 0 and "snapshot-refused" in refused.out + refused.err
+    assert "sha256" in refused.out + refused.err
+    assert kw.app_pids() == pids
+    assert _visit(kw) == 3  # the database went on as it was
+    unknown = kw.run("db", "restore", HOST, "20200101T000000000000Z-0000", "--json")
+    assert unknown.code != 0 and "not-found" in unknown.out + unknown.err
+    bad = kw.run("db", "restore", HOST, "../../etc", "--json")
+    assert bad.code != 0 and "bad-request" in bad.out + bad.err
+
+
+def test_a_parked_instance_is_snapshotted_restored_and_stays_parked(kw: Keelway) -> None:
+    kw.up()
+    kw.ok("deploy", "hello", str(EXAMPLE), "--host", HOST)
+    _visit(kw)
+    _visit(kw)
+    kw.ok("park", HOST)
+    snap = kw.ok("db", "snapshot", HOST, "--json").json()
+    kw.ok("wake", HOST)
+    _visit(kw)
+    kw.ok("park", HOST)
+
+    done = kw.ok("db", "restore", HOST, snap["id"], "--json").json()
+
+    assert done["state"] == "parked" and _instance_state(kw, HOST) == "parked"
+    assert kw.app_pids() == []
+    assert _visit(kw) == 3  # the request wakes it, on the restored rows
