@@ -43,6 +43,11 @@ failpoints.declare("snapshot.copy.before", "snapshot.copy.after",
                    "snapshot.put.before", "snapshot.put.after")
 
 
+# Temp files a snapshot writes in the instance's data dir; what a crash leaves of them
+# is removed at boot (`swap.finish_all`).
+LEFTOVER_PREFIXES = (f"{TEMP_PREFIX}snapshot-", f"{TEMP_PREFIX}manifest-")
+
+
 class NoDatabase(Exception):
     """The instance has no database file to snapshot."""
 
@@ -108,7 +113,7 @@ def take(objects: ObjectStore, home: Home, host: str, *, now_s: float,
         raise NoDatabase(f"{host} has no database at {db}")
     _refuse_without_room(db)
     snap_id = names.snapshot_id(now_s, secrets.token_hex(2))
-    tmp = db.with_name(f"{TEMP_PREFIX}snapshot-{snap_id}.db")
+    tmp = db.with_name(f"{LEFTOVER_PREFIXES[0]}{snap_id}.db")
     failpoints.hit("snapshot.copy.before")
     copy_online(db, tmp)
     failpoints.hit("snapshot.copy.after")
@@ -144,7 +149,7 @@ def _refuse_without_room(db: Path) -> None:
 
 
 def _put_bytes(objects: ObjectStore, key: str, data: bytes, scratch: Path) -> None:
-    tmp = scratch / f"{TEMP_PREFIX}manifest-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = scratch / f"{LEFTOVER_PREFIXES[1]}{os.getpid()}-{secrets.token_hex(4)}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE)
     try:
         with os.fdopen(fd, "wb") as handle:

@@ -27,6 +27,7 @@ import sqlite3
 from pathlib import Path
 
 from keelway import failpoints
+from keelway.data.snapshots import LEFTOVER_PREFIXES
 from keelway.durable import TEMP_PREFIX, fsync_dir
 
 SIDES = ("-wal", "-shm", "-journal", "")  # the sides before the main file
@@ -85,8 +86,9 @@ def swap(db: Path, staged: Path) -> None:
 
 
 def finish_all(data_root: Path) -> list[str]:
-    """At boot, before any instance runs: finish every committed swap and remove staged
-    copies no swap committed to. Returns the instances whose swap was finished."""
+    """At boot, before any instance runs: finish every committed swap, and remove staged
+    copies no swap committed to and what a crashed snapshot left. Returns the instances
+    whose swap was finished."""
     finished: list[str] = []
     if not data_root.is_dir():
         return finished
@@ -94,8 +96,9 @@ def finish_all(data_root: Path) -> list[str]:
         db = entry / "db.sqlite3"
         if (incoming(db).exists() or (entry / ASIDE).exists()) and finish(db):
             finished.append(entry.name)
-        for leftover in entry.glob(f"{STAGED_PREFIX}*"):
-            leftover.unlink(missing_ok=True)
+        for prefix in (STAGED_PREFIX, *LEFTOVER_PREFIXES):
+            for leftover in entry.glob(f"{prefix}*"):
+                leftover.unlink(missing_ok=True)
     return finished
 
 
