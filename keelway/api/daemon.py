@@ -283,6 +283,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     rotation = loop.create_task(_rotate_logs_forever(home))
     periodic = loop.create_task(parts.recovery.periodic())
     idle_sweep = loop.create_task(Sweep(store, parts.parking, home.router_socket, clock).run())
+    snapshot_schedule = loop.create_task(parts.snapshots.schedule())
 
     announce(f"keelway {'adopted' if router.handle.adopted else 'started'} the router on "
              f"http://{http_addr}/ (pid {router.handle.pid})")
@@ -299,6 +300,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     rotation.cancel()
     periodic.cancel()
     idle_sweep.cancel()
+    snapshot_schedule.cancel()
     await runner.cleanup()
     home.api_socket.unlink(missing_ok=True)
     await parts.recovery.close()

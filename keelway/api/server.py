@@ -52,7 +52,7 @@ class Api:
         self.recovery = recovery
         self.http_port = http_port
         self.on_shutdown = on_shutdown
-        self.operations = Operations(store, home, deployer, http_port)
+        self.operations = Operations(store, home, deployer, http_port, snapshots)
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[errors_middleware], client_max_size=1024 * 1024)

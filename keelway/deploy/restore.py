@@ -24,10 +24,12 @@ the instance comes back on the restored database, whole.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from keelway import failpoints, names
+from keelway.builds.manifest import DataSpec
 from keelway.data import snapshots, swap
 from keelway.data.objects import NotFound, ObjectStore, ObjectStoreError
 from keelway.data.snapshots import Manifest, NoDatabase
@@ -50,6 +52,17 @@ from keelway.store.records import Generation, Instance, Operation
 
 failpoints.declare("restore.hold.before", "restore.hold.after", "restore.swap.before",
                    "restore.swap.after")
+
+
+log = logging.getLogger("keelway.snapshots")
+
+# How often the schedule looks for due snapshots; the shortest `snapshot_every` is 1m.
+SCHEDULE_S = 30.0
+
+
+def due(now_s: float, last_s: float, every_s: float) -> bool:
+    """Whether a snapshot taken at `last_s` (0: never) is `every_s` old at `now_s`."""
+    return now_s - last_s >= every_s
 
 
 class SnapshotRefused(UserError):
@@ -80,6 +93,10 @@ class Snapshots:
         self.recovery = recovery
         self.objects = objects
         self.journal = recovery.journal
+        # When each instance's newest snapshot was taken, as the schedule last saw it
+        # (read from the object store once per instance, then kept up by the schedule).
+        self._last: dict[str, float] = {}
+        self._specs: dict[tuple[str, str], DataSpec] = {}
 
     def instance(self, host: str) -> Instance:
         try:
@@ -149,9 +166,87 @@ class Snapshots:
         except ObjectStoreError as exc:
             raise ObjectStoreFailed(str(exc), hint="check the object store") from None
 
-    async def prune(self, host: str, keep: int) -> list[str]:
+    # -- schedule and gc ------------------------------------------------------------
+
+    def data_spec(self, host: str) -> DataSpec:
+        """The `[data]` table of the build the instance runs (the default if none)."""
+        for active in sorted(self.store.list_active(host), key=lambda a: a.service != "web"):
+            gen = self.store.get_generation(active.generation_id)
+            if gen is None:
+                continue
+            key = (gen.app, gen.build_digest)
+            if key not in self._specs:  # a build's manifest never changes: read it once
+                target = targets.target_of(self.store, gen)
+                if target is None:
+                    continue
+                self._specs[key] = target.manifest.data
+            return self._specs[key]
+        return DataSpec()
+
+    async def prune_all(self, dry_run: bool) -> list[tuple[str, str]]:
+        """Every instance's snapshots beyond its `keep` (and copies without a manifest)
+        removed, unless `dry_run`; returns (host, snapshot id) of each one beyond."""
+        removed: list[tuple[str, str]] = []
+        for inst in self.store.list_instances():
+            keep = self.data_spec(inst.host).keep
+            async with self.locks.instance(inst.host):
+                try:
+                    if dry_run:
+                        listed = await asyncio.to_thread(snapshots.list_snapshots,
+                                                         self.objects, inst.host)
+                        ids = [m.id for m in listed[: max(0, len(listed) - keep)]]
+                    else:
+                        ids = await asyncio.to_thread(snapshots.prune, self.objects,
+                                                      inst.host, keep)
+                except ObjectStoreError as exc:
+                    raise ObjectStoreFailed(str(exc), hint="check the object store") from None
+            removed += [(inst.host, snap_id) for snap_id in ids]
+        return removed
+
+    async def take_due(self) -> list[str]:
+        """One pass of the schedule: snapshot every instance whose `[data]
+        snapshot_every` has passed since its newest snapshot, then prune it to `keep`.
+        Returns the hosts snapshotted. A failure is logged and left to the next pass."""
+        now = self.recovery.clock.now()
+        taken = []
+        for inst in self.store.list_instances():
+            spec = self.data_spec(inst.host)
+            if spec.snapshot_every_s is None or not self.home.db_path(inst.host).is_file():
+                continue
+            last = self._last.get(inst.host)
+            if last is None:
+                newest = await asyncio.to_thread(snapshots.newest, self.objects, inst.host)
+                last = self._last[inst.host] = newest.taken_at if newest else 0.0
+            if not due(now, last, spec.snapshot_every_s):
+                continue
+            try:
+                made = await self.snapshot(inst.host)
+                await self.prune_one(inst.host, spec.keep)
+            except OperationError as exc:
+                log.warning("scheduled snapshot of %s: %s", inst.host, exc.message)
+                continue
+            self._last[inst.host] = made.taken_at
+            taken.append(inst.host)
+        return taken
+
+    async def prune_one(self, host: str, keep: int) -> list[str]:
         async with self.locks.instance(host):
-            return await asyncio.to_thread(snapshots.prune, self.objects, host, keep)
+            try:
+                return await asyncio.to_thread(snapshots.prune, self.objects, host, keep)
+            except ObjectStoreError as exc:
+                raise ObjectStoreFailed(str(exc), hint="check the object store") from None
+
+    async def schedule(self) -> None:
+        """The one loop that takes due snapshots (the daemon runs it; the clock is
+        injected, so a test's hour passes at once)."""
+        while True:
+            await self.recovery.clock.sleep(SCHEDULE_S)
+            try:
+                await self.take_due()
+            except Exception:
+                # The loop outlives any one pass: a store or disk error is logged, and
+                # the next pass tries again.
+                log.exception("snapshot schedule pass failed")
 
     # -- restore ---------------------------------------------------------------------
 

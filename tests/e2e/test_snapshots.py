@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import shutil
+import time
 from pathlib import Path
 
 import pytest
 
+from keelway.api.daemon import wire
+from keelway.deploy.publisher import Publisher
+from keelway.home import Home as KeelwayHome
+from keelway.runtime.supervisor import Supervisor
+from keelway.store import SqliteStore
+from keelway.store.records import Generation
+from keelway.testing.clock import FakeClock
 from tests.e2e.harness import EXAMPLE, Keelway
 
 pytestmark = pytest.mark.slow
@@ -103,3 +114,61 @@ def test_a_parked_instance_is_snapshotted_restored_and_stays_parked(kw: Keelway)
     assert done["state"] == "parked" and _instance_state(kw, HOST) == "parked"
     assert kw.app_pids() == []
     assert _visit(kw) == 3  # the request wakes it, on the restored rows
+
+
+def _app_with_data(tmp_path: Path, data: str) -> Path:
+    app = tmp_path / "app"
+    shutil.copytree(EXAMPLE, app, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(app / "keelway.toml", "a") as toml:
+        toml.write(f"\n[data]\n{data}\n")
+    return app
+
+
+def test_gc_prunes_each_instances_snapshots_beyond_its_keep(kw: Keelway, tmp_path: Path) -> None:
+    kw.up()
+    kw.ok("deploy", "hello", str(_app_with_data(tmp_path, "keep = 2")), "--host", HOST)
+    made = [kw.ok("db", "snapshot", HOST, "--json").json()["id"] for _ in range(3)]
+
+    dry = kw.ok("gc", "--dry-run", "--json").json()
+    done = kw.ok("gc", "--json").json()
+
+    assert dry["snapshots_removed"] == [{"instance": HOST, "id": made[0]}]
+    assert done["snapshots_removed"] == [{"instance": HOST, "id": made[0]}]
+    listed = kw.ok("db", "snapshots", HOST, "--json").json()["snapshots"]
+    assert [s["id"] for s in listed] == made[1:]
+
+
+def test_the_schedule_takes_due_snapshots_and_keeps_only_keep(kw: Keelway,
+                                                              tmp_path: Path) -> None:
+    kw.up()
+    app = _app_with_data(tmp_path, 'snapshot_every = "1m"\nkeep = 2')
+    kw.ok("deploy", "hello", str(app), "--host", HOST)
+    _visit(kw)
+    kw.ok("down")  # the schedule below runs on this home's records, in this process
+    store = SqliteStore(kw.home / "keelway.db", FakeClock())
+    clock = FakeClock(start=time.time())
+    home = KeelwayHome(kw.home)
+
+    async def on_exit(_gen: Generation, _code: int | None) -> None:
+        return None
+
+    part = wire(store, home, Supervisor(store, home, clock, on_exit),
+                Publisher(store, home.router_socket), clock, "test").snapshots
+
+    async def run_for(seconds: float) -> None:
+        until = clock.now() + seconds
+        loop = asyncio.get_running_loop().create_task(part.schedule())
+        while clock.now() < until:
+            await asyncio.sleep(0.01)
+        loop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop
+
+    try:
+        asyncio.run(run_for(330))
+        listed = asyncio.run(part.stored(HOST))
+    finally:
+        store.close()
+    assert len(listed) == 2
+    assert listed[1].taken_at - listed[0].taken_at >= 60
+    assert all(m.release == 1 for m in listed)
