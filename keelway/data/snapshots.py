@@ -3,8 +3,7 @@ a manifest in the object store.
 
 Taking one (`take`): SQLite's backup API copies the database, while its app may write,
 to a temp file in the instance's data dir (the same filesystem, so the move into a local
-store is a rename), switched to a rollback journal so the copy is one self-contained
-file; fsync; then it is verified (keelway/data/verify.py) and only then stored: the
+store is a rename); fsync; then it is verified (keelway/data/verify.py) and only then stored: the
 copy under `<id>.db`, then its manifest under `<id>.json`. The manifest is the commit
 point: a snapshot without one is not listed, restored or counted, and `prune` sweeps it.
 
@@ -78,7 +77,13 @@ class Manifest:
 
 def copy_online(db: Path, dest: Path) -> None:
     """A consistent copy of the live database `db` at `dest` (created 0600), fsynced.
-    On any failure `dest` is removed and `db` is as it was."""
+    On any failure `dest` is removed and `db` is as it was.
+
+    The copy is one read transaction of `db` (the backup in one step), written to a file
+    nobody else can see yet, so its own journal and syncs are off: it is fsynced once at
+    the end, and a crash before that leaves only a temp file, never a listed snapshot.
+    The copy keeps `db`'s header, WAL mode included, so a restore needs no rewrite; with
+    no `-wal` beside it, it is one self-contained file."""
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE)
     os.close(fd)
     try:
@@ -86,9 +91,9 @@ def copy_online(db: Path, dest: Path) -> None:
         try:
             out = sqlite3.connect(dest, isolation_level=None)
             try:
-                src.backup(out)  # one step: the copy is one read transaction of `db`
-                # One self-contained file: no -wal beside the copy for it to depend on.
-                out.execute("PRAGMA journal_mode=DELETE")
+                out.execute("PRAGMA journal_mode=OFF")
+                out.execute("PRAGMA synchronous=OFF")
+                src.backup(out)
             finally:
                 out.close()
         finally:
