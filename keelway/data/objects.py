@@ -168,7 +168,11 @@ class S3Objects:
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         if client is None:
-            import boto3  # only an S3 store pays for importing it
+            try:
+                import boto3  # only an S3 store pays for importing it
+            except ImportError as exc:
+                raise ObjectStoreError("an S3 object store needs boto3 (pip install "
+                                       "boto3)") from exc
 
             client = boto3.client(
                 "s3", region_name=os.environ.get("AWS_REGION")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import time
 from pathlib import Path
@@ -18,6 +19,9 @@ from keelway.store import SqliteStore
 from keelway.store.records import Generation
 from keelway.testing.clock import FakeClock
 from tests.e2e.harness import EXAMPLE, Keelway
+from tests.s3server import S3Server, s3_env, s3_server
+
+__all__ = ["s3_env", "s3_server"]  # fixtures
 
 pytestmark = pytest.mark.slow
 
@@ -172,3 +176,28 @@ def test_the_schedule_takes_due_snapshots_and_keeps_only_keep(kw: Keelway,
     assert len(listed) == 2
     assert listed[1].taken_at - listed[0].taken_at >= 60
     assert all(m.release == 1 for m in listed)
+
+
+def test_up_with_objects_keeps_snapshots_in_s3_and_a_later_up_keeps_it(
+        kw: Keelway, s3_env: S3Server) -> None:
+    url = f"s3://{s3_env.bucket}/e2e-{os.getpid()}"
+    kw.up("--objects", url)
+    kw.ok("deploy", "hello", str(EXAMPLE), "--host", HOST)
+    _visit(kw)
+    snap = kw.ok("db", "snapshot", HOST, "--json").json()
+    assert not (kw.home / "objects").exists()  # nothing went to the local store
+    kw.ok("down")
+    kw.up()  # no --objects: the store named before is kept
+    listed = kw.ok("db", "snapshots", HOST, "--json").json()["snapshots"]
+    assert [s["id"] for s in listed] == [snap["id"]]
+    assert kw.ok("db", "verify", HOST, snap["id"], "--json").json()["ok"] is True
+    _visit(kw)
+    kw.ok("db", "restore", HOST, snap["id"])
+    assert _visit(kw) == 2
+
+
+def test_up_refuses_an_objects_url_it_cannot_use(kw: Keelway) -> None:
+    bad = kw.run("up", "-d", "--http", f"127.0.0.1:{kw.http_port}", "--objects",
+                 "ftp://nope", "--json")
+    assert bad.code != 0 and "s3://" in bad.out + bad.err
+    assert not (kw.home / "objects.url").exists()
