@@ -19,7 +19,6 @@ from __future__ import annotations
 import errno
 import os
 import re
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,8 +91,15 @@ def _copy_durable(src: Path, dest: Path) -> None:
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE_MODE)
         with os.fdopen(fd, "wb") as out, open(src, "rb") as source:
-            shutil.copyfileobj(source, out, 1 << 20)
-            out.flush()
+            # In the kernel, not through Python buffers: a 200 MB snapshot copies at
+            # the disk's speed.
+            size = os.fstat(source.fileno()).st_size
+            offset = 0
+            while offset < size:
+                sent = os.sendfile(out.fileno(), source.fileno(), offset, size - offset)
+                if sent == 0:
+                    break
+                offset += sent
             os.fsync(out.fileno())
         os.replace(tmp, dest)
     except BaseException:

@@ -3,9 +3,10 @@ a manifest in the object store.
 
 Taking one (`take`): SQLite's backup API copies the database, while its app may write,
 to a temp file in the instance's data dir (the same filesystem, so the move into a local
-store is a rename); fsync; then it is verified (keelway/data/verify.py) and only then stored: the
-copy under `<id>.db`, then its manifest under `<id>.json`. The manifest is the commit
-point: a snapshot without one is not listed, restored or counted, and `prune` sweeps it.
+store is a rename); then it is fsynced and verified (keelway/data/verify.py), the two at
+once, and only then stored: the copy under `<id>.db`, then its manifest under
+`<id>.json`. The manifest is the commit point: a snapshot without one is not listed,
+restored or counted, and `prune` sweeps it.
 
 Crash or failure windows: during the copy (a full disk, say) → the temp file is removed
 and the store untouched; a crash leaves a `.tmp-` file that the daemon sweeps at boot.
@@ -22,6 +23,7 @@ import secrets
 import shutil
 import sqlite3
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -34,7 +36,7 @@ from keelway.data.objects import (
     snapshot_key,
     snapshot_prefix,
 )
-from keelway.data.verify import Damaged, verify_file
+from keelway.data.verify import MMAP_BYTES, Damaged, verify_file
 from keelway.durable import PRIVATE_FILE_MODE, TEMP_PREFIX
 from keelway.home import Home
 
@@ -75,7 +77,7 @@ class Manifest:
                    schema_version=int(data["schema_version"]))
 
 
-def copy_online(db: Path, dest: Path) -> None:
+def copy_online(db: Path, dest: Path, *, fsync: bool = True) -> None:
     """A consistent copy of the live database `db` at `dest` (created 0600), fsynced.
     On any failure `dest` is removed and `db` is as it was.
 
@@ -89,6 +91,7 @@ def copy_online(db: Path, dest: Path) -> None:
     try:
         src = sqlite3.connect(db, isolation_level=None, timeout=5)
         try:
+            src.execute(f"PRAGMA mmap_size={MMAP_BYTES}")  # the pages read, not copied
             out = sqlite3.connect(dest, isolation_level=None)
             try:
                 out.execute("PRAGMA journal_mode=OFF")
@@ -98,12 +101,17 @@ def copy_online(db: Path, dest: Path) -> None:
                 out.close()
         finally:
             src.close()
-        with open(dest, "rb") as handle:
-            os.fsync(handle.fileno())
+        if fsync:
+            _fsync(dest)
     except BaseException:
         for side in ("", "-journal", "-wal", "-shm"):
             Path(f"{dest}{side}").unlink(missing_ok=True)
         raise
+
+
+def _fsync(path: Path) -> None:
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
 
 
 def take(objects: ObjectStore, home: Home, host: str, *, now_s: float,
@@ -120,10 +128,17 @@ def take(objects: ObjectStore, home: Home, host: str, *, now_s: float,
     snap_id = names.snapshot_id(now_s, secrets.token_hex(2))
     tmp = db.with_name(f"{LEFTOVER_PREFIXES[0]}{snap_id}.db")
     failpoints.hit("snapshot.copy.before")
-    copy_online(db, tmp)
-    failpoints.hit("snapshot.copy.after")
+    copy_online(db, tmp, fsync=False)
     try:
-        verified = verify_file(tmp)
+        # The copy is flushed to disk while it is verified from the page cache (both
+        # wait on I/O or release the GIL); nothing is stored before both are done.
+        with ThreadPoolExecutor(1) as pool:
+            flushed = pool.submit(_fsync, tmp)
+            try:
+                verified = verify_file(tmp)
+            finally:
+                flushed.result()
+        failpoints.hit("snapshot.copy.after")
         manifest = Manifest(host, snap_id, now_s, verified.size, verified.sha256, release,
                             verified.schema_version)
         failpoints.hit("snapshot.put.before")

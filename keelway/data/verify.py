@@ -19,6 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+MMAP_BYTES = 1 << 30  # what SQLite may map of a file it reads; the rest is read()
+
 
 class Damaged(Exception):
     """A copy that failed verification; `message` says how. Whoever asked for it changes
@@ -79,6 +81,9 @@ def _check(path: Path) -> tuple[list[str], int]:
     except sqlite3.Error as exc:
         raise Damaged(f"{path.name}: SQLite cannot open it: {exc}") from None
     try:
+        # Read through a map of the file rather than copied into SQLite's page cache:
+        # the check reads every page once, and this halves its time.
+        conn.execute(f"PRAGMA mmap_size={MMAP_BYTES}")
         rows = conn.execute("PRAGMA integrity_check").fetchall()
         version = int(conn.execute("PRAGMA user_version").fetchone()[0])
     except sqlite3.DatabaseError as exc:
