@@ -65,6 +65,16 @@ def due(now_s: float, last_s: float, every_s: float) -> bool:
     return now_s - last_s >= every_s
 
 
+def unchanged_since(db: Path, last_s: float) -> bool:
+    """Whether nothing wrote `db` (nor its -wal) after a snapshot taken at `last_s`: a
+    parked instance's database is not copied again every period for nothing."""
+    if last_s <= 0:
+        return False
+    wal = Path(f"{db}-wal")
+    newest = max(db.stat().st_mtime, wal.stat().st_mtime if wal.exists() else 0.0)
+    return newest < last_s
+
+
 class SnapshotRefused(UserError):
     """The snapshot failed verification (or is unknown): nothing was changed."""
 
@@ -170,25 +180,33 @@ class Snapshots:
 
     def data_spec(self, host: str) -> DataSpec:
         """The `[data]` table of the build the instance runs (the default if none)."""
-        for active in sorted(self.store.list_active(host), key=lambda a: a.service != "web"):
-            gen = self.store.get_generation(active.generation_id)
-            if gen is None:
-                continue
-            key = (gen.app, gen.build_digest)
-            if key not in self._specs:  # a build's manifest never changes: read it once
-                target = targets.target_of(self.store, gen)
-                if target is None:
-                    continue
-                self._specs[key] = target.manifest.data
-            return self._specs[key]
-        return DataSpec()
+        gens = [g for g in self.store.active_generations() if g.instance == host]
+        return self._spec_of(gens[0]) if gens else DataSpec()
+
+    def _spec_of(self, gen: Generation) -> DataSpec:
+        key = (gen.app, gen.build_digest)
+        if key not in self._specs:  # a build's manifest never changes: read it once
+            target = targets.target_of(self.store, gen)
+            if target is None:
+                return DataSpec()
+            self._specs[key] = target.manifest.data
+        return self._specs[key]
+
+    def _specs_by_host(self) -> dict[str, DataSpec]:
+        """Every instance's `[data]` table from one bulk read of ACTIVE (web first)."""
+        found: dict[str, DataSpec] = {}
+        for gen in self.store.active_generations():
+            if gen.instance not in found:
+                found[gen.instance] = self._spec_of(gen)
+        return found
 
     async def prune_all(self, dry_run: bool) -> list[tuple[str, str]]:
         """Every instance's snapshots beyond its `keep` (and copies without a manifest)
         removed, unless `dry_run`; returns (host, snapshot id) of each one beyond."""
         removed: list[tuple[str, str]] = []
+        specs = self._specs_by_host()
         for inst in self.store.list_instances():
-            keep = self.data_spec(inst.host).keep
+            keep = specs.get(inst.host, DataSpec()).keep
             async with self.locks.instance(inst.host):
                 try:
                     if dry_run:
@@ -209,15 +227,18 @@ class Snapshots:
         Returns the hosts snapshotted. A failure is logged and left to the next pass."""
         now = self.recovery.clock.now()
         taken = []
-        for inst in self.store.list_instances():
-            spec = self.data_spec(inst.host)
-            if spec.snapshot_every_s is None or not self.home.db_path(inst.host).is_file():
+        for host, spec in sorted(self._specs_by_host().items()):
+            db = self.home.db_path(host)
+            if spec.snapshot_every_s is None or not db.is_file():
                 continue
-            last = self._last.get(inst.host)
+            last = self._last.get(host)
             if last is None:
-                newest = await asyncio.to_thread(snapshots.newest, self.objects, inst.host)
-                last = self._last[inst.host] = newest.taken_at if newest else 0.0
-            if not due(now, last, spec.snapshot_every_s):
+                newest = await asyncio.to_thread(snapshots.newest, self.objects, host)
+                last = self._last[host] = newest.taken_at if newest else 0.0
+            if not due(now, last, spec.snapshot_every_s) or unchanged_since(db, last):
+                continue
+            inst = self.store.get_instance(host)
+            if inst is None:
                 continue
             try:
                 made = await self.snapshot(inst.host)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
 import time
@@ -12,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from keelway.api.daemon import wire
+from keelway.data.objects import LocalObjects
 from keelway.deploy.publisher import Publisher
+from keelway.deploy.restore import SCHEDULE_S
 from keelway.home import Home as KeelwayHome
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import SqliteStore
@@ -150,32 +151,37 @@ def test_the_schedule_takes_due_snapshots_and_keeps_only_keep(kw: Keelway,
     _visit(kw)
     kw.ok("down")  # the schedule below runs on this home's records, in this process
     store = SqliteStore(kw.home / "keelway.db", FakeClock())
-    clock = FakeClock(start=time.time())
+    # The fake time runs behind the files' real mtimes: every pass sees a changed file.
+    clock = FakeClock(start=time.time() - 100_000)
     home = KeelwayHome(kw.home)
 
     async def on_exit(_gen: Generation, _code: int | None) -> None:
         return None
 
+    # A store of its own: the daemon's schedule may have taken one of its own meanwhile.
     part = wire(store, home, Supervisor(store, home, clock, on_exit),
-                Publisher(store, home.router_socket), clock, "test").snapshots
+                Publisher(store, home.router_socket), clock, "test",
+                LocalObjects(tmp_path / "objects")).snapshots
 
-    async def run_for(seconds: float) -> None:
-        until = clock.now() + seconds
-        loop = asyncio.get_running_loop().create_task(part.schedule())
-        while clock.now() < until:
-            await asyncio.sleep(0.01)
-        loop.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await loop
+    async def passes(count: int) -> None:
+        # What `schedule` does every SCHEDULE_S, pass by pass, so none is cut short.
+        for _ in range(count):
+            await clock.sleep(SCHEDULE_S)
+            await part.take_due()
 
     try:
-        asyncio.run(run_for(330))
+        asyncio.run(passes(11))  # 330 s
         listed = asyncio.run(part.stored(HOST))
+        clock.advance(200_000)  # now past the file's mtime: one more, then it is unchanged
+        once = asyncio.run(part.take_due())
+        clock.advance(120)
+        again = asyncio.run(part.take_due())
     finally:
         store.close()
     assert len(listed) == 2
     assert listed[1].taken_at - listed[0].taken_at >= 60
     assert all(m.release == 1 for m in listed)
+    assert (once, again) == ([HOST], [])  # nothing wrote the database since
 
 
 def test_up_with_objects_keeps_snapshots_in_s3_and_a_later_up_keeps_it(
