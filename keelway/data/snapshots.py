@@ -44,9 +44,11 @@ failpoints.declare("snapshot.copy.before", "snapshot.copy.after",
                    "snapshot.put.before", "snapshot.put.after")
 
 
-# Temp files a snapshot writes in the instance's data dir; what a crash leaves of them
-# is removed at boot (`swap.finish_all`).
-LEFTOVER_PREFIXES = (f"{TEMP_PREFIX}snapshot-", f"{TEMP_PREFIX}manifest-")
+# Temp files a snapshot or a verify writes in the instance's data dir (and the temp of a
+# download into one of them); what a crash leaves of them is removed at boot
+# (`swap.finish_all`). An app's own files in its data dir never start so.
+LEFTOVER_PREFIXES = (f"{TEMP_PREFIX}snapshot-", f"{TEMP_PREFIX}manifest-",
+                     f"{TEMP_PREFIX}verify-", f"{TEMP_PREFIX}{TEMP_PREFIX}")
 
 
 class NoDatabase(Exception):
@@ -229,7 +231,7 @@ def fetch(objects: ObjectStore, host: str, snap_id: str, dest: Path) -> Manifest
 def verify_stored(objects: ObjectStore, host: str, snap_id: str, scratch: Path) -> Manifest:
     """Fetch and verify a stored snapshot into `scratch` (removed after); raises
     NotFound or Damaged."""
-    dest = scratch / f"{TEMP_PREFIX}verify-{snap_id}.db"
+    dest = scratch / f"{LEFTOVER_PREFIXES[2]}{snap_id}.db"
     try:
         return fetch(objects, host, snap_id, dest)
     finally:

@@ -99,3 +99,16 @@ def test_a_whole_swap_replaces_the_database_and_its_sides(laid: tuple[Path, Path
     assert _rows(db) == 3
     assert not Path(f"{db}-wal").exists() or _rows(db) == 3
     assert not (db.parent / swap.ASIDE).exists() and not swap.incoming(db).exists()
+
+
+def test_boot_removes_what_a_crashed_snapshot_or_verify_left_and_nothing_of_the_app(
+        tmp_path: Path) -> None:
+    data = tmp_path / "data" / "one.test"
+    data.mkdir(parents=True)
+    left = [".tmp-snapshot-x.db", ".tmp-manifest-1-ab", ".tmp-verify-x.db",
+            ".tmp-.tmp-restore-x.db.12", ".tmp-restore-x.db"]
+    for name in [*left, "db.sqlite3", "uploads.bin", ".tmp-app-own"]:
+        (data / name).write_bytes(b"x")
+    assert swap.finish_all(tmp_path / "data") == []
+    assert sorted(p.name for p in data.iterdir()) == [".tmp-app-own", "db.sqlite3",
+                                                      "uploads.bin"]
