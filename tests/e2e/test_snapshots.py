@@ -59,6 +59,9 @@ def test_a_restore_brings_back_the_rows_of_the_snapshot(kw: Keelway) -> None:
     listed = kw.ok("db", "snapshots", HOST, "--json").json()["snapshots"]
     assert [s["id"] for s in listed] == [snap["id"]]
     assert kw.ok("db", "verify", HOST, snap["id"], "--json").json()["ok"] is True
+    for stored in (_stored(kw, snap["id"]), _stored(kw, snap["id"]).with_suffix(".json")):
+        assert stored.stat().st_mode & 0o777 == 0o600  # a tenant's data, owner-only
+    assert (kw.home / "objects").stat().st_mode & 0o777 == 0o700
     assert _visit(kw) == 4 and _visit(kw) == 5
     before = kw.app_pids()
 
