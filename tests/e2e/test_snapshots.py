@@ -210,3 +210,24 @@ def test_up_refuses_an_objects_url_it_cannot_use(kw: Keelway) -> None:
                  "ftp://nope", "--json")
     assert bad.code != 0 and "s3://" in bad.out + bad.err
     assert not (kw.home / "objects.url").exists()
+
+
+def test_a_stopped_instance_is_restored_and_stays_stopped_and_a_fenced_one_is_refused(
+        kw: Keelway) -> None:
+    kw.up()
+    kw.ok("deploy", "hello", str(EXAMPLE), "--host", HOST)
+    _visit(kw)
+    snap = kw.ok("db", "snapshot", HOST, "--json").json()
+    _visit(kw)
+    kw.ok("fence", HOST)
+    fenced = kw.run("db", "restore", HOST, snap["id"], "--json")
+    assert fenced.code != 0 and "fenced" in fenced.out + fenced.err
+    assert _visit(kw) == 3  # refused: nothing stopped, nothing swapped
+    kw.ok("unfence", HOST)
+    kw.ok("stop", "hello")
+
+    done = kw.ok("db", "restore", HOST, snap["id"], "--json").json()
+
+    assert done["state"] == "stopped" and kw.app_pids() == []
+    kw.ok("start", "hello")
+    assert _visit(kw) == 2
