@@ -112,6 +112,16 @@ class Home:
         dir, beside and never over the instance's own database."""
         return self.data_dir(instance) / "seed" / "db.sqlite3"
 
+    @property
+    def objects_dir(self) -> Path:
+        """The default object store (snapshots and their manifests)."""
+        return self.root / "objects"
+
+    @property
+    def objects_setting(self) -> Path:
+        """The object store `keelway up --objects` named, kept for the next `up`."""
+        return self.root / "objects.url"
+
     def env_file(self, instance: str) -> Path:
         return self.root / "env" / f"{instance}.env"
 

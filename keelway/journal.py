@@ -44,6 +44,8 @@ class OpKind(enum.StrEnum):
     # (keelway/store/seeds.py) is what convergence of these reads, not their steps.
     SEED_IMPORT = "seed-import"
     SEED_ROLLBACK = "seed-rollback"
+    # `db restore`: an instance's database replaced by a verified snapshot.
+    RESTORE = "restore"
 
     @property
     def releases(self) -> bool:
@@ -54,7 +56,8 @@ class OpKind(enum.StrEnum):
             case (OpKind.CONFIG | OpKind.RESTART | OpKind.STOP | OpKind.START
                   | OpKind.RECOVER | OpKind.RESTART_CRASHED | OpKind.PARK | OpKind.WAKE
                   | OpKind.RUN | OpKind.ADD_INSTANCES | OpKind.REMOVE_INSTANCE
-                  | OpKind.DESTROY | OpKind.SEED_IMPORT | OpKind.SEED_ROLLBACK):
+                  | OpKind.DESTROY | OpKind.SEED_IMPORT | OpKind.SEED_ROLLBACK
+                  | OpKind.RESTORE):
                 return False
             case _:
                 assert_never(self)
@@ -129,6 +132,11 @@ class StepKind(enum.StrEnum):
     SEED_DELETE_REPLICA = "seed-delete-replica"
     SEED_FORGET = "seed-forget"
     SEED_RECORD = "seed-record"
+    # `db restore`: the route held (requests wait) before the instance stops.
+    HOLD_ROUTE = "hold-route"
+    # `db restore`: the verified copy committed and swapped in for the database (its
+    # -wal/-shm with it); once begun, boot finishes the swap (keelway/data/swap.py).
+    SWAP_DB = "swap-db"
 
     def label(self, service: str | None) -> str:
         who = service or "?"
@@ -176,6 +184,10 @@ class StepKind(enum.StrEnum):
                   | StepKind.SEED_DELETE_REPLICA | StepKind.SEED_FORGET
                   | StepKind.SEED_RECORD):
                 return self.value.replace("-", " ")
+            case StepKind.HOLD_ROUTE:
+                return "hold route"
+            case StepKind.SWAP_DB:
+                return "swap database"
             case _:
                 assert_never(self)
 

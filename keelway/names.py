@@ -21,6 +21,10 @@ plane, imports it too. The rules, and the invariant each one keeps:
   it names one import; one safe path component (the seed's stored copy is named so).
 - fence reason: one line a person reads in `status` and the events, so no control
   characters (no newline to forge a second event line, no terminal escapes).
+- snapshot id: the UTC time it was taken to the microsecond, then 4 hex digits
+  (`20261201T120102123456Z-9f3a`), so ids sort by time as plain strings (listings,
+  `keep`, the newest one) and two snapshots in one microsecond still differ; one safe
+  path component and object key segment.
 - config value: text that reaches the process unchanged. No NUL (the environment is C
   strings: it would be cut short there), valid UTF-8, and sizes that keep every
   process's environment inside the kernel's exec limits (one string at most 128 KiB,
@@ -34,6 +38,7 @@ and not another's.
 
 from __future__ import annotations
 
+import datetime
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -116,6 +121,20 @@ SEED_ID: Final = Rule(
     re.compile("seed-[0-9a-f]{16}"),
     21,
 )
+
+SNAPSHOT_ID: Final = Rule(
+    "snapshot id",
+    "a snapshot id as `keelway db snapshots HOST` lists it, like 20261201T120102123456Z-9f3a",
+    re.compile("[0-9]{8}T[0-9]{12}Z-[0-9a-f]{4}"),
+    27,
+)
+
+
+def snapshot_id(epoch_s: float, salt: str) -> str:
+    """The id of a snapshot taken at `epoch_s` (UTC); `salt` is 4 hex digits."""
+    when = datetime.datetime.fromtimestamp(epoch_s, tz=datetime.UTC)
+    return SNAPSHOT_ID.check(f"{when:%Y%m%dT%H%M%S%f}Z-{salt}")
+
 
 # Set by keelway in every process after the app's config (runtime/environment.py), so
 # a config var of one of these names could never take effect.

@@ -17,11 +17,12 @@ ALLOWED = {
     "router": set(),
     "store": set(),
     "builds": set(),
-    "data": {"store", "runtime", "builds"},
     "runtime": {"store", "router"},
     "reconcile": {"store", "runtime"},
+    # instance data: object stores, snapshots and their verification
+    "data": {"store", "runtime", "builds"},
     "deploy": {"store", "runtime", "builds", "router", "reconcile", "data"},
-    "activator": {"store", "runtime", "builds", "router", "deploy", "reconcile"},
+    "activator": {"store", "runtime", "builds", "router", "deploy", "reconcile", "data"},
     "api": {"store", "runtime", "builds", "router", "deploy", "reconcile", "activator",
             "data"},
     "cli": set(),
@@ -74,8 +75,8 @@ def test_the_cli_starts_without_aiohttp_uvloop_or_rich() -> None:
 # request runs API → deployer → attempt → plan / steps → store, runtime, router and
 # never comes back to a module it has left. A new part takes its place in this list.
 DEPLOY_ORDER = ["errors", "outcome", "locks", "plan", "steps", "instances", "targets",
-                "publisher", "journaled", "attempt", "recovery", "parking", "runs", "deployer",
-                "tenants", "seeding"]
+                "publisher", "journaled", "attempt", "recovery", "parking", "restore", "runs",
+                "deployer", "tenants", "seeding"]
 
 
 def test_the_deploy_path_reads_one_way() -> None:

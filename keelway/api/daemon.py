@@ -39,6 +39,8 @@ from keelway.api.run_server import RunServer
 from keelway.api.server import Api
 from keelway.builds.stage import stage, sweep
 from keelway.clock import Clock, SystemClock
+from keelway.data import swap
+from keelway.data.objects import LocalObjects, ObjectStore, ObjectStoreError, open_objects
 from keelway.deploy import targets
 from keelway.deploy.deployer import Deployer
 from keelway.deploy.errors import OperationError
@@ -46,10 +48,11 @@ from keelway.deploy.locks import Locks
 from keelway.deploy.parking import Parking
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
+from keelway.deploy.restore import Snapshots
 from keelway.deploy.runs import Runs
 from keelway.deploy.seeding import Seeding
 from keelway.deploy.tenants import Tenants
-from keelway.durable import disk_full, disk_full_message, sweep_temp
+from keelway.durable import disk_full, disk_full_message, sweep_temp, write_atomic
 from keelway.home import PRIVATE_UMASK, Home
 from keelway.runtime import router as router_process
 from keelway.runtime.logs import rotate_if_large
@@ -87,10 +90,11 @@ class DeployParts:
     parking: Parking
     tenants: Tenants
     seeding: Seeding
+    snapshots: Snapshots
 
 
 def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher, clock: Clock,
-         owner: str) -> DeployParts:
+         owner: str, objects: ObjectStore | None = None) -> DeployParts:
     """The deploy parts of one control plane, sharing one set of locks and live ops."""
     locks = Locks()
     recovery = Recovery(store, home, supervisor, publisher, clock, locks, owner)
@@ -98,7 +102,21 @@ def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
     return DeployParts(locks, recovery, deployer,
                        Parking(store, home, supervisor, publisher, locks, recovery),
                        Tenants(store, home, supervisor, publisher, locks, recovery, deployer),
-                       Seeding(store, home, supervisor, publisher, locks, recovery))
+                       Seeding(store, home, supervisor, publisher, locks, recovery),
+                       Snapshots(store, home, supervisor, publisher, locks, recovery,
+                                 objects or LocalObjects(home.objects_dir)))
+
+
+def objects_url(home: Home, asked: str | None) -> str | None:
+    """The object store: the one asked for (and kept in the home for the next `up`),
+    else the one a previous `up` asked for, else None (the home's own directory)."""
+    if asked is not None:
+        open_objects(asked, home)  # a bad URL is refused before it is kept
+        write_atomic(home.objects_setting, asked.encode())
+        return asked
+    if home.objects_setting.exists():
+        return home.objects_setting.read_text().strip() or None
+    return None
 
 
 def _take_lock(home: Home) -> int:
@@ -155,7 +173,7 @@ async def _rotate_logs_forever(home: Home) -> None:
 
 
 async def run(home: Home, http_addr: str | None, demo: bool, announce: Callable[[str], None],
-              router: RouterSettings | None = None) -> int:
+              router: RouterSettings | None = None, objects: str | None = None) -> int:
     """Run the control plane until shutdown; returns the process exit code.
 
     A full disk at start (the lock, the router's records, the store) is said as such and
@@ -163,7 +181,7 @@ async def run(home: Home, http_addr: str | None, demo: bool, announce: Callable[
     the next `up` once there is room starts as usual (nothing was changed half-way).
     """
     try:
-        return await _run_home(home, http_addr, demo, announce, router)
+        return await _run_home(home, http_addr, demo, announce, router, objects)
     except Exception as exc:  # a filter, not a catch-all: anything else goes on up
         if not disk_full(exc):
             raise
@@ -173,7 +191,7 @@ async def run(home: Home, http_addr: str | None, demo: bool, announce: Callable[
 
 
 async def _run_home(home: Home, http_addr: str | None, demo: bool, announce: Callable[[str], None],
-                    router: RouterSettings | None) -> int:
+                    router: RouterSettings | None, objects: str | None = None) -> int:
     home.ensure()
     try:
         lock_fd = _take_lock(home)
@@ -181,8 +199,13 @@ async def _run_home(home: Home, http_addr: str | None, demo: bool, announce: Cal
         announce(f"error: {exc}")
         return exc.exit_code
     try:
+        try:
+            store_url = objects_url(home, objects)
+            object_store = open_objects(store_url, home)
+        except ObjectStoreError as exc:
+            raise StartupError(f"--objects: {exc}", EXIT_FAILED) from exc
         return await _run_locked(home, _router_addr(home, http_addr), demo, announce,
-                                 router or RouterSettings())
+                                 router or RouterSettings(), object_store)
     except StartupError as exc:
         announce(f"error: {exc}")
         return exc.exit_code
@@ -191,7 +214,8 @@ async def _run_home(home: Home, http_addr: str | None, demo: bool, announce: Cal
 
 
 async def _run_locked(home: Home, http_addr: str, demo: bool,
-                      announce: Callable[[str], None], settings: RouterSettings) -> int:
+                      announce: Callable[[str], None], settings: RouterSettings,
+                      objects: ObjectStore | None = None) -> int:
     clock = SystemClock()
     router = await _boot_router(home, http_addr, settings)
     http_port = router_process.parse_addr(http_addr)[1]
@@ -207,8 +231,12 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
 
     supervisor = Supervisor(store, home, clock, on_exit)
     publisher = Publisher(store, home.router_socket)
-    parts = wire(store, home, supervisor, publisher, clock, owner)
+    parts = wire(store, home, supervisor, publisher, clock, owner, objects)
     deployer = parts.deployer
+    # Before boot respawns anything: a restore that committed its swap is carried
+    # through, so the instance comes back on the restored database (keelway/data/swap.py).
+    for host in swap.finish_all(home.root / "data"):
+        log.info("boot: finished the database swap of a restore of %s", host)
     await parts.recovery.boot()
     runs = Runs(store, home, supervisor, parts.locks, parts.recovery)
     runs.finalize_interrupted()  # their processes were strays of the boot pass
@@ -241,7 +269,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
 
     router.watch(push_routes)
     api = Api(store, home, deployer, parts.recovery, http_port, request_shutdown, router,
-              parts.parking, parts.tenants, parts.seeding)
+              parts.parking, parts.tenants, parts.seeding, parts.snapshots)
     # Open log streams (`logs -f`) must not hold a shutdown for long.
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False,
                            shutdown_timeout=2.0)
@@ -259,6 +287,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     rotation = loop.create_task(_rotate_logs_forever(home))
     periodic = loop.create_task(parts.recovery.periodic())
     idle_sweep = loop.create_task(Sweep(store, parts.parking, home.router_socket, clock).run())
+    snapshot_schedule = loop.create_task(parts.snapshots.schedule())
 
     announce(f"keelway {'adopted' if router.handle.adopted else 'started'} the router on "
              f"http://{http_addr}/ (pid {router.handle.pid})")
@@ -275,6 +304,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     rotation.cancel()
     periodic.cancel()
     idle_sweep.cancel()
+    snapshot_schedule.cancel()
     await runner.cleanup()
     home.api_socket.unlink(missing_ok=True)
     await parts.recovery.close()
@@ -324,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
                         default=router_process.default_workers())
     parser.add_argument("--trusted-proxy", action="append", default=[])
     parser.add_argument("--hold-timeout", type=float, default=None)
+    parser.add_argument("--objects", default=None,
+                        help="s3://BUCKET/PREFIX for snapshots (default: $KEELWAY_HOME/objects)")
     args = parser.parse_args(argv)
     # Before anything is created: what this process, the router, build steps and the
     # apps create is then owner-only from its first instant (see keelway/home.py).
@@ -348,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise
 
     with contextlib.suppress(KeyboardInterrupt):
-        return uvloop.run(run(Home.from_env(), args.http, args.demo, announce, settings))
+        return uvloop.run(run(Home.from_env(), args.http, args.demo, announce, settings,
+                              args.objects))
     return 0
 
 

@@ -27,6 +27,7 @@ from keelway.builds.stage import stage
 from keelway.deploy.deployer import Deployer, InstanceResult
 from keelway.deploy.errors import OperationError, UserError
 from keelway.deploy.outcome import Progress
+from keelway.deploy.restore import Snapshots
 from keelway.durable import DISK_FULL_HINT, disk_full, disk_full_message
 from keelway.home import Home
 from keelway.names import InvalidName
@@ -81,7 +82,8 @@ def _final_event(task: asyncio.Task[dict[str, Any]]) -> dict[str, Any]:
 
 class Operations:
     def __init__(self, store: Store, home: Home, deployer: Deployer,
-                 http_port: int | None) -> None:
+                 http_port: int | None, snapshots: Snapshots | None = None) -> None:
+        self.snapshots = snapshots
         self.store = store
         self.home = home
         self.deployer = deployer
@@ -269,5 +271,9 @@ class Operations:
             if not body.dry_run:
                 for app, digest in removed:
                     self.store.forget_build(app, digest)
+        # Snapshots beyond each instance's `[data] keep` (keelway/deploy/restore.py).
+        pruned = await self.snapshots.prune_all(body.dry_run) if self.snapshots else []
         return web.json_response({"removed": [{"app": a, "digest": d} for a, d in removed],
+                                  "snapshots_removed": [{"instance": h, "id": i}
+                                                        for h, i in pruned],
                                   "dry_run": body.dry_run})

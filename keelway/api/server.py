@@ -21,12 +21,14 @@ from keelway.api.http import app_name, errors_middleware, read_body, send_line
 from keelway.api.operations import Operations
 from keelway.api.parking import ParkingApi
 from keelway.api.seed import SeedApi
+from keelway.api.snapshots import SnapshotsApi
 from keelway.api.tenants import TenantsApi
 from keelway.api.views import operation_view, router_view, status_view
 from keelway.deploy.deployer import Deployer
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
 from keelway.deploy.parking import Parking
 from keelway.deploy.recovery import Recovery
+from keelway.deploy.restore import Snapshots
 from keelway.deploy.seeding import Seeding
 from keelway.deploy.tenants import Tenants
 from keelway.home import Home
@@ -41,9 +43,10 @@ class Api:
                  http_port: int | None, on_shutdown: Callable[[bool], None],
                  router: RouterSupervisor | None = None,
                  parking: Parking | None = None, tenants: Tenants | None = None,
-                 seeding: Seeding | None = None) -> None:
+                 seeding: Seeding | None = None, snapshots: Snapshots | None = None) -> None:
         self.router = router
         self.seeding = SeedApi(seeding) if seeding is not None else None
+        self.snapshots = SnapshotsApi(snapshots) if snapshots is not None else None
         self.parking = ParkingApi(parking) if parking is not None else None
         self.tenants = TenantsApi(store, tenants, http_port) if tenants is not None else None
         self.store = store
@@ -52,7 +55,7 @@ class Api:
         self.recovery = recovery
         self.http_port = http_port
         self.on_shutdown = on_shutdown
-        self.operations = Operations(store, home, deployer, http_port)
+        self.operations = Operations(store, home, deployer, http_port, snapshots)
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[errors_middleware], client_max_size=1024 * 1024)
@@ -74,6 +77,7 @@ class Api:
             *(self.parking.routes() if self.parking is not None else []),
             *(self.tenants.routes() if self.tenants is not None else []),
             *(self.seeding.routes() if self.seeding is not None else []),
+            *(self.snapshots.routes() if self.snapshots is not None else []),
         ])
         return app
 

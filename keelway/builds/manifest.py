@@ -9,8 +9,10 @@ Rules:
   Names follow keelway/names.py's SERVICE rule and are unique. `release` is the one-shot
   release command, not a service; `run` is reserved for one-off processes (`keelway
   run`). A `web` process is required: keelway routes HTTP to it.
-- keelway.toml holds `[build] command` and `[services.<name>]` tables with `mode`,
-  `health`, `settle`, `stop_grace`, `idle`. Unknown keys and services not in the
+- keelway.toml holds `[build] command`, `[services.<name>]` tables with `mode`,
+  `health`, `settle`, `stop_grace`, `idle`, and `[data]` with `snapshot_every` (a
+  duration; none: no scheduled snapshots) and `keep` (snapshots kept per instance, at
+  least 1, default 24). Unknown keys and services not in the
   Procfile are errors, so a typo never silently falls back to a default.
 - Every problem raises `ManifestError` with a message naming the file (and line, where
   there is one) and what to change. Validation never uses `assert`.
@@ -40,6 +42,7 @@ ONE_OFF = "run"
 DEFAULT_HEALTH = "/"
 DEFAULT_SETTLE_S = 10.0
 DEFAULT_STOP_GRACE_S = 10.0
+DEFAULT_KEEP_SNAPSHOTS = 24
 
 _DURATION_RE = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h))+")
 _DURATION_PART_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
@@ -69,10 +72,19 @@ class ServiceSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class DataSpec:
+    """How an app's instance databases are snapshotted (keelway/deploy/restore.py)."""
+
+    snapshot_every_s: float | None = None  # None: only by hand
+    keep: int = DEFAULT_KEEP_SNAPSHOTS
+
+
+@dataclass(frozen=True, slots=True)
 class Manifest:
     services: dict[str, ServiceSpec]
     release_command: str | None = None
     build_command: str | None = None
+    data: DataSpec = DataSpec()
 
 
 # keelway.toml as written by the user; turned into ServiceSpecs by `_apply`.
@@ -88,15 +100,22 @@ class _ServiceTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     idle: str | float | None = None
 
 
+class _DataTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    snapshot_every: str | float | None = None
+    keep: int | None = None
+
+
 class _ConfigFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     build: _BuildTable | None = None
     services: dict[str, dict[str, object]] = {}
+    data: _DataTable | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class _Config:
     build_command: str | None = None
     services: dict[str, _ServiceTable] = field(default_factory=dict)
+    data: _DataTable | None = None
 
 
 def load_manifest(directory: Path) -> Manifest:
@@ -172,7 +191,8 @@ def _parse_config(data: bytes) -> _Config:
             services[name] = msgspec.convert(table, type=_ServiceTable)
         except msgspec.ValidationError as exc:
             raise ManifestError(f"{CONFIG_FILE} [services.{name}]{_where(str(exc))}") from exc
-    return _Config(build_command=top.build.command if top.build else None, services=services)
+    return _Config(build_command=top.build.command if top.build else None, services=services,
+                   data=top.data)
 
 
 def _where(message: str, *, tables: bool = False) -> str:
@@ -237,7 +257,26 @@ def _apply(commands: dict[str, str], config: _Config) -> Manifest:
         services=services,
         release_command=commands.get(RELEASE),
         build_command=build_command,
+        data=_data(config.data),
     )
+
+
+def _data(table: _DataTable | None) -> DataSpec:
+    if table is None:
+        return DataSpec()
+    where = f"{CONFIG_FILE} [data]"
+    every_s = None
+    if table.snapshot_every is not None:
+        every_s = parse_duration_s(table.snapshot_every, where=f"{where} snapshot_every")
+        if every_s < 60:
+            raise ManifestError(f"{where} snapshot_every: {table.snapshot_every!r} is under "
+                                'a minute; write at least "1m", or remove it to snapshot '
+                                "only by hand")
+    keep = DEFAULT_KEEP_SNAPSHOTS if table.keep is None else table.keep
+    if keep < 1:
+        raise ManifestError(f"{where} keep: {keep} must be at least 1 (the newest snapshot "
+                            "is always kept)")
+    return DataSpec(snapshot_every_s=every_s, keep=keep)
 
 
 def _service(name: str, command: str, table: _ServiceTable | None) -> ServiceSpec:

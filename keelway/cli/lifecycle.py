@@ -32,9 +32,13 @@ _DAEMON_DISK_FULL = 5  # keelway.api.daemon.EXIT_DISK_FULL, which the CLI does n
 @click.option("--hold-timeout", type=click.FloatRange(0.1, 600), default=None,
               metavar="SECONDS",
               help="How long the router holds a request for a wake (default: 30).")
+@click.option("--objects", default=None, metavar="s3://BUCKET/PREFIX",
+              help="Keep snapshots in S3 (AWS_* variables for the endpoint and keys); "
+                   "kept for later `up`s (default: $KEELWAY_HOME/objects).")
 @json_option
 def up(demo: bool, detach: bool, http_addr: str | None, router_workers: int | None,
-       trusted: tuple[str, ...], hold_timeout: float | None, as_json: bool) -> None:
+       trusted: tuple[str, ...], hold_timeout: float | None, objects: str | None,
+       as_json: bool) -> None:
     """Start the control plane and the router (state in $KEELWAY_HOME)."""
     home = Home.from_env()
     daemon_argv = [sys.executable, "-m", "keelway.api.daemon"]
@@ -45,6 +49,7 @@ def up(demo: bool, detach: bool, http_addr: str | None, router_workers: int | No
     daemon_argv += [f"--trusted-proxy={ip}" for ip in trusted]
     if hold_timeout is not None:
         daemon_argv += ["--hold-timeout", str(hold_timeout)]
+    daemon_argv += ["--objects", objects] if objects is not None else []
     if not detach:
         # The foreground control plane replaces this process: Ctrl-C reaches it directly.
         os.execv(sys.executable, daemon_argv)

@@ -261,14 +261,18 @@ cli.command("start")(_instance_command("start"))
 @json_option
 @api_call
 def gc(dry_run: bool, as_json: bool) -> None:
-    """Remove staged builds that no release or process names."""
+    """Remove staged builds that no release or process names, and each instance's
+    snapshots beyond its `[data] keep`."""
     data = client(None).request("POST", "/v1/gc", {"dry_run": dry_run})
     if as_json:
         emit_json(data)
         return
     verb = "would remove" if dry_run else "removed"
-    if not data["removed"]:
+    snapshots = data.get("snapshots_removed", [])
+    if not data["removed"] and not snapshots:
         click.echo("nothing to remove")
     for item in data["removed"]:
         click.echo(f"{verb} {item['app']} build {item['digest'][:12]}")
+    for item in snapshots:
+        click.echo(f"{verb} snapshot {item['id']} of {item['instance']}")
 

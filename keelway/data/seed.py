@@ -25,6 +25,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
+from keelway.data.verify import Damaged, verify_file
 from keelway.durable import TEMP_PREFIX, fsync_dir, write_atomic
 from keelway.runtime.environment import INSTANCE_KEY, read_env_file, write_env_file
 
@@ -58,26 +59,15 @@ def verify_sqlite(path: Path) -> Verified:
     """Open `path` read-only, check `PRAGMA integrity_check` is ok, and hash it; raises
     `SeedRefused` saying what is wrong. The file itself is never written.
 
-    The lead will unify this with keelway/data/verify.py at merge."""
+    One check for every copy keelway trusts (keelway/data/verify.py), said as a
+    refusal of the seed."""
     if not path.is_file():
         raise SeedRefused(f"{path} is not a file")
-    # Immutable unless a -wal beside it holds pages of its own, which only a
-    # read-only open that reads the WAL sees.
-    mode = "ro" if Path(f"{path}-wal").exists() else "ro&immutable=1"
     try:
-        conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode={mode}", uri=True)
-    except sqlite3.Error as exc:
-        raise SeedRefused(f"{path} cannot be opened as SQLite: {exc}") from None
-    try:
-        rows = conn.execute("PRAGMA integrity_check").fetchall()
-    except sqlite3.DatabaseError as exc:
-        raise SeedRefused(f"{path} is not a usable SQLite database: {exc}") from None
-    finally:
-        conn.close()
-    verdict = [str(r[0]) for r in rows]
-    if verdict != ["ok"]:
-        raise SeedRefused(f"{path} fails its integrity check: {'; '.join(verdict[:3])}")
-    return Verified(*_digest(path))
+        checked = verify_file(path)
+    except Damaged as exc:
+        raise SeedRefused(f"{path} is not a usable SQLite database: {exc.message}") from None
+    return Verified(checked.sha256, checked.size)
 
 
 def store_copy(source: Path, dest: Path) -> Verified:
@@ -217,16 +207,6 @@ def retire_import_env(env_file: Path, before: dict[str, str | None]) -> bool:
     if changed:
         write_env_file(env_file, values)
     return changed
-
-
-def _digest(path: Path) -> tuple[str, int]:
-    digest = hashlib.sha256()
-    size = 0
-    with path.open("rb") as handle:
-        while chunk := handle.read(_CHUNK_BYTES):
-            digest.update(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
 
 
 def _fsync_file(path: Path) -> None:

@@ -287,6 +287,77 @@ SCENARIOS: dict[str, tuple[list[Step], Step]] = {
 }
 
 
+def _visit(h: Home, host: str) -> None:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", h.port, timeout=10)
+    try:
+        conn.request("GET", "/", headers={"Host": host})
+        assert conn.getresponse().status == 200
+    finally:
+        conn.close()
+
+
+def _visits(h: Home, host: str) -> tuple[int, str]:
+    """The visits the instance's database holds, and its integrity_check."""
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{h.root / 'data' / host / 'db.sqlite3'}?mode=ro", uri=True,
+                           timeout=5)
+    try:
+        count = int(conn.execute("SELECT COUNT(*) FROM visits").fetchone()[0])
+        return count, str(conn.execute("PRAGMA integrity_check").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def _data_baseline(h: Home) -> None:
+    """one.test: 3 visits, snapshotted (its id kept beside the home), then 2 more;
+    two.test: 1 visit, never touched by what follows."""
+    h.ok("deploy", "hello", str(h.app_a), "--host", "one.test", "--host", "two.test")
+    for _ in range(3):
+        _visit(h, "one.test")
+    _visit(h, "two.test")
+    done = h.cli("db", "snapshot", "one.test", "--json")
+    assert done.returncode == 0, done.stderr
+    (h.root.parent / "snapshot-id").write_text(json.loads(done.stdout)["id"])
+    _visit(h, "one.test")
+    _visit(h, "one.test")
+
+
+def _restore(h: Home) -> None:
+    h.ok("db", "restore", "one.test", (h.root.parent / "snapshot-id").read_text())
+
+
+def _data_intact(h: Home, label: str, restored: set[int]) -> list[str]:
+    """one.test holds the old rows (5) or the snapshot's (3), whole; two.test its own;
+    every listed snapshot verifies."""
+    problems = []
+    one, one_ok = _visits(h, "one.test")
+    two, two_ok = _visits(h, "two.test")
+    if one not in restored or one_ok != "ok":
+        problems.append(f"{label}: one.test has {one} visits ({one_ok}), not one of "
+                        f"{sorted(restored)}")
+    if (two, two_ok) != (1, "ok"):
+        problems.append(f"{label}: two.test changed: {two} visits ({two_ok})")
+    listed = json.loads(h.cli("db", "snapshots", "one.test", "--json").stdout)["snapshots"]
+    for snap in listed:
+        check = h.cli("db", "verify", "one.test", snap["id"], "--json")
+        if check.returncode != 0:
+            problems.append(f"{label}: listed snapshot {snap['id']} fails: {check.stdout}")
+    leftovers = [p.name for p in (h.root / "data" / "one.test").iterdir()
+                 if "restore" in p.name or "incoming" in p.name or ".tmp-" in p.name]
+    if leftovers:
+        problems.append(f"{label}: left in the data dir: {leftovers}")
+    return problems
+
+
+SCENARIOS["snapshot"] = ([_data_baseline], lambda h: h.ok("db", "snapshot", "one.test"))
+SCENARIOS["restore"] = ([_data_baseline], _restore)
+# What a data scenario must leave once recovered: either database whole, never a mix.
+DATA_CHECKED: dict[str, set[int]] = {"snapshot": {5}, "restore": {3, 5}}
+
+
 def _hosts(h: Home) -> set[str]:
     status = json.loads(h.cli("status", "--json").stdout)
     return {inst["host"] for app in status["apps"] for inst in app["instances"]}
@@ -447,6 +518,8 @@ def _crash_at(name: str, point: str) -> list[str]:
             problems += _hold_overlaps(home.root, f"{name} {point}")
         if name.startswith("seed-"):
             problems += [f"{name} {point}: {p}" for p in _seed_settled(home)]
+        if name in DATA_CHECKED:
+            problems += _data_intact(home, f"{name} {point}", DATA_CHECKED[name])
         reached = ROLLED_FORWARD.get(name)
         if reached is not None and not reached(home):
             problems.append(f"{name} {point}: boot did not carry the operation through")

@@ -33,16 +33,23 @@ def _transactions_opened(path: Path, root: Path) -> list[str]:
     return found
 
 
-# keelway/data opens *instance* databases (a seed's copy, a snapshot) to verify and copy
-# them; keelway's own store is never among them (it is only ever opened through
-# keelway/store), so that package may speak SQLite to the files it owns.
-_INSTANCE_DATABASES = "data"
+# keelway/data opens *instance* databases (snapshots: the backup API, integrity_check),
+# which are the apps' data, not keelway's records; it never names keelway's own store
+# (checked below), so the store's boundary still holds for every record keelway keeps.
+_MAY_OPEN_INSTANCE_DBS = {"store", "data"}
 
 
 def _outside_the_store(root: Path) -> list[str]:
     return [hit for path in sorted(root.rglob("*.py"))
-            if path.relative_to(root).parts[0] not in ("store", _INSTANCE_DATABASES)
+            if path.relative_to(root).parts[0] not in _MAY_OPEN_INSTANCE_DBS
             for hit in _transactions_opened(path, root)]
+
+
+def test_the_data_package_never_opens_keelways_own_store() -> None:
+    wrong = [str(path.relative_to(PACKAGE)) for path in sorted((PACKAGE / "data").rglob("*.py"))
+             if "store_path" in path.read_text() or "keelway.db" in path.read_text()
+             or "SqliteStore" in path.read_text()]
+    assert wrong == []
 
 
 def test_no_module_outside_the_store_opens_a_transaction_or_writes_sql() -> None:

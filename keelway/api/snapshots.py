@@ -1,0 +1,67 @@
+"""The API of an instance's snapshots:
+
+    POST /v1/instances/{host}/snapshots               {} -> 200 snapshot
+    GET  /v1/instances/{host}/snapshots                  -> 200 {"host","snapshots":[snapshot]}
+    POST /v1/instances/{host}/snapshots/{id}/verify   {} -> 200 snapshot + {"ok":true}
+    POST /v1/instances/{host}/snapshots/{id}/restore  {} -> 200 {"host","state","snapshot"}
+    snapshot = {"instance","id","taken_at","size","sha256","release","schema_version"}
+
+A snapshot that fails verification is answered 400 `snapshot-refused` and nothing is
+changed; an unknown one 404.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from keelway.api.http import read_body
+from keelway.data.snapshots import Manifest
+from keelway.deploy.restore import Snapshots
+
+
+class Empty(msgspec.Struct, forbid_unknown_fields=True):
+    pass
+
+
+def snapshot_view(found: Manifest) -> dict[str, Any]:
+    return asdict(found)
+
+
+class SnapshotsApi:
+    def __init__(self, snapshots: Snapshots) -> None:
+        self.snapshots = snapshots
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.post("/v1/instances/{host}/snapshots", self.take),
+            web.get("/v1/instances/{host}/snapshots", self.list),
+            web.post("/v1/instances/{host}/snapshots/{id}/verify", self.verify),
+            web.post("/v1/instances/{host}/snapshots/{id}/restore", self.restore),
+        ]
+
+    async def take(self, request: web.Request) -> web.Response:
+        await read_body(request, Empty)
+        made = await self.snapshots.snapshot(request.match_info["host"])
+        return web.json_response(snapshot_view(made))
+
+    async def list(self, request: web.Request) -> web.Response:
+        host = request.match_info["host"]
+        found = await self.snapshots.stored(host)
+        return web.json_response({"host": host,
+                                  "snapshots": [snapshot_view(m) for m in found]})
+
+    async def verify(self, request: web.Request) -> web.Response:
+        await read_body(request, Empty)
+        found = await self.snapshots.verify(request.match_info["host"], request.match_info["id"])
+        return web.json_response(snapshot_view(found) | {"ok": True})
+
+    async def restore(self, request: web.Request) -> web.Response:
+        await read_body(request, Empty)
+        done = await self.snapshots.restore(request.match_info["host"],
+                                            request.match_info["id"])
+        return web.json_response({"host": done.host, "state": done.state.value,
+                                  "snapshot": snapshot_view(done.snapshot)})

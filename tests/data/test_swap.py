@@ -1,0 +1,114 @@
+"""The database swap of a restore, from every state a crash can leave it in."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from keelway.data import swap
+
+
+def _db(path: Path, rows: int, *, keep_wal: bool = False) -> sqlite3.Connection | None:
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA wal_autocheckpoint=0")
+    conn.execute("CREATE TABLE IF NOT EXISTS t (n INTEGER)")
+    conn.executemany("INSERT INTO t VALUES (?)", [(i,) for i in range(rows)])
+    if keep_wal:
+        return conn  # rows still only in the -wal while this connection lives
+    conn.close()
+    return None
+
+
+def _rows(path: Path) -> int:
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        return int(conn.execute("SELECT COUNT(*) FROM t").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def _copy_db(src: Path, dest: Path) -> None:
+    """A copy of `src` with its -wal, as a SIGKILLed app leaves them."""
+    dest.write_bytes(src.read_bytes())
+    wal = Path(f"{src}-wal")
+    if wal.exists():
+        Path(f"{dest}-wal").write_bytes(wal.read_bytes())
+
+
+@pytest.fixture()
+def laid(tmp_path: Path) -> tuple[Path, Path]:
+    """An old database whose last rows live only in its -wal, and a staged copy."""
+    live = tmp_path / "live.db"
+    conn = _db(live, 5, keep_wal=True)
+    data = tmp_path / "data" / "one.test"
+    data.mkdir(parents=True)
+    db = data / "db.sqlite3"
+    _copy_db(live, db)
+    assert conn is not None
+    conn.close()
+    staged = swap.staged_path(db, "20260101T000000000000Z-0000")
+    _db(staged, 3)
+    swap.to_wal(staged)
+    assert Path(f"{db}-wal").stat().st_size > 0
+    return db, staged
+
+
+def test_a_staged_copy_no_swap_committed_to_is_removed_and_the_old_database_kept(
+        laid: tuple[Path, Path]) -> None:
+    db, staged = laid
+    assert swap.finish_all(db.parent.parent) == []
+    assert not staged.exists()
+    assert _rows(db) == 5
+
+
+def test_a_committed_swap_rolls_forward_from_each_state_a_crash_leaves(
+        laid: tuple[Path, Path]) -> None:
+    db, staged = laid
+    swap.commit(db, staged)
+    # crashed mid-way through moving the old files aside: the -wal moved, the db not
+    aside = db.parent / swap.ASIDE
+    aside.mkdir()
+    os.replace(f"{db}-wal", aside / f"{db.name}-wal")
+    assert swap.finish_all(db.parent.parent) == ["one.test"]
+    assert _rows(db) == 3
+    assert sorted(p.name for p in db.parent.iterdir()) == ["db.sqlite3"]
+    assert swap.finish_all(db.parent.parent) == []  # idempotent
+
+
+def test_a_swap_whose_new_file_is_in_place_only_drops_the_old_files(
+        laid: tuple[Path, Path]) -> None:
+    db, staged = laid
+    aside = db.parent / swap.ASIDE
+    aside.mkdir()
+    for side in swap.SIDES:
+        if Path(f"{db}{side}").exists():
+            os.replace(f"{db}{side}", aside / f"{db.name}{side}")
+    os.replace(staged, db)
+    assert swap.finish(db) is True
+    assert _rows(db) == 3 and not aside.exists()
+
+
+def test_a_whole_swap_replaces_the_database_and_its_sides(laid: tuple[Path, Path]) -> None:
+    db, staged = laid
+    swap.swap(db, staged)
+    assert _rows(db) == 3
+    assert not Path(f"{db}-wal").exists() or _rows(db) == 3
+    assert not (db.parent / swap.ASIDE).exists() and not swap.incoming(db).exists()
+
+
+def test_boot_removes_what_a_crashed_snapshot_or_verify_left_and_nothing_of_the_app(
+        tmp_path: Path) -> None:
+    data = tmp_path / "data" / "one.test"
+    data.mkdir(parents=True)
+    left = [".tmp-snapshot-x.db", ".tmp-manifest-1-ab", ".tmp-verify-x.db",
+            ".tmp-.tmp-restore-x.db.12", ".tmp-restore-x.db"]
+    for name in [*left, "db.sqlite3", "uploads.bin", ".tmp-app-own"]:
+        (data / name).write_bytes(b"x")
+    assert swap.finish_all(tmp_path / "data") == []
+    assert sorted(p.name for p in data.iterdir()) == [".tmp-app-own", "db.sqlite3",
+                                                      "uploads.bin"]
