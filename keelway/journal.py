@@ -14,6 +14,11 @@ from __future__ import annotations
 import enum
 from typing import assert_never
 
+# The service name of an instance's replicator (keelway/data/replicas.py), reserved in
+# every Procfile (keelway/builds/manifest.py): its generation is named by its own
+# record, not by ACTIVE, and the reconciler keeps one alive per running instance.
+REPLICA = "replica"
+
 
 class OpKind(enum.StrEnum):
     """What an operation is; an instance's latest one decides what convergence does."""
@@ -40,6 +45,11 @@ class OpKind(enum.StrEnum):
     REMOVE_INSTANCE = "remove-instance"
     # `apps destroy`: every instance removed, then the app's builds and records.
     DESTROY = "destroy"
+    # The reconciler's START_REPLICA: an awake instance's replicator (re)started
+    # (keelway/data/replicas.py), e.g. after it died.
+    REPLICATE = "replicate"
+    # `db restore H --from-replica`: the database swapped for a verified replica restore.
+    RESTORE_REPLICA = "restore-replica"
 
     @property
     def releases(self) -> bool:
@@ -50,7 +60,7 @@ class OpKind(enum.StrEnum):
             case (OpKind.CONFIG | OpKind.RESTART | OpKind.STOP | OpKind.START
                   | OpKind.RECOVER | OpKind.RESTART_CRASHED | OpKind.PARK | OpKind.WAKE
                   | OpKind.RUN | OpKind.ADD_INSTANCES | OpKind.REMOVE_INSTANCE
-                  | OpKind.DESTROY):
+                  | OpKind.DESTROY | OpKind.REPLICATE | OpKind.RESTORE_REPLICA):
                 return False
             case _:
                 assert_never(self)
@@ -104,6 +114,12 @@ class StepKind(enum.StrEnum):
     # wake (which runs it as an attempt), and nothing of it starts now.
     DEFER = "defer"
 
+    # The instance's replicator (keelway/data/replicas.py): spawned, or synced and
+    # stopped (proven gone); and a verified copy swapped in for the database.
+    REPLICA_START = "replica-start"
+    REPLICA_STOP = "replica-stop"
+    SWAP_DATABASE = "swap-database"
+
     def label(self, service: str | None) -> str:
         who = service or "?"
         match self:
@@ -142,6 +158,12 @@ class StepKind(enum.StrEnum):
                 return "forget"
             case StepKind.REMOVE_BUILDS:
                 return "remove builds"
+            case StepKind.REPLICA_START:
+                return "start replicator"
+            case StepKind.REPLICA_STOP:
+                return "sync and stop replicator"
+            case StepKind.SWAP_DATABASE:
+                return "swap database"
             case _:
                 assert_never(self)
 

@@ -19,9 +19,11 @@ ALLOWED = {
     "builds": set(),
     "runtime": {"store", "router"},
     "reconcile": {"store", "runtime"},
-    "deploy": {"store", "runtime", "builds", "router", "reconcile"},
+    "data": {"store", "runtime", "builds"},
+    "deploy": {"store", "runtime", "builds", "router", "reconcile", "data"},
     "activator": {"store", "runtime", "builds", "router", "deploy", "reconcile"},
-    "api": {"store", "runtime", "builds", "router", "deploy", "reconcile", "activator"},
+    "api": {"store", "runtime", "builds", "router", "deploy", "reconcile", "activator",
+            "data"},
     "cli": set(),
 }
 
@@ -73,7 +75,7 @@ def test_the_cli_starts_without_aiohttp_uvloop_or_rich() -> None:
 # never comes back to a module it has left. A new part takes its place in this list.
 DEPLOY_ORDER = ["errors", "outcome", "locks", "plan", "steps", "instances", "targets",
                 "publisher", "journaled", "attempt", "recovery", "parking", "runs", "deployer",
-                "tenants"]
+                "tenants", "replication"]
 
 
 def test_the_deploy_path_reads_one_way() -> None:

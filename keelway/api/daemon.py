@@ -39,6 +39,7 @@ from keelway.api.run_server import RunServer
 from keelway.api.server import Api
 from keelway.builds.stage import stage, sweep
 from keelway.clock import Clock, SystemClock
+from keelway.data.replicas import Replicas
 from keelway.deploy import targets
 from keelway.deploy.deployer import Deployer
 from keelway.deploy.errors import OperationError
@@ -46,6 +47,7 @@ from keelway.deploy.locks import Locks
 from keelway.deploy.parking import Parking
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
+from keelway.deploy.replication import Replication
 from keelway.deploy.runs import Runs
 from keelway.deploy.tenants import Tenants
 from keelway.durable import disk_full, disk_full_message, sweep_temp
@@ -85,17 +87,22 @@ class DeployParts:
     deployer: Deployer
     parking: Parking
     tenants: Tenants
+    replication: Replication
 
 
 def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher, clock: Clock,
          owner: str) -> DeployParts:
     """The deploy parts of one control plane, sharing one set of locks and live ops."""
     locks = Locks()
-    recovery = Recovery(store, home, supervisor, publisher, clock, locks, owner)
+    # The object store's URL decides where replicas go (keelway/data/replicas.py
+    # replica_url); KEELWAY_OBJECTS until `up --objects` passes it.
+    replicas = Replicas(store, home, supervisor, os.environ.get("KEELWAY_OBJECTS") or None)
+    recovery = Recovery(store, home, supervisor, publisher, clock, locks, owner, replicas)
     deployer = Deployer(store, home, supervisor, publisher, locks, recovery)
     return DeployParts(locks, recovery, deployer,
                        Parking(store, home, supervisor, publisher, locks, recovery),
-                       Tenants(store, home, supervisor, publisher, locks, recovery, deployer))
+                       Tenants(store, home, supervisor, publisher, locks, recovery, deployer),
+                       Replication(store, home, supervisor, publisher, locks, recovery))
 
 
 def _take_lock(home: Home) -> int:
@@ -237,7 +244,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
 
     router.watch(push_routes)
     api = Api(store, home, deployer, parts.recovery, http_port, request_shutdown, router,
-              parts.parking, parts.tenants)
+              parts.parking, parts.tenants, parts.replication)
     # Open log streams (`logs -f`) must not hold a shutdown for long.
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False,
                            shutdown_timeout=2.0)

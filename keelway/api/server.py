@@ -20,12 +20,14 @@ from keelway.api import bodies
 from keelway.api.http import app_name, errors_middleware, read_body, send_line
 from keelway.api.operations import Operations
 from keelway.api.parking import ParkingApi
+from keelway.api.replicas import ReplicasApi
 from keelway.api.tenants import TenantsApi
 from keelway.api.views import operation_view, router_view, status_view
 from keelway.deploy.deployer import Deployer
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
 from keelway.deploy.parking import Parking
 from keelway.deploy.recovery import Recovery
+from keelway.deploy.replication import Replication
 from keelway.deploy.tenants import Tenants
 from keelway.home import Home
 from keelway.runtime.logs import parse_log_name, read_from, tail_lines
@@ -38,8 +40,10 @@ class Api:
     def __init__(self, store: Store, home: Home, deployer: Deployer, recovery: Recovery,
                  http_port: int | None, on_shutdown: Callable[[bool], None],
                  router: RouterSupervisor | None = None,
-                 parking: Parking | None = None, tenants: Tenants | None = None) -> None:
+                 parking: Parking | None = None, tenants: Tenants | None = None,
+                 replication: Replication | None = None) -> None:
         self.router = router
+        self.replicas = ReplicasApi(replication) if replication is not None else None
         self.parking = ParkingApi(parking) if parking is not None else None
         self.tenants = TenantsApi(store, tenants, http_port) if tenants is not None else None
         self.store = store
@@ -69,6 +73,7 @@ class Api:
             *self.operations.routes(),
             *(self.parking.routes() if self.parking is not None else []),
             *(self.tenants.routes() if self.tenants is not None else []),
+            *(self.replicas.routes() if self.replicas is not None else []),
         ])
         return app
 

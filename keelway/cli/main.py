@@ -8,10 +8,11 @@ them on the group.
 
 from __future__ import annotations
 
-from keelway.cli import lifecycle, operations, parking, reading, run, tenants
+from keelway.cli import lifecycle, operations, parking, reading, replicas, run, tenants
 from keelway.cli.base import cli
 
-__all__ = ["cli", "lifecycle", "main", "operations", "parking", "reading", "run", "tenants"]
+__all__ = ["cli", "lifecycle", "main", "operations", "parking", "reading", "replicas", "run",
+           "tenants"]
 
 
 def main() -> None:

@@ -46,9 +46,13 @@ class Keelway:
     http_port: int
     daemon_pid: int | None = None
     started_pids: list[tuple[int, int]] = field(default_factory=list)
+    # Database replication (keelway/data/replicas.py) is off unless a test asks for it:
+    # the tests that count an instance's processes count its app's.
+    replicate: bool = False
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, "KEELWAY_HOME": str(self.home)}
+        return {**os.environ, "KEELWAY_HOME": str(self.home),
+                "KEELWAY_REPLICATE": "1" if self.replicate else "0"}
 
     def run(self, *args: str, timeout_s: float = 120) -> Result:
         proc = subprocess.run(
@@ -91,6 +95,8 @@ class Keelway:
         for app in status["apps"]:
             for inst in app["instances"]:
                 for proc in inst["processes"]:
+                    if proc["service"] == "replica":
+                        continue  # keelway's replicator, not an app process
                     if proc["pid"] and proc["state"] != "gone":
                         stat = process.read_stat(proc["pid"])
                         if stat is not None:

@@ -33,9 +33,15 @@ def _transactions_opened(path: Path, root: Path) -> list[str]:
     return found
 
 
+# keelway/data opens *instance* databases (an app's own SQLite file: a restored copy's
+# integrity check, a checkpoint before a swap), never keelway.db; keelway's own records
+# stay behind the store's intents.
+_INSTANCE_DATABASES = {"store", "data"}
+
+
 def _outside_the_store(root: Path) -> list[str]:
     return [hit for path in sorted(root.rglob("*.py"))
-            if path.relative_to(root).parts[0] != "store"
+            if path.relative_to(root).parts[0] not in _INSTANCE_DATABASES
             for hit in _transactions_opened(path, root)]
 
 
