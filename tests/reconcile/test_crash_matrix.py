@@ -49,9 +49,12 @@ class Home:
     port: int
     app_a: Path
     app_b: Path
+    # Database replication runs only in the scenarios that are about it (REPLICATED).
+    replicate: bool = False
 
     def env(self, **extra: str) -> dict[str, str]:
-        return {**os.environ, "KEELWAY_HOME": str(self.root), **extra}
+        return {**os.environ, "KEELWAY_HOME": str(self.root),
+                "KEELWAY_REPLICATE": "1" if self.replicate else "0", **extra}
 
     def cli(self, *args: str, env: dict[str, str] | None = None,
             timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
@@ -194,7 +197,19 @@ SCENARIOS: dict[str, tuple[list[Step], Step]] = {
     "destroy": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test"),
                  lambda h: h.ok("domains", "add", "one.test", "www.one.test")],
                 lambda h: h.ok("apps", "destroy", "hello", "--yes", "--purge-data")),
+    # Replicas (keelway/data/replicas.py): a park's last sync and stop of the replicator,
+    # and a restore from the replica (hold, stop, swap, start, publish) of a running
+    # instance; the replicator is one more process that must be proven gone or kept.
+    "park-replicated": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host",
+                                        "one.test")],
+                        lambda h: h.ok("park", "one.test")),
+    "restore-replica": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host",
+                                        "one.test"),
+                         lambda h: h.ok("park", "one.test"),
+                         lambda h: h.ok("wake", "one.test")],
+                        lambda h: h.ok("db", "restore", "one.test", "--from-replica")),
 }
+REPLICATED = {"park-replicated", "restore-replica"}
 
 
 def _hosts(h: Home) -> set[str]:
@@ -295,6 +310,7 @@ def _trace(name: str) -> tuple[list[str], int]:
     and how many it passed (see `_points`)."""
     baseline, operation = SCENARIOS[name]
     home = _fresh()
+    home.replicate = name in REPLICATED
     trace = home.root.parent / "trace"
     try:
         home.up(KEELWAY_FAILPOINTS_TRACE=str(trace))
@@ -312,6 +328,7 @@ def _crash_in_operation(home: Home, name: str, point: str) -> bool:
     """Run scenario `name` on `home` with the daemon armed to die at `point`; whether
     it died there."""
     baseline, operation = SCENARIOS[name]
+    home.replicate = name in REPLICATED
     pid = home.up(KEELWAY_FAILPOINTS=point)
     for step in baseline:
         step(home)
