@@ -31,6 +31,7 @@ import shutil
 import signal
 import sqlite3
 import sys
+import time
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,8 @@ failpoints.declare("replica.spawn.before", "replica.spawn.after", "replica.sync.
 # layout); a database swapped in must not inherit the positions of the one it replaced.
 LITESTREAM_SUFFIX = "-litestream"
 SIDECARS = ("-wal", "-shm")
+# The temp copies a restore or a drill writes beside a database (`Replicas.temp_path`).
+TEMP_PREFIX = f"{durable.TEMP_PREFIX}keelway-"
 
 
 class ReplicaError(Exception):
@@ -345,11 +348,26 @@ class Replicas:
         os.chmod(out, durable.PRIVATE_FILE_MODE)
 
     def temp_path(self, host: str, why: str) -> Path:
-        """A temp file beside the database (one filesystem: the swap is a rename), named
-        so that `durable.sweep_temp` removes one a crash left behind."""
+        """A temp file beside the database (one filesystem: the swap is a rename). A
+        crash can leave one behind: the next restore or drill of the instance sweeps
+        them first (`sweep`), by a prefix no app file is expected to have."""
         directory = self.home.data_dir(host)
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        return directory / f"{durable.TEMP_PREFIX}{why}-{os.urandom(4).hex()}.sqlite3"
+        self.sweep(host)
+        return directory / f"{TEMP_PREFIX}{why}-{os.urandom(4).hex()}.sqlite3"
+
+    def sweep(self, host: str) -> list[Path]:
+        """Remove the temp copies a crashed restore or drill left in `host`'s data dir;
+        only ours (TEMP_PREFIX: the rest of the directory is the app's), and only those
+        untouched for an hour (a drill runs without the instance lock, beside a restore
+        that may be writing its own copy right now)."""
+        removed = []
+        stale_before = time.time() - 3600
+        for entry in self.home.data_dir(host).glob(f"{TEMP_PREFIX}*"):
+            if entry.is_file() and entry.stat().st_mtime < stale_before:
+                entry.unlink(missing_ok=True)
+                removed.append(entry)
+        return removed
 
     async def drill(self, host: str) -> Drill:
         """Restore the latest replica of `host` to a temp file and verify it; the file is

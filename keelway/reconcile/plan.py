@@ -208,6 +208,12 @@ def plan(records: Records, observed: Observed, mode: Pass) -> list[Action]:
                 actions.append(Action(Kind.RECORD_GONE, generation=gen.id, service=REPLICA))
             elif owned:
                 pass  # the operation running now syncs, stops or starts it
+            elif gen.id not in observed.alive and gen.id not in observed.watched:
+                # Its tree lives but its leader is dead or was never recorded (a crash
+                # between spawn and record): it cannot be adopted, so it goes, and a
+                # fresh one is started in its place.
+                actions.append(Action(Kind.STOP_REPLICA, generation=gen.id, service=REPLICA,
+                                      reason="its leader is not recorded"))
             elif not running or gen.id != max(replicators, default=gen.id):
                 actions.append(Action(Kind.STOP_REPLICA, generation=gen.id, service=REPLICA,
                                       reason="a newer replicator runs" if running

@@ -4,10 +4,12 @@ replica after the database is lost; drills that pass, and one that fails."""
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import sqlite3
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -131,3 +133,27 @@ def test_a_drill_passes_and_a_corrupted_replica_fails_it_with_an_event(kw: Keelw
     assert any(e["kind"] == "drill-failed" for e in events["events"])
     [inst] = kw.ok("status", "--json").json()["apps"][0]["instances"]
     assert inst["drill"]["ok"] is False
+
+
+def test_a_restore_at_a_time_brings_back_the_rows_committed_before_it(kw: Keelway) -> None:
+    db = _deployed(kw)
+    assert wait_until(lambda: len(_replicators(kw)) == 1, timeout_s=10)
+    _write(db, "early")
+    time.sleep(2.5)  # litestream's timestamps are whole seconds
+    at = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    time.sleep(1.5)
+    _write(db, "late")
+    time.sleep(1.5)
+    kw.ok("db", "restore", HOST, "--from-replica", "--at", at)
+    assert _rows(db) == [("early",)] and verify(db) is None
+    assert kw.get(HOST, "/")[0] == 200
+
+
+def test_a_restore_with_a_bad_time_or_no_replica_changes_nothing(kw: Keelway) -> None:
+    kw.replicate = True
+    kw.up()
+    kw.ok("deploy", "hello", str(EXAMPLE), "--host", HOST)
+    bad = kw.run("db", "restore", HOST, "--from-replica", "--at", "yesterday")
+    assert bad.code != 0 and "not a time" in bad.err + bad.out
+    unknown = kw.run("db", "restore", "nope.test", "--from-replica")
+    assert unknown.code != 0 and "no instance" in unknown.err + unknown.out

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from keelway.journal import REPLICA, StepKind
-from keelway.reconcile.plan import Kind, Records, plan
+from keelway.reconcile.plan import Kind, Observed, Records, plan
 from keelway.reconcile.plan import Pass as Mode
 from keelway.store.lifecycle import InstanceState, OpState, RouteState
 from tests.reconcile.test_plan import HOST, gen, inst, kinds, observed, op, step
@@ -54,3 +54,9 @@ def test_no_replicator_starts_when_fenced_or_when_replication_is_off() -> None:
     assert kinds(plan(records(fenced=True), observed(2, watched=(2,)), Mode.PERIODIC)) == []
     assert kinds(plan(records(replicate=False), observed(2, watched=(2,)),
                       Mode.PERIODIC)) == []
+
+
+def test_a_replicator_whose_pid_a_crash_kept_from_the_record_is_stopped_and_replaced() -> None:
+    seen = Observed(frozenset({2}), frozenset({2}), orphans=frozenset({3}))
+    planned = kinds(plan(records(InstanceState.RUNNING, 3), seen, Mode.BOOT))
+    assert planned == [(Kind.STOP_REPLICA, 3), (Kind.START_REPLICA, None)]
