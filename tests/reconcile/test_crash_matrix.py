@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from keelway.builds.manifest import Mode, load_manifest
+from keelway.data.replicas import verify
 from keelway.store import SqliteStore
 from tests.deploy.apps import DAEMONIZE_PY
 from tests.e2e.harness import EXAMPLE, free_port, gone, kill_home_processes, wait_until
@@ -372,6 +373,11 @@ def _crash_at(name: str, point: str) -> list[str]:
         problems = _recovered(home, f"{name} {point}")
         if name in HOLD_CHECKED:
             problems += _hold_overlaps(home.root, f"{name} {point}")
+        if name in REPLICATED:
+            # The database is the old one or the restored one, whole, never a mix.
+            bad = verify(home.root / "data" / "one.test" / "db.sqlite3")
+            if bad is not None:
+                problems.append(f"{name} {point}: the database is not whole: {bad}")
         reached = ROLLED_FORWARD.get(name)
         if reached is not None and not reached(home):
             problems.append(f"{name} {point}: boot did not carry the operation through")
