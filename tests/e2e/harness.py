@@ -46,9 +46,10 @@ class Keelway:
     http_port: int
     daemon_pid: int | None = None
     started_pids: list[tuple[int, int]] = field(default_factory=list)
-    # Database replication (keelway/data/replicas.py) is off unless a test asks for it:
-    # the tests that count an instance's processes count its app's.
-    replicate: bool = False
+    # Database replication (keelway/data/replicas.py) is off unless a test asks for it
+    # (or KEELWAY_TEST_REPLICATE=1 asks for it in every test, to run the suite with it).
+    replicate: bool = field(
+        default_factory=lambda: os.environ.get("KEELWAY_TEST_REPLICATE") == "1")
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "KEELWAY_HOME": str(self.home),
