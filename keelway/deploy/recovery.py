@@ -33,7 +33,7 @@ from keelway.home import Home
 from keelway.journal import REPLICA, OpKind, StepKind
 from keelway.reconcile.apply import FailedClosed, Reconciler
 from keelway.reconcile.plan import Pass
-from keelway.runtime.backoff import next_retry
+from keelway.runtime.backoff import Backoff, next_retry
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
 from keelway.store.lifecycle import GenState, InstanceState, OpState, RequestState
@@ -65,6 +65,8 @@ class Recovery:
         # None, or no litestream binary: nothing is replicated, and nothing plans to.
         self.replicas = replicas if replicas is not None and replicas.enabled else None
         self.reconciler.replicate = self.replicas is not None
+        self._replica_backoff: dict[str, Backoff] = {}
+        self._replica_retry_at: dict[str, float] = {}
 
     async def converge(self, host: str, mode: Pass) -> None:
         """Reconcile `host` under the lock the caller holds; a failed-closed instance
@@ -160,9 +162,19 @@ class Recovery:
         """The reconciler's START_REPLICA, under the lock the pass holds: an operation of
         its own whose only work is the replication hook (`keep_replica`)."""
         inst = self.store.get_instance(host)
-        if inst is not None and self.replicas is not None:
-            await self.journal.run(inst.app, host, OpKind.REPLICATE,
-                                   lambda _op: _done())
+        if inst is None or self.replicas is None:
+            return
+        # A replicator that keeps dying (a bad S3 URL, say) is retried with the crash
+        # backoff, counted here in memory, not by a new operation every pass.
+        backoff = self._replica_backoff.setdefault(host, Backoff())
+        now = self.clock.now()
+        if host not in self._replica_retry_at and backoff.last_start is not None:
+            self._replica_retry_at[host] = now + backoff.delay_after_crash(now)
+        if now < self._replica_retry_at.get(host, now):
+            return
+        self._replica_retry_at.pop(host, None)
+        backoff.started(now)
+        await self.journal.run(inst.app, host, OpKind.REPLICATE, lambda _op: _done())
 
     async def keep_replica(self, op: Operation, host: str) -> str | None:
         """Make `host`'s replicator what the instance now wants, as steps of `op`:
