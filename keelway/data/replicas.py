@@ -274,8 +274,7 @@ class Replicas:
 
     def _env(self, gen: Generation) -> dict[str, str]:
         """Only what litestream needs: no app config, no instance key."""
-        env = {k: v for k, v in os.environ.items()
-               if k.startswith("AWS_") or k in ("PATH", "TZ", "SSL_CERT_FILE")}
+        env = litestream_env()
         env.update(KEELWAY_GENERATION=str(gen.id), KEELWAY_SUPERVISOR=str(self.home.root),
                    KEELWAY_INSTANCE=gen.instance, KEELWAY_SERVICE=REPLICA,
                    HOME=str(self.home.data_dir(gen.instance)))
@@ -404,6 +403,22 @@ class Replicas:
         return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
 
     def _command_env(self) -> dict[str, str]:
-        return {k: v for k, v in os.environ.items()
-                if k.startswith("AWS_") or k in ("PATH", "TZ", "HOME", "SSL_CERT_FILE")}
+        env = litestream_env()
+        if "HOME" in os.environ:
+            env["HOME"] = os.environ["HOME"]
+        return env
+
+
+def litestream_env() -> dict[str, str]:
+    """What litestream gets of our environment: the AWS variables and the TLS roots,
+    nothing else. AWS_CA_BUNDLE is given as SSL_CERT_FILE (which Go's TLS reads) and
+    not as itself: litestream 0.5 refuses to start an S3 client with a custom endpoint
+    while it is set ("unable to add custom RootCAs HTTPClient")."""
+    env = {k: v for k, v in os.environ.items()
+           if (k.startswith("AWS_") and k != "AWS_CA_BUNDLE")
+           or k in ("PATH", "TZ", "SSL_CERT_FILE", "SSL_CERT_DIR")}
+    bundle = os.environ.get("AWS_CA_BUNDLE")
+    if bundle and "SSL_CERT_FILE" not in env:
+        env["SSL_CERT_FILE"] = bundle
+    return env
 
