@@ -157,3 +157,15 @@ def test_a_restore_with_a_bad_time_or_no_replica_changes_nothing(kw: Keelway) ->
     assert bad.code != 0 and "not a time" in bad.err + bad.out
     unknown = kw.run("db", "restore", "nope.test", "--from-replica")
     assert unknown.code != 0 and "no instance" in unknown.err + unknown.out
+
+
+def test_a_drill_of_every_instance_skips_one_that_never_ran(kw: Keelway) -> None:
+    _deployed(kw)
+    assert wait_until(lambda: len(_replicators(kw)) == 1, timeout_s=10)
+    assert wait_until(lambda: kw.ok("db", "replicas", HOST, "--json").json()["files"],
+                      timeout_s=10)  # its first snapshot is shipped
+    kw.ok("instances", "add", "hello", "two.test", "--parked")
+    drilled = kw.ok("db", "drill", "--json").json()
+    by_host = {r["host"]: r for r in drilled["results"]}
+    assert drilled["ok"] and by_host[HOST]["ok"] is True
+    assert by_host["two.test"]["ok"] is None and by_host["two.test"]["skipped"]
