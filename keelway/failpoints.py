@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 from collections import Counter
+from types import FrameType
 
 KNOWN: set[str] = set()
 _hits: Counter[str] = Counter()
@@ -58,7 +59,7 @@ def hit(name: str) -> None:
 def _code_path() -> str:
     """Where this hit comes from: every keelway frame on the stack, by file and line."""
     frames = []
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         where = frame.f_code.co_filename
         if "keelway" in where:
