@@ -45,7 +45,7 @@ from keelway.store import Store
 from keelway.store.records import Generation
 
 failpoints.declare("replica.spawn.before", "replica.spawn.after", "replica.sync.before",
-                   "replica.sync.after", "replica.swap.before", "replica.swap.wal-moved",
+                   "replica.sync.after", "replica.swap.before", "replica.swap.sidecars-removed",
                    "replica.swap.after")
 
 # A database's litestream state sits beside it under this suffix (litestream's own
@@ -168,7 +168,7 @@ def swap_database(db: Path, replacement: Path, keep_as: Path) -> None:
         os.link(db, keep_as)
     for suffix in SIDECARS:
         Path(f"{db}{suffix}").unlink(missing_ok=True)
-    failpoints.hit("replica.swap.wal-moved")
+    failpoints.hit("replica.swap.sidecars-removed")
     os.replace(replacement, db)
     durable.fsync_dir(db.parent)
     shutil.rmtree(db.parent / f".{db.name}{LITESTREAM_SUFFIX}", ignore_errors=True)
