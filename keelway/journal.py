@@ -14,6 +14,11 @@ from __future__ import annotations
 import enum
 from typing import assert_never
 
+# The service name of an instance's replicator (keelway/data/replicas.py), reserved in
+# every Procfile (keelway/builds/manifest.py): its generation is named by its own
+# record, not by ACTIVE, and the reconciler keeps one alive per running instance.
+REPLICA = "replica"
+
 
 class OpKind(enum.StrEnum):
     """What an operation is; an instance's latest one decides what convergence does."""
@@ -46,6 +51,11 @@ class OpKind(enum.StrEnum):
     SEED_ROLLBACK = "seed-rollback"
     # `db restore`: an instance's database replaced by a verified snapshot.
     RESTORE = "restore"
+    # The reconciler's START_REPLICA: an awake instance's replicator (re)started
+    # (keelway/data/replicas.py), e.g. after it died.
+    REPLICATE = "replicate"
+    # `db restore H --from-replica`: the database swapped for a verified replica restore.
+    RESTORE_REPLICA = "restore-replica"
 
     @property
     def releases(self) -> bool:
@@ -57,7 +67,7 @@ class OpKind(enum.StrEnum):
                   | OpKind.RECOVER | OpKind.RESTART_CRASHED | OpKind.PARK | OpKind.WAKE
                   | OpKind.RUN | OpKind.ADD_INSTANCES | OpKind.REMOVE_INSTANCE
                   | OpKind.DESTROY | OpKind.SEED_IMPORT | OpKind.SEED_ROLLBACK
-                  | OpKind.RESTORE):
+                  | OpKind.RESTORE | OpKind.REPLICATE | OpKind.RESTORE_REPLICA):
                 return False
             case _:
                 assert_never(self)
@@ -137,6 +147,11 @@ class StepKind(enum.StrEnum):
     # `db restore`: the verified copy committed and swapped in for the database (its
     # -wal/-shm with it); once begun, boot finishes the swap (keelway/data/swap.py).
     SWAP_DB = "swap-db"
+    # The instance's replicator (keelway/data/replicas.py): spawned, or synced and
+    # stopped (proven gone); and a verified copy swapped in for the database.
+    REPLICA_START = "replica-start"
+    REPLICA_STOP = "replica-stop"
+    SWAP_DATABASE = "swap-database"
 
     def label(self, service: str | None) -> str:
         who = service or "?"
@@ -188,6 +203,12 @@ class StepKind(enum.StrEnum):
                 return "hold route"
             case StepKind.SWAP_DB:
                 return "swap database"
+            case StepKind.REPLICA_START:
+                return "start replicator"
+            case StepKind.REPLICA_STOP:
+                return "sync and stop replicator"
+            case StepKind.SWAP_DATABASE:
+                return "swap database (from the replica)"
             case _:
                 assert_never(self)
 

@@ -41,6 +41,7 @@ from keelway.builds.stage import stage, sweep
 from keelway.clock import Clock, SystemClock
 from keelway.data import swap
 from keelway.data.objects import LocalObjects, ObjectStore, ObjectStoreError, open_objects
+from keelway.data.replicas import Replicas
 from keelway.deploy import targets
 from keelway.deploy.deployer import Deployer
 from keelway.deploy.errors import OperationError
@@ -48,6 +49,7 @@ from keelway.deploy.locks import Locks
 from keelway.deploy.parking import Parking
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
+from keelway.deploy.replication import Replication
 from keelway.deploy.restore import Snapshots
 from keelway.deploy.runs import Runs
 from keelway.deploy.seeding import Seeding
@@ -91,20 +93,27 @@ class DeployParts:
     tenants: Tenants
     seeding: Seeding
     snapshots: Snapshots
+    replication: Replication
 
 
 def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher, clock: Clock,
          owner: str, objects: ObjectStore | None = None) -> DeployParts:
     """The deploy parts of one control plane, sharing one set of locks and live ops."""
     locks = Locks()
-    recovery = Recovery(store, home, supervisor, publisher, clock, locks, owner)
+    # The object store `up --objects` chose decides where replicas go too
+    # (keelway/data/replicas.py replica_url): beside its snapshots in S3, or in the
+    # home's own objects directory.
+    s3 = objects.url if objects is not None and objects.url.startswith("s3://") else None
+    replicas = Replicas(store, home, supervisor, s3)
+    recovery = Recovery(store, home, supervisor, publisher, clock, locks, owner, replicas)
     deployer = Deployer(store, home, supervisor, publisher, locks, recovery)
     return DeployParts(locks, recovery, deployer,
                        Parking(store, home, supervisor, publisher, locks, recovery),
                        Tenants(store, home, supervisor, publisher, locks, recovery, deployer),
                        Seeding(store, home, supervisor, publisher, locks, recovery),
                        Snapshots(store, home, supervisor, publisher, locks, recovery,
-                                 objects or LocalObjects(home.objects_dir)))
+                                 objects or LocalObjects(home.objects_dir)),
+                       Replication(store, home, supervisor, publisher, locks, recovery))
 
 
 def objects_url(home: Home, asked: str | None) -> str | None:
@@ -269,7 +278,8 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
 
     router.watch(push_routes)
     api = Api(store, home, deployer, parts.recovery, http_port, request_shutdown, router,
-              parts.parking, parts.tenants, parts.seeding, parts.snapshots)
+              parts.parking, parts.tenants, parts.seeding, parts.snapshots,
+              parts.replication)
     # Open log streams (`logs -f`) must not hold a shutdown for long.
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False,
                            shutdown_timeout=2.0)

@@ -20,6 +20,7 @@ from keelway.api import bodies
 from keelway.api.http import app_name, errors_middleware, read_body, send_line
 from keelway.api.operations import Operations
 from keelway.api.parking import ParkingApi
+from keelway.api.replicas import ReplicasApi
 from keelway.api.seed import SeedApi
 from keelway.api.snapshots import SnapshotsApi
 from keelway.api.tenants import TenantsApi
@@ -28,6 +29,7 @@ from keelway.deploy.deployer import Deployer
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
 from keelway.deploy.parking import Parking
 from keelway.deploy.recovery import Recovery
+from keelway.deploy.replication import Replication
 from keelway.deploy.restore import Snapshots
 from keelway.deploy.seeding import Seeding
 from keelway.deploy.tenants import Tenants
@@ -43,10 +45,12 @@ class Api:
                  http_port: int | None, on_shutdown: Callable[[bool], None],
                  router: RouterSupervisor | None = None,
                  parking: Parking | None = None, tenants: Tenants | None = None,
-                 seeding: Seeding | None = None, snapshots: Snapshots | None = None) -> None:
+                 seeding: Seeding | None = None, snapshots: Snapshots | None = None,
+                 replication: Replication | None = None) -> None:
         self.router = router
         self.seeding = SeedApi(seeding) if seeding is not None else None
         self.snapshots = SnapshotsApi(snapshots) if snapshots is not None else None
+        self.replicas = ReplicasApi(replication) if replication is not None else None
         self.parking = ParkingApi(parking) if parking is not None else None
         self.tenants = TenantsApi(store, tenants, http_port) if tenants is not None else None
         self.store = store
@@ -78,6 +82,7 @@ class Api:
             *(self.tenants.routes() if self.tenants is not None else []),
             *(self.seeding.routes() if self.seeding is not None else []),
             *(self.snapshots.routes() if self.snapshots is not None else []),
+            *(self.replicas.routes() if self.replicas is not None else []),
         ])
         return app
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from keelway.journal import REPLICA
 from keelway.reconcile.plan import leftovers as unconverged
 from keelway.runtime.router_supervisor import RouterHealth
 from keelway.store import Store
@@ -37,6 +38,20 @@ def operation_view(op: Operation, with_steps: bool = True) -> dict[str, Any]:
     return view
 
 
+DRILL_EVENTS = ("drill", "drill-failed")
+
+
+def last_drills(store: Store, app: str) -> dict[str, dict[str, Any]]:
+    """The latest restore drill of each instance of `app`, from its events
+    (keelway/deploy/replication.py writes one per drill)."""
+    found: dict[str, dict[str, Any]] = {}
+    for event in store.list_events(app, limit=500):
+        if event.kind in DRILL_EVENTS and event.instance is not None:
+            found[event.instance] = {"ok": event.kind == "drill", "at": event.at,
+                                     "message": event.message}
+    return found
+
+
 def status_view(store: Store, http_port: int | None, app_filter: str | None,
                 live_ops: set[int] | None = None) -> dict[str, Any]:
     apps = [a for a in store.list_apps() if app_filter is None or a.name == app_filter]
@@ -44,6 +59,7 @@ def status_view(store: Store, http_port: int | None, app_filter: str | None,
     out: list[dict[str, Any]] = []
     leftovers: list[dict[str, Any]] = []
     for app in apps:
+        drills = last_drills(store, app.name)
         releases = store.list_releases(app.name)
         instances = []
         for inst in store.list_instances(app.name):
@@ -61,7 +77,10 @@ def status_view(store: Store, http_port: int | None, app_filter: str | None,
                     item = generation_view(gen) | {"active": False}
                     services.append(item)
                     # A generation its live operation attends (a one-off run) is no
-                    # leftover, though ACTIVE does not name it.
+                    # leftover, though ACTIVE does not name it; nor is the replicator,
+                    # which its own record names (keelway/data/replicas.py).
+                    if gen.service == REPLICA:
+                        continue
                     if gen.op_id is None or gen.op_id not in (live_ops or set()):
                         leftovers.append({"instance": inst.host, **item})
             running = [g for g in live if g.id in active.values() and g.state is not GenState.GONE]
@@ -95,6 +114,7 @@ def status_view(store: Store, http_port: int | None, app_filter: str | None,
                 "seed": ({"seed": seed.seed, "state": seed.state}
                          if (seed := store.get_import(inst.host)) is not None else None),
                 "processes": services,
+                "drill": drills.get(inst.host),
                 "last_operation": operation_view(latest, with_steps=False) if latest else None,
             })
         out.append({

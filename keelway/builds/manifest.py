@@ -28,7 +28,7 @@ from pathlib import Path
 
 import msgspec
 
-from keelway import names
+from keelway import journal, names
 from keelway.builds.errors import ManifestError
 
 PROCFILE = "Procfile"
@@ -38,6 +38,9 @@ WEB = "web"
 # The service of `keelway run`'s one-off processes (keelway/deploy/runs.py): no Procfile
 # process may take it, or a one-off would pass for a generation of that service.
 ONE_OFF = "run"
+# The service of an instance's replicator (keelway/data/replicas.py), reserved like
+# ONE_OFF so its generation record is never taken for an app process of that name.
+REPLICA = journal.REPLICA
 
 DEFAULT_HEALTH = "/"
 DEFAULT_SETTLE_S = 10.0
@@ -233,6 +236,11 @@ def _apply(commands: dict[str, str], config: _Config) -> Manifest:
         raise ManifestError(
             f"{PROCFILE}: `{ONE_OFF}` names keelway's one-off processes (`keelway run`), "
             "so no process may be called that; rename it (for example `runner`)"
+        )
+    if REPLICA in commands:
+        raise ManifestError(
+            f"{PROCFILE}: `{REPLICA}` names keelway's database replicator, so no process "
+            "may be called that; rename it (for example `replicator`)"
         )
     service_names = [name for name in commands if name != RELEASE]
     for name in config.services:

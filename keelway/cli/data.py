@@ -31,7 +31,7 @@ def _line(snap: dict[str, Any]) -> str:
 
 @cli.group()
 def db() -> None:
-    """An instance's database: snapshots, their verification, restore."""
+    """An instance's database: snapshots, replicas, verification, restore, drills."""
 
 
 @db.command()
@@ -80,12 +80,28 @@ def verify(host: str, snap_id: str, as_json: bool) -> None:
 
 @db.command()
 @click.argument("host")
-@click.argument("snap_id", metavar="SNAPSHOT")
+@click.argument("snap_id", metavar="[SNAPSHOT]", required=False)
+@click.option("--from-replica", "from_replica", is_flag=True,
+              help="From the instance's continuous replica instead of a snapshot.")
+@click.option("--at", default=None, metavar="TIME",
+              help="With --from-replica: the replica as of TIME (ISO 8601).")
 @json_option
 @api_call
-def restore(host: str, snap_id: str, as_json: bool) -> None:
-    """Replace the instance's database with a snapshot (verified first): requests are
-    held while it stops, swaps the file and starts again."""
+def restore(host: str, snap_id: str | None, from_replica: bool, at: str | None,
+            as_json: bool) -> None:
+    """Replace the instance's database with a verified copy, a SNAPSHOT or (with
+    --from-replica) its replica: requests are held while it stops, swaps the file and
+    starts again."""
+    if from_replica == (snap_id is not None):
+        raise click.UsageError("say where from: a SNAPSHOT id, or --from-replica")
+    if at is not None and not from_replica:
+        raise click.UsageError("--at goes with --from-replica")
+    if from_replica:
+        from keelway.cli import replicas
+
+        replicas.restore_from_replica(host, at, as_json)
+        return
+    assert snap_id is not None
     data = client(None).request("POST", _path(host, snap_id, "restore"), {})
     if as_json:
         emit_json(data)

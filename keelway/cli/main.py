@@ -8,11 +8,21 @@ them on the group.
 
 from __future__ import annotations
 
-from keelway.cli import data, lifecycle, operations, parking, reading, run, seed, tenants
+from keelway.cli import (
+    data,
+    lifecycle,
+    operations,
+    parking,
+    reading,
+    replicas,
+    run,
+    seed,
+    tenants,
+)
 from keelway.cli.base import cli
 
-__all__ = ["cli", "data", "lifecycle", "main", "operations", "parking", "reading", "run",
-           "seed", "tenants"]
+__all__ = ["cli", "data", "lifecycle", "main", "operations", "parking", "reading",
+           "replicas", "run", "seed", "tenants"]
 
 
 def main() -> None:

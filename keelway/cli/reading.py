@@ -53,6 +53,9 @@ def status(app: str | None, as_json: bool) -> None:
                 closed = inst["failed_closed"]
                 notes.append(f"{inst['host']} is failed closed, leftover "
                              f"{', '.join(closed['leftovers'])}: {closed['next']}")
+            if (drill := inst.get("drill")) and not drill["ok"]:
+                notes.append(f"{inst['host']}: the last restore drill failed: "
+                             f"{drill['message']}; `keelway db replicas {inst['host']}`")
             if last and last["state"] != "succeeded":
                 notes.append(f"{inst['host']}: last {last['kind']} {last['state']}"
                              + (f": {last['error']}" if last["error"] else ""))
@@ -60,7 +63,7 @@ def status(app: str | None, as_json: bool) -> None:
                 rows.append((
                     inst["host"], inst["state"], inst["release"] or "-",
                     proc["service"] if proc else "-",
-                    f"{proc['id']}{'' if proc['active'] else ' (leftover)'}" if proc else "-",
+                    f"{proc['id']}{'' if _named(proc) else ' (leftover)'}" if proc else "-",
                     proc["pid"] if proc else "-", proc["port"] if proc else "-",
                     proc["state"] if proc else "-",
                 ))
@@ -72,6 +75,11 @@ def status(app: str | None, as_json: bool) -> None:
     for left in data["leftovers"]:
         click.echo(f"leftover: {left['instance']} {left['service']} generation {left['id']} "
                    f"(pid {left['pid']}); `keelway stop` and `keelway start` clear it")
+
+
+def _named(proc: dict[str, Any]) -> bool:
+    """Whether a record names the process: ACTIVE, or it is the replicator."""
+    return bool(proc["active"]) or proc["service"] == "replica"
 
 
 def _router_health(router: dict[str, Any]) -> None:

@@ -30,7 +30,7 @@ from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
 from keelway.deploy.steps import Done, Failed, Steps
 from keelway.home import Home
-from keelway.journal import Cause, OpKind, StepKind
+from keelway.journal import REPLICA, Cause, OpKind, StepKind
 from keelway.reconcile.plan import Pass
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import StaleSchedule, Store
@@ -375,6 +375,8 @@ class Deployer:
                 await steps.run(StepKind.OUT_OF_SERVICE, out_of_service,
                                 before=("service.out.before",), after=("service.out.after",))
                 for gen in self.store.live_generations(inst.host):
+                    if gen.service == REPLICA:
+                        continue  # after the app, with a last sync (Recovery.keep_replica)
                     if (failed := await self._stop(steps, gen)) is not None:
                         raise OperationError(failed.reason,
                                              hint="the process is stuck in the kernel; "

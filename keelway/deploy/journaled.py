@@ -38,6 +38,11 @@ class Converger(Protocol):
 
     async def converge(self, host: str, mode: Pass) -> None: ...
 
+    async def keep_replica(self, op: Operation, host: str) -> str | None:
+        """Start or sync-and-stop `host`'s replicator as the instance now wants, as steps
+        of `op`; what failed, if the replicator could not be stopped."""
+        ...
+
 
 class Journaled:
     def __init__(self, store: Store, locks: Locks, owner: str, converger: Converger) -> None:
@@ -63,6 +68,14 @@ class Journaled:
         faulted = False
         try:
             result = await work(op)
+            # The one hook of replication (keelway/data/replicas.py): after any operation,
+            # the replicator follows what the instance now is (running: started once its
+            # web is; parked or stopped: synced and stopped, proven gone), as steps of
+            # this same operation, so every place that brings an instance up or down is
+            # covered without a call of its own.
+            unstopped = await self.converger.keep_replica(op, host)
+            if unstopped is not None and result.outcome is Outcome.DONE:
+                result = Result(Outcome.FAILED, unstopped)
         except OperationError as exc:
             result = Result(Outcome.FAILED, exc.message)
         except Exception as exc:

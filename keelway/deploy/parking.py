@@ -44,7 +44,7 @@ from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
 from keelway.deploy.steps import Done, Effect, Failed, Steps
 from keelway.home import Home
-from keelway.journal import Cause, OpKind, StepKind
+from keelway.journal import REPLICA, Cause, OpKind, StepKind
 from keelway.reconcile.plan import Pass
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
@@ -153,6 +153,8 @@ class Parking:
                     # better meanwhile.
                     return Result(Outcome.FAILED, published.reason)
                 for gen in self.store.live_generations(host):
+                    if gen.service == REPLICA:
+                        continue  # after the app, with a last sync (Recovery.keep_replica)
                     failed = await steps.run(StepKind.STOP, self._stop(gen),
                                              service=gen.service, before_gen=gen.id)
                     if failed is not None:

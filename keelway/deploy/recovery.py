@@ -17,8 +17,9 @@ from __future__ import annotations
 import asyncio
 
 from keelway import failpoints
-from keelway.builds.manifest import ServiceKind
+from keelway.builds.manifest import WEB, ServiceKind
 from keelway.clock import Clock
+from keelway.data.replicas import Replicas
 from keelway.deploy import targets
 from keelway.deploy.errors import OperationError
 from keelway.deploy.instances import StartFailed, start_generation
@@ -26,12 +27,13 @@ from keelway.deploy.journaled import Journaled, log
 from keelway.deploy.locks import Locks
 from keelway.deploy.outcome import Outcome, Result
 from keelway.deploy.publisher import Publisher
+from keelway.deploy.steps import Done, Failed, Steps
 from keelway.durable import disk_full, disk_full_message
 from keelway.home import Home
-from keelway.journal import OpKind
+from keelway.journal import REPLICA, OpKind, StepKind
 from keelway.reconcile.apply import FailedClosed, Reconciler
 from keelway.reconcile.plan import Pass
-from keelway.runtime.backoff import next_retry
+from keelway.runtime.backoff import Backoff, next_retry
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
 from keelway.store.lifecycle import GenState, InstanceState, OpState, RequestState
@@ -39,14 +41,16 @@ from keelway.store.records import CrashRetry, Generation, Instance, Operation
 
 PERIODIC_S = 5.0
 
-failpoints.declare("backoff.before", "backoff.after")
+failpoints.declare("backoff.before", "backoff.after", "replica.start.before",
+                   "replica.start.after", "replica.stop.before", "replica.stop.after")
 
 
 class Recovery:
     """Boot, periodic and on-demand passes, crash restarts, and respawning ACTIVE."""
 
     def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
-                 clock: Clock, locks: Locks, owner: str) -> None:
+                 clock: Clock, locks: Locks, owner: str,
+                 replicas: Replicas | None = None) -> None:
         self.store = store
         self.home = home
         self.supervisor = supervisor
@@ -58,6 +62,11 @@ class Recovery:
                                      lambda gen: targets.stop_grace_s(store, gen))
         self._restarts: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.closing = False
+        # None, or no litestream binary: nothing is replicated, and nothing plans to.
+        self.replicas = replicas if replicas is not None and replicas.enabled else None
+        self.reconciler.replicate = self.replicas is not None
+        self._replica_backoff: dict[str, Backoff] = {}
+        self._replica_retry_at: dict[str, float] = {}
 
     async def converge(self, host: str, mode: Pass) -> None:
         """Reconcile `host` under the lock the caller holds; a failed-closed instance
@@ -148,6 +157,75 @@ class Recovery:
             return
         await self.journal.run(inst.app, host, OpKind.RECOVER,
                                lambda op: self.respawn_active(op, inst, waiting))
+
+    async def start_replica(self, host: str) -> None:
+        """The reconciler's START_REPLICA, under the lock the pass holds: an operation of
+        its own whose only work is the replication hook (`keep_replica`)."""
+        inst = self.store.get_instance(host)
+        if inst is None or self.replicas is None:
+            return
+        # A replicator that keeps dying (a bad S3 URL, say) is retried with the crash
+        # backoff, counted here in memory, not by a new operation every pass.
+        backoff = self._replica_backoff.setdefault(host, Backoff())
+        now = self.clock.now()
+        if host not in self._replica_retry_at and backoff.last_start is not None:
+            self._replica_retry_at[host] = now + backoff.delay_after_crash(now)
+        if now < self._replica_retry_at.get(host, now):
+            return
+        self._replica_retry_at.pop(host, None)
+        backoff.started(now)
+        await self.journal.run(inst.app, host, OpKind.REPLICATE, lambda _op: _done())
+
+    async def keep_replica(self, op: Operation, host: str) -> str | None:
+        """Make `host`'s replicator what the instance now wants, as steps of `op`:
+        running with an alive ACTIVE web, not fenced: one replicator (spawned if none
+        runs; a failed spawn is an event, never the failure of the operation that
+        brought the app up: the periodic pass tries again); not running: every
+        replicator stopped and proven gone, then one last sync. Returns what failed
+        only when a replicator could not be stopped. Crash inside either step: the
+        reconciler's replicator rules (keelway/reconcile/plan.py) finish the job."""
+        replicas = self.replicas
+        inst = self.store.get_instance(host)
+        if replicas is None or inst is None:
+            return None
+        steps = Steps(self.store, op.id)
+        if inst.state is InstanceState.RUNNING:
+            web_active = self.store.get_active(host, WEB)
+            web = self.store.get_generation(web_active.generation_id) if web_active else None
+            if (web is None or self.store.fenced(host) or not self._running(web.id)
+                    or replicas.running(host) is not None):
+                return None
+
+            async def spawn() -> Done | Failed:
+                assert web is not None
+                try:
+                    gen = await replicas.spawn(host, op.id, web)
+                except OSError as exc:
+                    return Failed(f"the replicator did not start: {exc}")
+                return Done(f"generation {gen.id} pid {gen.pid}")
+
+            failed = await steps.run(StepKind.REPLICA_START, spawn, service=REPLICA,
+                                     before=("replica.start.before",),
+                                     after=("replica.start.after",))
+            if failed is not None:
+                self.store.add_event("replica", failed.reason, app=inst.app, instance=host)
+            return None
+        if not replicas.live(host):
+            return None
+
+        async def stop() -> Done | Failed:
+            unstopped = await replicas.stop(host, sync=True)
+            return Done("synced; gone") if unstopped is None else Failed(unstopped)
+
+        failed = await steps.run(StepKind.REPLICA_STOP, stop, service=REPLICA,
+                                 before=("replica.stop.before",),
+                                 after=("replica.stop.after",))
+        if failed is None:
+            return None
+        self.store.add_event("replica", failed.reason, app=inst.app, instance=host)
+        # A sync that failed leaves the replica behind but no process: only a
+        # replicator that is still alive fails the operation (invariant 5).
+        return failed.reason if replicas.live(host) else None
 
     def _running(self, gen_id: int) -> bool:
         gen = self.store.get_generation(gen_id)
@@ -339,6 +417,10 @@ class Recovery:
         self.closing = True
         for task in list(self._restarts.values()):
             task.cancel()
+
+
+async def _done() -> Result:
+    return Result(Outcome.DONE)
 
 
 def _log_pass_failure(what: str, exc: Exception) -> None:

@@ -37,6 +37,10 @@ class ActiveRestarts(Protocol):
 
     async def restart_active(self, host: str) -> None: ...
 
+    async def start_replica(self, host: str) -> None:
+        """Start `host`'s replicator (keelway/data/replicas.py) as its own operation."""
+        ...
+
 
 class FailedClosed(Exception):
     """A candidate could not be removed: no mutation of the instance may proceed."""
@@ -55,7 +59,8 @@ class Convergence:
     republish: bool = False
 
 
-def gather(store: Store, host: str, live_ops: set[int]) -> Records | None:
+def gather(store: Store, host: str, live_ops: set[int],
+           replicate: bool = False) -> Records | None:
     inst = store.get_instance(host)
     if inst is None:
         return None
@@ -64,10 +69,10 @@ def gather(store: Store, host: str, live_ops: set[int]) -> Records | None:
         instance=inst, latest=store.latest_operation(host),
         active={a.service: a.generation_id for a in store.list_active(host)}, live=live,
         inhibitions={g.id: frozenset(store.inhibitions(g.id)) for g in live},
-        route=store.get_route(host), fenced=store.fenced(host)), live_ops)
+        route=store.get_route(host), fenced=store.fenced(host)), live_ops, replicate)
 
 
-def records_of(view: InstanceView, live_ops: set[int]) -> Records:
+def records_of(view: InstanceView, live_ops: set[int], replicate: bool = False) -> Records:
     """The planner's records of one instance, from one instance's view of the store."""
     host = view.instance.host
     return Records(
@@ -82,6 +87,7 @@ def records_of(view: InstanceView, live_ops: set[int]) -> Records:
         fenced=view.fenced,
         owned=frozenset(g.id for g in view.live if g.op_id is not None and g.op_id in live_ops
                         and (view.latest is None or g.op_id != view.latest.id)),
+        replicate=replicate,
     )
 
 
@@ -106,9 +112,11 @@ class Reconciler:
         self.home = home
         self.restarts = restarts
         self.grace = grace  # the service's stop_grace: SIGTERM, then SIGKILL after this
+        # Set by the deploy side when databases are replicated (keelway/data/replicas.py).
+        self.replicate = False
 
     def plan_for(self, host: str, mode: Pass, live_ops: set[int]) -> list[Action]:
-        records = gather(self.store, host, live_ops)
+        records = gather(self.store, host, live_ops, self.replicate)
         if records is None:
             return []
         return plan(records, observe(records, self.supervisor), mode)
@@ -134,14 +142,14 @@ class Reconciler:
         return hosts, republish
 
     def _plan_view(self, view: InstanceView, mode: Pass, live_ops: set[int]) -> list[Action]:
-        records = records_of(view, live_ops)
+        records = records_of(view, live_ops, self.replicate)
         return plan(records, observe(records, self.supervisor), mode)
 
     async def reconcile(self, host: str, mode: Pass, live_ops: set[int]) -> Convergence:
         """Plan and apply for one instance; the caller holds (or tried) its lock."""
         actions = self.plan_for(host, mode, live_ops)
         outcome = Convergence(actions)
-        restart = False
+        restart = replicate = False
         for action in actions:
             match action.kind:
                 case Kind.KEEP_CANDIDATE:
@@ -173,7 +181,7 @@ class Reconciler:
                     assert action.generation is not None
                     await self.supervisor.bury(action.generation, None)
                 case (Kind.REMOVE_STRAY | Kind.RETIRE | Kind.REMOVE_DESCENDANTS
-                      | Kind.STOP_ACTIVE):
+                      | Kind.STOP_ACTIVE | Kind.STOP_REPLICA):
                     gen = self._gen(action)
                     if gen is not None and not await self.supervisor.stop(gen, self.grace(gen)):
                         self.store.add_event("leftover", f"{gen.service} generation {gen.id} "
@@ -185,6 +193,8 @@ class Reconciler:
                         self.supervisor.adopt(gen)
                 case Kind.RESTART_ACTIVE:
                     restart = True
+                case Kind.START_REPLICA:
+                    replicate = True
                 case Kind.RESTORE_ROUTE:
                     gen = self._gen(action)
                     if gen is not None:
@@ -197,6 +207,8 @@ class Reconciler:
                     assert_never(action.kind)
         if restart:
             await self.restarts.restart_active(host)
+        if replicate:
+            await self.restarts.start_replica(host)
         return outcome
 
     def _gen(self, action: Action) -> Generation | None:

@@ -27,6 +27,11 @@ The rules (SPEC §4 Reconciler, §5):
   (a daemonizing app) is not gone; its descendants are removed before it is recorded
   gone, and an ACTIVE one is then restarted. A tree its own watcher is removing is left
   to that watcher.
+- The replicator (service `replica`, keelway/data/replicas.py) is named by its own
+  record, not by ACTIVE: exactly one is kept alive while its instance runs (an older
+  second one is stopped), it is stopped when the instance does not run, and BOOT and
+  PERIODIC passes start one (START_REPLICA) for a running, unfenced instance whose
+  ACTIVE web is alive and that has none; never while an operation owns the instance.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from keelway.journal import Inhibition, StepKind
+from keelway.journal import REPLICA, Inhibition, StepKind
 from keelway.store.lifecycle import InstanceState, OpState, RouteState, StepState
 from keelway.store.records import Generation, Instance, Operation, Step
 
@@ -73,6 +78,8 @@ class Records:
     # run (OpKind.RUN never is), whose process its operation stops and buries. Like
     # a live latest operation's candidates, they are their owner's, never strays.
     owned: frozenset[int] = frozenset()
+    # Whether this control plane replicates databases (a litestream binary is there).
+    replicate: bool = False
 
 
 class Kind(enum.Enum):
@@ -93,6 +100,10 @@ class Kind(enum.Enum):
     RESTART_ACTIVE = "restart-active"
     RESTORE_ROUTE = "restore-route"
     REPUBLISH = "republish"
+    # The replicator: one more than one alive, or one of an instance that does not run,
+    # is stopped; a running instance with none gets one (keelway/data/replicas.py).
+    STOP_REPLICA = "stop-replica"
+    START_REPLICA = "start-replica"
 
 
 @dataclass(frozen=True)
@@ -186,10 +197,30 @@ def plan(records: Records, observed: Observed, mode: Pass) -> list[Action]:
         a.kind is Kind.MARK_DOWN for a in actions)
     # The latest operation is still being run by its owner, who decides for now.
     owned = op is not None and not op.terminal and records.latest_is_live
+    replicators = [g.id for g in records.live if g.service == REPLICA
+                   and (g.id in observed.alive or g.id in observed.watched)]
     for gen in records.live:
         if gen.id in candidates or gen.id in records.owned:
             continue
         alive = gen.id in observed.alive or gen.id in observed.orphans
+        if gen.service == REPLICA:
+            if not alive:
+                actions.append(Action(Kind.RECORD_GONE, generation=gen.id, service=REPLICA))
+            elif owned:
+                pass  # the operation running now syncs, stops or starts it
+            elif gen.id not in observed.alive and gen.id not in observed.watched:
+                # Its tree lives but its leader is dead or was never recorded (a crash
+                # between spawn and record): it cannot be adopted, so it goes, and a
+                # fresh one is started in its place.
+                actions.append(Action(Kind.STOP_REPLICA, generation=gen.id, service=REPLICA,
+                                      reason="its leader is not recorded"))
+            elif not running or gen.id != max(replicators, default=gen.id):
+                actions.append(Action(Kind.STOP_REPLICA, generation=gen.id, service=REPLICA,
+                                      reason="a newer replicator runs" if running
+                                      else f"its instance is {records.instance.state}"))
+            elif mode is not Pass.MUTATION and gen.id not in observed.watched:
+                actions.append(Action(Kind.ADOPT, generation=gen.id, service=REPLICA))
+            continue
         if gen.id in active_ids:
             if not running and not owned and alive:
                 actions.append(Action(Kind.STOP_ACTIVE, generation=gen.id, service=gen.service,
@@ -241,6 +272,9 @@ def plan(records: Records, observed: Observed, mode: Pass) -> list[Action]:
                 and (records.route_state is not RouteState.SERVING
                      or records.routed.get(host) != web)):
             actions.append(Action(Kind.RESTORE_ROUTE, generation=web, service="web"))
+        if (records.replicate and not records.fenced and not owned and not replicators
+                and web is not None and web in live_ids and web in observed.alive):
+            actions.append(Action(Kind.START_REPLICA, service=REPLICA))
         actions.append(Action(Kind.REPUBLISH))
     return actions
 

@@ -105,6 +105,12 @@ class Supervisor:
         """
         return await self._spawn(gen, shell_argv(command), cwd, env, None)
 
+    async def spawn_argv(self, gen: Generation, argv: list[str], cwd: Path,
+                         env: dict[str, str]) -> Generation:
+        """Start a PLANNED generation of keelway's own program `argv` (no shell): the
+        instance's replicator. Its tree, record, crash windows and exit: `spawn`."""
+        return await self._spawn(gen, argv, cwd, env, None)
+
     async def spawn_attached(self, gen: Generation, argv: list[str], cwd: Path,
                              env: dict[str, str], stdio: tuple[int, int, int]) -> Generation:
         """Start a PLANNED generation of a one-off run: `argv` as given (no shell), with

@@ -21,3 +21,9 @@ def test_a_process_whose_name_only_starts_with_run_is_fine(
         make_app: Callable[..., Path]) -> None:
     manifest = load_manifest(make_app(procfile="web: python web.py\nrunner: python job.py\n"))
     assert sorted(manifest.services) == ["runner", "web"]
+
+
+def test_a_procfile_process_named_replica_is_refused_it_is_the_replicators(
+        make_app: Callable[..., Path]) -> None:
+    with pytest.raises(ManifestError, match=r"`replica` names keelway's database replicator"):
+        load_manifest(make_app(procfile="web: python web.py\nreplica: python r.py\n"))

@@ -46,9 +46,14 @@ class Keelway:
     http_port: int
     daemon_pid: int | None = None
     started_pids: list[tuple[int, int]] = field(default_factory=list)
+    # Database replication (keelway/data/replicas.py) is off unless a test asks for it
+    # (or KEELWAY_TEST_REPLICATE=1 asks for it in every test, to run the suite with it).
+    replicate: bool = field(
+        default_factory=lambda: os.environ.get("KEELWAY_TEST_REPLICATE") == "1")
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, "KEELWAY_HOME": str(self.home)}
+        return {**os.environ, "KEELWAY_HOME": str(self.home),
+                "KEELWAY_REPLICATE": "1" if self.replicate else "0"}
 
     def run(self, *args: str, timeout_s: float = 120) -> Result:
         proc = subprocess.run(
@@ -91,6 +96,8 @@ class Keelway:
         for app in status["apps"]:
             for inst in app["instances"]:
                 for proc in inst["processes"]:
+                    if proc["service"] == "replica":
+                        continue  # keelway's replicator, not an app process
                     if proc["pid"] and proc["state"] != "gone":
                         stat = process.read_stat(proc["pid"])
                         if stat is not None:

@@ -34,6 +34,7 @@ from pathlib import Path
 import pytest
 
 from keelway.builds.manifest import Mode, load_manifest
+from keelway.data.replicas import verify
 from keelway.runtime.environment import INSTANCE_KEY, read_env_file
 from keelway.store import SqliteStore
 from tests.deploy.apps import DAEMONIZE_PY
@@ -51,9 +52,12 @@ class Home:
     port: int
     app_a: Path
     app_b: Path
+    # Database replication runs only in the scenarios that are about it (REPLICATED).
+    replicate: bool = False
 
     def env(self, **extra: str) -> dict[str, str]:
-        return {**os.environ, "KEELWAY_HOME": str(self.root), **extra}
+        return {**os.environ, "KEELWAY_HOME": str(self.root),
+                "KEELWAY_REPLICATE": "1" if self.replicate else "0", **extra}
 
     def cli(self, *args: str, env: dict[str, str] | None = None,
             timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
@@ -284,7 +288,19 @@ SCENARIOS: dict[str, tuple[list[Step], Step]] = {
                                       "--host", "two.test"), _remember_before,
                        lambda h: h.ok("seed", "import", "one.test", str(_seed_file(h)))],
                       lambda h: h.ok("seed", "rollback", "one.test")),
+    # Replicas (keelway/data/replicas.py): a park's last sync and stop of the replicator,
+    # and a restore from the replica (hold, stop, swap, start, publish) of a running
+    # instance; the replicator is one more process that must be proven gone or kept.
+    "park-replicated": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host",
+                                        "one.test")],
+                        lambda h: h.ok("park", "one.test")),
+    "restore-replica": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host",
+                                        "one.test"),
+                         lambda h: h.ok("park", "one.test"),
+                         lambda h: h.ok("wake", "one.test")],
+                        lambda h: h.ok("db", "restore", "one.test", "--from-replica")),
 }
+REPLICATED = {"park-replicated", "restore-replica"}
 
 
 def _visit(h: Home, host: str) -> None:
@@ -456,6 +472,7 @@ def _trace(name: str) -> tuple[list[str], int]:
     and how many it passed (see `_points`)."""
     baseline, operation = SCENARIOS[name]
     home = _fresh()
+    home.replicate = name in REPLICATED
     trace = home.root.parent / "trace"
     try:
         home.up(KEELWAY_FAILPOINTS_TRACE=str(trace))
@@ -473,6 +490,7 @@ def _crash_in_operation(home: Home, name: str, point: str) -> bool:
     """Run scenario `name` on `home` with the daemon armed to die at `point`; whether
     it died there."""
     baseline, operation = SCENARIOS[name]
+    home.replicate = name in REPLICATED
     pid = home.up(KEELWAY_FAILPOINTS=point)
     for step in baseline:
         step(home)
@@ -520,6 +538,11 @@ def _crash_at(name: str, point: str) -> list[str]:
             problems += [f"{name} {point}: {p}" for p in _seed_settled(home)]
         if name in DATA_CHECKED:
             problems += _data_intact(home, f"{name} {point}", DATA_CHECKED[name])
+        if name in REPLICATED:
+            # The database is the old one or the restored one, whole, never a mix.
+            bad = verify(home.root / "data" / "one.test" / "db.sqlite3")
+            if bad is not None:
+                problems.append(f"{name} {point}: the database is not whole: {bad}")
         reached = ROLLED_FORWARD.get(name)
         if reached is not None and not reached(home):
             problems.append(f"{name} {point}: boot did not carry the operation through")

@@ -1,0 +1,52 @@
+"""The API of replicas (keelway/deploy/replication.py):
+
+    GET  /v1/instances/{host}/replica                -> 200 position
+    POST /v1/instances/{host}/restore-replica {"at": T|null}
+        -> 200 {"host","op","kept","size_bytes","state"}
+    POST /v1/drill {"host": H|null}                  -> 200 {"results": [...], "ok": bool}
+    position = {"host","app","url","files":{level:count},"latest_txid","latest_at",
+                "local_txid","behind_txids","replicating"}
+"""
+
+from __future__ import annotations
+
+import msgspec
+from aiohttp import web
+
+from keelway.api.http import read_body
+from keelway.deploy.replication import Replication
+
+
+class RestoreBody(msgspec.Struct, forbid_unknown_fields=True):
+    at: str | None = None
+
+
+class DrillBody(msgspec.Struct, forbid_unknown_fields=True):
+    host: str | None = None
+
+
+class ReplicasApi:
+    def __init__(self, replication: Replication) -> None:
+        self.replication = replication
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.get("/v1/instances/{host}/replica", self.position),
+            web.post("/v1/instances/{host}/restore-replica", self.restore),
+            web.post("/v1/drill", self.drill),
+        ]
+
+    async def position(self, request: web.Request) -> web.Response:
+        return web.json_response(await self.replication.position(request.match_info["host"]))
+
+    async def restore(self, request: web.Request) -> web.Response:
+        body: RestoreBody = await read_body(request, RestoreBody)
+        done = await self.replication.restore(request.match_info["host"], body.at)
+        return web.json_response({"host": done.host, "op": done.op_id, "kept": done.kept,
+                                  "size_bytes": done.size_bytes, "state": done.state})
+
+    async def drill(self, request: web.Request) -> web.Response:
+        body: DrillBody = await read_body(request, DrillBody)
+        results = await self.replication.drill(body.host)
+        return web.json_response({"results": results,
+                                  "ok": all(r["ok"] is not False for r in results)})

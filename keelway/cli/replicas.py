@@ -1,0 +1,65 @@
+"""Replicas of instance databases: `db replicas`, `db drill`, and what `db restore
+--from-replica` does (the one `db restore` command is in keelway/cli/data.py)."""
+
+from __future__ import annotations
+
+import sys
+import urllib.parse
+
+import click
+
+from keelway.cli.base import api_call, client, json_option
+from keelway.cli.data import db
+from keelway.cli.output import emit_json
+
+
+def _path(host: str, verb: str) -> str:
+    return f"/v1/instances/{urllib.parse.quote(host, safe='')}/{verb}"
+
+
+@db.command()
+@click.argument("host")
+@json_option
+@api_call
+def replicas(host: str, as_json: bool) -> None:
+    """What HOST's replica holds: its files, latest position and time, and lag."""
+    data = client().request("GET", _path(host, "replica"))
+    if as_json:
+        emit_json(data)
+        return
+    click.echo(f"{host}: {data['url']}")
+    click.echo(f"  replicating: {'yes' if data['replicating'] else 'no'}")
+    files = ", ".join(f"level {lvl}: {n}" for lvl, n in sorted(data["files"].items()))
+    click.echo(f"  files: {files or 'none'}")
+    click.echo(f"  latest: txid {data['latest_txid']} at {data['latest_at']}")
+    behind = data["behind_txids"]
+    click.echo(f"  behind: {'?' if behind is None else behind} transactions")
+
+
+def restore_from_replica(host: str, at: str | None, as_json: bool) -> None:
+    """`db restore HOST --from-replica [--at TIME]`."""
+    data = client().request("POST", _path(host, "restore-replica"), {"at": at})
+    if as_json:
+        emit_json(data)
+    else:
+        click.echo(f"restored {host} from its replica ({data['size_bytes']} bytes, "
+                   f"verified); the old database is kept as {data['kept']}")
+
+
+@db.command()
+@click.argument("host", required=False)
+@json_option
+@api_call
+def drill(host: str | None, as_json: bool) -> None:
+    """Restore the latest replica of HOST (or of every instance) to a temp file and
+    verify it; exit 1 if any fails."""
+    data = client().request("POST", "/v1/drill", {"host": host})
+    if as_json:
+        emit_json(data)
+    else:
+        for item in data["results"]:
+            said = ("skipped: " + item["skipped"] if item["ok"] is None
+                    else "ok" if item["ok"] else f"FAILED: {item['reason']}")
+            click.echo(f"{item['host']}: {said}")
+    if not data["ok"]:
+        sys.exit(1)

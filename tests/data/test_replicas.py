@@ -1,0 +1,94 @@
+"""The replicator's configuration and the checks on a restored copy, from values alone."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from keelway.data.replicas import (
+    ReplicaError,
+    ReplicaOptions,
+    replica_config,
+    replica_url,
+    swap_database,
+    verify,
+)
+from keelway.home import Home
+
+
+def test_a_replica_lives_under_the_homes_objects_directory_by_default(tmp_path: Path) -> None:
+    home = Home(tmp_path)
+    assert replica_url(home, "one.test") == (tmp_path / "objects" / "replicas"
+                                             / "one.test").resolve().as_uri()
+
+
+def test_an_s3_objects_url_puts_the_replica_under_its_prefix(tmp_path: Path) -> None:
+    url = replica_url(Home(tmp_path), "one.test", "s3://bucket/keel/")
+    assert url == "s3://bucket/keel/replicas/one.test"
+
+
+def test_a_file_replica_config_names_the_database_and_its_directory(tmp_path: Path) -> None:
+    db = tmp_path / "db.sqlite3"
+    config = replica_config(db, (tmp_path / "r").as_uri(), ReplicaOptions(0.1, 0.3))
+    json.dumps(config)  # what litestream reads (JSON is YAML)
+    [entry] = config["dbs"]
+    assert entry["path"] == str(db) and entry["monitor-interval"] == "100ms"
+    assert entry["replica"] == {"type": "file", "path": str(tmp_path / "r"),
+                                "sync-interval": "300ms"}
+
+
+def test_an_s3_replica_config_has_its_endpoint_and_no_secret(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "hush")
+    monkeypatch.setenv("AWS_REGION", "eu-1")
+    config = replica_config(tmp_path / "db", "s3://b/p/replicas/h", endpoint="http://127.0.0.1:9")
+    replica = config["dbs"][0]["replica"]
+    assert replica["type"] == "s3" and replica["bucket"] == "b"
+    assert replica["path"] == "p/replicas/h" and replica["endpoint"] == "http://127.0.0.1:9"
+    assert replica["force-path-style"] is True and replica["region"] == "eu-1"
+    assert "hush" not in json.dumps(config)
+
+
+def test_a_replica_url_of_another_scheme_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ReplicaError):
+        replica_config(tmp_path / "db", "ftp://x/y")
+
+
+def _db(path: Path, *rows: str) -> Path:
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("CREATE TABLE t(x TEXT)")
+    conn.executemany("INSERT INTO t VALUES (?)", [(r,) for r in rows])
+    conn.commit()
+    conn.close()
+    return path
+
+
+def test_verify_accepts_a_sound_database_and_refuses_garbage(tmp_path: Path) -> None:
+    assert verify(_db(tmp_path / "ok.db", "a")) is None
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(b"not a database" * 100)
+    assert verify(bad) is not None
+    assert verify(tmp_path / "missing.db") is not None
+
+
+def test_a_swap_keeps_the_old_database_whole_and_leaves_no_old_wal(tmp_path: Path) -> None:
+    db = _db(tmp_path / "db.sqlite3", "old")
+    writer = sqlite3.connect(db)
+    writer.execute("PRAGMA wal_autocheckpoint=0")
+    writer.execute("INSERT INTO t VALUES ('in the wal')")
+    writer.commit()
+    writer.close()
+    new = _db(tmp_path / "new.db", "new")
+    keep = tmp_path / "db.sqlite3.before"
+    swap_database(db, new, keep)
+    assert not Path(f"{db}-wal").exists() and not new.exists()
+    read = sqlite3.connect(db)
+    assert read.execute("SELECT x FROM t").fetchall() == [("new",)]
+    read.close()
+    old = sqlite3.connect(keep)
+    assert old.execute("SELECT x FROM t").fetchall() == [("old",), ("in the wal",)]
+    old.close()
