@@ -154,15 +154,15 @@ def _remember_before(h: Home) -> None:
         store.close()
     before = {
         "key": read_env_file(h.root / "env" / "one.test.env")[INSTANCE_KEY],
-        "visits": _visits(h.root / "data" / "one.test" / "db.sqlite3"),
+        "visits": _rows_of(h.root / "data" / "one.test" / "db.sqlite3"),
         "other_env": (h.root / "env" / "two.test.env").read_text(),
-        "other_db": _visits(h.root / "data" / "two.test" / "db.sqlite3"),
+        "other_db": _rows_of(h.root / "data" / "two.test" / "db.sqlite3"),
         "other_route": route.state.value if route else None,
     }
     (h.root.parent / "before.json").write_text(json.dumps(before))
 
 
-def _visits(db: Path) -> int:
+def _rows_of(db: Path) -> int:
     conn = sqlite3.connect(db)
     try:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
@@ -186,7 +186,7 @@ def _seed_settled(h: Home) -> list[str]:
             problems.append("rolled back, but one.test's env file is not its own")
         if nested.parent.exists() or any((h.root / "objects" / "seeds").glob("*")):
             problems.append("rolled back, but the import's data or copy is left")
-        if _visits(h.root / "data" / "one.test" / "db.sqlite3") < before["visits"]:
+        if _rows_of(h.root / "data" / "one.test" / "db.sqlite3") < before["visits"]:
             problems.append("rolled back, but one.test's own rows are not all there")
         if status["fenced"]:
             problems.append("rolled back, but a fence is still held on one.test")
@@ -204,7 +204,7 @@ def _seed_settled(h: Home) -> list[str]:
         store.close()
     if ((h.root / "env" / "two.test.env").read_text() != before["other_env"]
             or (route.state.value if route else None) != before["other_route"]
-            or _visits(h.root / "data" / "two.test" / "db.sqlite3") != before["other_db"]):
+            or _rows_of(h.root / "data" / "two.test" / "db.sqlite3") != before["other_db"]):
         problems.append("two.test changed")
     return problems
 
