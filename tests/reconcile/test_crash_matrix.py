@@ -43,7 +43,9 @@ from tests.invariants import violations
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-PARALLEL = 3
+# Each point mostly waits on processes starting and stopping (a daemon, the CLI, the
+# apps), about half a core each: four at once keep two cores busy.
+PARALLEL = 4
 
 
 @dataclass
