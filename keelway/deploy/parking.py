@@ -36,7 +36,7 @@ from keelway import failpoints, names
 from keelway.builds.manifest import WEB
 from keelway.deploy import targets
 from keelway.deploy.attempt import Attempt
-from keelway.deploy.errors import AppFailed, Fenced, NotFoundError, OperationError, UserError
+from keelway.deploy.errors import AppFailed, Fenced, OperationError, UserError
 from keelway.deploy.instances import mint_instance_key
 from keelway.deploy.locks import Locks
 from keelway.deploy.outcome import Outcome, Result
@@ -102,14 +102,7 @@ class Parking:
 
     def instance(self, host: str) -> Instance:
         """The instance named `host`, its name checked first (UserError, NotFoundError)."""
-        try:
-            names.HOST.check(host)
-        except names.InvalidName as exc:
-            raise UserError(exc.message, hint=exc.hint) from None
-        inst = self.store.get_instance(host)
-        if inst is None:
-            raise NotFoundError(f"no instance {host}", hint="see `keelway status`")
-        return inst
+        return targets.instance_named(self.store, host)
 
     # -- park ------------------------------------------------------------------------
 

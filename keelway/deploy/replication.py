@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, assert_never
 
-from keelway import failpoints, names
+from keelway import failpoints
 from keelway.data.replicas import SIDECARS, Drill, ReplicaError, Replicas, swap_database, verify
-from keelway.deploy.errors import NotFoundError, OperationError, UserError
+from keelway.deploy import targets
+from keelway.deploy.errors import OperationError, UserError
 from keelway.deploy.locks import Locks
 from keelway.deploy.outcome import Outcome, Result
 from keelway.deploy.parking import refuse_if_fenced
@@ -86,14 +87,7 @@ class Replication:
         return self.recovery.replicas
 
     def instance(self, host: str) -> Instance:
-        try:
-            names.HOST.check(host)
-        except names.InvalidName as exc:
-            raise UserError(exc.message, hint=exc.hint) from None
-        inst = self.store.get_instance(host)
-        if inst is None:
-            raise NotFoundError(f"no instance {host}", hint="see `keelway status`")
-        return inst
+        return targets.instance_named(self.store, host)
 
     async def position(self, host: str) -> dict[str, Any]:
         """`db replicas H`: what the replica holds."""

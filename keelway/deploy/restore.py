@@ -109,14 +109,7 @@ class Snapshots:
         self._specs: dict[tuple[str, str], DataSpec] = {}
 
     def instance(self, host: str) -> Instance:
-        try:
-            names.HOST.check(host)
-        except names.InvalidName as exc:
-            raise UserError(exc.message, hint=exc.hint) from None
-        inst = self.store.get_instance(host)
-        if inst is None:
-            raise NotFoundError(f"no instance {host}", hint="see `keelway status`")
-        return inst
+        return targets.instance_named(self.store, host)
 
     @staticmethod
     def check_id(snap_id: str) -> str:

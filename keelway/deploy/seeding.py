@@ -49,7 +49,7 @@ from typing import assert_never
 from keelway import failpoints, names
 from keelway.data import seed as files
 from keelway.deploy import targets
-from keelway.deploy.errors import NotFoundError, OperationError, UserError
+from keelway.deploy.errors import OperationError, UserError
 from keelway.deploy.locks import Locks
 from keelway.deploy.outcome import Outcome, Result
 from keelway.deploy.parking import refuse_if_fenced
@@ -129,14 +129,7 @@ class Seeding:
         self.delete_replica = delete_replica
 
     def instance(self, host: str) -> Instance:
-        try:
-            names.HOST.check(host)
-        except names.InvalidName as exc:
-            raise UserError(exc.message, hint=exc.hint) from None
-        inst = self.store.get_instance(host)
-        if inst is None:
-            raise NotFoundError(f"no instance {host}", hint="see `keelway status`")
-        return inst
+        return targets.instance_named(self.store, host)
 
     # -- import ------------------------------------------------------------------------
 

@@ -11,13 +11,27 @@ import contextlib
 import os
 from pathlib import Path
 
+from keelway import names
 from keelway.builds.manifest import DEFAULT_STOP_GRACE_S
-from keelway.deploy.errors import UserError
+from keelway.deploy.errors import NotFoundError, UserError
 from keelway.deploy.instances import Target
 from keelway.durable import symlink_atomic
 from keelway.home import Home
 from keelway.store import Store
-from keelway.store.records import Generation
+from keelway.store.records import Generation, Instance
+
+
+def instance_named(store: Store, host: str) -> Instance:
+    """The instance named `host`, its name checked first: the one lookup every
+    operation on one instance starts from (UserError for a bad name, NotFoundError)."""
+    try:
+        names.HOST.check(host)
+    except names.InvalidName as exc:
+        raise UserError(exc.message, hint=exc.hint) from None
+    inst = store.get_instance(host)
+    if inst is None:
+        raise NotFoundError(f"no instance {host}", hint="see `keelway status`")
+    return inst
 
 
 def link_current(store: Store, home: Home, host: str) -> None:
