@@ -5,6 +5,7 @@ No aiohttp here: the CLI must start fast, and it only needs a request and a resp
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import socket
@@ -47,43 +48,52 @@ class Client:
         self.socket_path = socket_path
         self.timeout_s = timeout_s
 
+    @contextlib.contextmanager
     def _open(self, method: str, path: str, body: dict[str, Any] | None,
-              timeout_s: float | None) -> http.client.HTTPResponse:
+              timeout_s: float | None) -> Iterator[http.client.HTTPResponse]:
+        """The response, its connection closed on the way out (a long-lived caller, a
+        test or a tool, would otherwise keep one socket per request)."""
         conn = _UnixConnection(self.socket_path, timeout_s)
         payload = json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": "application/json"} if payload is not None else {}
         try:
-            conn.request(method, path, body=payload, headers=headers)
-            return conn.getresponse()
-        except (FileNotFoundError, ConnectionRefusedError) as exc:
-            raise ApiUnavailable(str(exc)) from exc
+            try:
+                conn.request(method, path, body=payload, headers=headers)
+                response = conn.getresponse()
+            except (FileNotFoundError, ConnectionRefusedError) as exc:
+                raise ApiUnavailable(str(exc)) from exc
+            yield response
+        finally:
+            conn.close()
 
     def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        response = self._open(method, path, body, self.timeout_s)
-        data = response.read()
+        with self._open(method, path, body, self.timeout_s) as response:
+            status = response.status
+            data = response.read()
         try:
             decoded = json.loads(data or b"{}")
         except json.JSONDecodeError as exc:
             raise ApiError(response.status, "bad-response", "the API answered garbage",
                            None) from exc
-        if response.status >= 400:
+        if status >= 400:
             err = decoded.get("error", {}) if isinstance(decoded, dict) else {}
-            raise ApiError(response.status, err.get("code", "error"),
-                           err.get("message", f"HTTP {response.status}"), err.get("hint"))
+            raise ApiError(status, err.get("code", "error"),
+                           err.get("message", f"HTTP {status}"), err.get("hint"))
         return decoded
 
     def stream(self, method: str, path: str,
                body: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
         """NDJSON lines of a streaming endpoint, as they arrive (no timeout: may be long)."""
-        response = self._open(method, path, body, None)
-        if response.status >= 400:
-            decoded = json.loads(response.read() or b"{}")
-            err = decoded.get("error", {})
-            raise ApiError(response.status, err.get("code", "error"),
-                           err.get("message", f"HTTP {response.status}"), err.get("hint"))
-        while True:
-            line = response.readline()
-            if not line:
-                return
-            if line.strip():
-                yield json.loads(line)
+        with self._open(method, path, body, None) as response:
+            if response.status >= 400:
+                decoded = json.loads(response.read() or b"{}")
+                err = decoded.get("error", {})
+                raise ApiError(response.status, err.get("code", "error"),
+                               err.get("message", f"HTTP {response.status}"),
+                               err.get("hint"))
+            while True:
+                line = response.readline()
+                if not line:
+                    return
+                if line.strip():
+                    yield json.loads(line)

@@ -30,10 +30,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from keelway import home as homes
 from keelway.builds.manifest import Mode, load_manifest
+from keelway.cli.client import ApiError, ApiUnavailable, Client
 from keelway.data.replicas import verify
 from keelway.runtime.environment import INSTANCE_KEY, read_env_file
 from keelway.store import SqliteStore
@@ -86,6 +89,15 @@ class Home:
         done = self.cli(*args)
         assert done.returncode == 0, f"{args}: {done.stderr}"
 
+    def api(self, method: str, path: str, body: dict[str, object] | None = None,
+            timeout_s: float = 30) -> Any:
+        """The control plane's API in this process (ApiUnavailable when it is gone).
+
+        The checks read state this way; the operations under test always go through the
+        real CLI. A CLI start per check was most of a point's cost after the daemon's
+        own boots (the crash-restart scenario polls status every 0.1 s)."""
+        return Client(homes.Home(self.root).api_socket, timeout_s).request(method, path, body)
+
 
 def _app(root: Path, name: str, greeting: str) -> Path:
     app = root / name
@@ -113,10 +125,11 @@ Step = Callable[[Home], None]
 
 def _web(h: Home) -> dict[str, object] | None:
     """The ACTIVE web process as status shows it, or None when the daemon is gone."""
-    done = h.cli("status", "--json", timeout_s=10)
-    if done.returncode != 0:
+    try:
+        status = h.api("GET", "/v1/status", timeout_s=10)
+    except (ApiUnavailable, ApiError, OSError):
         return None
-    inst = json.loads(done.stdout)["apps"][0]["instances"][0]
+    inst = status["apps"][0]["instances"][0]
     return next(p for p in inst["processes"] if p["service"] == "web" and p["active"])
 
 
@@ -377,7 +390,7 @@ DATA_CHECKED: dict[str, set[int]] = {"snapshot": {5}, "restore": {3, 5}}
 
 
 def _hosts(h: Home) -> set[str]:
-    status = json.loads(h.cli("status", "--json").stdout)
+    status = h.api("GET", "/v1/status")
     return {inst["host"] for app in status["apps"] for inst in app["instances"]}
 
 
@@ -429,9 +442,10 @@ def _kill_router_until_respawned(home: Home) -> None:
     os.kill(killed, signal.SIGKILL)
 
     def respawned() -> bool:
-        done = home.cli("status", "--json")
-        assert done.returncode == 0, "the control plane is gone"
-        router = json.loads(done.stdout)["router"]
+        try:
+            router = home.api("GET", "/v1/status")["router"]
+        except (ApiUnavailable, OSError):
+            raise AssertionError("the control plane is gone") from None
         return bool(router["restarts"] >= 1 and router["pid"] not in (None, killed))
 
     assert wait_until(respawned, timeout_s=30)
@@ -508,7 +522,7 @@ def _recovered(home: Home, label: str) -> list[str]:
     long to answer again, and the checks wait for it."""
     home.up()
     problems = []
-    status = json.loads(home.cli("status", "--json").stdout)
+    status = home.api("GET", "/v1/status")
     for app in status["apps"]:
         for inst in app["instances"]:
             if inst["state"] == "running":
@@ -519,8 +533,7 @@ def _recovered(home: Home, label: str) -> list[str]:
                 if code != 200:
                     problems.append(f"{label}: {inst['host']} answers {code} after recovery")
     problems += [f"{label}: {v}" for v in violations(home.root)]
-    again = home.cli("reconcile", "--dry-run", "--json")
-    report = json.loads(again.stdout)
+    report = home.api("POST", "/v1/reconcile", {"dry_run": True}, timeout_s=60)
     for item in report["instances"]:
         if item["actions"] or item["error"]:
             problems.append(f"{label}: a second reconcile would still do "
