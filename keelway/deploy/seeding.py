@@ -48,6 +48,7 @@ from typing import assert_never
 
 from keelway import failpoints, names
 from keelway.data import seed as files
+from keelway.data.objects import ObjectStoreError
 from keelway.deploy import targets
 from keelway.deploy.errors import OperationError, UserError
 from keelway.deploy.locks import Locks
@@ -80,9 +81,9 @@ _POINTS = ("store", "journal", "fence", "lay-down", "key", "open", "unfence", "c
            "forget", "record")
 failpoints.declare(*(f"seed.{p}.{w}" for p in _POINTS for w in ("before", "after")))
 
-# Deletes an instance's replica in the object store (the replicas part joins it at
-# merge); None: this box keeps no replicas, so there is none to delete.
-DeleteReplica = Callable[[str], Awaitable[None]]
+# Deletes a seed import's own replica of an instance (host, seed) in the object store
+# (keelway/data/replicas.py Replicas.delete); None: this box keeps no replicas.
+DeleteReplica = Callable[[str, str], Awaitable[object]]
 Progress = Callable[[str], Awaitable[None]]
 
 
@@ -457,14 +458,22 @@ class Seeding:
         record = self.store.seed_record(host)
         ours, why = replica_is_the_imports(journal, record)
         if valid and ours:
-            async def delete_replica() -> Done:
+            async def delete_replica() -> Done | Failed:
                 if self.delete_replica is None:
                     return Done("no replicas on this box")
-                await self.delete_replica(host)
+                try:
+                    # The import's own replica (replicas/<host>/<seed>), never the
+                    # host's: that one stayed as it was through the import.
+                    await self.delete_replica(host, seed)
+                except ObjectStoreError as exc:
+                    return Failed(f"the import's replica could not be deleted: {exc}")
                 return Done("deleted")
 
-            await self._step(steps, "delete-replica", StepKind.SEED_DELETE_REPLICA,
-                             delete_replica)
+            if (failed := await self._step(steps, "delete-replica",
+                                           StepKind.SEED_DELETE_REPLICA,
+                                           delete_replica)) is not None:
+                # CLEANUP_PENDING still: the next pass deletes it and goes on.
+                return SeedReport(host, seed, SeedOutcome.DEFERRED, failed.reason)
         elif valid:
             log.info("%s: import %s: the replica is left alone: %s", host, seed, why)
 
