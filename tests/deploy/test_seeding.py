@@ -13,10 +13,12 @@ import pytest
 
 from keelway.api.daemon import DeployParts, wire
 from keelway.data import seed as files
+from keelway.data import snapshots
+from keelway.data.objects import LocalObjects, manifest_key, snapshot_key
 from keelway.data.replicas import Replicas, replica_key
 from keelway.deploy.errors import Fenced, UserError
 from keelway.deploy.publisher import Publisher
-from keelway.deploy.seeding import SeedOutcome
+from keelway.deploy.seeding import SeedOutcome, SnapshotSource
 from keelway.home import Home
 from keelway.runtime.environment import INSTANCE_KEY, read_env_file
 from keelway.runtime.supervisor import Supervisor
@@ -172,6 +174,65 @@ def test_a_rollback_whose_replica_is_not_the_import_s_leaves_it(
     store._conn.execute("UPDATE instances SET seed='seed-00000000000000ff' WHERE host=?", (HOST,))
     assert asyncio.run(deploy.seeding.rollback(HOST)).outcome is SeedOutcome.ROLLED_BACK
     assert _tree(imported) == kept
+
+
+def _snapshot_of(home: Home, host: str) -> str:
+    return snapshots.take(LocalObjects(home.objects_dir), home, host, now_s=1.8e9,
+                          release=None).id
+
+
+def test_a_snapshot_of_another_instance_is_a_seed_by_its_id(
+        parts: tuple[DeployParts, SqliteStore, Home]) -> None:
+    deploy, _store, home = parts
+    snap = _snapshot_of(home, OTHER)
+    report = asyncio.run(deploy.seeding.import_seed(HOST, SnapshotSource(None, snap)))
+    assert report.outcome is SeedOutcome.IMPORTED and report.seed
+    assert _rows(home.seed_db_path(HOST)) == ["other"]
+    assert home.seed_copy(report.seed).exists()  # the seed's own copy, stored first
+    assert [p.name for p in home.seeds_dir.iterdir()] == [f"{report.seed}.db"]
+    assert asyncio.run(deploy.seeding.rollback(HOST)).outcome is SeedOutcome.ROLLED_BACK
+    assert _rows(home.db_path(HOST)) == ["original"]
+    # The snapshot is OTHER's, not the import's: it stays.
+    assert snapshots.list_snapshots(LocalObjects(home.objects_dir), OTHER)[0].id == snap
+
+
+def test_a_snapshot_id_two_instances_hold_is_refused_unless_its_instance_is_named(
+        parts: tuple[DeployParts, SqliteStore, Home]) -> None:
+    deploy, store, home = parts
+    snap = _snapshot_of(home, OTHER)
+    objects = LocalObjects(home.objects_dir)
+    for key in (snapshot_key(OTHER, snap), manifest_key(OTHER, snap)):
+        target = home.objects_dir / key.replace(OTHER, "third.shop.test", 1)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes((home.objects_dir / key).read_bytes())
+    before = store.dump()
+    with pytest.raises(UserError, match=r"third\.shop\.test") as refused:
+        asyncio.run(deploy.seeding.import_seed(HOST, SnapshotSource(None, snap)))
+    assert f"{OTHER}/{snap}" in (refused.value.hint or "")
+    assert store.dump() == before
+    report = asyncio.run(deploy.seeding.import_seed(HOST, SnapshotSource(OTHER, snap)))
+    assert report.outcome is SeedOutcome.IMPORTED
+    assert _rows(home.seed_db_path(HOST)) == ["other"]
+    assert objects.exists(snapshot_key(OTHER, snap))
+
+
+def test_a_damaged_snapshot_is_refused_at_import_with_nothing_changed(
+        parts: tuple[DeployParts, SqliteStore, Home]) -> None:
+    deploy, store, home = parts
+    snap = _snapshot_of(home, OTHER)
+    stored = home.objects_dir / snapshot_key(OTHER, snap)
+    data = bytearray(stored.read_bytes())
+    data[-100:] = b"\x5a" * 100
+    stored.write_bytes(bytes(data))
+    before, sums = store.dump(), _sums(home, HOST)
+    with pytest.raises(UserError, match=r"seed refused: snapshot .* failed verification"):
+        asyncio.run(deploy.seeding.import_seed(HOST, SnapshotSource(None, snap)))
+    assert store.dump() == before and _sums(home, HOST) == sums
+    assert store.list_imports() == [] and not any(home.seeds_dir.iterdir())
+    assert not home.seed_db_path(HOST).exists()
+    with pytest.raises(UserError, match="no snapshot"):
+        asyncio.run(deploy.seeding.import_seed(HOST, SnapshotSource(
+            None, "20261201T120102123456Z-9f3a")))
 
 
 def test_a_damaged_seed_is_refused_at_import_with_nothing_changed(
