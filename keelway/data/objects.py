@@ -54,8 +54,13 @@ def check_key(key: str) -> str:
     return key
 
 
+def instance_prefix(host: str) -> str:
+    """Everything the store keeps of `host` but its replica (keelway/data/replicas.py)."""
+    return f"instances/{host}/"
+
+
 def snapshot_prefix(host: str) -> str:
-    return f"instances/{host}/snapshots/"
+    return f"{instance_prefix(host)}snapshots/"
 
 
 def snapshot_key(host: str, snap_id: str) -> str:
