@@ -80,7 +80,7 @@ from keelway.store.seeds import (
 
 log = logging.getLogger("keelway.seeding")
 
-_POINTS = ("store", "journal", "fence", "lay-down", "key", "open", "unfence", "close",
+_POINTS = ("store", "journal", "fence", "sync", "lay-down", "key", "open", "unfence", "close",
            "retire-key", "remove-data", "restore", "delete-copy", "delete-replica",
            "forget", "record")
 failpoints.declare(*(f"seed.{p}.{w}" for p in _POINTS for w in ("before", "after")))
@@ -311,6 +311,17 @@ class Seeding:
         await progress("fenced")
         if (failed := await self._stop_all(steps, host)) is not None:
             return Result(Outcome.FAILED, failed.reason)
+        replicas = self.recovery.replicas
+        if replicas is not None:
+            async def sync() -> Done | Failed:
+                # H's own database, every process of H gone: its replica is current
+                # and then left alone until the rollback (the import's goes elsewhere).
+                failed = await replicas.stop(host, sync=True)
+                return Done("synced") if failed is None else Failed(failed)
+
+            if (failed := await self._step(steps, "sync", StepKind.REPLICA_STOP,
+                                           sync)) is not None:
+                return Result(Outcome.FAILED, failed.reason)
         db = self.home.seed_db_path(host)
 
         async def lay_down() -> Done | Failed:
