@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import sqlite3
 import urllib.parse
 from pathlib import Path
@@ -137,6 +138,10 @@ def test_an_import_is_replicated_to_its_own_replica_and_the_rollback_deletes_onl
     now = replicas.in_effect(HOST)
     assert now.db == home.seed_db_path(HOST) and now.seed == report.seed
     assert replicas.url(HOST).endswith(f"/{replica_key(HOST, report.seed)}")
+    # What a restart or a wake spawns the replicator with, and a park's last sync reads.
+    config = json.loads(replicas.write_config(HOST).read_text())["dbs"][0]
+    assert config["path"] == str(home.seed_db_path(HOST))
+    assert config["replica"]["path"] == str(own / report.seed)
     _fill(home.seed_db_path(HOST), ["written under the import"])
     assert asyncio.run(replicas.stop(HOST)) is None
     imported = own / report.seed
