@@ -152,6 +152,10 @@ class StepKind(enum.StrEnum):
     REPLICA_START = "replica-start"
     REPLICA_STOP = "replica-stop"
     SWAP_DATABASE = "swap-database"
+    # `--purge-data`, after the data dir: the instance's replica in the object store
+    # (its imports' and the ones a restore set aside too), then its snapshots.
+    PURGE_REPLICA = "purge-replica"
+    PURGE_SNAPSHOTS = "purge-snapshots"
 
     def label(self, service: str | None) -> str:
         who = service or "?"
@@ -209,6 +213,10 @@ class StepKind(enum.StrEnum):
                 return "sync and stop replicator"
             case StepKind.SWAP_DATABASE:
                 return "swap database (from the replica)"
+            case StepKind.PURGE_REPLICA:
+                return "purge replica"
+            case StepKind.PURGE_SNAPSHOTS:
+                return "purge snapshots"
             case _:
                 assert_never(self)
 

@@ -130,6 +130,21 @@ SNAPSHOT_ID: Final = Rule(
 )
 
 
+def seed_snapshot(source: str) -> tuple[str | None, str] | None:
+    """A seed import's SOURCE as a snapshot: `SNAPID` (of whichever instance holds it)
+    or `HOST/SNAPID`, as (host or None, snapshot id); None when SOURCE is not written
+    as one (then it is a path to an SQLite file). A `HOST/` that is not a host name is
+    refused (InvalidName) rather than taken for a path."""
+    head, slash, tail = source.rpartition("/")
+    if not SNAPSHOT_ID.accepts(tail):
+        return None
+    if not slash:
+        return None, tail
+    if head.startswith((".", "/", "~")) or "/" in head:
+        return None  # `./SNAPID`, `/x/SNAPID`, `a/b/SNAPID`: written as a path
+    return HOST.check(head), tail
+
+
 def snapshot_id(epoch_s: float, salt: str) -> str:
     """The id of a snapshot taken at `epoch_s` (UTC); `salt` is 4 hex digits."""
     when = datetime.datetime.fromtimestamp(epoch_s, tz=datetime.UTC)

@@ -228,3 +228,25 @@ def test_the_largest_config_the_rules_accept_reaches_a_process_unchanged(
         env=env, capture_output=True, check=True, text=True, cwd=tmp_path).stdout
     seen = json.loads(out)
     assert all(seen[k] == v for k, v in config.items())
+
+
+SNAP = "20261201T120102123456Z-9f3a"
+
+
+@pytest.mark.parametrize(("source", "parsed"), [
+    (SNAP, (None, SNAP)),
+    (f"one.test/{SNAP}", ("one.test", SNAP)),
+    (f"./{SNAP}", None),
+    (f"/srv/{SNAP}", None),
+    (f"a/b/{SNAP}", None),
+    ("seed.sqlite3", None),
+    ("/tmp/seed.sqlite3", None),
+])
+def test_a_seed_source_is_a_snapshot_only_when_written_as_one(
+        source: str, parsed: tuple[str | None, str] | None) -> None:
+    assert names.seed_snapshot(source) == parsed
+
+
+def test_a_seed_snapshot_under_a_bad_host_is_refused() -> None:
+    with pytest.raises(names.InvalidName):
+        names.seed_snapshot(f"Bad_Host/{SNAP}")

@@ -105,14 +105,17 @@ def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
     # home's own objects directory.
     s3 = objects.url if objects is not None and objects.url.startswith("s3://") else None
     replicas = Replicas(store, home, supervisor, s3)
+    objects = objects or LocalObjects(home.objects_dir)
     recovery = Recovery(store, home, supervisor, publisher, clock, locks, owner, replicas)
     deployer = Deployer(store, home, supervisor, publisher, locks, recovery)
     return DeployParts(locks, recovery, deployer,
                        Parking(store, home, supervisor, publisher, locks, recovery),
-                       Tenants(store, home, supervisor, publisher, locks, recovery, deployer),
-                       Seeding(store, home, supervisor, publisher, locks, recovery),
+                       Tenants(store, home, supervisor, publisher, locks, recovery, deployer,
+                               replicas, objects),
+                       Seeding(store, home, supervisor, publisher, locks, recovery,
+                               delete_replica=replicas.delete, objects=objects),
                        Snapshots(store, home, supervisor, publisher, locks, recovery,
-                                 objects or LocalObjects(home.objects_dir)),
+                                 objects),
                        Replication(store, home, supervisor, publisher, locks, recovery))
 
 

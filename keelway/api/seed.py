@@ -1,14 +1,15 @@
 """The API of seed imports (keelway/deploy/seeding.py), per instance:
 
-    POST /v1/instances/{host}/seed/import    {"source": PATH, "dry_run": bool}
+    POST /v1/instances/{host}/seed/import    {"source": PATH|SNAP, "dry_run": bool}
                                              -> 200 report
     POST /v1/instances/{host}/seed/rollback  {"dry_run": bool}  -> 200 report
     GET  /v1/instances/{host}/seed                              -> 200 status
     report = {"host", "seed", "outcome", "reason", "plan"}
 
-SOURCE is an absolute path to an SQLite file on this box; snapshot ids of another
-instance come with the snapshots part. A refused import (bad name, a damaged seed, an
-import already journaled, a fence) is a 4xx and changes nothing. A rollback that holds
+SOURCE is an absolute path to an SQLite file on this box, or a stored snapshot: `SNAPID`
+(of whichever instance holds it) or `HOST/SNAPID` (names.seed_snapshot). A refused
+import (bad name, a damaged seed or snapshot, an ambiguous snapshot id, an import
+already journaled, a fence) is a 4xx and changes nothing. A rollback that holds
 or defers answers 200 with its outcome: the journal keeps the rest for a later pass.
 The journal's `env_before` values (an instance key) are never in an answer.
 """
@@ -20,18 +21,25 @@ from pathlib import Path
 import msgspec
 from aiohttp import web
 
+from keelway import names
 from keelway.api.http import read_body
 from keelway.deploy.errors import UserError
-from keelway.deploy.seeding import Seeding
+from keelway.deploy.seeding import Seeding, SnapshotSource
 
 
 class ImportBody(msgspec.Struct, forbid_unknown_fields=True):
     source: str
     dry_run: bool = False
 
-    def path(self) -> Path:
+    def seed(self) -> Path | SnapshotSource:
         if not self.source or "\0" in self.source:
             raise UserError("the seed's path is empty or holds a NUL")
+        try:
+            snapshot = names.seed_snapshot(self.source)
+        except names.InvalidName as exc:
+            raise UserError(exc.message, hint=exc.hint) from None
+        if snapshot is not None:
+            return SnapshotSource(*snapshot)
         return Path(self.source)
 
 
@@ -52,7 +60,7 @@ class SeedApi:
 
     async def import_seed(self, request: web.Request) -> web.Response:
         body: ImportBody = await read_body(request, ImportBody)
-        report = await self.seeding.import_seed(request.match_info["host"], body.path(),
+        report = await self.seeding.import_seed(request.match_info["host"], body.seed(),
                                                 dry_run=body.dry_run)
         return web.json_response(report.view())
 

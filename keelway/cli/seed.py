@@ -1,8 +1,9 @@
 """Seed imports: `seed import H SOURCE`, `seed rollback H`, `seed status H`.
 
-SOURCE is a path to an SQLite file; it is made absolute here, since the daemon does not
-share this shell's working directory. (Snapshot ids of another instance come with the
-snapshots part.) A rollback that holds or defers exits 1: the journal keeps the rest.
+SOURCE is a stored snapshot (`SNAPID`, or `HOST/SNAPID` when two instances hold that id)
+or a path to an SQLite file, made absolute here since the daemon does not share this
+shell's working directory (`./NAME` is a path even when NAME looks like an id). A
+rollback that holds or defers exits 1: the journal keeps the rest.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 import click
 
+from keelway import names
 from keelway.cli.base import api_call, cli, client, json_option
 from keelway.cli.output import emit_json
 
@@ -43,14 +45,20 @@ def _say(data: dict[str, Any]) -> None:
 
 @seed.command(name="import")
 @click.argument("host")
-@click.argument("source", type=click.Path(dir_okay=False))
+@click.argument("source")
 @click.option("--dry-run", is_flag=True, help="Verify and say what would happen.")
 @json_option
 @api_call
 def import_(host: str, source: str, dry_run: bool, as_json: bool) -> None:
-    """Import the SQLite file SOURCE into instance HOST (verified, then stored first)."""
+    """Import SOURCE into instance HOST: a snapshot id of any instance (HOST2/SNAPID
+    when two hold it) or a path to an SQLite file; verified, then stored first."""
+    try:
+        snapshot = names.seed_snapshot(source)
+    except names.InvalidName:
+        snapshot = None  # not a host: the daemon says so, for the path it then is
+    sent = source if snapshot is not None else os.path.abspath(source)
     data = client(None).request("POST", _path(host, "/import"),
-                                {"source": os.path.abspath(source), "dry_run": dry_run})
+                                {"source": sent, "dry_run": dry_run})
     emit_json(data) if as_json else _say(data)
 
 

@@ -7,7 +7,9 @@ against each):
   fsync dir; on S3: a PUT or a multipart upload, which S3 makes visible only whole).
 - `get_file` writes `dest` the same way, so a crash mid-download never leaves a
   partial file under its final name; a missing key raises `NotFound`.
-- `list(prefix)` returns the keys under `prefix`, sorted; `delete` is idempotent.
+- `list(prefix)` returns the keys under `prefix`, sorted; `delete` is idempotent, and so
+  is `delete_prefix`, which removes every key under a `/`-ended prefix (a replica is
+  many objects) and nothing beside it.
 - Keys are `/`-separated segments, each one safe path component (`check_key`), so a key
   can never name a file outside a local store's root.
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,8 +54,13 @@ def check_key(key: str) -> str:
     return key
 
 
+def instance_prefix(host: str) -> str:
+    """Everything the store keeps of `host` but its replica (keelway/data/replicas.py)."""
+    return f"instances/{host}/"
+
+
 def snapshot_prefix(host: str) -> str:
-    return f"instances/{host}/snapshots/"
+    return f"{instance_prefix(host)}snapshots/"
 
 
 def snapshot_key(host: str, snap_id: str) -> str:
@@ -81,7 +89,19 @@ class ObjectStore(Protocol):
 
     def delete(self, key: str) -> None: ...
 
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every key under `prefix` (which ends in `/`); how many there were."""
+
     def exists(self, key: str) -> bool: ...
+
+
+def check_prefix(prefix: str) -> str:
+    """`prefix` if it is a key followed by `/`: a prefix that is not a whole segment
+    (`replicas/a.test`) would also take `replicas/a.test.more/`."""
+    if not prefix.endswith("/"):
+        raise ObjectStoreError(f"{prefix!r} is not a prefix (it must end in /)")
+    check_key(prefix[:-1])
+    return prefix
 
 
 def _copy_durable(src: Path, dest: Path) -> None:
@@ -162,6 +182,16 @@ class LocalObjects:
             path.unlink()
             fsync_dir(path.parent)
 
+    def delete_prefix(self, prefix: str) -> int:
+        directory = self.root / check_prefix(prefix)
+        count = len(self.list(prefix))
+        if directory.is_dir():
+            # The whole directory: a replica's empty level directories and a crashed
+            # put's temp files are under the prefix too.
+            shutil.rmtree(directory)
+            fsync_dir(directory.parent)
+        return count
+
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
@@ -237,6 +267,22 @@ class S3Objects:
         except Exception as exc:
             if not _is_missing(exc):
                 raise ObjectStoreError(f"delete {key} in {self.url}: {exc}") from exc
+
+    def delete_prefix(self, prefix: str) -> int:
+        keys = self.list(check_prefix(prefix))
+        for start in range(0, len(keys), 1000):  # DeleteObjects takes 1000 at most
+            batch = [{"Key": self.prefix + k} for k in keys[start:start + 1000]]
+            try:
+                answer = self._client.delete_objects(
+                    Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+            except Exception as exc:
+                raise ObjectStoreError(f"delete {prefix} in {self.url}: {exc}") from exc
+            errors = [e for e in answer.get("Errors", [])
+                      if str(e.get("Code")) not in {"404", "NoSuchKey", "NotFound"}]
+            if errors:
+                raise ObjectStoreError(f"delete {prefix} in {self.url}: "
+                                       f"{errors[0].get('Key')}: {errors[0].get('Message')}")
+        return len(keys)
 
     def exists(self, key: str) -> bool:
         try:

@@ -1,11 +1,19 @@
 """An instance's replica: its SQLite database copied continuously by Litestream.
 
 What this module owns, and the rules it keeps (SPEC §4 Data, §5.5):
-- Where a replica lives is decided in one place, `replica_url`: a directory under
-  `$KEELWAY_HOME/objects/replicas/<host>/` by default, or `<objects>/replicas/<host>` in
-  an S3 bucket when an `s3://` objects URL is configured (endpoint and credentials from
-  the usual AWS variables, which reach litestream through its environment and never
-  through a file).
+- Where a replica lives is decided in one place, `replica_key`: `replicas/<host>` in the
+  object store (a directory under `$KEELWAY_HOME/objects/` by default, or under
+  `<objects>/` in an S3 bucket when an `s3://` objects URL is configured; endpoint and
+  credentials from the usual AWS variables, which reach litestream through its
+  environment and never through a file). A seed import's database is replicated to
+  `replicas/<host>/<seed id>`, the import's own: the host's replica is never written
+  while an import is in effect, so a rollback finds it exactly as the import left it and
+  deletes only the import's (SPEC §4 Seed import, step 6).
+- Which database is replicated is decided in one place, `in_effect`: the seed's
+  (`home.seed_db_path`) while the host's import journal is SWAPPED, the host's own
+  (`home.db_path`) otherwise. Every replicator, last sync, position, restore and drill
+  goes through it, so a restart, wake or park of an imported instance follows the
+  database its env file points the app at.
 - The replicator is a generation of the reserved service `replica`
   (keelway/builds/manifest.py REPLICA): its row is written before its spawn, it is a
   process tree of the supervisor like any other, so invariant 5 and the stray sweep
@@ -27,6 +35,7 @@ import dataclasses
 import datetime
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -39,10 +48,12 @@ from typing import Any
 
 from keelway import durable, failpoints
 from keelway.builds.manifest import REPLICA
+from keelway.data.objects import LocalObjects, ObjectStore, open_objects
 from keelway.home import Home
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
 from keelway.store.records import Generation
+from keelway.store.seeds import ImportState
 
 failpoints.declare("replica.spawn.before", "replica.spawn.after", "replica.sync.before",
                    "replica.sync.after", "replica.swap.before", "replica.swap.sidecars-removed",
@@ -87,14 +98,42 @@ def litestream_binary() -> Path | None:
     return Path(found) if found else None
 
 
-def replica_url(home: Home, host: str, objects: str | None = None) -> str:
-    """Where `host`'s replica lives: the one place that decides. `objects` is the
+def replica_key(host: str, seed: str | None = None) -> str:
+    """The object store key (a prefix: a replica is many objects) of `host`'s replica,
+    or with `seed`, of that seed import's replica: the one place that decides. The
+    import's sits under the host's, so purging the host's prefix takes them all."""
+    return f"replicas/{host}" + (f"/{seed}" if seed is not None else "")
+
+
+def replica_url(home: Home, host: str, objects: str | None = None,
+                seed: str | None = None) -> str:
+    """The URL litestream is given for `replica_key(host, seed)`. `objects` is the
     object store's URL (`s3://BUCKET/PREFIX`, or a local directory); None is the
     home's own `objects/` directory."""
     if objects and objects.startswith("s3://"):
-        return f"{objects.rstrip('/')}/replicas/{host}"
-    base = Path(objects) if objects else home.root / "objects"
-    return (base / "replicas" / host).resolve().as_uri()
+        return f"{objects.rstrip('/')}/{replica_key(host, seed)}"
+    base = Path(objects) if objects else home.objects_dir
+    return (base / replica_key(host, seed)).resolve().as_uri()
+
+
+@dataclass(frozen=True)
+class InEffect:
+    """The database an instance's app opens now, and the seed import it belongs to
+    (None: the instance's own)."""
+
+    db: Path
+    seed: str | None
+
+
+def in_effect(store: Store, home: Home, host: str) -> InEffect:
+    """The one rule for which database is `host`'s now: the seed's while its import
+    journal is SWAPPED (the env file points KEELWAY_DB at it and the gate is open);
+    otherwise the host's own. In every other journal state the instance is fenced and
+    stopped, or its own database is back, so nothing of the seed's is replicated."""
+    journal = store.get_import(host)
+    if journal is not None and journal.known is ImportState.SWAPPED:
+        return InEffect(home.seed_db_path(host), journal.seed)
+    return InEffect(home.db_path(host), None)
 
 
 def replica_config(db: Path, url: str, options: ReplicaOptions = ReplicaOptions(),
@@ -223,21 +262,32 @@ class Replicas:
     def enabled(self) -> bool:
         return self.binary is not None
 
+    def in_effect(self, host: str) -> InEffect:
+        return in_effect(self.store, self.home, host)
+
+    def database(self, host: str) -> Path:
+        """The database `host`'s replicator replicates now (`in_effect`)."""
+        return self.in_effect(host).db
+
     def url(self, host: str) -> str:
-        return replica_url(self.home, host, self.objects)
+        """Where the database in effect for `host` is replicated."""
+        return replica_url(self.home, host, self.objects, self.in_effect(host).seed)
 
     def config_path(self, host: str) -> Path:
         return self.home.root / "replicas" / f"{host}.yml"
 
     def write_config(self, host: str) -> Path:
-        """The instance's litestream config, written durably (0600)."""
+        """The instance's litestream config for the database in effect, written
+        durably (0600)."""
         path = self.config_path(host)
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        config = replica_config(self.home.db_path(host), self.url(host), self.options,
+        now = self.in_effect(host)
+        target = replica_url(self.home, host, self.objects, now.seed)
+        config = replica_config(now.db, target, self.options,
                                 os.environ.get("AWS_ENDPOINT_URL_S3")
                                 or os.environ.get("AWS_ENDPOINT_URL"))
         durable.write_atomic(path, json.dumps(config, indent=2).encode())
-        url = urllib.parse.urlparse(self.url(host))
+        url = urllib.parse.urlparse(target)
         if url.scheme == "file":
             Path(urllib.parse.unquote(url.path)).mkdir(mode=0o700, parents=True,
                                                        exist_ok=True)
@@ -287,7 +337,7 @@ class Replicas:
         for gen in self.live(host):
             if not await self.supervisor.stop(gen, self.options.stop_grace_s):
                 return f"replicator generation {gen.id} (pid {gen.pid}) did not stop"
-        if not sync or not self.enabled or not self.home.db_path(host).exists():
+        if not sync or not self.enabled or not self.database(host).exists():
             return None
         failpoints.hit("replica.sync.before")
         code, _out, err = await self._litestream(
@@ -295,13 +345,40 @@ class Replicas:
         failpoints.hit("replica.sync.after")
         return None if code == 0 else f"the last sync failed: {err.strip()[-300:]}"
 
+    # -- deleting --------------------------------------------------------------------
+
+    def object_store(self) -> ObjectStore:
+        """The object store `replica_key`'s keys are in: the one `replica_url` names."""
+        if self.objects and self.objects.startswith("s3://"):
+            return open_objects(self.objects, self.home)
+        return LocalObjects(Path(self.objects) if self.objects else self.home.objects_dir)
+
+    async def delete(self, host: str, seed: str | None = None) -> int:
+        """Delete `seed`'s import replica of `host`, or with no seed `host`'s whole
+        replica: its own, its imports' (under it) and the ones a replica restore set
+        aside beside it (`<host>.replaced-<op>`). Only an operation that says so calls
+        this (SPEC §5.7): a seed rollback's step 6, a purge. Idempotent; returns how
+        many objects went. Nothing may be replicating there: the caller stopped it."""
+        objects = self.object_store()
+
+        def remove() -> int:
+            count = objects.delete_prefix(f"{replica_key(host, seed)}/")
+            if seed is None:
+                aside = re.compile(rf"replicas/{re.escape(host)}\.replaced-[0-9]+/")
+                for prefix in sorted({m.group(0) for key in objects.list("replicas/")
+                                      if (m := aside.match(key))}):
+                    count += objects.delete_prefix(prefix)
+            return count
+
+        return await asyncio.to_thread(remove)
+
     # -- reading and restoring -------------------------------------------------------
 
     async def position(self, host: str) -> Position:
         """What the replica of `host` holds (`db replicas H`)."""
         code, out, err = await self._litestream(
             "ltx", "-json", "-level", "all", "-config", str(self.write_config(host)),
-            str(self.home.db_path(host)))
+            str(self.database(host)))
         files: dict[int, int] = {}
         latest_txid: int | None = None
         latest_at: str | None = None
@@ -321,7 +398,7 @@ class Replicas:
     async def _local_txid(self, host: str) -> int | None:
         code, out, _err = await self._litestream(
             "status", "-json", "-config", str(self.write_config(host)),
-            str(self.home.db_path(host)))
+            str(self.database(host)))
         if code != 0:
             return None
         try:
@@ -340,7 +417,7 @@ class Replicas:
         args = ["restore", "-config", str(self.write_config(host)), "-o", str(out)]
         if at is not None:
             args += ["-timestamp", at.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")]
-        code, _o, err = await self._litestream(*args, str(self.home.db_path(host)))
+        code, _o, err = await self._litestream(*args, str(self.database(host)))
         if code != 0 or not out.is_file():
             raise ReplicaError(f"no replica of {host} could be restored"
                                + (f": {err.strip()[-300:]}" if err.strip() else ""))

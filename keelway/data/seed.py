@@ -21,10 +21,12 @@ import contextlib
 import hashlib
 import os
 import secrets
+import shutil
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
+from keelway.data.replicas import LITESTREAM_SUFFIX
 from keelway.data.verify import Damaged, verify_file
 from keelway.durable import TEMP_PREFIX, fsync_dir, write_atomic
 from keelway.runtime.environment import INSTANCE_KEY, read_env_file, write_env_file
@@ -151,9 +153,14 @@ def lay_down(copy: Path, db: Path, seed: str, sha256: str) -> None:
 
 
 def remove_local(db: Path) -> list[str]:
-    """The import's local data gone: the database and its side files, then the marker
-    last. Idempotent; returns the names it removed."""
+    """The import's local data gone: the database and its side files (the state its
+    replicator kept beside it too), then the marker last. Idempotent; returns the
+    names it removed."""
     removed = []
+    state = db.parent / f".{db.name}{LITESTREAM_SUFFIX}"
+    if state.is_dir():
+        shutil.rmtree(state)
+        removed.append(state.name)
     for path in (db, *(Path(f"{db}{side}") for side in _SIDE_FILES), marker_of(db)):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()

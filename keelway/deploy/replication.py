@@ -124,7 +124,7 @@ class Replication:
 
     async def _swap_in(self, inst: Instance, temp: Path) -> Restored:
         host = inst.host
-        db = self.home.db_path(host)
+        db = self.replicas.database(host)  # the replica restored is the one in effect
         size = temp.stat().st_size
         async with self.locks.instance(host):
             await self.recovery.converge(host, Pass.MUTATION)

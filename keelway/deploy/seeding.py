@@ -38,16 +38,21 @@ journal names, which `resume` removes at boot.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import enum
 import logging
-from collections.abc import Awaitable, Callable
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import assert_never
 
 from keelway import failpoints, names
 from keelway.data import seed as files
+from keelway.data import snapshots
+from keelway.data.objects import NotFound, ObjectStore, ObjectStoreError, manifest_key
+from keelway.data.verify import Damaged
 from keelway.deploy import targets
 from keelway.deploy.errors import OperationError, UserError
 from keelway.deploy.locks import Locks
@@ -75,14 +80,14 @@ from keelway.store.seeds import (
 
 log = logging.getLogger("keelway.seeding")
 
-_POINTS = ("store", "journal", "fence", "lay-down", "key", "open", "unfence", "close",
+_POINTS = ("store", "journal", "fence", "sync", "lay-down", "key", "open", "unfence", "close",
            "retire-key", "remove-data", "restore", "delete-copy", "delete-replica",
            "forget", "record")
 failpoints.declare(*(f"seed.{p}.{w}" for p in _POINTS for w in ("before", "after")))
 
-# Deletes an instance's replica in the object store (the replicas part joins it at
-# merge); None: this box keeps no replicas, so there is none to delete.
-DeleteReplica = Callable[[str], Awaitable[None]]
+# Deletes a seed import's own replica of an instance (host, seed) in the object store
+# (keelway/data/replicas.py Replicas.delete); None: this box keeps no replicas.
+DeleteReplica = Callable[[str, str], Awaitable[object]]
 Progress = Callable[[str], Awaitable[None]]
 
 
@@ -115,10 +120,24 @@ async def _quiet(_step: str) -> None:
     return None
 
 
+@dataclass(frozen=True)
+class SnapshotSource:
+    """A seed given as a stored snapshot (names.seed_snapshot): `host` None means
+    whichever instance holds a snapshot of that id, which must be exactly one."""
+
+    host: str | None
+    snap_id: str
+
+    def __str__(self) -> str:
+        return f"{self.host}/{self.snap_id}" if self.host else self.snap_id
+
+
 class Seeding:
     def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
                  locks: Locks, recovery: Recovery,
-                 delete_replica: DeleteReplica | None = None) -> None:
+                 delete_replica: DeleteReplica | None = None,
+                 objects: ObjectStore | None = None) -> None:
+        self.objects = objects
         self.store = store
         self.home = home
         self.supervisor = supervisor
@@ -133,16 +152,19 @@ class Seeding:
 
     # -- import ------------------------------------------------------------------------
 
-    def _refuse_import(self, host: str, source: Path) -> files.Verified:
-        """Every reason to refuse, checked before anything changes."""
-        if not source.is_absolute():
-            raise UserError(f"{source} is not an absolute path",
-                            hint="give the seed's path from / (the CLI does this)")
+    def _refuse_journaled(self, host: str) -> None:
         held = self.store.get_import(host)
         if held is not None:
             raise UserError(f"{host} has import {held.seed} journaled ({held.state}); a "
                             "second import waits until it is rolled back",
                             hint=f"`keelway seed rollback {host}` first")
+
+    def _refuse_import(self, host: str, source: Path) -> files.Verified:
+        """Every reason to refuse, checked before anything changes."""
+        if not source.is_absolute():
+            raise UserError(f"{source} is not an absolute path",
+                            hint="give the seed's path from / (the CLI does this)")
+        self._refuse_journaled(host)
         refuse_if_fenced(self.store, host, "take a seed import")
         nested = self.home.seed_db_path(host)
         if nested.exists() or files.marker_of(nested).exists():
@@ -156,17 +178,82 @@ class Seeding:
                             hint="give a copy that opens and passes "
                                  "`PRAGMA integrity_check`") from None
 
-    async def import_seed(self, host: str, source: Path, *, dry_run: bool = False,
+    # -- a snapshot as the seed ----------------------------------------------------------
+
+    def _holder(self, objects: ObjectStore, source: SnapshotSource) -> str:
+        """The instance whose snapshot `source` names; UserError when none or (with no
+        host given) more than one holds a snapshot of that id."""
+        if source.host is not None:
+            return source.host
+        holders = sorted({
+            parts[1] for key in objects.list("instances/")
+            if len(parts := key.split("/")) == 4
+            and key == manifest_key(parts[1], source.snap_id)})
+        if not holders:
+            raise UserError(f"no snapshot {source.snap_id} is stored; nothing was changed",
+                            hint="`keelway db snapshots HOST` lists an instance's")
+        if len(holders) > 1:
+            raise UserError(f"snapshot id {source.snap_id} is stored for "
+                            f"{', '.join(holders)}; nothing was changed",
+                            hint=f"name the instance: `{holders[0]}/{source.snap_id}`")
+        return holders[0]
+
+    @contextlib.asynccontextmanager
+    async def _fetched(self, source: SnapshotSource) -> AsyncIterator[Path]:
+        """The snapshot downloaded beside the seeds' copies and verified against its
+        manifest (sha256, size) and by SQLite; removed after. A temp file a crash
+        leaves is swept at boot (`_sweep_copies`). Refusals change nothing."""
+        objects = self.objects
+        if objects is None:
+            raise UserError("this box has no object store, so no snapshot can be a seed")
+        try:
+            holder = self._holder(objects, source)
+            self.home.seeds_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            dest = self.home.seeds_dir / (
+                f"{TEMP_PREFIX}snapshot-{source.snap_id}-{os.urandom(4).hex()}.db")
+            try:
+                await asyncio.to_thread(snapshots.fetch, objects, holder, source.snap_id,
+                                        dest)
+            except NotFound:
+                raise UserError(f"no snapshot {source.snap_id} of {holder} is stored; "
+                                "nothing was changed",
+                                hint=f"`keelway db snapshots {holder}` lists them") from None
+            except Damaged as exc:
+                raise UserError(f"seed refused: snapshot {holder}/{source.snap_id} failed "
+                                f"verification ({exc.message}); nothing was changed",
+                                hint="take another snapshot, or give an SQLite file") from None
+        except ObjectStoreError as exc:
+            raise OperationError(f"the object store: {exc}; nothing was changed") from None
+        try:
+            yield dest
+        finally:
+            # Opening a WAL-mode file for the copy leaves its -wal and -shm beside it.
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                Path(f"{dest}{suffix}").unlink(missing_ok=True)
+
+    async def import_seed(self, host: str, source: Path | SnapshotSource, *,
+                          dry_run: bool = False,
                           progress: Progress = _quiet) -> SeedReport:
-        """Import the SQLite file `source` into `host`. After return the import is in
-        effect (IMPORTED) with `host` started on it if it was running or parked, or,
-        when it failed past its journal, rolled back (and the error raised). A refusal
-        (bad name, damaged seed, a journaled import, a fence) changes nothing."""
+        """Import `source`, an SQLite file or a stored snapshot (fetched and verified
+        first), into `host`. After return the import is in effect (IMPORTED) with
+        `host` started on it if it was running or parked, or, when it failed past its
+        journal, rolled back (and the error raised). A refusal (bad name, damaged seed
+        or snapshot, a journaled import, a fence) changes nothing."""
+        if isinstance(source, Path):
+            return await self._import_file(host, source, str(source), dry_run, progress)
+        self.instance(host)
+        self._refuse_journaled(host)
+        async with self._fetched(source) as path:
+            return await self._import_file(host, path, f"snapshot {source}", dry_run,
+                                           progress)
+
+    async def _import_file(self, host: str, source: Path, said: str, dry_run: bool,
+                           progress: Progress) -> SeedReport:
         inst = self.instance(host)
         self._refuse_import(host, source)
         if dry_run:
             return SeedReport(host, None, SeedOutcome.DRY_RUN, plan=(
-                f"verify and store a copy of {source}", "journal the import and close "
+                f"verify and store a copy of {said}", "journal the import and close "
                 f"{host}'s gate", f"fence and stop {host}",
                 f"lay down {self.home.seed_db_path(host)} with its seed marker",
                 "mint the import's instance key", "open the gate, lift the fence, start"))
@@ -224,6 +311,17 @@ class Seeding:
         await progress("fenced")
         if (failed := await self._stop_all(steps, host)) is not None:
             return Result(Outcome.FAILED, failed.reason)
+        replicas = self.recovery.replicas
+        if replicas is not None:
+            async def sync() -> Done | Failed:
+                # H's own database, every process of H gone: its replica is current
+                # and then left alone until the rollback (the import's goes elsewhere).
+                failed = await replicas.stop(host, sync=True)
+                return Done("synced") if failed is None else Failed(failed)
+
+            if (failed := await self._step(steps, "sync", StepKind.REPLICA_STOP,
+                                           sync)) is not None:
+                return Result(Outcome.FAILED, failed.reason)
         db = self.home.seed_db_path(host)
 
         async def lay_down() -> Done | Failed:
@@ -457,14 +555,22 @@ class Seeding:
         record = self.store.seed_record(host)
         ours, why = replica_is_the_imports(journal, record)
         if valid and ours:
-            async def delete_replica() -> Done:
+            async def delete_replica() -> Done | Failed:
                 if self.delete_replica is None:
                     return Done("no replicas on this box")
-                await self.delete_replica(host)
+                try:
+                    # The import's own replica (replicas/<host>/<seed>), never the
+                    # host's: that one stayed as it was through the import.
+                    await self.delete_replica(host, seed)
+                except ObjectStoreError as exc:
+                    return Failed(f"the import's replica could not be deleted: {exc}")
                 return Done("deleted")
 
-            await self._step(steps, "delete-replica", StepKind.SEED_DELETE_REPLICA,
-                             delete_replica)
+            if (failed := await self._step(steps, "delete-replica",
+                                           StepKind.SEED_DELETE_REPLICA,
+                                           delete_replica)) is not None:
+                # CLEANUP_PENDING still: the next pass deletes it and goes on.
+                return SeedReport(host, seed, SeedOutcome.DEFERRED, failed.reason)
         elif valid:
             log.info("%s: import %s: the replica is left alone: %s", host, seed, why)
 

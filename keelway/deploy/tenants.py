@@ -36,6 +36,8 @@ from typing import Any
 from keelway import failpoints, names
 from keelway.builds import gc as builds_gc
 from keelway.builds.tree import remove_tree
+from keelway.data.objects import ObjectStore, ObjectStoreError, instance_prefix
+from keelway.data.replicas import Replicas
 from keelway.deploy import targets
 from keelway.deploy.deployer import Deployer, InstanceResult
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
@@ -62,6 +64,8 @@ failpoints.declare(
     "remove.withdraw.before", "remove.withdraw.after",
     "remove.stop.before", "remove.stop.after",
     "remove.purge.before", "remove.purge.after",
+    "remove.purge-replica.before", "remove.purge-replica.after",
+    "remove.purge-snapshots.before", "remove.purge-snapshots.after",
     "remove.forget.before", "remove.forget.after",
     "destroy.builds.before", "destroy.builds.after",
     "destroy.forget.before", "destroy.forget.after",
@@ -95,7 +99,11 @@ def _taken(exc: HostTaken) -> UserError:
 
 class Tenants:
     def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
-                 locks: Locks, recovery: Recovery, deployer: Deployer) -> None:
+                 locks: Locks, recovery: Recovery, deployer: Deployer,
+                 replicas: Replicas | None = None, objects: ObjectStore | None = None) -> None:
+        # Where a purge finds the instance's replica and snapshots; None: not kept here.
+        self.replicas = replicas
+        self.objects = objects
         self.store = store
         self.home = home
         self.supervisor = supervisor
@@ -358,6 +366,8 @@ class Tenants:
 
             await steps.run(StepKind.PURGE_DATA, purge, before=("remove.purge.before",),
                             after=("remove.purge.after",))
+            if (failed := await self._purge_stored(steps, host)) is not None:
+                return Result(Outcome.FAILED, failed.reason)
 
         async def forget() -> Done:
             self.store.forget_instance(host)
@@ -368,6 +378,39 @@ class Tenants:
         await steps.run(StepKind.FORGET, forget, before=("remove.forget.before",),
                         after=("remove.forget.after",), detail=f"instance {host}")
         return Result(Outcome.DONE)
+
+    async def _purge_stored(self, steps: Steps, host: str) -> Failed | None:
+        """What the object store keeps of `host`: its replica (its seed imports' under
+        it), then its snapshots; what `--purge-data` says goes with the data (SPEC §5.7).
+        Its processes are proven gone, so nothing replicates there any more. A failure
+        fails the removal, which carries on from here when run again."""
+        replicas, objects = self.replicas, self.objects
+        if replicas is not None:
+            async def purge_replica() -> Done | Failed:
+                try:
+                    count = await replicas.delete(host)
+                except ObjectStoreError as exc:
+                    return Failed(f"the replica of {host} could not be deleted: {exc}")
+                return Done(f"{count} objects")
+
+            failed = await steps.run(StepKind.PURGE_REPLICA, purge_replica,
+                                     before=("remove.purge-replica.before",),
+                                     after=("remove.purge-replica.after",))
+            if failed is not None:
+                return failed
+        if objects is not None:
+            async def purge_snapshots() -> Done | Failed:
+                try:
+                    count = await asyncio.to_thread(objects.delete_prefix,
+                                                    instance_prefix(host))
+                except ObjectStoreError as exc:
+                    return Failed(f"the snapshots of {host} could not be deleted: {exc}")
+                return Done(f"{count} objects")
+
+            return await steps.run(StepKind.PURGE_SNAPSHOTS, purge_snapshots,
+                                   before=("remove.purge-snapshots.before",),
+                                   after=("remove.purge-snapshots.after",))
+        return None
 
     async def set_instance_config(self, app: str, host: str,
                                   changes: Mapping[str, str | None],

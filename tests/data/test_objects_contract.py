@@ -78,6 +78,21 @@ def test_delete_is_idempotent(objects: ObjectStore, tmp_path: Path) -> None:
     assert objects.list("k/") == []
 
 
+def test_delete_prefix_takes_every_key_under_it_and_nothing_beside(
+        objects: ObjectStore, tmp_path: Path) -> None:
+    src = _file(tmp_path, "in", b"x")
+    kept = ["replicas/a.test.more/ltx/0/1.ltx", "replicas/b.test/ltx/0/1.ltx", "replicas/a.tes"]
+    gone = ["replicas/a.test/ltx/0/1.ltx", "replicas/a.test/ltx/1/2.ltx",
+            "replicas/a.test/seed-1/ltx/0/1.ltx"]
+    for key in kept + gone:
+        objects.put_file(key, src)
+    assert objects.delete_prefix("replicas/a.test/") == 3
+    assert objects.list("replicas/") == sorted(kept)
+    assert objects.delete_prefix("replicas/a.test/") == 0  # idempotent
+    with pytest.raises(ObjectStoreError):
+        objects.delete_prefix("replicas/a.tes")  # not a whole segment: refused
+
+
 def test_adopt_stores_the_file_and_takes_it_away(objects: ObjectStore, tmp_path: Path) -> None:
     src = _file(tmp_path, "in", b"adopted")
     objects.adopt_file("k/adopted", src)

@@ -120,6 +120,11 @@ def test_a_replica_in_s3_restores_to_the_same_rows(
             assert restored.execute("SELECT count(*), sum(x) FROM t").fetchone() == (
                 500, sum(range(500)))
             restored.close()
+            # A purge (or a rollback's step 6, with its seed) deletes the whole prefix.
+            objects = replicas.object_store()
+            assert objects.list("replicas/one.test/")
+            assert await replicas.delete("one.test") > 0
+            assert objects.list("replicas/") == []
 
         asyncio.run(run())
     finally:

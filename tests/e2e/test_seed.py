@@ -98,3 +98,21 @@ def test_a_damaged_seed_is_refused_through_the_cli_with_nothing_changed(
     assert _sum(kw.home / "data" / HOST / "db.sqlite3") == db
     assert not (kw.home / "objects").exists()
     assert kw.get(HOST, "/health")[0] == 200
+
+
+def test_a_snapshot_of_another_instance_is_a_seed_by_its_id_through_the_cli(
+        kw: Keelway) -> None:
+    kw.up()
+    kw.ok("deploy", "hello", str(EXAMPLE), "--host", HOST, "--host", OTHER)
+    _visit(kw, HOST)
+    for _ in range(5):
+        _visit(kw, OTHER)
+    snap = kw.ok("db", "snapshot", OTHER, "--json").json()["id"]
+    refused = kw.run("seed", "import", HOST, f"Not_A_Host/{snap}", "--json")
+    assert refused.code != 0 and kw.ok("seed", "status", HOST, "--json").json()[
+        "journal"] is None
+    done = kw.ok("seed", "import", HOST, snap, "--json").json()
+    assert done["outcome"] == "imported"
+    assert wait_until(lambda: kw.get(HOST, "/health")[0] == 200, 15)
+    assert "visit 6" in _visit(kw, HOST)  # OTHER's five rows, then this one
+    assert "visit 6" in _visit(kw, OTHER)  # OTHER's own data goes on as it was

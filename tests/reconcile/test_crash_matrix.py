@@ -15,6 +15,7 @@ every point: a tree half-stopped by the crash must be whole-gone after recovery.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import json
 import os
@@ -157,11 +158,48 @@ def _seed_file(h: Home) -> Path:
     return path
 
 
+def _files(root: Path, skip: str | None = None) -> dict[str, str]:
+    """Every file under `root` (but those under a top directory named like `skip*`),
+    by path, with its checksum."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*"))
+            if p.is_file() and not (skip and p.relative_to(root).parts[0].startswith(skip))}
+
+
+def _replica_of(h: Home, host: str) -> dict[str, str]:
+    """`host`'s own replica (keelway/data/replicas.py replica_key), its imports' aside."""
+    return _files(h.root / "objects" / "replicas" / host, skip="seed-")
+
+
+def _snapshots_of(h: Home, host: str) -> dict[str, str]:
+    return _files(h.root / "objects" / "instances" / host)
+
+
+def _kept(before: dict[str, str], now: dict[str, str]) -> bool:
+    """Every file of a live replica `before` is still there, byte for byte: a replicator
+    only adds files (its LTX files are written once), so anything removed or rewritten
+    was changed by someone else."""
+    return all(now.get(name) == digest for name, digest in before.items())
+
+
+def _remember_own_replica(h: Home) -> None:
+    """one.test's own replica once the import stopped and synced it: from then on
+    nothing may write it until the rollback has put its own database back."""
+    before = json.loads((h.root.parent / "before.json").read_text())
+    before["own_replica"] = _replica_of(h, "one.test")
+    (h.root.parent / "before.json").write_text(json.dumps(before))
+
+
 def _remember_before(h: Home) -> None:
     """What a seed scenario must find again: one.test's key and rows, and two.test's
-    database, env file and route as they were before the operation."""
+    database, env file, route, replica and snapshots as they were before the
+    operation (and one.test's own replica)."""
     for host in ("one.test", "two.test"):
         assert _get(h.port, host, "/") == 200  # a visit: a row of the host's own
+    h.ok("db", "snapshot", "two.test")
+    if h.replicate:  # a replica to compare: the replicators' first pass is shipped
+        assert wait_until(lambda: all(_replica_of(h, host) for host in (
+            "one.test", "two.test")), 15, 0.1)
     store = SqliteStore(h.root / "keelway.db")
     try:
         route = store.get_route("two.test")
@@ -173,7 +211,11 @@ def _remember_before(h: Home) -> None:
         "other_env": (h.root / "env" / "two.test.env").read_text(),
         "other_db": _rows_of(h.root / "data" / "two.test" / "db.sqlite3"),
         "other_route": route.state.value if route else None,
+        "other_replica": _replica_of(h, "two.test"),
+        "other_snapshots": _snapshots_of(h, "two.test"),
+        "own_replica": _replica_of(h, "one.test"),
     }
+    assert before["other_snapshots"]
     (h.root.parent / "before.json").write_text(json.dumps(before))
 
 
@@ -205,6 +247,10 @@ def _seed_settled(h: Home) -> list[str]:
             problems.append("rolled back, but one.test's own rows are not all there")
         if status["fenced"]:
             problems.append("rolled back, but a fence is still held on one.test")
+        imports = [p.name for p in (h.root / "objects" / "replicas" / "one.test").glob(
+            "seed-*")]
+        if imports:
+            problems.append(f"rolled back, but the import's replica is left: {imports}")
     elif journal["state"] == "swapped":
         if status["marker"] != journal["seed"] or env.get("KEELWAY_DB") != str(nested):
             problems.append(f"imported, but its database or env is not in place: {status}")
@@ -221,7 +267,26 @@ def _seed_settled(h: Home) -> list[str]:
             or (route.state.value if route else None) != before["other_route"]
             or _rows_of(h.root / "data" / "two.test" / "db.sqlite3") != before["other_db"]):
         problems.append("two.test changed")
+    if _snapshots_of(h, "two.test") != before["other_snapshots"]:
+        problems.append("two.test's snapshots changed")
+    if not _kept(before["other_replica"], _replica_of(h, "two.test")):
+        problems.append("two.test's replica lost or changed a file")
+    if not _kept(before["own_replica"], _replica_of(h, "one.test")):
+        problems.append("one.test's own replica lost or changed a file")
     return problems
+
+
+def _db_in_effect(h: Home) -> Path:
+    """The database one.test's app opens: the seed's while an import is in effect
+    (keelway/data/replicas.py in_effect), its own otherwise."""
+    store = SqliteStore(h.root / "keelway.db")
+    try:
+        journal = store.get_import("one.test")
+    finally:
+        store.close()
+    if journal is not None and journal.state == "swapped":
+        return h.root / "data" / "one.test" / "seed" / "db.sqlite3"
+    return h.root / "data" / "one.test" / "db.sqlite3"
 
 
 SCENARIOS: dict[str, tuple[list[Step], Step]] = {
@@ -301,7 +366,8 @@ SCENARIOS: dict[str, tuple[list[Step], Step]] = {
                     lambda h: h.ok("seed", "import", "one.test", str(_seed_file(h)))),
     "seed-rollback": ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test",
                                       "--host", "two.test"), _remember_before,
-                       lambda h: h.ok("seed", "import", "one.test", str(_seed_file(h)))],
+                       lambda h: h.ok("seed", "import", "one.test", str(_seed_file(h))),
+                       _remember_own_replica],
                       lambda h: h.ok("seed", "rollback", "one.test")),
     # Replicas (keelway/data/replicas.py): a park's last sync and stop of the replicator,
     # and a restore from the replica (hold, stop, swap, start, publish) of a running
@@ -315,7 +381,7 @@ SCENARIOS: dict[str, tuple[list[Step], Step]] = {
                          lambda h: h.ok("wake", "one.test")],
                         lambda h: h.ok("db", "restore", "one.test", "--from-replica")),
 }
-REPLICATED = {"park-replicated", "restore-replica"}
+REPLICATED = {"park-replicated", "restore-replica", "seed-import", "seed-rollback"}
 
 
 def _visit(h: Home, host: str) -> None:
@@ -555,7 +621,7 @@ def _crash_at(name: str, point: str) -> list[str]:
             problems += _data_intact(home, f"{name} {point}", DATA_CHECKED[name])
         if name in REPLICATED:
             # The database is the old one or the restored one, whole, never a mix.
-            bad = verify(home.root / "data" / "one.test" / "db.sqlite3")
+            bad = verify(_db_in_effect(home))
             if bad is not None:
                 problems.append(f"{name} {point}: the database is not whole: {bad}")
         reached = ROLLED_FORWARD.get(name)
