@@ -5,6 +5,11 @@
 never raises, because an exception would run `finally` blocks and cleanup that a real
 crash would not, and the tests would then prove the wrong thing.
 
+`KEELWAY_FAILPOINTS_ARM=path` arms them later: the spec is read from `path` at the
+first hit after the file appears, and `name@N` counts hits from then on. The crash
+matrix writes it once a scenario's setup is done, so hits the setup made (or a periodic
+pass made meanwhile, more or fewer from run to run) never move the point.
+
 `KEELWAY_FAILPOINTS_TRACE=path` appends every hit to `path`, one per line: its name, a
 tab, and the code path that reached it (a digest of the keelway frames on the stack).
 The crash matrix runs a scenario once with it to learn every point the scenario passes,
@@ -26,6 +31,10 @@ from types import FrameType
 
 KNOWN: set[str] = set()
 _hits: Counter[str] = Counter()
+# Armed through KEELWAY_FAILPOINTS_ARM: the spec once its file appeared, and the hits
+# counted since.
+_late: dict[str, int] | None = None
+_late_hits: Counter[str] = Counter()
 
 
 def declare(*names: str) -> None:
@@ -33,7 +42,10 @@ def declare(*names: str) -> None:
 
 
 def _armed() -> dict[str, int]:
-    raw = os.environ.get("KEELWAY_FAILPOINTS", "")
+    return _parse(os.environ.get("KEELWAY_FAILPOINTS", ""))
+
+
+def _parse(raw: str) -> dict[str, int]:
     armed: dict[str, int] = {}
     for part in raw.split(","):
         name, _, nth = part.strip().partition("@")
@@ -44,16 +56,29 @@ def _armed() -> dict[str, int]:
 
 def hit(name: str) -> None:
     """Die here, now, if `name` is armed for this hit."""
-    if not os.environ.get("KEELWAY_FAILPOINTS") and not os.environ.get(
-            "KEELWAY_FAILPOINTS_TRACE"):
-        return  # the production path: two dict lookups
+    global _late
+    env = os.environ
+    late = env.get("KEELWAY_FAILPOINTS_ARM")
+    if not env.get("KEELWAY_FAILPOINTS") and not env.get("KEELWAY_FAILPOINTS_TRACE") and (
+            not late):
+        return  # the production path: three dict lookups
     _hits[name] += 1
-    trace = os.environ.get("KEELWAY_FAILPOINTS_TRACE")
+    trace = env.get("KEELWAY_FAILPOINTS_TRACE")
     if trace:
         with open(trace, "a") as handle:
             handle.write(f"{name}\t{_code_path()}\n")
     if _armed().get(name) == _hits[name]:
         os.kill(os.getpid(), signal.SIGKILL)
+    if late and _late is None:
+        try:
+            with open(late) as handle:
+                _late = _parse(handle.read())
+        except FileNotFoundError:
+            return
+    if _late is not None:
+        _late_hits[name] += 1
+        if _late.get(name) == _late_hits[name]:
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _code_path() -> str:

@@ -1,8 +1,11 @@
 """The crash matrix: SIGKILL the control plane at every failpoint of every operation.
 
 Each scenario runs once with a trace to learn every failpoint hit its operation passes
-(`name@N`: the N-th hit of `name` since the daemon started). Then, for each of those
-points: a fresh home, the daemon armed to die there, the same scenario until it dies,
+(`name@N`: the N-th hit of `name` once the scenario's setup is done). Then, for each
+of those points: a fresh home, the setup, the daemon armed to die there
+(KEELWAY_FAILPOINTS_ARM, written once the setup is done: a periodic pass during the setup
+that hits more or fewer failpoints than it did in the trace cannot move the point), the
+operation until it dies,
 a clean restart (boot reconciliation), and SPEC §5 checked; a second reconcile must
 then find nothing to do. Recovery itself is crashed too: the boot after a crash is
 killed at each failpoint it passes, and the boot after that must converge.
@@ -523,8 +526,8 @@ def _cleanup(home: Home) -> None:
 
 
 def _points(hits: list[str], before: int = 0) -> tuple[list[str], int]:
-    """The points to crash at, as name@N (the N-th hit of `name` since the daemon
-    started), from trace lines `name<TAB>code path`, and how many hits there were.
+    """The points to crash at, as name@N (the N-th hit of `name` after the first
+    `before` lines), from trace lines `name<TAB>code path`, and how many hits there were.
 
     A hit is skipped when an earlier hit of the operation had the same name and the
     same code path (every keelway frame on the stack, file and line): a loop's next
@@ -535,11 +538,9 @@ def _points(hits: list[str], before: int = 0) -> tuple[list[str], int]:
     passed: set[tuple[str, str]] = set()
     points: list[str] = []
     total = 0
-    for index, line in enumerate(hits):
+    for line in hits[before:]:
         name, _, path = line.partition("\t")
         counts[name] += 1
-        if index < before:
-            continue
         total += 1
         key = (name, path)
         if key in passed:
@@ -573,9 +574,13 @@ def _crash_in_operation(home: Home, name: str, point: str) -> bool:
     it died there."""
     baseline, operation = SCENARIOS[name]
     home.replicate = name in REPLICATED
-    pid = home.up(KEELWAY_FAILPOINTS=point)
+    arm = home.root.parent / "arm"
+    pid = home.up(KEELWAY_FAILPOINTS_ARM=str(arm))
     for step in baseline:
         step(home)
+    staged = arm.with_name("arm.tmp")
+    staged.write_text(point)
+    os.replace(staged, arm)  # whole or absent: the daemon never reads half a spec
     with contextlib.suppress(AssertionError):
         operation(home)  # the CLI sees the control plane die under it
     return gone(pid, timeout_s=30)
