@@ -107,13 +107,15 @@ def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
     replicas = Replicas(store, home, supervisor, s3)
     recovery = Recovery(store, home, supervisor, publisher, clock, locks, owner, replicas)
     deployer = Deployer(store, home, supervisor, publisher, locks, recovery)
+    snapshots = Snapshots(store, home, supervisor, publisher, locks, recovery,
+                          objects or LocalObjects(home.objects_dir))
     return DeployParts(locks, recovery, deployer,
                        Parking(store, home, supervisor, publisher, locks, recovery),
                        Tenants(store, home, supervisor, publisher, locks, recovery, deployer),
                        Seeding(store, home, supervisor, publisher, locks, recovery),
-                       Snapshots(store, home, supervisor, publisher, locks, recovery,
-                                 objects or LocalObjects(home.objects_dir)),
-                       Replication(store, home, supervisor, publisher, locks, recovery))
+                       snapshots,
+                       Replication(store, home, supervisor, publisher, locks, recovery,
+                                   snapshots))
 
 
 def objects_url(home: Home, asked: str | None) -> str | None:

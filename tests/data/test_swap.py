@@ -76,7 +76,9 @@ def test_a_committed_swap_rolls_forward_from_each_state_a_crash_leaves(
     os.replace(f"{db}-wal", aside / f"{db.name}-wal")
     assert swap.finish_all(db.parent.parent) == ["one.test"]
     assert _rows(db) == 3
-    assert sorted(p.name for p in db.parent.iterdir()) == ["db.sqlite3"]
+    assert sorted(p.name for p in db.parent.iterdir()) == ["db.sqlite3", swap.PREVIOUS]
+    # The replaced database, with the rows only its -wal held, is kept whole.
+    assert _rows(swap.previous(db) / "db.sqlite3") == 5
     assert swap.finish_all(db.parent.parent) == []  # idempotent
 
 
@@ -91,14 +93,90 @@ def test_a_swap_whose_new_file_is_in_place_only_drops_the_old_files(
     os.replace(staged, db)
     assert swap.finish(db) is True
     assert _rows(db) == 3 and not aside.exists()
+    assert _rows(swap.previous(db) / "db.sqlite3") == 5
 
 
 def test_a_whole_swap_replaces_the_database_and_its_sides(laid: tuple[Path, Path]) -> None:
     db, staged = laid
+    litestream = swap.litestream_state(db)
+    litestream.mkdir()
+    (litestream / "positions").write_bytes(b"of the old file")
     swap.swap(db, staged)
     assert _rows(db) == 3
     assert not Path(f"{db}-wal").exists() or _rows(db) == 3
     assert not (db.parent / swap.ASIDE).exists() and not swap.incoming(db).exists()
+    # The new file does not inherit the old one's replica positions, anywhere.
+    assert not litestream.exists()
+    kept = swap.previous(db)
+    assert sorted(p.name for p in kept.iterdir()) == ["db.sqlite3", "db.sqlite3-wal"]
+    assert _rows(kept / "db.sqlite3") == 5
+
+
+def test_the_next_swap_keeps_only_the_database_it_replaced(laid: tuple[Path, Path]) -> None:
+    db, staged = laid
+    swap.swap(db, staged)
+    again = swap.staged_path(db, "20260101T000000000001Z-0001")
+    _db(again, 7)
+    swap.swap(db, again)
+    assert _rows(db) == 7
+    assert _rows(swap.previous(db) / "db.sqlite3") == 3  # not the 5 of the first
+
+
+@pytest.mark.parametrize("point", ["restore.swap.aside", "restore.swap.placed",
+                                   "restore.swap.kept"])
+def test_a_crash_at_any_point_of_the_swap_is_finished_at_boot(
+        laid: tuple[Path, Path], point: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    db, staged = laid
+    swap.swap(db, staged)  # a previous restore's copy kept: 5 rows
+    again = swap.staged_path(db, "20260101T000000000001Z-0001")
+    _db(again, 7)
+    swap.to_wal(again)
+
+    class Crash(Exception):
+        pass
+
+    def hit(name: str) -> None:
+        if name == point:
+            raise Crash(name)
+
+    monkeypatch.setattr(swap.failpoints, "hit", hit)
+    with pytest.raises(Crash):
+        swap.swap(db, again)
+    monkeypatch.undo()
+    swap.finish_all(db.parent.parent)
+    assert _rows(db) == 7
+    assert _rows(swap.previous(db) / "db.sqlite3") == 3
+    assert sorted(p.name for p in db.parent.iterdir()) == ["db.sqlite3", swap.PREVIOUS]
+
+
+def test_a_swap_over_no_database_leaves_the_kept_one(tmp_path: Path) -> None:
+    data = tmp_path / "data" / "one.test"
+    data.mkdir(parents=True)
+    db = data / "db.sqlite3"
+    kept = swap.previous(db)
+    kept.mkdir()
+    _db(kept / "db.sqlite3", 2)
+    staged = swap.staged_path(db, "x")
+    _db(staged, 4)
+    swap.swap(db, staged)
+    assert _rows(db) == 4 and _rows(kept / "db.sqlite3") == 2
+
+
+def test_to_wal_leaves_a_wal_copy_alone_and_converts_a_rollback_one(tmp_path: Path) -> None:
+    wal = tmp_path / "wal.db"
+    _db(wal, 1)
+    before = wal.read_bytes()
+    swap.to_wal(wal)
+    assert wal.read_bytes() == before
+    plain = tmp_path / "plain.db"
+    conn = sqlite3.connect(plain)
+    conn.execute("CREATE TABLE t (n INTEGER)")
+    conn.commit()
+    conn.close()
+    swap.to_wal(plain)
+    conn = sqlite3.connect(plain)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    conn.close()
 
 
 def test_boot_removes_what_a_crashed_snapshot_or_verify_left_and_nothing_of_the_app(
