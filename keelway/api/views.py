@@ -45,9 +45,8 @@ def last_drills(store: Store, app: str) -> dict[str, dict[str, Any]]:
     """The latest restore drill of each instance of `app`, from its events
     (keelway/deploy/replication.py writes one per drill)."""
     found: dict[str, dict[str, Any]] = {}
-    for event in store.list_events(app, limit=500):  # newest first: the first one wins
-        if (event.kind in DRILL_EVENTS and event.instance is not None
-                and event.instance not in found):
+    for event in store.list_events(app, limit=500):
+        if event.kind in DRILL_EVENTS and event.instance is not None:
             found[event.instance] = {"ok": event.kind == "drill", "at": event.at,
                                      "message": event.message}
     return found
