@@ -24,8 +24,10 @@ the restore itself) makes of each:
 3. sides partly moved aside, `incoming` still there → the same roll-forward: D alone
    without its `-wal` would lose committed rows, so nothing ever stops half-way here.
 4. D is the new file, `incoming` gone, aside dir left → the aside dir becomes
-   `previous-db/`: the old `previous-db/` removed, then one rename (a crash between
-   leaves state 4 again; a half-removed old `previous-db/` is removed again).
+   `previous-db/`: the old `previous-db/` renamed `.tmp-discard-previous-db/`, then the
+   aside dir renamed `previous-db/` (a crash between leaves state 4 again). The
+   discarded copy is removed by `discard`, which the restore calls once the instance
+   serves again (a 200 MB unlink is not spent while requests are held), and at boot.
 The old files are kept aside until the new D is in place, so at no instant is there
 neither a whole old database nor a whole new one on disk; the new D never sits beside
 the old one's litestream state, so its replicator starts from its own positions.
@@ -50,6 +52,7 @@ PREVIOUS = "previous-db"
 # not imported: replicas sits above this module).
 LITESTREAM_SUFFIX = "-litestream"
 STAGED_PREFIX = f"{TEMP_PREFIX}restore-"
+DISCARDED = f"{TEMP_PREFIX}discard-{PREVIOUS}"
 
 failpoints.declare("restore.swap.aside", "restore.swap.placed", "restore.swap.kept")
 
@@ -119,10 +122,16 @@ def _keep(db: Path, aside: Path) -> None:
             stale.unlink(missing_ok=True)
     kept = previous(db)
     if kept.exists():
-        shutil.rmtree(kept)
+        discard(db)  # what an earlier crash left there, if anything
+        os.replace(kept, db.parent / DISCARDED)
     os.replace(aside, kept)
     fsync_dir(db.parent)
     failpoints.hit("restore.swap.kept")
+
+
+def discard(db: Path) -> None:
+    """Remove the copy the latest swap no longer keeps (idempotent)."""
+    shutil.rmtree(db.parent / DISCARDED, ignore_errors=True)
 
 
 def swap(db: Path, staged: Path) -> None:
@@ -142,6 +151,7 @@ def finish_all(data_root: Path) -> list[str]:
         db = entry / "db.sqlite3"
         if (incoming(db).exists() or (entry / ASIDE).exists()) and finish(db):
             finished.append(entry.name)
+        discard(db)
         for prefix in (STAGED_PREFIX, *LEFTOVER_PREFIXES):
             for leftover in entry.glob(f"{prefix}*"):
                 leftover.unlink(missing_ok=True)

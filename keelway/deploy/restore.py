@@ -368,6 +368,8 @@ class Snapshots:
             finally:
                 for side in swap.SIDES:
                     Path(f"{staged}{side}").unlink(missing_ok=True)
+            # The copy an earlier restore kept, removed once requests flow again.
+            await asyncio.to_thread(swap.discard, db)
             if inst.state is InstanceState.RUNNING:
                 targets.link_current(self.store, self.home, host)
         source = f"snapshot {found.id}" if found is not None else "its replica"
