@@ -360,10 +360,15 @@ class Snapshots:
             db = self.home.db_path(host)
             db.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             staged = swap.staged_path(db, tag)
+            op_ids: list[int] = []
+
+            async def work(op: Operation) -> Result:
+                op_ids.append(op.id)
+                return await self._work(op, inst, staged)
+
             try:
                 found, size = await stage(staged)
-                result = await self.journal.run(inst.app, host, kind,
-                                                lambda op: self._work(op, inst, staged))
+                result = await self.journal.run(inst.app, host, kind, work)
                 await self.recovery.converge(host, Pass.MUTATION)
             finally:
                 for side in swap.SIDES:
@@ -380,9 +385,8 @@ class Snapshots:
         self.store.add_event("restore", f"restored from {source}; the replaced database "
                              f"is kept in {kept.name}/", app=inst.app, instance=host)
         now = self.store.get_instance(host) or inst
-        latest = self.store.latest_operation(host)
         return Restored(host, found, now.state, "snapshot" if found else "replica",
-                        latest.id if latest else None, size,
+                        op_ids[0] if op_ids else None, size,
                         str(kept) if (kept / db.name).exists() else None)
 
     async def _stage_snapshot(self, host: str, snap_id: str, staged: Path) -> Manifest:

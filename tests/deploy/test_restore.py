@@ -65,10 +65,9 @@ def _rows(db: Path) -> list[str]:
         conn.close()
 
 
-def _steps(store: SqliteStore, host: str) -> list[StepKind]:
-    op = store.latest_operation(host)
-    assert op is not None
-    return [s.kind for s in store.steps(op.id)]
+def _steps(store: SqliteStore, op_id: int | None) -> list[StepKind]:
+    assert op_id is not None
+    return [s.kind for s in store.steps(op_id)]
 
 
 @pytest.mark.skipif(litestream_binary() is None, reason="no litestream binary")
@@ -88,7 +87,7 @@ def test_a_replica_restore_after_a_snapshot_restore_gives_the_snapshots_rows(
         assert done.source == "snapshot" and done.state is InstanceState.PARKED
         assert _rows(db) == ["a"]
         assert done.kept is not None and _rows(Path(done.kept) / db.name) == ["a", "b", "c"]
-        assert _steps(store, HOST) == [StepKind.SWAP_DB, StepKind.REPLICA_RESET]
+        assert _steps(store, done.op_id) == [StepKind.SWAP_DB, StepKind.REPLICA_RESET]
         # The replica the old file wrote is kept aside, and a new one holds the snapshot.
         again = await deploy.replication.restore(HOST)
         assert again.source == "replica" and again.snapshot is None
