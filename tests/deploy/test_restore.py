@@ -137,3 +137,7 @@ def test_a_drill_checks_the_newest_snapshot_and_a_corrupted_one_fails_with_an_ev
     assert newest.id in failed["snapshot"]["id"]
     events = [e for e in store.list_events("shop", limit=50) if e.instance == HOST]
     assert events[-1].kind == "drill-failed" and events[-1].message.startswith("snapshot:")
+
+
+def test_an_old_journals_replica_swap_step_reads_as_the_one_swap() -> None:
+    assert StepKind("swap-database").label(None) == StepKind.SWAP_DB.label(None)
