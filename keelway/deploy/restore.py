@@ -29,7 +29,8 @@ keelway/api/daemon.py). What each holds:
   new one. An S3 replica cannot be renamed: litestream 0.5.17, finding no local state
   beside the swapped-in file (swap.py removes it) and a replica ahead of it, writes the
   file as a new snapshot after the replica's last transaction, so its latest restore is
-  the restored database (measured for a file replica; the same code path for S3).
+  the restored database (tests/data/test_swap.py proves it against a file replica and
+  a real S3 server).
 - drill of a snapshot: the newest one fetched to a temp file and verified, nothing else
   touched (keelway/deploy/replication.py drills both copies and records the events).
 
