@@ -144,18 +144,24 @@ class StepKind(enum.StrEnum):
     SEED_RECORD = "seed-record"
     # `db restore`: the route held (requests wait) before the instance stops.
     HOLD_ROUTE = "hold-route"
-    # `db restore`: the verified copy committed and swapped in for the database (its
-    # -wal/-shm with it); once begun, boot finishes the swap (keelway/data/swap.py).
+    # `db restore` (a snapshot or the replica): the verified copy committed and swapped
+    # in for the database (its -wal/-shm with it, the old one kept); once begun, boot
+    # finishes the swap (keelway/data/swap.py). The one swap step written.
     SWAP_DB = "swap-db"
     # The instance's replicator (keelway/data/replicas.py): spawned, or synced and
-    # stopped (proven gone); and a verified copy swapped in for the database.
+    # stopped (proven gone).
     REPLICA_START = "replica-start"
     REPLICA_STOP = "replica-stop"
+    # Written by a replica restore before SWAP_DB was the one swap; no longer written,
+    # read as SWAP_DB (old journals must still read).
     SWAP_DATABASE = "swap-database"
     # `--purge-data`, after the data dir: the instance's replica in the object store
     # (its imports' and the ones a restore set aside too), then its snapshots.
     PURGE_REPLICA = "purge-replica"
     PURGE_SNAPSHOTS = "purge-snapshots"
+    # `db restore`: the replica set aside and a new one begun from the restored file
+    # (keelway/deploy/restore.py).
+    REPLICA_RESET = "replica-reset"
 
     def label(self, service: str | None) -> str:
         who = service or "?"
@@ -205,18 +211,18 @@ class StepKind(enum.StrEnum):
                 return self.value.replace("-", " ")
             case StepKind.HOLD_ROUTE:
                 return "hold route"
-            case StepKind.SWAP_DB:
+            case StepKind.SWAP_DB | StepKind.SWAP_DATABASE:
                 return "swap database"
             case StepKind.REPLICA_START:
                 return "start replicator"
             case StepKind.REPLICA_STOP:
                 return "sync and stop replicator"
-            case StepKind.SWAP_DATABASE:
-                return "swap database (from the replica)"
             case StepKind.PURGE_REPLICA:
                 return "purge replica"
             case StepKind.PURGE_SNAPSHOTS:
                 return "purge snapshots"
+            case StepKind.REPLICA_RESET:
+                return "reset replica"
             case _:
                 assert_never(self)
 

@@ -108,15 +108,16 @@ def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
     objects = objects or LocalObjects(home.objects_dir)
     recovery = Recovery(store, home, supervisor, publisher, clock, locks, owner, replicas)
     deployer = Deployer(store, home, supervisor, publisher, locks, recovery)
+    snapshots = Snapshots(store, home, supervisor, publisher, locks, recovery, objects)
     return DeployParts(locks, recovery, deployer,
                        Parking(store, home, supervisor, publisher, locks, recovery),
                        Tenants(store, home, supervisor, publisher, locks, recovery, deployer,
                                replicas, objects),
                        Seeding(store, home, supervisor, publisher, locks, recovery,
                                delete_replica=replicas.delete, objects=objects),
-                       Snapshots(store, home, supervisor, publisher, locks, recovery,
-                                 objects),
-                       Replication(store, home, supervisor, publisher, locks, recovery))
+                       snapshots,
+                       Replication(store, home, supervisor, publisher, locks, recovery,
+                                   snapshots))
 
 
 def objects_url(home: Home, asked: str | None) -> str | None:

@@ -2,8 +2,11 @@
 
     GET  /v1/instances/{host}/replica                -> 200 position
     POST /v1/instances/{host}/restore-replica {"at": T|null}
-        -> 200 {"host","op","kept","size_bytes","state"}
+        -> 200 the restore's view (keelway/deploy/restore.py Restored.view)
     POST /v1/drill {"host": H|null}                  -> 200 {"results": [...], "ok": bool}
+    result = {"host","ok": bool|null,"skipped"?: str,
+              "snapshot": {"ok","skipped"?|"reason","id","size_bytes"},
+              "replica": {"ok","skipped"?|"reason","size_bytes","txid"}}
     position = {"host","app","url","files":{level:count},"latest_txid","latest_at",
                 "local_txid","behind_txids","replicating"}
 """
@@ -42,8 +45,7 @@ class ReplicasApi:
     async def restore(self, request: web.Request) -> web.Response:
         body: RestoreBody = await read_body(request, RestoreBody)
         done = await self.replication.restore(request.match_info["host"], body.at)
-        return web.json_response({"host": done.host, "op": done.op_id, "kept": done.kept,
-                                  "size_bytes": done.size_bytes, "state": done.state})
+        return web.json_response(done.view())
 
     async def drill(self, request: web.Request) -> web.Response:
         body: DrillBody = await read_body(request, DrillBody)

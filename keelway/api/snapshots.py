@@ -3,7 +3,8 @@
     POST /v1/instances/{host}/snapshots               {} -> 200 snapshot
     GET  /v1/instances/{host}/snapshots                  -> 200 {"host","snapshots":[snapshot]}
     POST /v1/instances/{host}/snapshots/{id}/verify   {} -> 200 snapshot + {"ok":true}
-    POST /v1/instances/{host}/snapshots/{id}/restore  {} -> 200 {"host","state","snapshot"}
+    POST /v1/instances/{host}/snapshots/{id}/restore  {} -> 200 {"host","state","source",
+        "op","size_bytes","kept","snapshot"} (keelway/deploy/restore.py Restored.view)
     snapshot = {"instance","id","taken_at","size","sha256","release","schema_version"}
 
 A snapshot that fails verification is answered 400 `snapshot-refused` and nothing is
@@ -63,5 +64,4 @@ class SnapshotsApi:
         await read_body(request, Empty)
         done = await self.snapshots.restore(request.match_info["host"],
                                             request.match_info["id"])
-        return web.json_response({"host": done.host, "state": done.state.value,
-                                  "snapshot": snapshot_view(done.snapshot)})
+        return web.json_response(done.view())

@@ -91,19 +91,25 @@ def restore(host: str, snap_id: str | None, from_replica: bool, at: str | None,
             as_json: bool) -> None:
     """Replace the instance's database with a verified copy, a SNAPSHOT or (with
     --from-replica) its replica: requests are held while it stops, swaps the file and
-    starts again."""
+    starts again. The replaced database is kept in the instance's data dir, in
+    previous-db/ (one: the next restore replaces it); the replica begins anew."""
     if from_replica == (snap_id is not None):
         raise click.UsageError("say where from: a SNAPSHOT id, or --from-replica")
     if at is not None and not from_replica:
         raise click.UsageError("--at goes with --from-replica")
     if from_replica:
-        from keelway.cli import replicas
-
-        replicas.restore_from_replica(host, at, as_json)
-        return
-    assert snap_id is not None
-    data = client(None).request("POST", _path(host, snap_id, "restore"), {})
+        data = client(None).request(
+            "POST", f"/v1/instances/{urllib.parse.quote(host, safe='')}/restore-replica",
+            {"at": at})
+    else:
+        assert snap_id is not None
+        data = client(None).request("POST", _path(host, snap_id, "restore"), {})
     if as_json:
         emit_json(data)
-    else:
-        click.echo(f"restored {host} from snapshot {snap_id}; it is {data['state']}")
+        return
+    source = f"snapshot {data['snapshot']['id']}" if data["snapshot"] else "its replica"
+    click.echo(f"restored {host} from {source} ({data['size_bytes']} bytes, verified); "
+               f"it is {data['state']}")
+    if data["kept"]:
+        click.echo(f"the replaced database is kept in {data['kept']} (until the next "
+                   "restore replaces it)")

@@ -1,5 +1,5 @@
-"""Replicas of instance databases: `db replicas`, `db drill`, and what `db restore
---from-replica` does (the one `db restore` command is in keelway/cli/data.py)."""
+"""Replicas of instance databases: `db replicas` and `db drill` (the one `db restore`
+command, --from-replica too, is in keelway/cli/data.py)."""
 
 from __future__ import annotations
 
@@ -36,30 +36,24 @@ def replicas(host: str, as_json: bool) -> None:
     click.echo(f"  behind: {'?' if behind is None else behind} transactions")
 
 
-def restore_from_replica(host: str, at: str | None, as_json: bool) -> None:
-    """`db restore HOST --from-replica [--at TIME]`."""
-    data = client().request("POST", _path(host, "restore-replica"), {"at": at})
-    if as_json:
-        emit_json(data)
-    else:
-        click.echo(f"restored {host} from its replica ({data['size_bytes']} bytes, "
-                   f"verified); the old database is kept as {data['kept']}")
-
-
 @db.command()
 @click.argument("host", required=False)
 @json_option
 @api_call
 def drill(host: str | None, as_json: bool) -> None:
-    """Restore the latest replica of HOST (or of every instance) to a temp file and
-    verify it; exit 1 if any fails."""
+    """Restore the newest snapshot and the latest replica of HOST (or of every
+    instance) to temp files and verify both; exit 1 if any fails."""
     data = client().request("POST", "/v1/drill", {"host": host})
     if as_json:
         emit_json(data)
     else:
         for item in data["results"]:
-            said = ("skipped: " + item["skipped"] if item["ok"] is None
-                    else "ok" if item["ok"] else f"FAILED: {item['reason']}")
-            click.echo(f"{item['host']}: {said}")
+            copies = []
+            for copy in ("snapshot", "replica"):
+                said = item[copy]
+                copies.append(f"{copy} " + ("skipped (" + said["skipped"] + ")"
+                                            if said["ok"] is None else "ok" if said["ok"]
+                                            else f"FAILED: {said['reason']}"))
+            click.echo(f"{item['host']}: {'; '.join(copies)}")
     if not data["ok"]:
         sys.exit(1)

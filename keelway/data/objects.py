@@ -83,7 +83,10 @@ class ObjectStore(Protocol):
         """`put_file`, then `path` is gone (the store may move it in rather than copy it:
         a snapshot's temp file becomes the object). On failure `path` is left."""
 
-    def get_file(self, key: str, dest: Path) -> None: ...
+    def get_file(self, key: str, dest: Path, *, synced: bool = True) -> None:
+        """Download `key` to `dest` (0600); NotFound if there is none. With `synced`
+        false the copy is not fsynced: the caller (a restore's staging) fsyncs it beside
+        its verification, before anything trusts it."""
 
     def list(self, prefix: str) -> list[str]: ...
 
@@ -104,9 +107,10 @@ def check_prefix(prefix: str) -> str:
     return prefix
 
 
-def _copy_durable(src: Path, dest: Path) -> None:
+def _copy_durable(src: Path, dest: Path, synced: bool = True) -> None:
     """Copy `src` to `dest` (0600) so `dest` is the old file or the whole new one after a
-    crash at any point; a failure (a full disk) removes the temp file and leaves `dest`."""
+    crash at any point; a failure (a full disk) removes the temp file and leaves `dest`.
+    Not `synced`: neither the copy nor its dir is fsynced (see ObjectStore.get_file)."""
     tmp = dest.with_name(f"{TEMP_PREFIX}{dest.name}.{os.getpid()}")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE_MODE)
@@ -120,12 +124,14 @@ def _copy_durable(src: Path, dest: Path) -> None:
                 if sent == 0:
                     break
                 offset += sent
-            os.fsync(out.fileno())
+            if synced:
+                os.fsync(out.fileno())
         os.replace(tmp, dest)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_dir(dest.parent)
+    if synced:
+        fsync_dir(dest.parent)
 
 
 @dataclass(frozen=True)
@@ -159,11 +165,11 @@ class LocalObjects:
             Path(path).unlink()
         fsync_dir(dest.parent)
 
-    def get_file(self, key: str, dest: Path) -> None:
+    def get_file(self, key: str, dest: Path, *, synced: bool = True) -> None:
         src = self._path(key)
         if not src.is_file():
             raise NotFound(key)
-        _copy_durable(src, Path(dest))
+        _copy_durable(src, Path(dest), synced)
 
     def list(self, prefix: str) -> list[str]:
         return sorted(key for key in self._walk() if key.startswith(prefix))
@@ -232,14 +238,15 @@ class S3Objects:
         self.put_file(key, path)
         Path(path).unlink()
 
-    def get_file(self, key: str, dest: Path) -> None:
+    def get_file(self, key: str, dest: Path, *, synced: bool = True) -> None:
         dest = Path(dest)
         tmp = dest.with_name(f"{TEMP_PREFIX}{dest.name}.{os.getpid()}")
         try:
             self._client.download_file(self.bucket, self._full(key), str(tmp))
             os.chmod(tmp, PRIVATE_FILE_MODE)
-            with open(tmp, "rb") as handle:
-                os.fsync(handle.fileno())
+            if synced:
+                with open(tmp, "rb") as handle:
+                    os.fsync(handle.fileno())
             os.replace(tmp, dest)
         except Exception as exc:
             tmp.unlink(missing_ok=True)

@@ -23,9 +23,9 @@ What this module owns, and the rules it keeps (SPEC §4 Data, §5.5):
 - Stopping it for a park or a stop is SIGTERM, proof of death, then one more
   `replicate -once` pass: the app is stopped by then, so that pass copies the last
   commit and the replica is current while the instance is parked.
-- Nothing restored is trusted until it is opened and checked (`verify`); a database
-  swapped in takes its `-wal` and `-shm` with it (`swap_database`), and the old file is
-  kept beside it until the swap is complete.
+- Nothing restored is trusted until it is opened and checked (`verify`); a restored
+  copy is swapped in by the one swap, keelway/data/swap.py (which also drops the old
+  file's litestream state, LITESTREAM_SUFFIX, and keeps the old file).
 """
 
 from __future__ import annotations
@@ -56,8 +56,7 @@ from keelway.store.records import Generation
 from keelway.store.seeds import ImportState
 
 failpoints.declare("replica.spawn.before", "replica.spawn.after", "replica.sync.before",
-                   "replica.sync.after", "replica.swap.before", "replica.swap.sidecars-removed",
-                   "replica.swap.after")
+                   "replica.sync.after")
 
 # A database's litestream state sits beside it under this suffix (litestream's own
 # layout); a database swapped in must not inherit the positions of the one it replaced.
@@ -181,37 +180,6 @@ def verify(path: Path) -> str | None:
         return f"{path.name} is not a sound SQLite database: {exc}"
     said = [str(r[0]) for r in rows]
     return None if said == ["ok"] else f"integrity_check: {'; '.join(said[:5])}"
-
-
-def swap_database(db: Path, replacement: Path, keep_as: Path) -> None:
-    """Put the verified file `replacement` (same filesystem) in place of `db`, which
-    nothing may have open (its processes are proven gone). `keep_as` keeps the old
-    database, whole, until a later operation removes it (SPEC §5.7).
-
-    Crash windows, in order: (1) before anything: the old database as it was, the
-    replacement left as a temp file. (2) the old file is first checkpointed, so its
-    content is all in the main file and its -wal holds nothing the file lacks; then
-    hard-linked to `keep_as`. (3) the sidecars are removed: the old database is whole
-    without them. (4) one rename puts the replacement in: the database is the old one
-    or the new one, never a mix, and no -wal of the old one is ever applied to the new
-    one. Shared by snapshot restore and replica restore (one swap).
-    """
-    failpoints.hit("replica.swap.before")
-    if db.exists():
-        conn = sqlite3.connect(db)
-        try:
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-        finally:
-            conn.close()
-        keep_as.unlink(missing_ok=True)
-        os.link(db, keep_as)
-    for suffix in SIDECARS:
-        Path(f"{db}{suffix}").unlink(missing_ok=True)
-    failpoints.hit("replica.swap.sidecars-removed")
-    os.replace(replacement, db)
-    durable.fsync_dir(db.parent)
-    shutil.rmtree(db.parent / f".{db.name}{LITESTREAM_SUFFIX}", ignore_errors=True)
-    failpoints.hit("replica.swap.after")
 
 
 @dataclass(frozen=True)

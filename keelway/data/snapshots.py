@@ -117,13 +117,14 @@ def _fsync(path: Path) -> None:
 
 
 def take(objects: ObjectStore, home: Home, host: str, *, now_s: float,
-         release: int | None) -> Manifest:
-    """Snapshot `host`'s database into `objects`; returns its manifest once stored.
+         release: int | None, db: Path | None = None) -> Manifest:
+    """Snapshot `host`'s database (`db`: the one in effect, if not its own) into
+    `objects`; returns its manifest once stored.
 
     Raises NoDatabase, Damaged (the copy itself failed its check: nothing stored),
     ObjectStoreError or OSError/sqlite3.Error (a full disk): in every case the store
     holds no new listed snapshot and the database is untouched."""
-    db = home.db_path(host)
+    db = db if db is not None else home.db_path(host)
     if not db.is_file():
         raise NoDatabase(f"{host} has no database at {db}")
     _refuse_without_room(db)
@@ -211,20 +212,30 @@ def list_snapshots(objects: ObjectStore, host: str) -> list[Manifest]:
     return sorted(found, key=lambda m: m.id)
 
 
-def fetch(objects: ObjectStore, host: str, snap_id: str, dest: Path) -> Manifest:
-    """Download snapshot `snap_id` of `host` to `dest` and verify it against its
-    manifest; raises NotFound or Damaged (then `dest` is removed)."""
+def fetch(objects: ObjectStore, host: str, snap_id: str, dest: Path, *,
+          durable: bool = True) -> Manifest:
+    """Download snapshot `snap_id` of `host` to `dest`, verify it against its manifest
+    and (`durable`) fsync it; raises NotFound or Damaged (then `dest` is removed).
+
+    As in `take`, the copy is flushed to disk while it is verified from the page cache:
+    the fsync, the sha256 and the integrity check run at once, and it returns only
+    once all three are done (a restore's commit point trusts a durable, checked file)."""
     found = manifest(objects, host, snap_id)
-    objects.get_file(snapshot_key(host, snap_id), dest)
+    objects.get_file(snapshot_key(host, snap_id), dest, synced=False)
     try:
-        verified = verify_file(dest, found.sha256)
+        with ThreadPoolExecutor(1) as pool:
+            flushed = pool.submit(_fsync, dest) if durable else None
+            try:
+                verified = verify_file(dest, found.sha256)
+            finally:
+                if flushed is not None:
+                    flushed.result()
+        if verified.size != found.size:
+            raise Damaged(f"snapshot {snap_id}: {verified.size} bytes, not the recorded "
+                          f"{found.size}")
     except BaseException:
         Path(dest).unlink(missing_ok=True)
         raise
-    if verified.size != found.size:
-        Path(dest).unlink(missing_ok=True)
-        raise Damaged(f"snapshot {snap_id}: {verified.size} bytes, not the recorded "
-                      f"{found.size}")
     return found
 
 
@@ -233,7 +244,7 @@ def verify_stored(objects: ObjectStore, host: str, snap_id: str, scratch: Path) 
     NotFound or Damaged."""
     dest = scratch / f"{LEFTOVER_PREFIXES[2]}{snap_id}.db"
     try:
-        return fetch(objects, host, snap_id, dest)
+        return fetch(objects, host, snap_id, dest, durable=False)  # read, then removed
     finally:
         dest.unlink(missing_ok=True)
 

