@@ -211,8 +211,10 @@ class StepKind(enum.StrEnum):
                 return self.value.replace("-", " ")
             case StepKind.HOLD_ROUTE:
                 return "hold route"
-            case StepKind.SWAP_DB | StepKind.SWAP_DATABASE:
+            case StepKind.SWAP_DB:
                 return "swap database"
+            case StepKind.SWAP_DATABASE:
+                return "swap database (an older journal's replica restore)"
             case StepKind.REPLICA_START:
                 return "start replicator"
             case StepKind.REPLICA_STOP:
