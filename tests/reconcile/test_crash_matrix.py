@@ -150,6 +150,7 @@ def _crash_the_web(h: Home) -> None:
 
     assert wait_until(settled, 30, 0.1)
 
+
 def _seed_file(h: Home) -> Path:
     path = h.root.parent / "seed.sqlite3"
     if not path.exists():
@@ -384,7 +385,8 @@ SCENARIOS: dict[str, tuple[list[Step], Step]] = {
                          lambda h: h.ok("wake", "one.test")],
                         lambda h: h.ok("db", "restore", "one.test", "--from-replica")),
 }
-REPLICATED = {"park-replicated", "restore-replica", "seed-import", "seed-rollback"}
+REPLICATED = {"park-replicated", "restore-replica", "seed-import", "seed-rollback",
+              "snapshot", "restore"}
 
 
 def _visit(h: Home, host: str) -> None:
@@ -423,6 +425,24 @@ def _data_baseline(h: Home) -> None:
     (h.root.parent / "snapshot-id").write_text(json.loads(done.stdout)["id"])
     _visit(h, "one.test")
     _visit(h, "one.test")
+    h.ok("db", "snapshot", "two.test")
+    if h.replicate:  # a replica to compare: the replicators' first pass is shipped
+        assert wait_until(lambda: bool(_replica_of(h, "two.test")), 15, 0.1)
+    (h.root.parent / "other.json").write_text(json.dumps(_other(h)))
+
+
+def _other(h: Home) -> dict[str, object]:
+    """What a data scenario must leave of two.test, which it never names: its env
+    file, route, snapshots and replica (its rows: `_data_intact`)."""
+    store = SqliteStore(h.root / "keelway.db")
+    try:
+        route = store.get_route("two.test")
+    finally:
+        store.close()
+    return {"env": (h.root / "env" / "two.test.env").read_text(),
+            "route": route.state.value if route else None,
+            "snapshots": _snapshots_of(h, "two.test"),
+            "replica": _replica_of(h, "two.test")}
 
 
 def _restore(h: Home) -> None:
@@ -440,6 +460,12 @@ def _data_intact(h: Home, label: str, restored: set[int]) -> list[str]:
                         f"{sorted(restored)}")
     if (two, two_ok) != (1, "ok"):
         problems.append(f"{label}: two.test changed: {two} visits ({two_ok})")
+    before, now = json.loads((h.root.parent / "other.json").read_text()), _other(h)
+    for part in ("env", "route", "snapshots"):
+        if now[part] != before[part]:
+            problems.append(f"{label}: two.test's {part} changed")
+    if not _kept(before["replica"], now["replica"]):  # type: ignore[arg-type]
+        problems.append(f"{label}: a file of two.test's replica was removed or rewritten")
     listed = json.loads(h.cli("db", "snapshots", "one.test", "--json").stdout)["snapshots"]
     for snap in listed:
         check = h.cli("db", "verify", "one.test", snap["id"], "--json")
