@@ -176,6 +176,25 @@ class Recovery:
         backoff.started(now)
         await self.journal.run(inst.app, host, OpKind.REPLICATE, lambda _op: _done())
 
+    async def sync_replica(self, host: str) -> None:
+        """The reconciler's last sync, under the lock the pass holds, once it stopped the
+        replicator of an instance that does not run, or found it dead: a crash, a
+        failure or a killed replicator between the
+        operation's stop of the app and its own last sync must not leave the replica
+        lagging the parked or stopped database until the next wake. A sync is a copy
+        that changes nothing keelway reads, so it is not journaled; one a crash cuts
+        short is not owed again (the next wake replicates from the database)."""
+        inst = self.store.get_instance(host)
+        if (self.replicas is None or inst is None or inst.state is InstanceState.RUNNING
+                or self.replicas.live(host)):
+            return
+        try:
+            failed = await self.replicas.stop(host, sync=True)
+        except (OSError, ReplicaError) as exc:
+            failed = str(exc)
+        if failed is not None:
+            self.store.add_event("replica", failed, app=inst.app, instance=host)
+
     async def keep_replica(self, op: Operation, host: str) -> str | None:
         """Make `host`'s replicator what the instance now wants, as steps of `op` after
         its work: running with an alive ACTIVE web, not fenced: one replicator (spawned
