@@ -10,9 +10,10 @@ plane per home), then the router's port (a busy port fails before the store is e
 opened), then the store, boot recovery, and last the API socket and the run socket
 (`keelway run`, keelway/api/run_server.py), so a client that can connect sees a
 converged system. The router and the apps run in sessions of their own
-and survive this process; only `keelway down` (or Ctrl-C in the foreground) stops them,
-and `down --keep-apps` leaves both running. While this process runs it brings a dead
-router back at once (keelway.runtime.router_supervisor).
+and survive this process; only `keelway down` (or Ctrl-C in the foreground) stops them
+(the apps first, then each replicator with a last sync, so every replica is current with
+its stopped database), and `down --keep-apps` leaves them all running. While this
+process runs it brings a dead router back at once (keelway.runtime.router_supervisor).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import io
@@ -27,6 +29,7 @@ import logging
 import os
 import signal
 import sys
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,11 +40,12 @@ from aiohttp import web
 from keelway.activator.sweep import Sweep
 from keelway.api.run_server import RunServer
 from keelway.api.server import Api
+from keelway.builds.manifest import REPLICA
 from keelway.builds.stage import stage, sweep
 from keelway.clock import Clock, SystemClock
 from keelway.data import swap
 from keelway.data.objects import LocalObjects, ObjectStore, ObjectStoreError, open_objects
-from keelway.data.replicas import Replicas
+from keelway.data.replicas import ReplicaError, ReplicaOptions, Replicas
 from keelway.deploy import targets
 from keelway.deploy.deployer import Deployer
 from keelway.deploy.errors import OperationError
@@ -323,7 +327,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     home.api_socket.unlink(missing_ok=True)
     await parts.recovery.close()
     if not keep_apps:
-        await _stop_all(store, supervisor)
+        await _stop_all(store, supervisor, parts.recovery.replicas)
     await supervisor.shutdown()
     if not await router.stop(keep_serving=keep_apps):
         announce("warning: the router did not stop; it is still serving")
@@ -331,13 +335,63 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     return 0
 
 
-async def _stop_all(store: Store, supervisor: Supervisor) -> None:
-    """Stop every app process tree for `down` (each after its service's stop_grace);
-    instances stay `running`, so `up` restarts them."""
+async def _stop_all(store: Store, supervisor: Supervisor, replicas: Replicas | None) -> None:
+    """Stop every process tree for `down`: the apps first (each after its service's
+    stop_grace), so their databases take no more writes; then every replicator, and
+    each instance's last sync (`_last_syncs`), so each replica is current with its
+    stopped database. Instances stay `running`, so `up` restarts them (and their
+    replicators)."""
     gens = store.live_generations()
-    await asyncio.gather(*(supervisor.stop(g, targets.stop_grace_s(store, g)) for g in gens))
+    apps = [g for g in gens if g.service != REPLICA]
+    await asyncio.gather(*(supervisor.stop(g, targets.stop_grace_s(store, g)) for g in apps))
+    replicators = [g for g in gens if g.service == REPLICA]
+    grace = (replicas.options if replicas is not None else ReplicaOptions()).stop_grace_s
+    await asyncio.gather(*(supervisor.stop(g, grace) for g in replicators))
+    if replicas is not None and replicas.enabled:
+        await _last_syncs(replicas, sorted({g.instance for g in replicators}))
     await supervisor.remove_strays()
     supervisor.trees.forget_home()
+
+
+# `down`'s last syncs: this many at once, all finished within this long (the CLI waits
+# 60 s for the whole shutdown, and the apps' stop graces come first). A sync that
+# outlives the deadline is killed; its replica then lags, which the log says.
+DOWN_SYNCS_AT_ONCE = 4
+DOWN_SYNC_DEADLINE_S = 20.0
+
+
+async def _last_syncs(replicas: Replicas, hosts: list[str]) -> None:
+    """The last sync of each of `hosts`, whose apps and replicators are stopped:
+    `Replicas.stop(host, sync=True)`, a few at once, each bounded by what is left of the
+    deadline (litestream's process group is killed at its timeout: nothing outlives
+    `down`)."""
+    began = time.monotonic()
+    deadline = began + DOWN_SYNC_DEADLINE_S
+    gate = asyncio.Semaphore(DOWN_SYNCS_AT_ONCE)
+
+    async def last_sync(host: str) -> str | None:
+        async with gate:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return "no time was left for its last sync"
+            bounded = Replicas(replicas.store, replicas.home, replicas.supervisor,
+                               replicas.objects, dataclasses.replace(
+                                   replicas.options,
+                                   command_timeout_s=min(left,
+                                                         replicas.options.command_timeout_s)),
+                               replicas.binary)
+            try:
+                return await bounded.stop(host, sync=True)
+            except (OSError, ReplicaError) as exc:
+                return str(exc)
+
+    failed = await asyncio.gather(*(last_sync(h) for h in hosts))
+    for host, why in zip(hosts, failed, strict=True):
+        if why is not None:
+            log.warning("down: the replica of %s may lag its database: %s", host, why)
+    if hosts:
+        log.info("down: %d of %d replicas synced in %.1f s", failed.count(None), len(hosts),
+                 time.monotonic() - began)
 
 
 async def _deploy_demo(home: Home, store: Store, deployer: Deployer,

@@ -40,7 +40,7 @@ class Converger(Protocol):
 
     async def keep_replica(self, op: Operation, host: str) -> str | None:
         """Start or sync-and-stop `host`'s replicator as the instance now wants, as steps
-        of `op`; what failed, if the replicator could not be stopped."""
+        of `op`; what failed there (already a warning of `op`), if anything."""
         ...
 
 
@@ -72,10 +72,13 @@ class Journaled:
             # the replicator follows what the instance now is (running: started once its
             # web is; parked or stopped: synced and stopped, proven gone), as steps of
             # this same operation, so every place that brings an instance up or down is
-            # covered without a call of its own.
-            unstopped = await self.converger.keep_replica(op, host)
-            if unstopped is not None and result.outcome is Outcome.DONE:
-                result = Result(Outcome.FAILED, unstopped)
+            # covered without a call of its own. It changes the outcome of a `replicate`
+            # operation only (its whole work): what any other did to traffic is done,
+            # and the reconciler keeps the replicator.
+            failed = await self.converger.keep_replica(op, host)
+            if failed is not None and kind is OpKind.REPLICATE and (
+                    result.outcome is Outcome.DONE):
+                result = Result(Outcome.FAILED, failed)
         except OperationError as exc:
             result = Result(Outcome.FAILED, exc.message)
         except Exception as exc:

@@ -19,7 +19,7 @@ import asyncio
 from keelway import failpoints
 from keelway.builds.manifest import WEB, ServiceKind
 from keelway.clock import Clock
-from keelway.data.replicas import Replicas
+from keelway.data.replicas import ReplicaError, Replicas
 from keelway.deploy import targets
 from keelway.deploy.errors import OperationError
 from keelway.deploy.instances import StartFailed, start_generation
@@ -176,14 +176,39 @@ class Recovery:
         backoff.started(now)
         await self.journal.run(inst.app, host, OpKind.REPLICATE, lambda _op: _done())
 
+    async def sync_replica(self, host: str) -> None:
+        """The reconciler's last sync, under the lock the pass holds, once it stopped the
+        replicator of an instance that does not run, or found it dead: a crash, a
+        failure or a killed replicator between the
+        operation's stop of the app and its own last sync must not leave the replica
+        lagging the parked or stopped database until the next wake. A sync is a copy
+        that changes nothing keelway reads, so it is not journaled; one a crash cuts
+        short is not owed again (the next wake replicates from the database)."""
+        inst = self.store.get_instance(host)
+        if (self.replicas is None or inst is None or inst.state is InstanceState.RUNNING
+                or self.replicas.live(host)):
+            return
+        try:
+            failed = await self.replicas.stop(host, sync=True)
+        except (OSError, ReplicaError) as exc:
+            failed = str(exc)
+        if failed is not None:
+            self.store.add_event("replica", failed, app=inst.app, instance=host)
+
     async def keep_replica(self, op: Operation, host: str) -> str | None:
-        """Make `host`'s replicator what the instance now wants, as steps of `op`:
-        running with an alive ACTIVE web, not fenced: one replicator (spawned if none
-        runs; a failed spawn is an event, never the failure of the operation that
-        brought the app up: the periodic pass tries again); not running: every
-        replicator stopped and proven gone, then one last sync. Returns what failed
-        only when a replicator could not be stopped. Crash inside either step: the
-        reconciler's replicator rules (keelway/reconcile/plan.py) finish the job."""
+        """Make `host`'s replicator what the instance now wants, as steps of `op` after
+        its work: running with an alive ACTIVE web, not fenced: one replicator (spawned
+        if none runs); not running: every replicator stopped and proven gone, then one
+        last sync.
+
+        The operation's effect on traffic has happened by then (a deploy published, a
+        park stopped its apps), so nothing here fails it: a replicator that does not
+        start or stop is a failed step, an event and a warning of the operation, and the
+        reconciler's replicator rules (keelway/reconcile/plan.py) try again at the next
+        pass. A crash inside either step leaves the step pending, and the reconciler
+        finalizes the operation by its other steps (plan.py: a replicator step decides
+        only a `replicate` operation). Returns what failed, which fails only a
+        `replicate` operation (whose whole work this is)."""
         replicas = self.replicas
         inst = self.store.get_instance(host)
         if replicas is None or inst is None:
@@ -200,32 +225,35 @@ class Recovery:
                 assert web is not None
                 try:
                     gen = await replicas.spawn(host, op.id, web)
-                except OSError as exc:
+                except (OSError, ReplicaError) as exc:
                     return Failed(f"the replicator did not start: {exc}")
                 return Done(f"generation {gen.id} pid {gen.pid}")
 
             failed = await steps.run(StepKind.REPLICA_START, spawn, service=REPLICA,
                                      before=("replica.start.before",),
                                      after=("replica.start.after",))
-            if failed is not None:
-                self.store.add_event("replica", failed.reason, app=inst.app, instance=host)
-            return None
-        if not replicas.live(host):
-            return None
+        else:
+            if not replicas.live(host):
+                return None
 
-        async def stop() -> Done | Failed:
-            unstopped = await replicas.stop(host, sync=True)
-            return Done("synced; gone") if unstopped is None else Failed(unstopped)
+            async def stop() -> Done | Failed:
+                try:
+                    unstopped = await replicas.stop(host, sync=True)
+                except (OSError, ReplicaError) as exc:
+                    unstopped = f"the replicator could not be stopped and synced: {exc}"
+                return Done("synced; gone") if unstopped is None else Failed(unstopped)
 
-        failed = await steps.run(StepKind.REPLICA_STOP, stop, service=REPLICA,
-                                 before=("replica.stop.before",),
-                                 after=("replica.stop.after",))
+            failed = await steps.run(StepKind.REPLICA_STOP, stop, service=REPLICA,
+                                     before=("replica.stop.before",),
+                                     after=("replica.stop.after",))
         if failed is None:
             return None
+        # A replicator still alive of an instance that does not run is named by its
+        # record (invariant 5 holds) and stopped by the reconciler's STOP_REPLICA.
         self.store.add_event("replica", failed.reason, app=inst.app, instance=host)
-        # A sync that failed leaves the replica behind but no process: only a
-        # replicator that is still alive fails the operation (invariant 5).
-        return failed.reason if replicas.live(host) else None
+        self.store.add_warnings(self.store.get_operation(op.id) or op,
+                                [f"replicator: {failed.reason}"])
+        return failed.reason
 
     def _running(self, gen_id: int) -> bool:
         gen = self.store.get_generation(gen_id)

@@ -15,7 +15,7 @@ from typing import Protocol, assert_never
 
 from keelway import failpoints
 from keelway.home import Home
-from keelway.journal import Inhibition
+from keelway.journal import REPLICA, Inhibition
 from keelway.reconcile.plan import Action, Kind, Observed, Pass, Records, plan
 from keelway.runtime import process
 from keelway.runtime.supervisor import Supervisor
@@ -39,6 +39,12 @@ class ActiveRestarts(Protocol):
 
     async def start_replica(self, host: str) -> None:
         """Start `host`'s replicator (keelway/data/replicas.py) as its own operation."""
+        ...
+
+    async def sync_replica(self, host: str) -> None:
+        """After the pass stopped `host`'s replicator or found it dead: the last sync of
+        its replica if the instance does not run (a park or stop interrupted before its
+        own)."""
         ...
 
 
@@ -149,7 +155,7 @@ class Reconciler:
         """Plan and apply for one instance; the caller holds (or tried) its lock."""
         actions = self.plan_for(host, mode, live_ops)
         outcome = Convergence(actions)
-        restart = replicate = False
+        restart = replicate = synced = False
         for action in actions:
             match action.kind:
                 case Kind.KEEP_CANDIDATE:
@@ -180,6 +186,7 @@ class Reconciler:
                 case Kind.RECORD_GONE:
                     assert action.generation is not None
                     await self.supervisor.bury(action.generation, None)
+                    synced = synced or action.service == REPLICA
                 case (Kind.REMOVE_STRAY | Kind.RETIRE | Kind.REMOVE_DESCENDANTS
                       | Kind.STOP_ACTIVE | Kind.STOP_REPLICA):
                     gen = self._gen(action)
@@ -187,6 +194,8 @@ class Reconciler:
                         self.store.add_event("leftover", f"{gen.service} generation {gen.id} "
                                              f"(pid {gen.pid}) could not be stopped",
                                              app=gen.app, instance=host)
+                    elif action.kind is Kind.STOP_REPLICA:
+                        synced = True
                 case Kind.ADOPT:
                     gen = self._gen(action)
                     if gen is not None:
@@ -209,6 +218,8 @@ class Reconciler:
             await self.restarts.restart_active(host)
         if replicate:
             await self.restarts.start_replica(host)
+        if synced:
+            await self.restarts.sync_replica(host)
         return outcome
 
     def _gen(self, action: Action) -> Generation | None:

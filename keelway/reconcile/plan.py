@@ -32,6 +32,8 @@ The rules (SPEC §4 Reconciler, §5):
   second one is stopped), it is stopped when the instance does not run, and BOOT and
   PERIODIC passes start one (START_REPLICA) for a running, unfenced instance whose
   ACTIVE web is alive and that has none; never while an operation owns the instance.
+  Its steps, which follow another operation's work, never decide that operation's
+  outcome when a crash interrupts them (only a `replicate` operation's).
 """
 
 from __future__ import annotations
@@ -39,9 +41,11 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from keelway.journal import REPLICA, Inhibition, StepKind
+from keelway.journal import REPLICA, Inhibition, OpKind, StepKind
 from keelway.store.lifecycle import InstanceState, OpState, RouteState, StepState
 from keelway.store.records import Generation, Instance, Operation, Step
+
+REPLICATOR_STEPS = frozenset({StepKind.REPLICA_START, StepKind.REPLICA_STOP})
 
 
 class Pass(enum.Enum):
@@ -150,7 +154,12 @@ def plan(records: Records, observed: Observed, mode: Pass) -> list[Action]:
         candidates.update(s.after_gen for s in op.steps if s.after_gen is not None)
     elif op is not None:
         interrupted = not op.terminal
-        failed_steps = {s.seq for s in op.steps if s.state is not StepState.SUCCEEDED}
+        # The replicator's steps follow an operation's work (`Recovery.keep_replica`),
+        # after its effect on traffic: one left pending or failed by a crash decides only
+        # a `replicate` operation; any other is decided by its own steps, and the
+        # replicator rules below finish the replicator's job.
+        failed_steps = {s.seq for s in op.steps if s.state is not StepState.SUCCEEDED
+                        and (op.kind is OpKind.REPLICATE or s.kind not in REPLICATOR_STEPS)}
         for step in steps_to_converge(op, interrupted):
             assert step.after_gen is not None
             published = step.after_gen in active_ids

@@ -46,10 +46,10 @@ class Keelway:
     http_port: int
     daemon_pid: int | None = None
     started_pids: list[tuple[int, int]] = field(default_factory=list)
-    # Database replication (keelway/data/replicas.py) is off unless a test asks for it
-    # (or KEELWAY_TEST_REPLICATE=1 asks for it in every test, to run the suite with it).
+    # Database replication (keelway/data/replicas.py) is on, as in the product, unless a
+    # test turns it off (or KEELWAY_TEST_REPLICATE=0 turns it off in every test).
     replicate: bool = field(
-        default_factory=lambda: os.environ.get("KEELWAY_TEST_REPLICATE") == "1")
+        default_factory=lambda: os.environ.get("KEELWAY_TEST_REPLICATE") != "0")
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "KEELWAY_HOME": str(self.home),

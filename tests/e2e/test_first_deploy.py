@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from keelway.builds.manifest import REPLICA
 from keelway.runtime import process
 from tests.e2e.harness import EXAMPLE, Keelway, wait_until
 
@@ -30,8 +31,11 @@ def test_deploy_to_two_hostnames_serves_both_and_the_cli_sees_everything(kw: Kee
     (app,) = status_json["apps"]
     assert app["name"] == "hello" and app["release"] == "v1"
     for inst in app["instances"]:
-        services = {p["service"]: p for p in inst["processes"]}
+        # The replicator is keelway's, named by its own record, not by ACTIVE.
+        services = {p["service"]: p for p in inst["processes"] if p["service"] != REPLICA}
         assert set(services) == {"web", "worker"}
+        assert [p["active"] for p in inst["processes"] if p["service"] == REPLICA] == (
+            [False] if kw.replicate else [])
         for proc in services.values():
             assert proc["active"] and proc["pid"]
             assert process.read_stat(proc["pid"]) is not None

@@ -17,6 +17,13 @@ from tests.e2e.harness import EXAMPLE, Keelway, wait_until
 pytestmark = pytest.mark.slow
 
 
+def _replicators(kw: Keelway) -> list[int]:
+    """The live replicators' pids, as status says (keelway/data/replicas.py)."""
+    return [p["pid"] for app in kw.ok("status", "--json").json()["apps"]
+            for inst in app["instances"] for p in inst["processes"]
+            if p["service"] == "replica" and p["state"] != "gone"]
+
+
 def _web(kw: Keelway, host: str) -> dict[str, object]:
     (app,) = kw.ok("status", "--json").json()["apps"]
     inst = next(i for i in app["instances"] if i["host"] == host)
@@ -77,10 +84,13 @@ def test_down_keep_apps_then_up_adopts_the_running_processes(kw: Keelway) -> Non
     kw.ok("deploy", "hello", str(EXAMPLE), "--host", "one.test")
     pids = kw.app_pids()
     kw.started_pids.extend(pids)
+    replicators = _replicators(kw)
+    assert len(replicators) == (1 if kw.replicate else 0)
     kw.ok("down", "--keep-apps")
     assert all(process.is_alive(pid, ticks) for pid, ticks in pids)
     kw.up()
     assert kw.app_pids() == pids
+    assert _replicators(kw) == replicators  # it ran on with its app, and is adopted
     assert kw.get("one.test")[0] == 200
     ops = kw.ok("ops", "hello", "--json").json()["operations"]
     assert [op["kind"] for op in ops] == ["deploy"]  # adoption journals nothing

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from keelway.journal import REPLICA, StepKind
+from keelway.journal import REPLICA, OpKind, StepKind
 from keelway.reconcile.plan import Kind, Observed, Records, plan
 from keelway.reconcile.plan import Pass as Mode
-from keelway.store.lifecycle import InstanceState, OpState, RouteState
+from keelway.store.lifecycle import InstanceState, OpState, RouteState, StepState
+from keelway.store.records import Operation
 from tests.reconcile.test_plan import HOST, gen, inst, kinds, observed, op, step
 
 DONE = op([step(1, StepKind.SPAWN, after=2)], OpState.SUCCEEDED)
@@ -60,3 +61,30 @@ def test_a_replicator_whose_pid_a_crash_kept_from_the_record_is_stopped_and_repl
     seen = Observed(frozenset({2}), frozenset({2}), orphans=frozenset({3}))
     planned = kinds(plan(records(InstanceState.RUNNING, 3), seen, Mode.BOOT))
     assert planned == [(Kind.STOP_REPLICA, 3), (Kind.START_REPLICA, None)]
+
+
+def _finalized(latest: Operation) -> OpState | None:
+    records = Records(inst(), latest, False, {"web": 2}, [gen(2)], routed={HOST: 2},
+                      route_state=RouteState.SERVING, replicate=True)
+    return next(a.state for a in plan(records, observed(2), Mode.BOOT)
+                if a.kind is Kind.FINALIZE)
+
+
+def test_a_crash_in_the_replicator_step_after_a_published_deploy_does_not_fail_it() -> None:
+    # The deploy's web is published (ACTIVE); the hook's replicator start was pending.
+    deploy = op([step(1, StepKind.SPAWN, after=2, converged=True),
+                 step(2, StepKind.PUBLISH),
+                 step(3, StepKind.REPLICA_START, state=StepState.PENDING)])
+    assert _finalized(deploy) is OpState.SUCCEEDED
+    park = op([step(1, StepKind.PARK), step(2, StepKind.REPLICA_STOP, state=StepState.FAILED)],
+              kind=OpKind.PARK)
+    assert _finalized(park) is OpState.SUCCEEDED
+
+
+def test_a_crash_in_the_replicator_step_of_a_replicate_operation_fails_it() -> None:
+    replicate = op([step(1, StepKind.REPLICA_START, state=StepState.PENDING)],
+                   kind=OpKind.REPLICATE)
+    assert _finalized(replicate) is OpState.FAILED
+    # ...and a deploy's own pending step still fails it, replicator or not.
+    deploy = op([step(1, StepKind.PUBLISH, state=StepState.PENDING)])
+    assert _finalized(deploy) is OpState.FAILED
