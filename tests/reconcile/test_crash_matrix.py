@@ -162,35 +162,58 @@ def _seed_file(h: Home) -> Path:
     return path
 
 
-def _files(root: Path, skip: str | None = None) -> dict[str, str]:
-    """Every file under `root` (but those under a top directory named like `skip*`),
-    by path, with its checksum."""
+def _files(root: Path) -> dict[str, str]:
+    """Every file under `root`, by path, with its checksum."""
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*"))
-            if p.is_file() and not (skip and p.relative_to(root).parts[0].startswith(skip))}
+            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def _replica_of(h: Home, host: str) -> dict[str, str]:
-    """`host`'s own replica (keelway/data/replicas.py replica_key), its imports' aside."""
-    return _files(h.root / "objects" / "replicas" / host, skip="seed-")
+def _content(db: Path) -> str:
+    """A digest of what `db` holds (its visits, in order), once it checks whole."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        rows = conn.execute("SELECT * FROM visits ORDER BY rowid").fetchall()
+    finally:
+        conn.close()
+    return hashlib.sha256(repr(rows).encode()).hexdigest()
+
+
+def _replica_of(h: Home, host: str) -> str | None:
+    """What `host`'s own replica (keelway/data/replicas.py replica_key; its imports'
+    replicas lie beside it) restores to, as `_content`; None if it restores nothing.
+
+    Compared by what it restores to, not file by file: litestream compacts and retires
+    its own files as it runs, so a replica nobody else touched still changes files."""
+    out = h.root.parent / f"replica-{host}-{os.urandom(3).hex()}.db"
+    url = (h.root / "objects" / "replicas" / host).resolve().as_uri()
+    try:
+        done = subprocess.run([str(Path(sys.executable).parent / "litestream"), "restore",
+                               "-o", str(out), url], capture_output=True, timeout=30)
+        if done.returncode != 0 or not out.exists():
+            return None
+        return _content(out)
+    finally:
+        for side in ("", "-wal", "-shm"):
+            Path(f"{out}{side}").unlink(missing_ok=True)
+
+
+def _replica_is(h: Home, host: str, want: str, timeout_s: float = 10) -> bool:
+    """Whether `host`'s replica restores to `want`, within `timeout_s` (a replicator
+    restarted by recovery ships its first pass a moment later)."""
+    return wait_until(lambda: _replica_of(h, host) == want, timeout_s, 0.2)
 
 
 def _snapshots_of(h: Home, host: str) -> dict[str, str]:
     return _files(h.root / "objects" / "instances" / host)
 
 
-def _kept(before: dict[str, str], now: dict[str, str]) -> bool:
-    """Every file of a live replica `before` is still there, byte for byte: a replicator
-    only adds files (its LTX files are written once), so anything removed or rewritten
-    was changed by someone else."""
-    return all(now.get(name) == digest for name, digest in before.items())
-
-
 def _remember_own_replica(h: Home) -> None:
     """one.test's own replica once the import stopped and synced it: from then on
     nothing may write it until the rollback has put its own database back."""
     before = json.loads((h.root.parent / "before.json").read_text())
-    before["own_replica"] = _replica_of(h, "one.test")
+    before["own_replica"] = _content(h.root / "data" / "one.test" / "db.sqlite3")
+    assert _replica_is(h, "one.test", before["own_replica"])
     (h.root.parent / "before.json").write_text(json.dumps(before))
 
 
@@ -201,9 +224,10 @@ def _remember_before(h: Home) -> None:
     for host in ("one.test", "two.test"):
         assert _get(h.port, host, "/") == 200  # a visit: a row of the host's own
     h.ok("db", "snapshot", "two.test")
-    if h.replicate:  # a replica to compare: the replicators' first pass is shipped
-        assert wait_until(lambda: all(_replica_of(h, host) for host in (
-            "one.test", "two.test")), 15, 0.1)
+    replicas = {host: _content(h.root / "data" / host / "db.sqlite3")
+                for host in ("one.test", "two.test")}
+    if h.replicate:  # a replica to compare: each has shipped what its database holds
+        assert all(_replica_is(h, host, want, 15) for host, want in replicas.items())
     store = SqliteStore(h.root / "keelway.db")
     try:
         route = store.get_route("two.test")
@@ -215,9 +239,9 @@ def _remember_before(h: Home) -> None:
         "other_env": (h.root / "env" / "two.test.env").read_text(),
         "other_db": _rows_of(h.root / "data" / "two.test" / "db.sqlite3"),
         "other_route": route.state.value if route else None,
-        "other_replica": _replica_of(h, "two.test"),
+        "other_replica": replicas["two.test"],
         "other_snapshots": _snapshots_of(h, "two.test"),
-        "own_replica": _replica_of(h, "one.test"),
+        "own_replica": replicas["one.test"],
     }
     assert before["other_snapshots"]
     (h.root.parent / "before.json").write_text(json.dumps(before))
@@ -273,10 +297,10 @@ def _seed_settled(h: Home) -> list[str]:
         problems.append("two.test changed")
     if _snapshots_of(h, "two.test") != before["other_snapshots"]:
         problems.append("two.test's snapshots changed")
-    if not _kept(before["other_replica"], _replica_of(h, "two.test")):
-        problems.append("two.test's replica lost or changed a file")
-    if not _kept(before["own_replica"], _replica_of(h, "one.test")):
-        problems.append("one.test's own replica lost or changed a file")
+    if not _replica_is(h, "two.test", before["other_replica"]):
+        problems.append("two.test's replica does not restore to what it held")
+    if not _replica_is(h, "one.test", before["own_replica"]):
+        problems.append("one.test's own replica does not restore to what it held")
     return problems
 
 
@@ -426,14 +450,15 @@ def _data_baseline(h: Home) -> None:
     _visit(h, "one.test")
     _visit(h, "one.test")
     h.ok("db", "snapshot", "two.test")
-    if h.replicate:  # a replica to compare: the replicators' first pass is shipped
-        assert wait_until(lambda: bool(_replica_of(h, "two.test")), 15, 0.1)
-    (h.root.parent / "other.json").write_text(json.dumps(_other(h)))
+    other = _other(h)
+    if h.replicate:  # a replica to compare: it has shipped what the database holds
+        assert _replica_is(h, "two.test", str(other["db"]), 15)
+    (h.root.parent / "other.json").write_text(json.dumps(other))
 
 
 def _other(h: Home) -> dict[str, object]:
     """What a data scenario must leave of two.test, which it never names: its env
-    file, route, snapshots and replica (its rows: `_data_intact`)."""
+    file, route, snapshots and database (whose replica must restore to it)."""
     store = SqliteStore(h.root / "keelway.db")
     try:
         route = store.get_route("two.test")
@@ -442,7 +467,7 @@ def _other(h: Home) -> dict[str, object]:
     return {"env": (h.root / "env" / "two.test.env").read_text(),
             "route": route.state.value if route else None,
             "snapshots": _snapshots_of(h, "two.test"),
-            "replica": _replica_of(h, "two.test")}
+            "db": _content(h.root / "data" / "two.test" / "db.sqlite3")}
 
 
 def _restore(h: Home) -> None:
@@ -461,11 +486,11 @@ def _data_intact(h: Home, label: str, restored: set[int]) -> list[str]:
     if (two, two_ok) != (1, "ok"):
         problems.append(f"{label}: two.test changed: {two} visits ({two_ok})")
     before, now = json.loads((h.root.parent / "other.json").read_text()), _other(h)
-    for part in ("env", "route", "snapshots"):
+    for part in ("env", "route", "snapshots", "db"):
         if now[part] != before[part]:
             problems.append(f"{label}: two.test's {part} changed")
-    if not _kept(before["replica"], now["replica"]):  # type: ignore[arg-type]
-        problems.append(f"{label}: a file of two.test's replica was removed or rewritten")
+    if h.replicate and not _replica_is(h, "two.test", before["db"]):
+        problems.append(f"{label}: two.test's replica does not restore to what it held")
     listed = json.loads(h.cli("db", "snapshots", "one.test", "--json").stdout)["snapshots"]
     for snap in listed:
         check = h.cli("db", "verify", "one.test", snap["id"], "--json")
