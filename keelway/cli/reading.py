@@ -54,8 +54,10 @@ def status(app: str | None, as_json: bool) -> None:
                 notes.append(f"{inst['host']} is failed closed, leftover "
                              f"{', '.join(closed['leftovers'])}: {closed['next']}")
             if (drill := inst.get("drill")) and not drill["ok"]:
+                # The message names the copy that failed (`snapshot: …`, `replica: …`).
+                where = "snapshots" if drill["message"].startswith("snapshot") else "replicas"
                 notes.append(f"{inst['host']}: the last restore drill failed: "
-                             f"{drill['message']}; `keelway db replicas {inst['host']}`")
+                             f"{drill['message']}; `keelway db {where} {inst['host']}`")
             if last and last["state"] != "succeeded":
                 notes.append(f"{inst['host']}: last {last['kind']} {last['state']}"
                              + (f": {last['error']}" if last["error"] else ""))

@@ -31,6 +31,7 @@ What this module owns, and the rules it keeps (SPEC §4 Data, §5.5):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -445,6 +446,13 @@ class Replicas:
             os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()
             return 124, "", f"litestream {args[0]} timed out"
+        except asyncio.CancelledError:
+            # Whoever waited is gone (a bounded `down`, a cancelled request): the command
+            # must not outlive it, writing the replica behind everyone's back.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()  # reaped, so it is gone when the caller moves on
+            raise
         return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
 
     def _command_env(self) -> dict[str, str]:

@@ -11,6 +11,7 @@ import pytest
 from keelway.data.replicas import (
     ReplicaError,
     ReplicaOptions,
+    Replicas,
     replica_config,
     replica_url,
     verify,
@@ -72,3 +73,32 @@ def test_verify_accepts_a_sound_database_and_refuses_garbage(tmp_path: Path) -> 
     bad.write_bytes(b"not a database" * 100)
     assert verify(bad) is not None
     assert verify(tmp_path / "missing.db") is not None
+
+
+def test_a_cancelled_litestream_command_does_not_outlive_its_caller(tmp_path: Path) -> None:
+    """A bounded `down` cancels a last sync that runs late: the command is killed, not
+    left writing the replica after keelway has gone."""
+    import asyncio
+
+    from keelway.store import SqliteStore
+    from keelway.testing.clock import FakeClock
+    from tests.e2e.harness import gone
+
+    pid_file = tmp_path / "pid"
+    slow = tmp_path / "litestream"
+    slow.write_text(f"#!/bin/sh\necho $$ > {pid_file}\nexec sleep 60\n")
+    slow.chmod(0o700)
+    store = SqliteStore(tmp_path / "keelway.db", FakeClock())
+    replicas = Replicas(store, Home(tmp_path / "home"), None, binary=slow)  # type: ignore[arg-type]
+
+    async def cancel_it() -> None:
+        task = asyncio.ensure_future(replicas._litestream("replicate", "-once"))
+        while not pid_file.exists() or not pid_file.read_text().strip():
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancel_it())
+    store.close()
+    assert gone(int(pid_file.read_text()), timeout_s=5)
