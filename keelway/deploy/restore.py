@@ -16,8 +16,9 @@ keelway/api/daemon.py). What each holds:
   journaled operation: HOLD_ROUTE (a running instance's route holding, published:
   requests wait) → STOP every generation, the replicator too, proven gone → SWAP_DB
   (keelway/data/swap.py: the commit point; the replaced database kept in
-  `previous-db/`) → REPLICA_RESET (the replica set aside and a fresh one started from
-  the restored file, below) → a running instance respawned from ACTIVE (the verified
+  `previous-db/`) → REPLICA_RESET, before the swap (the replica set aside) and one
+  sync after it (REPLICA_STOP: a fresh replica started from the restored file, below)
+  → a running instance respawned from ACTIVE (the verified
   start path, as start and wake do: ACTIVE and the route serving in one write,
   published). A parked or stopped instance has nothing to hold, stop or start: its file
   is swapped and it stays as it was.
@@ -38,9 +39,12 @@ Crash windows: before SWAP_DB begins → the old database is untouched; boot ado
 restarts what ACTIVE names and puts the held route back (keelway/reconcile/plan.py
 RESTORE_ROUTE); the staged copy is swept. Once the swap committed → boot finishes it
 before anything of the instance respawns (`swap.finish_all`, keelway/api/daemon.py), so
-the instance comes back on the restored database, whole. After SWAP_DB, before
-REPLICA_RESET → the next replicator finds no local state and a replica ahead, and
-starts a new snapshot of the restored file as above.
+the instance comes back on the restored database, whole. The replica is set aside
+before the swap, so after a crash anywhere no file replica holds what was replaced: a
+crash before the swap leaves the old database with no replica (the next replicator
+starts one from it; the old one is kept aside), one after it the restored database with
+none until its next replicator (a parked one's wake) starts one. Never a replica that
+restores what the restore replaced.
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from keelway import failpoints, names
-from keelway.builds.manifest import DataSpec
+from keelway.builds.manifest import REPLICA, DataSpec
 from keelway.data import snapshots, swap
 from keelway.data.objects import NotFound, ObjectStore, ObjectStoreError
 from keelway.data.replicas import ReplicaError, Replicas, in_effect
@@ -468,6 +472,20 @@ class Snapshots:
             if failed is not None:
                 raise OperationError(failed.reason)
         db = self.home.db_path(host)
+        replicas = self.recovery.replicas
+        if replicas is not None and not replicas.enabled:
+            replicas = None
+        if replicas is not None:
+            # Before the swap: from here on no replica holds what is being replaced, so
+            # no crash window leaves one that would bring it back (module header).
+            url = replicas.url(host)
+
+            async def aside() -> Done:
+                await asyncio.to_thread(_set_replica_aside, url)
+                return Done("the replica set aside (it holds the database being replaced)")
+
+            await steps.run(StepKind.REPLICA_RESET, aside, before=("restore.replica.before",),
+                            after=("restore.replica.after",))
 
         async def swapped() -> Done:
             await asyncio.to_thread(swap.swap, db, staged)
@@ -475,21 +493,19 @@ class Snapshots:
 
         await steps.run(StepKind.SWAP_DB, swapped, before=("restore.swap.before",),
                         after=("restore.swap.after",))
-        replicas = self.recovery.replicas
-        if replicas is not None and replicas.enabled:
-            async def reset() -> Done | Failed:
-                await asyncio.to_thread(_set_replica_aside, replicas.url(host))
-                if (why := await replicas.stop(host, sync=True)) is not None:
-                    return Failed(why)
-                return Done("the replica set aside; a new one begun from the restored file")
+        if replicas is not None:
+            begun = replicas
 
-            failed = await steps.run(StepKind.REPLICA_RESET, reset,
-                                     before=("restore.replica.before",),
-                                     after=("restore.replica.after",))
+            async def begin() -> Done | Failed:
+                if (why := await begun.stop(host, sync=True)) is not None:
+                    return Failed(why)
+                return Done("a new replica begun from the restored file")
+
+            failed = await steps.run(StepKind.REPLICA_STOP, begin, service=REPLICA)
             if failed is not None:
                 # The database is restored; a replicator started later begins the new
                 # replica anyway (module header). Said, not undone.
-                log.warning("restore of %s: the replica was not reset: %s", host,
+                log.warning("restore of %s: no replica begun from it yet: %s", host,
                             failed.reason)
         if not running:
             return Result(Outcome.DONE)

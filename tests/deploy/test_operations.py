@@ -183,8 +183,8 @@ def test_a_candidate_that_cannot_be_removed_fails_the_instance_closed(
 ) -> None:
     kw.up()
     kw.ok("deploy", "hello", str(hello(tmp_path, "v1")), "--host", "one.test")
-    # Kill the control plane once the next deploy's web candidate (generation 3) is
-    # ready but not yet published; the apps survive, as they do any crash.
+    # Kill the control plane once the next deploy's web candidate is ready but not yet
+    # published; the apps survive, as they do any crash.
     kw.started_pids.extend(kw.app_pids())
     kw.ok("down", "--keep-apps")
     os.environ["KEELWAY_FAILPOINTS"] = "ready.after"
@@ -195,7 +195,13 @@ def test_a_candidate_that_cannot_be_removed_fails_the_instance_closed(
     kw.run("deploy", "hello", str(hello(tmp_path, "v2", greeting="v2")))
     assert wait_until(lambda: process.read_stat(kw.daemon_pid or 0) is None
                       or process.read_stat(kw.daemon_pid or 0).state == "Z")  # type: ignore[union-attr]
-    os.environ["KEELWAY_TESTING_UNKILLABLE"] = "3"
+    # The candidate: the newest web generation (its number depends on what else runs,
+    # the replicator among them).
+    store = SqliteStore(kw.home / "keelway.db")
+    candidate = max(g.id for g in store.recent_generations("one.test", limit=100)
+                    if g.service == "web")
+    store.close()
+    os.environ["KEELWAY_TESTING_UNKILLABLE"] = str(candidate)
     try:
         kw.up()
     finally:
@@ -203,13 +209,13 @@ def test_a_candidate_that_cannot_be_removed_fails_the_instance_closed(
     refused = kw.run("restart", "hello", "--json")
     assert refused.code == 1
     error = refused.json()["error"]
-    assert "failed closed" in error["message"] and "generation 3" in error["message"]
+    assert "failed closed" in error["message"] and f"generation {candidate}" in error["message"]
     inst = kw.ok("status", "--json").json()["apps"][0]["instances"][0]
-    assert inst["failed_closed"]["leftovers"] == ["web generation 3"]
+    assert inst["failed_closed"]["leftovers"] == [f"web generation {candidate}"]
     assert kw.get("one.test")[1].startswith(b"hello from")  # the old one still serves
 
     store = SqliteStore(kw.home / "keelway.db")
-    leftover = store.get_generation(3)
+    leftover = store.get_generation(candidate)
     store.close()
     assert leftover is not None and leftover.pid is not None
     os.kill(leftover.pid, signal.SIGKILL)

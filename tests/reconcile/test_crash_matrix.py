@@ -261,7 +261,7 @@ def _seed_settled(h: Home) -> list[str]:
     fence held) or rolled back whole (no journal: the instance's own key and rows, no
     import data, no stored copy); two.test as it was."""
     before = json.loads((h.root.parent / "before.json").read_text())
-    status = json.loads(h.cli("seed", "status", "one.test", "--json").stdout)
+    status = h.api("GET", "/v1/instances/one.test/seed")
     env = read_env_file(h.root / "env" / "one.test.env")
     nested = h.root / "data" / "one.test" / "seed" / "db.sqlite3"
     problems = []
@@ -491,11 +491,11 @@ def _data_intact(h: Home, label: str, restored: set[int]) -> list[str]:
             problems.append(f"{label}: two.test's {part} changed")
     if h.replicate and not _replica_is(h, "two.test", before["db"]):
         problems.append(f"{label}: two.test's replica does not restore to what it held")
-    listed = json.loads(h.cli("db", "snapshots", "one.test", "--json").stdout)["snapshots"]
-    for snap in listed:
-        check = h.cli("db", "verify", "one.test", snap["id"], "--json")
-        if check.returncode != 0:
-            problems.append(f"{label}: listed snapshot {snap['id']} fails: {check.stdout}")
+    for snap in h.api("GET", "/v1/instances/one.test/snapshots")["snapshots"]:
+        try:
+            h.api("POST", f"/v1/instances/one.test/snapshots/{snap['id']}/verify", {})
+        except ApiError as exc:
+            problems.append(f"{label}: listed snapshot {snap['id']} fails: {exc.message}")
     leftovers = [p.name for p in (h.root / "data" / "one.test").iterdir()
                  if "restore" in p.name or "incoming" in p.name or ".tmp-" in p.name]
     if leftovers:
