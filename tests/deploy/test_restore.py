@@ -9,18 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from keelway.api.daemon import DeployParts, wire
+from keelway.api.daemon import DeployParts
 from keelway.data import swap
 from keelway.data.replicas import litestream_binary
 from keelway.deploy.errors import UserError
-from keelway.deploy.publisher import Publisher
 from keelway.home import Home
 from keelway.journal import StepKind
-from keelway.runtime.supervisor import Supervisor
 from keelway.store import SqliteStore
 from keelway.store.lifecycle import InstanceState
-from keelway.store.records import Generation
-from keelway.testing.clock import FakeClock
+from tests.deploy.wiring import wired
 
 HOST = "acme.shop.test"
 OTHER = "globex.shop.test"
@@ -28,16 +25,7 @@ OTHER = "globex.shop.test"
 
 @pytest.fixture
 def parts(tmp_path: Path) -> tuple[DeployParts, SqliteStore, Home]:
-    store = SqliteStore(tmp_path / "keelway.db", FakeClock())
-    home = Home(tmp_path / "home")
-    home.ensure()
-    clock = FakeClock()
-
-    async def on_exit(_gen: Generation, _code: int | None) -> None:
-        return None
-
-    deploy = wire(store, home, Supervisor(store, home, clock, on_exit),
-                  Publisher(store, home.router_socket), clock, "test")
+    deploy, store, home = wired(tmp_path)
     deploy.tenants.create_app("shop")
     asyncio.run(deploy.tenants.add_instances("shop", [HOST, OTHER], {}))
     for host in (HOST, OTHER):  # no router here to publish a held route to

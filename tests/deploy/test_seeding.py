@@ -12,21 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from keelway.api.daemon import DeployParts, wire
+from keelway.api.daemon import DeployParts
 from keelway.data import seed as files
 from keelway.data import snapshots
 from keelway.data.objects import LocalObjects, manifest_key, snapshot_key
 from keelway.data.replicas import Replicas, replica_key
 from keelway.deploy.errors import Fenced, UserError
-from keelway.deploy.publisher import Publisher
 from keelway.deploy.seeding import SeedOutcome, SnapshotSource
 from keelway.home import Home
 from keelway.runtime.environment import INSTANCE_KEY, read_env_file
-from keelway.runtime.supervisor import Supervisor
 from keelway.store import SqliteStore
-from keelway.store.records import Generation
 from keelway.store.seeds import ImportState, SeedState
-from keelway.testing.clock import FakeClock
+from tests.deploy.wiring import wired
 
 HOST = "acme.shop.test"
 OTHER = "globex.shop.test"
@@ -34,16 +31,7 @@ OTHER = "globex.shop.test"
 
 @pytest.fixture
 def parts(tmp_path: Path) -> tuple[DeployParts, SqliteStore, Home]:
-    store = SqliteStore(tmp_path / "keelway.db", FakeClock())
-    home = Home(tmp_path / "home")
-    home.ensure()
-    clock = FakeClock()
-
-    async def on_exit(_gen: Generation, _code: int | None) -> None:
-        return None
-
-    deploy = wire(store, home, Supervisor(store, home, clock, on_exit),
-                  Publisher(store, home.router_socket), clock, "test")
+    deploy, store, home = wired(tmp_path)
     deploy.tenants.create_app("shop")
     asyncio.run(deploy.tenants.add_instances("shop", [HOST, OTHER], {}))
     for host, rows in ((HOST, ["original"]), (OTHER, ["other"])):

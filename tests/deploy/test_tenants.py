@@ -8,34 +8,21 @@ from pathlib import Path
 
 import pytest
 
-from keelway.api.daemon import wire
 from keelway.deploy.errors import NotFoundError, UserError
-from keelway.deploy.publisher import Publisher
 from keelway.deploy.tenants import Tenants
 from keelway.home import Home
 from keelway.journal import OpKind, StepKind
 from keelway.runtime.environment import INSTANCE_KEY, read_env_file
-from keelway.runtime.supervisor import Supervisor
 from keelway.store import SqliteStore
 from keelway.store.instance_db import is_empty_wal
 from keelway.store.lifecycle import OpState, Removal, StepState
-from keelway.store.records import Generation
-from keelway.testing.clock import FakeClock
+from tests.deploy.wiring import wired
 
 
 @pytest.fixture
 def parts(tmp_path: Path) -> tuple[Tenants, SqliteStore, Home]:
-    store = SqliteStore(tmp_path / "keelway.db", FakeClock())
-    home = Home(tmp_path / "home")
-    home.ensure()
-    clock = FakeClock()
-
-    async def on_exit(_gen: Generation, _code: int | None) -> None:
-        return None
-
-    tenants = wire(store, home, Supervisor(store, home, clock, on_exit),
-                   Publisher(store, home.router_socket), clock, "test").tenants
-    return tenants, store, home
+    deploy, store, home = wired(tmp_path)
+    return deploy.tenants, store, home
 
 
 def test_added_instances_are_laid_down_whole_in_one_journaled_step(
