@@ -29,6 +29,7 @@ import uvloop
 
 from keelway.router.client import RouterControlError, retire_over, take_listener
 from keelway.router.control import ControlServer
+from keelway.router.listen import LISTEN_BACKLOG, bind_tcp
 from keelway.router.proxy import Proxy, ProxyOptions
 from keelway.router.route_table import EMPTY_TABLE, RouteTable
 from keelway.router.table_file import TableFileError, load_table
@@ -36,8 +37,6 @@ from keelway.router.waker import Waker
 from keelway.router.workers import WorkerSet, serve_channel
 
 log: Final = logging.getLogger("keelway.router")
-
-LISTEN_BACKLOG: Final = 1024
 
 
 class StartupError(Exception):
@@ -124,21 +123,6 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
                              hold_timeout_s=args.hold_timeout,
                              trusted_proxies=frozenset(args.trusted_proxy)),
     )
-
-
-def bind_tcp(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on host:port (the control plane binds with this too, so
-    that a busy port is its clear error before any router starts). Raises OSError."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-        sock.listen(LISTEN_BACKLOG)
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 def open_listener(config: RouterConfig) -> socket.socket:

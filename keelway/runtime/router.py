@@ -36,7 +36,7 @@ from keelway.clock import Clock
 from keelway.durable import write_atomic
 from keelway.home import Home
 from keelway.router.client import RouterControlError, ping_sync, take_listener
-from keelway.router.server import bind_tcp
+from keelway.router.listen import bind_tcp
 from keelway.runtime import process
 
 failpoints.declare(
