@@ -49,7 +49,7 @@ from keelway.reconcile.plan import Pass
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
 from keelway.store.lifecycle import InstanceState
-from keelway.store.records import Fence, Generation, Instance, Operation
+from keelway.store.records import Fence, Instance, Operation
 
 log = logging.getLogger("keelway.parking")
 
@@ -148,8 +148,9 @@ class Parking:
                 for gen in self.store.live_generations(host):
                     if gen.service == REPLICA:
                         continue  # after the app, with a last sync (Recovery.keep_replica)
-                    failed = await steps.run(StepKind.STOP, self._stop(gen),
-                                             service=gen.service, before_gen=gen.id)
+                    stop = targets.stop_effect(self.store, self.supervisor, gen)
+                    failed = await steps.run(StepKind.STOP, stop, service=gen.service,
+                                             before_gen=gen.id)
                     if failed is not None:
                         raise OperationError(failed.reason)
                     stopped.append(gen.id)
@@ -171,14 +172,6 @@ class Parking:
             return Done()
 
         return publish
-
-    def _stop(self, gen: Generation) -> Effect:
-        async def stop() -> Done | Failed:
-            if await self.supervisor.stop(gen, targets.stop_grace_s(self.store, gen)):
-                return Done(f"generation {gen.id} gone")
-            return Failed(f"{gen.service} generation {gen.id} (pid {gen.pid}) did not stop")
-
-        return stop
 
     # -- wake ------------------------------------------------------------------------
 

@@ -76,7 +76,7 @@ from keelway.deploy.outcome import Outcome, Result
 from keelway.deploy.parking import refuse_if_fenced
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
-from keelway.deploy.steps import Done, Effect, Failed, Steps
+from keelway.deploy.steps import Done, Failed, Steps
 from keelway.durable import fsync_dir
 from keelway.home import Home
 from keelway.journal import OpKind, StepKind
@@ -467,7 +467,8 @@ class Snapshots:
         # Every generation, the replicator too (unsynced: the replica is about to be set
         # aside, and nothing may read or write the file while it is swapped).
         for gen in self.store.live_generations(host):
-            failed = await steps.run(StepKind.STOP, self._stop(gen), service=gen.service,
+            stop = targets.stop_effect(self.store, self.supervisor, gen)
+            failed = await steps.run(StepKind.STOP, stop, service=gen.service,
                                      before_gen=gen.id)
             if failed is not None:
                 raise OperationError(failed.reason)
@@ -511,14 +512,6 @@ class Snapshots:
             return Result(Outcome.DONE)
         current = self.store.get_instance(host) or inst
         return await self.recovery.respawn_active(op, current)
-
-    def _stop(self, gen: Generation) -> Effect:
-        async def stop() -> Done | Failed:
-            if await self.supervisor.stop(gen, targets.stop_grace_s(self.store, gen)):
-                return Done(f"generation {gen.id} gone")
-            return Failed(f"{gen.service} generation {gen.id} (pid {gen.pid}) did not stop")
-
-        return stop
 
     # -- drill -----------------------------------------------------------------------
 

@@ -68,7 +68,7 @@ from keelway.reconcile.plan import Pass
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Conflict, Store
 from keelway.store.lifecycle import RouteState
-from keelway.store.records import Generation, Instance, Operation
+from keelway.store.records import Instance, Operation
 from keelway.store.seeds import (
     ABANDONED,
     ImportJournal,
@@ -703,19 +703,12 @@ class Seeding:
 
     async def _stop_all(self, steps: Steps, host: str) -> Failed | None:
         for gen in self.store.live_generations(host):
-            failed = await steps.run(StepKind.STOP, self._stop(gen), service=gen.service,
+            stop = targets.stop_effect(self.store, self.supervisor, gen)
+            failed = await steps.run(StepKind.STOP, stop, service=gen.service,
                                      before_gen=gen.id)
             if failed is not None:
                 return failed
         return None
-
-    def _stop(self, gen: Generation) -> Effect:
-        async def stop() -> Done | Failed:
-            if await self.supervisor.stop(gen, targets.stop_grace_s(self.store, gen)):
-                return Done(f"generation {gen.id} gone")
-            return Failed(f"{gen.service} generation {gen.id} (pid {gen.pid}) did not stop")
-
-        return stop
 
     async def _publish(self, host: str) -> None:
         try:

@@ -2,7 +2,8 @@
 instance runs, the last good build, and the instance's `current` link.
 
 Lookups only, apart from the `current` link, which is derived from ACTIVE and rewritten
-whole (a crash leaves it stale, never torn; boot rewrites it).
+whole (a crash leaves it stale, never torn; boot rewrites it), and `stop_effect`, the one
+step effect that stops a generation with its own grace.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from keelway import names
 from keelway.builds.manifest import DEFAULT_STOP_GRACE_S
 from keelway.deploy.errors import NotFoundError, UserError
 from keelway.deploy.instances import Target
+from keelway.deploy.steps import Done, Effect, Failed
 from keelway.durable import symlink_atomic
 from keelway.home import Home
+from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
 from keelway.store.records import Generation, Instance
 
@@ -89,6 +92,17 @@ def stop_grace_s(store: Store, gen: Generation) -> float:
     target = target_of(store, gen)
     spec = target.manifest.services.get(gen.service) if target else None
     return spec.stop_grace_s if spec else DEFAULT_STOP_GRACE_S
+
+
+def stop_effect(store: Store, supervisor: Supervisor, gen: Generation) -> Effect:
+    """A STOP step's effect: `gen`'s tree stopped with its own grace and proven gone."""
+    async def stop() -> Done | Failed:
+        if await supervisor.stop(gen, stop_grace_s(store, gen)):
+            return Done(f"generation {gen.id} gone")
+        return Failed(f"{gen.service} generation {gen.id} (pid {gen.pid}) did not stop")
+
+    return stop
+
 
 def running_target(store: Store, host: str) -> Target | None:
     actives = sorted(store.list_active(host), key=lambda a: a.service != "web")
