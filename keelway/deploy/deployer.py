@@ -23,17 +23,13 @@ from keelway.deploy import targets
 from keelway.deploy.attempt import Attempt
 from keelway.deploy.errors import AppFailed, NotFoundError, OperationError, UserError
 from keelway.deploy.instances import Target, mint_instance_key
-from keelway.deploy.locks import Locks
 from keelway.deploy.outcome import Outcome, Progress, Result
 from keelway.deploy.parking import refuse_if_fenced
-from keelway.deploy.publisher import Publisher
-from keelway.deploy.recovery import Recovery
+from keelway.deploy.part import Part
 from keelway.deploy.steps import Done, Failed, Steps
-from keelway.home import Home
 from keelway.journal import REPLICA, Cause, OpKind, StepKind
 from keelway.reconcile.plan import Pass
-from keelway.runtime.supervisor import Supervisor
-from keelway.store import StaleSchedule, Store
+from keelway.store import StaleSchedule
 from keelway.store.lifecycle import InstanceState
 from keelway.store.records import Generation, Instance, Operation, ReleaseDraft
 
@@ -92,18 +88,8 @@ class InstanceResult:
     generations: dict[str, int] = field(default_factory=dict)
 
 
-class Deployer:
+class Deployer(Part):
     """The operations users ask for: deploy, config, rollback, restart, stop, start."""
-
-    def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
-                 locks: Locks, recovery: Recovery) -> None:
-        self.store = store
-        self.home = home
-        self.supervisor = supervisor
-        self.publisher = publisher
-        self.locks = locks
-        self.recovery = recovery
-        self.journal = recovery.journal
 
     # -- validation ------------------------------------------------------------------
 

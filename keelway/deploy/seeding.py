@@ -58,6 +58,7 @@ from keelway.deploy.errors import OperationError, UserError
 from keelway.deploy.locks import Locks
 from keelway.deploy.outcome import Outcome, Result
 from keelway.deploy.parking import refuse_if_fenced
+from keelway.deploy.part import Part
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
 from keelway.deploy.steps import Done, Effect, Failed, Steps
@@ -132,23 +133,14 @@ class SnapshotSource:
         return f"{self.host}/{self.snap_id}" if self.host else self.snap_id
 
 
-class Seeding:
+class Seeding(Part):
     def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
                  locks: Locks, recovery: Recovery,
                  delete_replica: DeleteReplica | None = None,
                  objects: ObjectStore | None = None) -> None:
+        super().__init__(store, home, supervisor, publisher, locks, recovery)
         self.objects = objects
-        self.store = store
-        self.home = home
-        self.supervisor = supervisor
-        self.publisher = publisher
-        self.locks = locks
-        self.recovery = recovery
-        self.journal = recovery.journal
         self.delete_replica = delete_replica
-
-    def instance(self, host: str) -> Instance:
-        return targets.instance_named(self.store, host)
 
     # -- import ------------------------------------------------------------------------
 

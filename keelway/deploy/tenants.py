@@ -43,6 +43,7 @@ from keelway.deploy.deployer import Deployer, InstanceResult
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
 from keelway.deploy.locks import Locks
 from keelway.deploy.outcome import Outcome, Progress, Result
+from keelway.deploy.part import Part
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
 from keelway.deploy.steps import Done, Failed, Steps
@@ -97,21 +98,15 @@ def _taken(exc: HostTaken) -> UserError:
                      "see `keelway instances list` and `keelway domains list`")
 
 
-class Tenants:
+class Tenants(Part):
     def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
                  locks: Locks, recovery: Recovery, deployer: Deployer,
                  replicas: Replicas | None = None, objects: ObjectStore | None = None) -> None:
+        super().__init__(store, home, supervisor, publisher, locks, recovery)
         # Where a purge finds the instance's replica and snapshots; None: not kept here.
         self.replicas = replicas
         self.objects = objects
-        self.store = store
-        self.home = home
-        self.supervisor = supervisor
-        self.publisher = publisher
-        self.locks = locks
-        self.recovery = recovery
         self.deployer = deployer
-        self.journal = recovery.journal
 
     # -- validation (before anything changes) ------------------------------------------
 

@@ -1,0 +1,31 @@
+"""What every deploy part holds: the one store, home, supervisor and publisher of this
+control plane, its per-instance locks, and the recovery every mutation converges
+through first. Each part (keelway/api/daemon.py `wire`) shares one set of them, so two
+parts acting on one instance take the same lock and see the same live operations."""
+
+from __future__ import annotations
+
+from keelway.deploy import targets
+from keelway.deploy.locks import Locks
+from keelway.deploy.publisher import Publisher
+from keelway.deploy.recovery import Recovery
+from keelway.home import Home
+from keelway.runtime.supervisor import Supervisor
+from keelway.store import Store
+from keelway.store.records import Instance
+
+
+class Part:
+    def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
+                 locks: Locks, recovery: Recovery) -> None:
+        self.store = store
+        self.home = home
+        self.supervisor = supervisor
+        self.publisher = publisher
+        self.locks = locks
+        self.recovery = recovery
+        self.journal = recovery.journal
+
+    def instance(self, host: str) -> Instance:
+        """The instance named `host`, its name checked first (UserError, NotFoundError)."""
+        return targets.instance_named(self.store, host)
