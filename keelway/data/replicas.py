@@ -248,19 +248,31 @@ class Replicas:
     def write_config(self, host: str) -> Path:
         """The instance's litestream config for the database in effect, written
         durably (0600)."""
+        return self._configure(host)[0]
+
+    def _configure(self, host: str) -> tuple[Path, InEffect]:
+        """`write_config`, and the database in effect it names: one read of the import
+        journal per command. The file is rewritten (and fsynced) only when it changed:
+        every read of a replica (`db replicas`, a drill) writes it otherwise."""
         path = self.config_path(host)
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         now = self.in_effect(host)
         target = replica_url(self.home, host, self.objects, now.seed)
-        config = replica_config(now.db, target, self.options,
-                                os.environ.get("AWS_ENDPOINT_URL_S3")
-                                or os.environ.get("AWS_ENDPOINT_URL"))
-        durable.write_atomic(path, json.dumps(config, indent=2).encode())
+        config = json.dumps(replica_config(now.db, target, self.options,
+                                           os.environ.get("AWS_ENDPOINT_URL_S3")
+                                           or os.environ.get("AWS_ENDPOINT_URL")),
+                            indent=2).encode()
+        try:
+            same = path.read_bytes() == config
+        except FileNotFoundError:
+            same = False
+        if not same:
+            durable.write_atomic(path, config)
         url = urllib.parse.urlparse(target)
         if url.scheme == "file":
             Path(urllib.parse.unquote(url.path)).mkdir(mode=0o700, parents=True,
                                                        exist_ok=True)
-        return path
+        return path, now
 
     def live(self, host: str) -> list[Generation]:
         return [g for g in self.store.live_generations(host) if g.service == REPLICA]
@@ -306,11 +318,13 @@ class Replicas:
         for gen in self.live(host):
             if not await self.supervisor.stop(gen, self.options.stop_grace_s):
                 return f"replicator generation {gen.id} (pid {gen.pid}) did not stop"
-        if not sync or not self.enabled or not self.database(host).exists():
+        if not sync or not self.enabled:
+            return None
+        config, now = self._configure(host)
+        if not now.db.exists():
             return None
         failpoints.hit("replica.sync.before")
-        code, _out, err = await self._litestream(
-            "replicate", "-once", "-config", str(self.write_config(host)))
+        code, _out, err = await self._litestream("replicate", "-once", "-config", str(config))
         failpoints.hit("replica.sync.after")
         return None if code == 0 else f"the last sync failed: {err.strip()[-300:]}"
 
@@ -345,9 +359,9 @@ class Replicas:
 
     async def position(self, host: str) -> Position:
         """What the replica of `host` holds (`db replicas H`)."""
+        config, now = self._configure(host)
         code, out, err = await self._litestream(
-            "ltx", "-json", "-level", "all", "-config", str(self.write_config(host)),
-            str(self.database(host)))
+            "ltx", "-json", "-level", "all", "-config", str(config), str(now.db))
         files: dict[int, int] = {}
         latest_txid: int | None = None
         latest_at: str | None = None
@@ -360,14 +374,14 @@ class Replicas:
                     latest_txid, latest_at = txid, item.get("timestamp")
         elif code != 0:  # an empty or absent replica lists `[]` with code 0
             raise ReplicaError(f"reading the replica of {host}: {err.strip()[-300:]}")
-        return Position(url=self.url(host), files=files, latest_txid=latest_txid,
-                        latest_at=latest_at, local_txid=await self._local_txid(host),
+        return Position(url=replica_url(self.home, host, self.objects, now.seed),
+                        files=files, latest_txid=latest_txid, latest_at=latest_at,
+                        local_txid=await self._local_txid(config, now.db),
                         replicating=self.running(host) is not None)
 
-    async def _local_txid(self, host: str) -> int | None:
+    async def _local_txid(self, config: Path, db: Path) -> int | None:
         code, out, _err = await self._litestream(
-            "status", "-json", "-config", str(self.write_config(host)),
-            str(self.database(host)))
+            "status", "-json", "-config", str(config), str(db))
         if code != 0:
             return None
         try:
@@ -383,10 +397,11 @@ class Replicas:
                       at: datetime.datetime | None = None) -> None:
         """Restore `host`'s replica (as of `at`, or its latest) to the new file `out`;
         ReplicaError if there is none or litestream fails. The file is not verified."""
-        args = ["restore", "-config", str(self.write_config(host)), "-o", str(out)]
+        config, now = self._configure(host)
+        args = ["restore", "-config", str(config), "-o", str(out)]
         if at is not None:
             args += ["-timestamp", at.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")]
-        code, _o, err = await self._litestream(*args, str(self.database(host)))
+        code, _o, err = await self._litestream(*args, str(now.db))
         if code != 0 or not out.is_file():
             raise ReplicaError(f"no replica of {host} could be restored"
                                + (f": {err.strip()[-300:]}" if err.strip() else ""))
