@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import errno
 import fcntl
 import io
@@ -374,14 +373,9 @@ async def _last_syncs(replicas: Replicas, hosts: list[str]) -> None:
             left = deadline - time.monotonic()
             if left <= 0:
                 return "no time was left for its last sync"
-            bounded = Replicas(replicas.store, replicas.home, replicas.supervisor,
-                               replicas.objects, dataclasses.replace(
-                                   replicas.options,
-                                   command_timeout_s=min(left,
-                                                         replicas.options.command_timeout_s)),
-                               replicas.binary)
             try:
-                return await bounded.stop(host, sync=True)
+                return await replicas.stop(
+                    host, sync=True, timeout_s=min(left, replicas.options.command_timeout_s))
             except (OSError, ReplicaError) as exc:
                 return str(exc)
 

