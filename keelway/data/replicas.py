@@ -25,7 +25,7 @@ What this module owns, and the rules it keeps (SPEC §4 Data, §5.5):
   commit and the replica is current while the instance is parked.
 - Nothing restored is trusted until it is opened and checked (`verify`); a restored
   copy is swapped in by the one swap, keelway/data/swap.py (which also drops the old
-  file's litestream state, LITESTREAM_SUFFIX, and keeps the old file).
+  file's litestream state, `swap.litestream_state`, and keeps the old file).
 """
 
 from __future__ import annotations
@@ -59,9 +59,6 @@ from keelway.store.seeds import ImportState
 failpoints.declare("replica.spawn.before", "replica.spawn.after", "replica.sync.before",
                    "replica.sync.after")
 
-# A database's litestream state sits beside it under this suffix (litestream's own
-# layout); a database swapped in must not inherit the positions of the one it replaced.
-LITESTREAM_SUFFIX = "-litestream"
 SIDECARS = ("-wal", "-shm")
 # The temp copies a restore or a drill writes beside a database (`Replicas.temp_path`).
 TEMP_PREFIX = f"{durable.TEMP_PREFIX}keelway-"

@@ -26,7 +26,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-from keelway.data.replicas import LITESTREAM_SUFFIX
+from keelway.data.swap import litestream_state
 from keelway.data.verify import Damaged, verify_file
 from keelway.durable import TEMP_PREFIX, fsync_dir, write_atomic
 from keelway.runtime.environment import INSTANCE_KEY, read_env_file, write_env_file
@@ -157,7 +157,7 @@ def remove_local(db: Path) -> list[str]:
     replicator kept beside it too), then the marker last. Idempotent; returns the
     names it removed."""
     removed = []
-    state = db.parent / f".{db.name}{LITESTREAM_SUFFIX}"
+    state = litestream_state(db)
     if state.is_dir():
         shutil.rmtree(state)
         removed.append(state.name)

@@ -48,8 +48,8 @@ SIDES = ("-wal", "-shm", "-journal", "")  # the sides before the main file
 ASIDE = ".restore-aside"
 # The database the latest restore replaced (see the module header).
 PREVIOUS = "previous-db"
-# litestream's state beside a database (keelway/data/replicas.py LITESTREAM_SUFFIX;
-# not imported: replicas sits above this module).
+# A database's litestream state sits beside it under this suffix (litestream's own
+# layout): a database swapped in must not inherit the positions of the one it replaced.
 LITESTREAM_SUFFIX = "-litestream"
 STAGED_PREFIX = f"{TEMP_PREFIX}restore-"
 DISCARDED = f"{TEMP_PREFIX}discard-{PREVIOUS}"
