@@ -21,6 +21,9 @@ from pathlib import Path
 
 TEMP_PREFIX = ".tmp-"
 PRIVATE_FILE_MODE = 0o600
+# The files SQLite keeps beside a database `D`, as `D-wal` etc.: one file with it.
+SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
+
 _DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 

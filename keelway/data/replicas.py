@@ -59,7 +59,6 @@ from keelway.store.seeds import ImportState
 failpoints.declare("replica.spawn.before", "replica.spawn.after", "replica.sync.before",
                    "replica.sync.after")
 
-SIDECARS = ("-wal", "-shm")
 # The temp copies a restore or a drill writes beside a database (`Replicas.temp_path`).
 TEMP_PREFIX = f"{durable.TEMP_PREFIX}keelway-"
 
@@ -441,7 +440,7 @@ class Replicas:
             reason = verify(out)
             return Drill(host, reason is None, reason, None, out.stat().st_size)
         finally:
-            for suffix in ("", *SIDECARS):
+            for suffix in ("", *durable.SQLITE_SIDE_FILES):
                 Path(f"{out}{suffix}").unlink(missing_ok=True)
 
     async def _litestream(self, *args: str,

@@ -28,13 +28,12 @@ from pathlib import Path
 
 from keelway.data.swap import litestream_state
 from keelway.data.verify import Damaged, verify_file
-from keelway.durable import TEMP_PREFIX, fsync_dir, write_atomic
+from keelway.durable import SQLITE_SIDE_FILES, TEMP_PREFIX, fsync_dir, write_atomic
 from keelway.runtime.environment import INSTANCE_KEY, read_env_file, write_env_file
 
 MARKER_SUFFIX = ".seed"
 # The names an import writes into the instance's env file (and the rollback puts back).
 IMPORT_ENV_NAMES = (INSTANCE_KEY, "KEELWAY_DB", "DATABASE_URL")
-_SIDE_FILES = ("-wal", "-shm", "-journal")
 _CHUNK_BYTES = 1 << 20
 
 
@@ -92,7 +91,7 @@ def store_copy(source: Path, dest: Path) -> Verified:
                 out.close()
         finally:
             src.close()
-        for side in _SIDE_FILES:
+        for side in SQLITE_SIDE_FILES:
             Path(f"{tmp}{side}").unlink(missing_ok=True)
         _fsync_file(tmp)
         os.replace(tmp, dest)
@@ -130,7 +129,7 @@ def lay_down(copy: Path, db: Path, seed: str, sha256: str) -> None:
     anyone else). Raises `SeedRefused` if the copy no longer hashes to `sha256`."""
     db.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     write_atomic(marker_of(db), f"{seed}\n".encode())
-    for side in _SIDE_FILES:
+    for side in SQLITE_SIDE_FILES:
         Path(f"{db}{side}").unlink(missing_ok=True)
     tmp = db.with_name(f"{TEMP_PREFIX}{db.name}.{os.getpid()}")
     digest = hashlib.sha256()
@@ -161,7 +160,7 @@ def remove_local(db: Path) -> list[str]:
     if state.is_dir():
         shutil.rmtree(state)
         removed.append(state.name)
-    for path in (db, *(Path(f"{db}{side}") for side in _SIDE_FILES), marker_of(db)):
+    for path in (db, *(Path(f"{db}{side}") for side in SQLITE_SIDE_FILES), marker_of(db)):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
             removed.append(path.name)

@@ -42,9 +42,9 @@ from pathlib import Path
 
 from keelway import failpoints
 from keelway.data.snapshots import LEFTOVER_PREFIXES
-from keelway.durable import TEMP_PREFIX, fsync_dir
+from keelway.durable import SQLITE_SIDE_FILES, TEMP_PREFIX, fsync_dir
 
-SIDES = ("-wal", "-shm", "-journal", "")  # the sides before the main file
+SIDES = (*SQLITE_SIDE_FILES, "")  # the sides before the main file
 ASIDE = ".restore-aside"
 # The database the latest restore replaced (see the module header).
 PREVIOUS = "previous-db"

@@ -21,10 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from keelway.clock import Clock, SystemClock
-from keelway.durable import PRIVATE_FILE_MODE, create_private, disk_full
+from keelway.durable import PRIVATE_FILE_MODE, SQLITE_SIDE_FILES, create_private, disk_full
 from keelway.store import schema
-
-_SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
 
 
 class StoreError(Exception):
@@ -141,7 +139,7 @@ def _lay_down_private(path: Path) -> None:
     """Create the database file 0600 before SQLite does, and narrow a store an older
     keelway left 0644 (with its side files), once, at open."""
     create_private(path)
-    for candidate in (path, *(path.with_name(path.name + s) for s in _SQLITE_SIDE_FILES)):
+    for candidate in (path, *(path.with_name(path.name + s) for s in SQLITE_SIDE_FILES)):
         with contextlib.suppress(FileNotFoundError):
             if candidate.stat().st_mode & 0o077:
                 os.chmod(candidate, PRIVATE_FILE_MODE)
