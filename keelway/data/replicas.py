@@ -39,7 +39,6 @@ import os
 import re
 import shutil
 import signal
-import sqlite3
 import sys
 import time
 import urllib.parse
@@ -50,6 +49,7 @@ from typing import Any
 from keelway import durable, failpoints
 from keelway.builds.manifest import REPLICA
 from keelway.data.objects import LocalObjects, ObjectStore, open_objects
+from keelway.data.verify import Damaged, check_integrity
 from keelway.home import Home
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
@@ -162,20 +162,14 @@ def replica_config(db: Path, url: str, options: ReplicaOptions = ReplicaOptions(
 
 def verify(path: Path) -> str | None:
     """None if `path` is an SQLite database that opens read-only and passes
-    `PRAGMA integrity_check`; otherwise why not. Opened immutable: nothing is written
-    beside it (no -wal, no -shm), so a checked file is exactly the file swapped in."""
+    `PRAGMA integrity_check`; otherwise why not (read-only, as `verify.check_integrity`
+    opens a copy)."""
     if not path.is_file():
         return f"{path.name} does not exist"
     try:
-        uri = f"{path.resolve().as_uri()}?mode=ro&immutable=1"
-        conn = sqlite3.connect(uri, uri=True)
-        try:
-            rows = conn.execute("PRAGMA integrity_check").fetchall()
-        finally:
-            conn.close()
-    except sqlite3.DatabaseError as exc:
-        return f"{path.name} is not a sound SQLite database: {exc}"
-    said = [str(r[0]) for r in rows]
+        said, _version = check_integrity(path)  # the one check (keelway/data/verify.py)
+    except Damaged as exc:
+        return exc.message
     return None if said == ["ok"] else f"integrity_check: {'; '.join(said[:5])}"
 
 

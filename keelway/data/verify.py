@@ -57,7 +57,7 @@ def verify_file(path: Path, expect_sha256: str | None = None) -> Verified:
         hashing = pool.submit(sha256_file, path)
         checked: tuple[list[str], int] | Damaged
         try:
-            checked = _check(path)
+            checked = check_integrity(path)
         except Damaged as exc:
             checked = exc
         digest = hashing.result()
@@ -73,7 +73,7 @@ def verify_file(path: Path, expect_sha256: str | None = None) -> Verified:
     return Verified(size, digest, version)
 
 
-def _check(path: Path) -> tuple[list[str], int]:
+def check_integrity(path: Path) -> tuple[list[str], int]:
     """What `PRAGMA integrity_check` says of `path`, and its user_version."""
     # Immutable (no locks, no -shm) unless a -wal beside it may hold pages of its own: a
     # file a user hands in (a seed) can be a live database in WAL mode, and only a
