@@ -4,6 +4,14 @@ A file written here is either the old content or the new content after a crash a
 instruction, never a torn mix. Temp files carry the prefix `.tmp-` so that a sweep at
 open (`sweep_temp`) can remove what a crash left behind.
 
+A temp file is named for its writer (`temp_path`: pid and start time), and a sweep removes
+only those whose writer is dead (`temp_orphaned`). Two processes share some directories (the
+control plane writes the router's pid file into `router/`, where the router saves its
+table), so a sweep at one's start must never take the file the other is between creating
+and renaming: that window failed `up` on a busy box. A temp file of a live writer is left
+for a later sweep; one whose name carries no writer (made by `tempfile`) belongs to
+sweeps that run under the home lock before anything is started.
+
 Modes: every file keelway writes is created with its final mode, owner-only (0600)
 unless a caller says otherwise, so a secret is never readable by others even for an
 instant; chmod after creation would leave a window.
@@ -16,7 +24,9 @@ wherever they sit in an exception's chain.
 from __future__ import annotations
 
 import errno
+import itertools
 import os
+import time
 from pathlib import Path
 
 TEMP_PREFIX = ".tmp-"
@@ -88,6 +98,73 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+# The writer's mark in a temp name: `.tmp-NAME~PID-TICKS-N`. N makes two writes of one
+# process (two threads) distinct; TICKS (the start time in /proc) tells a live writer from
+# a later process that got the same pid.
+_WRITER_MARK = "~"
+_serial = itertools.count()
+_me: tuple[int, int] | None = None
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The start time of live process `pid` from /proc, None when it is gone or a zombie.
+
+    A copy of runtime.process.read_stat's two fields: this leaf may import nothing of
+    keelway's, and the router, which sweeps too, imports no runtime."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return None
+    fields = raw[raw.rfind(b")") + 2:].split()
+    return None if fields[0] == b"Z" else int(fields[19])
+
+
+def _writer() -> tuple[int, int]:
+    global _me
+    pid = os.getpid()
+    if _me is None or _me[0] != pid:  # first use, or a forked child
+        _me = (pid, _start_ticks(pid) or 0)
+    return _me
+
+
+def temp_path(path: Path) -> Path:
+    """A temp name beside `path`, unique to this write and marked with its writer, so that
+    a sweep by another process while the write is in flight leaves it (`temp_orphaned`)."""
+    pid, ticks = _writer()
+    return Path(path).with_name(
+        f"{TEMP_PREFIX}{Path(path).name}{_WRITER_MARK}{pid}-{ticks}-{next(_serial)}")
+
+
+def temp_orphaned(name: str) -> bool:
+    """Whether the temp file `name` was left by a writer that is gone (a crash's leftover).
+
+    A name with no writer's mark is orphaned only by the rule of the sweep that owns its
+    directory (see the module header); here it counts as orphaned when it predates
+    writer marks (`.tmp-NAME.PID`, PID dead) and as live otherwise."""
+    if not name.startswith(TEMP_PREFIX):
+        return False
+    _, mark, owner = name.rpartition(_WRITER_MARK)
+    if mark:
+        pid_s, _, rest = owner.partition("-")
+        ticks_s = rest.partition("-")[0]
+        if pid_s.isdigit() and ticks_s.isdigit():
+            return _start_ticks(int(pid_s)) != int(ticks_s)
+    pid_s = name.rpartition(".")[2]
+    return pid_s.isdigit() and _start_ticks(int(pid_s)) is None
+
+
+def _pause_for_tests(path: Path) -> None:
+    """`KEELWAY_TEST_SLOW_WRITE=NAME=SECONDS` holds every write of a file named NAME between
+    its temp file and the rename: the window a sweep must not cut (tests/test_durable.py
+    and the e2e test of `up`). Unset in production: one dict lookup."""
+    slow = os.environ.get("KEELWAY_TEST_SLOW_WRITE")
+    if slow:
+        name, _, seconds = slow.partition("=")
+        if name == path.name:
+            time.sleep(float(seconds or "1"))
+
+
 def write_atomic(path: Path, data: bytes, mode: int = PRIVATE_FILE_MODE) -> None:
     """Replace `path` with `data` so that a crash leaves either the old or the new file.
 
@@ -95,7 +172,7 @@ def write_atomic(path: Path, data: bytes, mode: int = PRIVATE_FILE_MODE) -> None
     by others even for an instant.
     """
     path = Path(path)
-    tmp = path.with_name(f"{TEMP_PREFIX}{path.name}.{os.getpid()}")
+    tmp = temp_path(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         view = memoryview(data)
@@ -106,19 +183,22 @@ def write_atomic(path: Path, data: bytes, mode: int = PRIVATE_FILE_MODE) -> None
     finally:
         os.close(fd)
     os.chmod(tmp, mode)  # umask may have narrowed it at creation
+    _pause_for_tests(path)
     os.replace(tmp, path)
     fsync_dir(path.parent)
 
 
 def sweep_temp(directory: Path) -> list[Path]:
-    """Remove temp files a crash left in `directory`; returns what was removed."""
+    """Remove the temp files in `directory` whose writer is gone; returns what was removed.
+
+    Safe while other processes write there: a write in flight is never taken."""
     removed: list[Path] = []
     try:
         entries = list(Path(directory).iterdir())
     except FileNotFoundError:
         return removed
     for entry in entries:
-        if entry.name.startswith(TEMP_PREFIX) and (entry.is_file() or entry.is_symlink()):
+        if temp_orphaned(entry.name) and (entry.is_file() or entry.is_symlink()):
             entry.unlink(missing_ok=True)
             removed.append(entry)
     return removed
@@ -127,8 +207,7 @@ def sweep_temp(directory: Path) -> list[Path]:
 def symlink_atomic(link: Path, target: Path) -> None:
     """Point `link` at `target`, replacing any previous link in one rename."""
     link = Path(link)
-    tmp = link.with_name(f"{TEMP_PREFIX}{link.name}.{os.getpid()}")
-    tmp.unlink(missing_ok=True)
+    tmp = temp_path(link)
     os.symlink(target, tmp)
     os.replace(tmp, link)
     fsync_dir(link.parent)
