@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -109,6 +110,68 @@ def violations(home: Path) -> list[str]:
     finally:
         store.close()
     found += router_violations(home)
+    found += descriptor_violations(home, trees)
+    return found
+
+
+def keelway_processes(home: Path) -> set[int]:
+    """The control plane (the lock file's pid, its environment naming this home) and every
+    process of the home's routers' sessions (main processes and their workers)."""
+    found: set[int] = set()
+    try:
+        daemon = int((home / "keelway.lock").read_text().strip())
+        if f"KEELWAY_HOME={home}".encode() in Path(
+                f"/proc/{daemon}/environ").read_bytes().split(b"\0"):
+            found.add(daemon)
+    except (OSError, ValueError):
+        pass
+    for router in router_processes(home):
+        stat = process.read_stat(router)
+        if stat is not None:
+            found |= {m.pid for m in process.session_members(stat.session, 0)}
+    return found
+
+
+def descriptors(pid: int) -> dict[int, str]:
+    """What each open descriptor of `pid` points at (`socket:[INODE]`, a path, ...)."""
+    found: dict[int, str] = {}
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return found
+    for name in names:
+        try:
+            found[int(name)] = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            continue  # closed meanwhile
+    return found
+
+
+def keelway_descriptors(home: Path) -> set[str]:
+    """What only keelway itself may hold: every socket its control plane and routers hold
+    (the router's listening socket, the API, run and control sockets, connections), the
+    store with its side files, and the home's lock."""
+    own = {str(home / name) for name in (
+        "keelway.db", "keelway.db-wal", "keelway.db-shm", "keelway.lock")}
+    for pid in keelway_processes(home):
+        own |= {t for t in descriptors(pid).values() if t.startswith("socket:")}
+    return own
+
+
+def descriptor_violations(home: Path, trees: dict[int, list[process.ProcStat]] | None = None,
+                          ) -> list[str]:
+    """No live process of an instance holds a descriptor of keelway's own."""
+    own = keelway_descriptors(home)
+    if trees is None:
+        trees = ProcessTrees.found(home).scan()
+    found: list[str] = []
+    for gen_id, members in trees.items():
+        for member in members:
+            leaked = sorted(f"{fd} -> {target}" for fd, target in
+                            descriptors(member.pid).items() if target in own)
+            if leaked:
+                found.append(f"process {member.pid} of generation {gen_id} holds keelway's "
+                             f"own descriptors: {', '.join(leaked)}")
     return found
 
 

@@ -193,7 +193,10 @@ async def _recv_fds(conn: socket.socket) -> tuple[bytes, list[int]]:
     loop = asyncio.get_running_loop()
     while True:
         try:
-            data, fds, flags, _ = socket.recv_fds(conn, 65536, run_wire.STDIO_FDS)
+            # close-on-exec as they arrive: they become the run's stdio by dup2, and
+            # must reach no other child (keelway.runtime.process)
+            data, fds, flags, _ = socket.recv_fds(conn, 65536, run_wire.STDIO_FDS,
+                                                  socket.MSG_CMSG_CLOEXEC)
         except (BlockingIOError, InterruptedError):
             await _readable(loop, conn)
             continue

@@ -51,6 +51,7 @@ from keelway.builds.manifest import REPLICA
 from keelway.data.objects import LocalObjects, ObjectStore, open_objects
 from keelway.data.verify import Damaged, check_integrity
 from keelway.home import Home
+from keelway.runtime import process
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
 from keelway.store.records import Generation
@@ -448,7 +449,8 @@ class Replicas:
         proc = await asyncio.create_subprocess_exec(
             str(self.binary), *args, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            start_new_session=True, env=self._command_env())
+            start_new_session=True, env=self._command_env(),
+            preexec_fn=process.exec_only())
         try:
             out, err = await asyncio.wait_for(
                 proc.communicate(),

@@ -260,7 +260,11 @@ def take_listener(
         data = b""
         fds: list[int] = []
         while not data.endswith(b"\n"):
-            chunk, got, _flags, _addr = socket.recv_fds(conn, 65536, 4)
+            # close-on-exec from the moment it arrives: a descriptor received without
+            # it is inherited by every process forked after (a tenant's app took
+            # another tenant's requests off the router's listening socket that way)
+            chunk, got, _flags, _addr = socket.recv_fds(
+                conn, 65536, 4, socket.MSG_CMSG_CLOEXEC)
             if not chunk:
                 break
             data += chunk

@@ -15,6 +15,16 @@ pid alone may have been reused.
 
 Signals go only to processes whose session id is the generation's pid and whose start
 time is not before the leader's, so keelway never signals a process it did not start.
+
+A process keelway starts holds exactly stdin, stdout, stderr and the descriptors it is
+given (`pass_fds`), nothing else of the control plane's: not the router's listening
+socket, the store, the API or control sockets, nor another child's stdio. uvloop's
+spawning ignores `close_fds` and passes on whatever is inheritable at the fork (the
+descriptors it dups for a child's stdio are, for the moment of that spawn; one received
+over a unix socket without MSG_CMSG_CLOEXEC is, for good). So the child itself marks every
+other descriptor close-on-exec between the fork and the exec (`exec_only`), whatever the
+parent's flags say; every spawn of a child we do not wait on in the foreground goes
+through `exec_only`.
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,6 +106,26 @@ def signal_session(session: int, start_ticks: int, sig: signal.Signals) -> int:
     return sent
 
 
+def exec_only(pass_fds: tuple[int, ...] = ()) -> Callable[[], None]:
+    """The child's setup between fork and exec: every descriptor above stderr is closed at
+    the exec except `pass_fds`, which stay open. Marked rather than closed: the spawning
+    library dup2()s the child's stdio into 0-2 after this runs, from descriptors above 2.
+
+    It runs in a forked copy of a threaded process, so it calls only into C (no import,
+    no lock, no logging); an exception fails the spawn, nothing is executed."""
+    keep = frozenset(pass_fds)
+
+    def setup() -> None:
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            if fd > 2:
+                try:  # noqa: SIM105 - no Python-level context manager in the forked child
+                    os.set_inheritable(fd, fd in keep)
+                except OSError:
+                    pass  # the directory listdir read, closed by now
+    return setup
+
+
 @dataclass
 class Spawned:
     pid: int
@@ -133,6 +163,7 @@ async def spawn(
             stderr=stderr,
             start_new_session=True,
             pass_fds=pass_fds,
+            preexec_fn=exec_only(pass_fds),
         )
     finally:
         if log_fd is not None:
