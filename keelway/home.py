@@ -3,9 +3,11 @@
 Nothing else builds paths under the home by hand, so the layout can be read here whole.
 
 Nothing under the home is readable by group or other, with no exception: the home and
-its directories are 0700, files 0600 (builds: 0700 for an executable, and a sealed build
-drops the write bits). The store and its `-wal`/`-shm` hold config values, the env files
-instance keys, the data dirs tenants' databases, builds the app's source. The daemon
+its directories are 0700 (when tenants run as uids of their own, the few they pass
+through are 0711: searchable, never listable; keelway/identity.py), files 0600
+(builds: 0700 for an executable, and a sealed build drops the write bits). The store
+and its `-wal`/`-shm` hold config values, the env files instance keys, the data dirs
+tenants' databases, builds the app's source. The daemon
 runs with umask 0077, so what it and its children (router, build steps, apps) create is
 owner-only from the first instant.
 """
@@ -25,6 +27,8 @@ from pathlib import Path
 # inherit it): files 0600, directories 0700, whatever the code creating them asks for.
 PRIVATE_UMASK = 0o077
 PRIVATE_DIR_MODE = 0o700
+# The directories tenants' uids pass through when each tenant has a uid of its own.
+TENANT_DIR_MODE = 0o711
 _SUBDIRS = ("logs", "logs/apps", "router", "builds", "data", "env", "current", "run")
 
 
@@ -139,10 +143,25 @@ class Home:
         """Lay the home's directories down, each 0700 from its creation.
 
         A home laid down by an older keelway (0755 directories) is narrowed here; that
-        chmod is a one-time upgrade, not how a new directory gets its mode.
+        chmod is a one-time upgrade, not how a new directory gets its mode. The search
+        bit that `open_to_tenants` gives is left alone: running tenants depend on it.
         """
         self.root.mkdir(mode=PRIVATE_DIR_MODE, parents=True, exist_ok=True)
         for path in (self.root, *(self.root / sub for sub in _SUBDIRS)):
             path.mkdir(mode=PRIVATE_DIR_MODE, exist_ok=True)
-            if path.stat().st_mode & 0o777 & ~PRIVATE_DIR_MODE:
+            allowed = TENANT_DIR_MODE if path in self.tenant_traversed else PRIVATE_DIR_MODE
+            if path.stat().st_mode & 0o777 & ~allowed:
                 os.chmod(path, PRIVATE_DIR_MODE)
+
+    @property
+    def tenant_traversed(self) -> tuple[Path, ...]:
+        """The directories a tenant's uid passes through, to its build, its data dir, its
+        env file and its notify socket: searchable by all, listable by none."""
+        return (self.root, self.builds_dir, self.root / "data", self.root / "env",
+                self.root / "run")
+
+    def open_to_tenants(self) -> None:
+        """Let tenants' uids pass through (`tenant_traversed`); nothing becomes listable,
+        and every other directory stays 0700 (keelway/identity.py)."""
+        for path in self.tenant_traversed:
+            os.chmod(path, TENANT_DIR_MODE)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,3 +40,17 @@ def kw(tmp_path: Path) -> Iterator[Keelway]:
     keelway = Keelway(home=tmp_path / "kh", http_port=free_port())
     yield keelway
     keelway.teardown()
+
+
+@pytest.fixture
+def kw_root() -> Iterator[Keelway]:
+    """`kw` in a home other uids can reach (pytest's tmp_path is 0700 all the way down), so
+    that where the tests run as root each instance runs as a uid of its own."""
+    base = Path(tempfile.mkdtemp(prefix="kw-ids-", dir="/tmp"))
+    base.chmod(0o711)
+    keelway = Keelway(home=base / "kh", http_port=free_port())
+    try:
+        yield keelway
+    finally:
+        keelway.teardown()
+        shutil.rmtree(base, ignore_errors=True)

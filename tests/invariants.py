@@ -7,9 +7,11 @@ import time
 from pathlib import Path
 
 from keelway.builds.manifest import Mode, load_manifest
+from keelway.home import Home
 from keelway.reconcile.plan import leftovers
 from keelway.router.client import get_table_sync, ping_sync
 from keelway.runtime import process
+from keelway.runtime.identities import Identities
 from keelway.runtime.tree import ProcessTrees
 from keelway.store import SqliteStore
 from keelway.store.lifecycle import GenState, InstanceState, RouteState
@@ -86,6 +88,14 @@ def violations(home: Path) -> list[str]:
                 if not (stuck and latest.warnings):
                     found.append(f"{inst.host}: op {latest.id} ({latest.kind}) is not "
                                  "terminal and nothing is failed closed")
+        # A uid per instance (keelway/identity.py), where keelway runs as root: what
+        # keelway made for an instance that runs is the instance's own. (One that does not
+        # run gets its files handed over before anything of it runs again.)
+        identities = Identities(store, Home(home))
+        for inst in store.list_instances():
+            if any(g.instance == inst.host and g.id in alive for g in live):
+                found += [f"{inst.host}: {why}"
+                          for why in identities.files_not_owned(inst.app, inst.host)]
         # 4, for one-off runs, which are never the latest: a run's terminal is gone with
         # the control plane that attended it, so none is unfinished once one booted.
         for run in store.unfinished_runs():

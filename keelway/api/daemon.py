@@ -246,6 +246,10 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
         await parts.recovery.on_exit(gen, code)
 
     supervisor = Supervisor(store, home, clock, on_exit)
+    if supervisor.identities.in_force:
+        home.open_to_tenants()  # before anything of a tenant runs (keelway/identity.py)
+    else:
+        log.info("tenants share keelway's uid: %s", supervisor.identities.shared_because)
     publisher = Publisher(store, home.router_socket)
     parts = wire(store, home, supervisor, publisher, clock, owner, objects)
     deployer = parts.deployer
@@ -395,7 +399,8 @@ async def _deploy_demo(home: Home, store: Store, deployer: Deployer,
         announce(f"warning: no demo app at {source}; skipping --demo")
         return
     announce(f"deploying the demo app from {source}")
-    staged = await asyncio.to_thread(stage, source, builds_dir=home.builds_dir, app=DEMO_APP)
+    staged = await asyncio.to_thread(stage, source, builds_dir=home.builds_dir, app=DEMO_APP,
+                                     builder=deployer.supervisor.identities.builder(DEMO_APP))
     releases = store.list_releases(DEMO_APP)
     if releases and releases[0].build_digest == staged.digest:
         announce("the demo is already deployed at this build")

@@ -120,6 +120,7 @@ class Operations:
             staged = await asyncio.to_thread(
                 stage, source, builds_dir=self.home.builds_dir, app=body.app, ref=body.ref,
                 git=body.git, progress=progress,
+                builder=self.deployer.supervisor.identities.builder(body.app),
             )
             progress(f"build {staged.digest[:12]} " + ("reused" if staged.reused else "staged"))
             results = await self.deployer.deploy(body.app, staged.digest, staged.path,

@@ -24,7 +24,13 @@ from keelway.api.replicas import ReplicasApi
 from keelway.api.seed import SeedApi
 from keelway.api.snapshots import SnapshotsApi
 from keelway.api.tenants import TenantsApi
-from keelway.api.views import operation_view, router_view, status_view
+from keelway.api.views import (
+    doctor_checks,
+    isolation_view,
+    operation_view,
+    router_view,
+    status_view,
+)
 from keelway.deploy.deployer import Deployer
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
 from keelway.deploy.parking import Parking
@@ -67,6 +73,7 @@ class Api:
             web.get("/v1/ping", self.ping),
             web.get("/v1/apps", self.apps),
             web.get("/v1/status", self.status),
+            web.get("/v1/doctor", self.doctor),
             web.get("/v1/apps/{app}/logs", self.logs),
             web.get("/v1/apps/{app}/events", self.events),
             web.get("/v1/apps/{app}/ops", self.ops),
@@ -118,7 +125,11 @@ class Api:
         view = status_view(self.store, self.http_port, app, self.deployer.locks.live_ops)
         if self.router is not None:
             view["router"] = router_view(self.router.health())
+        view["isolation"] = isolation_view(self.deployer.supervisor.identities)
         return web.json_response(view)
+
+    async def doctor(self, _request: web.Request) -> web.Response:
+        return web.json_response({"checks": doctor_checks(self.deployer.supervisor)})
 
     async def releases(self, request: web.Request) -> web.Response:
         name = app_name(self.store, request)

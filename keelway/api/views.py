@@ -8,7 +8,9 @@ from typing import Any
 
 from keelway.journal import REPLICA
 from keelway.reconcile.plan import leftovers as unconverged
+from keelway.runtime.identities import Identities
 from keelway.runtime.router_supervisor import RouterHealth
+from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
 from keelway.store.lifecycle import GenState, InstanceState
 from keelway.store.records import Generation, Operation
@@ -140,3 +142,28 @@ def router_view(health: RouterHealth) -> dict[str, Any]:
         "last_restart_at": health.last_restart_at, "next_retry_at": health.next_retry_at,
         "last_error": health.last_error, "death_watch": health.death_watch,
     }
+
+
+def isolation_view(identities: Identities) -> dict[str, Any]:
+    """Whether each tenant runs as a uid of its own, and why not (keelway/identity.py)."""
+    return {"uid_per_instance": identities.in_force,
+            "shared_because": identities.shared_because}
+
+
+def doctor_checks(supervisor: Supervisor) -> list[dict[str, Any]]:
+    """What this box enforces between tenants, and what it cannot: each check with what
+    to do about it."""
+    identities = supervisor.identities
+    trees = supervisor.trees
+    return [
+        {"check": "uid per instance", "ok": identities.in_force,
+         "detail": ("each instance runs as a uid of its own, each app in a group of its own"
+                    if identities.in_force else f"tenants share a uid: "
+                    f"{identities.shared_because}")},
+        {"check": "process trees", "ok": trees.uses_cgroups,
+         "detail": (f"each generation in its own cgroup ({trees.describe()})"
+                    if trees.uses_cgroups else
+                    "no writable cgroup: a generation's tree is found by scanning /proc, so "
+                    "a descendant that calls setsid() and clears its environment escapes a "
+                    "stop; run keelway as root on a box with cgroups")},
+    ]

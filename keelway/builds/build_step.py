@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from keelway.builds.errors import BuildCommandError
+from keelway.identity import Identity
 
 BUILD_TIMEOUT_S = 1800.0
 TAIL_LINES = 20
@@ -87,8 +88,10 @@ def run_step(
     log: BinaryIO,
     progress: Callable[[str], None],
     timeout_s: float,
+    builder: Identity | None = None,
 ) -> None:
-    """Run `argv` in `cwd`; return when it and its process group are gone.
+    """Run `argv` in `cwd`; return when it and its process group are gone. With a
+    `builder`, as that uid with its group alone (keelway/identity.py), never as root.
 
     Raises BuildCommandError (with the output's last lines) if it exits non-zero, dies
     of a signal, or runs past `timeout_s`. An exception from `progress` kills the step
@@ -105,6 +108,9 @@ def run_step(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        user=None if builder is None else builder.uid,
+        group=None if builder is None else builder.gid,
+        extra_groups=None if builder is None else [],
     )
     guard = _GroupGuard(proc, timeout_s)
     try:

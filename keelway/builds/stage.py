@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import subprocess
 import sys
 import tarfile
@@ -43,7 +44,7 @@ from enum import Enum
 from pathlib import Path
 from typing import IO, assert_never
 
-from keelway import names
+from keelway import identity, names
 from keelway.builds.build_step import BUILD_TIMEOUT_S, build_env, run_step
 from keelway.builds.errors import BuildError, SourceError, StagingError
 from keelway.builds.extract import safe_extract_tar
@@ -57,6 +58,7 @@ from keelway.builds.tree import (
     seal,
 )
 from keelway.durable import TEMP_PREFIX, fsync_dir
+from keelway.identity import Identity
 
 Progress = Callable[[str], None]
 
@@ -94,8 +96,11 @@ def stage(
     git: bool = False,
     progress: Progress = _no_progress,
     build_timeout_s: float = BUILD_TIMEOUT_S,
+    builder: Identity | None = None,
 ) -> StagedBuild:
-    """Stage `source` as a build of `app` and return it, built and sealed.
+    """Stage `source` as a build of `app` and return it, built and sealed. With a
+    `builder` (keelway/identity.py) the build steps run as it, in a tree it owns until
+    the seal, and the sealed build is root's, readable by the builder's group alone.
 
     `git=True` or a `ref` exports that commit (default HEAD) of the repository at
     `source`; otherwise a directory is copied and a file must be a tar archive.
@@ -123,7 +128,8 @@ def stage(
         raise StagingError(f"stage {app} from {source}: {exc}") from exc
     try:
         return _stage_into(
-            tmp, source, kind, app=app, ref=ref, progress=progress, build_timeout_s=build_timeout_s
+            tmp, source, kind, app=app, ref=ref, progress=progress,
+            build_timeout_s=build_timeout_s, builder=builder,
         )
     except BuildError:
         remove_tree(tmp)
@@ -166,6 +172,7 @@ def _stage_into(
     ref: str | None,
     progress: Progress,
     build_timeout_s: float,
+    builder: Identity | None,
 ) -> StagedBuild:
     app_dir = tmp.parent
     progress(f"staging {app} from {kind.value} {source}")
@@ -188,11 +195,17 @@ def _stage_into(
         return StagedBuild(app=app, digest=digest, path=final, manifest=manifest, reused=True)
 
     progress(f"building {digest[:12]}")
+    if builder is not None:
+        identity.open_app_builds(app_dir, builder.gid)
+        _hand_over(tmp, builder)
     _build(
-        tmp, final, manifest, app=app, digest=digest, progress=progress, timeout_s=build_timeout_s
+        tmp, final, manifest, app=app, digest=digest, progress=progress,
+        timeout_s=build_timeout_s, builder=builder,
     )
     progress("sealing the build")
     seal(tmp)
+    if builder is not None:
+        identity.share_with_group(tmp, builder.gid)
     fsync_tree(tmp)
     try:
         os.rename(tmp, final)
@@ -267,24 +280,28 @@ def _build(
     digest: str,
     progress: Progress,
     timeout_s: float,
+    builder: Identity | None = None,
 ) -> None:
     """Run the build steps in `tmp`: a venv for requirements.txt, then [build] command."""
     venv = tmp / VENV_DIR
     requirements = tmp / REQUIREMENTS
     has_venv = requirements.is_file()
     env = build_env(tmp, venv if has_venv else None, app=app, digest=digest)
+    if builder is not None:
+        env["HOME"] = str(tmp)  # root's home is not the builder's to write
     log_fd = os.open(tmp / BUILD_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     with os.fdopen(log_fd, "ab") as log:
         if has_venv:
             progress("creating a virtualenv for requirements.txt")
             run_step(
-                [sys.executable, "-m", "venv", str(venv)],
+                [_venv_python(builder), "-m", "venv", str(venv)],
                 what="create the virtualenv",
                 cwd=tmp,
                 env=env,
                 log=log,
                 progress=progress,
                 timeout_s=timeout_s,
+                builder=builder,
             )
             if _lists_requirements(requirements):
                 progress("installing requirements")
@@ -305,6 +322,7 @@ def _build(
                     log=log,
                     progress=progress,
                     timeout_s=timeout_s,
+                    builder=builder,
                 )
             else:
                 progress("requirements.txt lists nothing to install")
@@ -318,9 +336,37 @@ def _build(
                 log=log,
                 progress=progress,
                 timeout_s=timeout_s,
+                builder=builder,
             )
     if has_venv:
         _relocate_venv(venv, tmp, final)
+
+
+def _hand_over(tmp: Path, builder: Identity) -> None:
+    """Give the staged tree to the builder, so its steps can write there and nowhere
+    else of the home. Links are not followed: the extraction refused any out of the tree."""
+    for directory, dirs, files in os.walk(tmp):
+        for name in (*dirs, *files):
+            os.chown(Path(directory) / name, builder.uid, builder.gid, follow_symlinks=False)
+    os.chown(tmp, builder.uid, builder.gid)
+
+
+def _venv_python(builder: Identity | None) -> str:
+    """The Python a build's venv is made with: keelway's own, unless the builder (and so
+    the instances, which run the venv's links to it) cannot reach it, as with a Python
+    under /root; then the first `python3` on PATH that every uid can run."""
+    if builder is None or identity.reachable(Path(sys.executable).resolve().parent):
+        return sys.executable
+    for entry in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        candidate = Path(entry) / "python3"
+        real = candidate.resolve()
+        if (real.is_file() and real.stat().st_mode & stat.S_IXOTH
+                and identity.reachable(real.parent)):
+            return str(candidate)
+    raise StagingError(
+        "no python3 that a tenant's uid can run was found on PATH (keelway's own "
+        f"{sys.executable} is not reachable by other users): install python3 for all "
+        "users, or run keelway from a Python other users can reach")
 
 
 def _lists_requirements(path: Path) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from keelway.cli import (
     data,
+    doctor,
     lifecycle,
     operations,
     parking,
@@ -21,7 +22,7 @@ from keelway.cli import (
 )
 from keelway.cli.base import cli
 
-__all__ = ["cli", "data", "lifecycle", "main", "operations", "parking", "reading",
+__all__ = ["cli", "data", "doctor", "lifecycle", "main", "operations", "parking", "reading",
            "replicas", "run", "seed", "tenants"]
 
 

@@ -26,6 +26,8 @@ def status(app: str | None, as_json: bool) -> None:
         return
     if data.get("router"):
         _router_health(data["router"])
+    if (isolation := data.get("isolation")) and not isolation["uid_per_instance"]:
+        click.echo(f"tenants share a uid: {isolation['shared_because']}")
     if not data["apps"]:
         click.echo("no apps yet: deploy one with `keelway deploy NAME PATH`")
     for item in data["apps"]:

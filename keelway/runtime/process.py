@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from keelway.clock import Clock
+from keelway.identity import Identity, become
 from keelway.runtime import logs
 
 
@@ -107,15 +108,47 @@ def signal_session(session: int, start_ticks: int, sig: signal.Signals) -> int:
 
 
 def exec_only(pass_fds: tuple[int, ...] = ()) -> Callable[[], None]:
-    """The child's setup between fork and exec: every descriptor above stderr is closed at
-    the exec except `pass_fds`, which stay open. Marked rather than closed: the spawning
-    library dup2()s the child's stdio into 0-2 after this runs, from descriptors above 2.
+    """The child's setup between fork and exec for a command of keelway's own (no cgroup
+    to join, no identity to take): only `pass_fds` survive the exec (`_child_setup`)."""
+    return _child_setup(pass_fds, (), None, 2)
+
+
+def _child_setup(pass_fds: tuple[int, ...], join: tuple[str, ...],
+                 identity: Identity | None, report_fd: int) -> Callable[[], None]:
+    """What the child does between fork and exec, in this order:
+    1. join the generation's cgroups (`join`: their `cgroup.procs` files), still as root,
+       so every process it will fork is a member from its first instruction;
+    2. become `identity` (keelway.identity.become), when given;
+    3. mark every descriptor above stderr close-on-exec except `pass_fds`. Marked rather
+       than closed: the spawning library dup2()s the child's stdio into 0-2 after this
+       runs, from descriptors above 2.
+    A step that fails writes why to `report_fd` (the log the child would have written)
+    and exits 125 before the app runs: an untracked tree could outlive its stop, and a
+    tenant must never run as root because its uid could not be taken.
 
     It runs in a forked copy of a threaded process, so it calls only into C (no import,
-    no lock, no logging); an exception fails the spawn, nothing is executed."""
+    no lock, no logging)."""
     keep = frozenset(pass_fds)
 
+    def refuse(why: bytes) -> None:
+        os.write(report_fd, b"keelway: " + why + b"\n")
+        os._exit(125)
+
     def setup() -> None:
+        for procs in join:
+            try:
+                fd = os.open(procs, os.O_WRONLY)
+                try:
+                    os.write(fd, b"0")  # 0: the writer itself
+                finally:
+                    os.close(fd)
+            except OSError:
+                refuse(b"cannot join the cgroup " + procs.encode())
+        if identity is not None:
+            try:
+                become(identity)
+            except OSError:
+                refuse(b"cannot become uid %d" % identity.uid)
         for name in os.listdir("/proc/self/fd"):
             fd = int(name)
             if fd > 2:
@@ -136,14 +169,16 @@ class Spawned:
 async def spawn(
     argv: list[str], *, log_path: Path, cwd: Path | None = None,
     env: Mapping[str, str] | None = None, pass_fds: tuple[int, ...] = (),
-    stdio: tuple[int, int, int] | None = None,
+    stdio: tuple[int, int, int] | None = None, join: tuple[str, ...] = (),
+    identity: Identity | None = None,
 ) -> Spawned:
     """Start `argv` as the leader of a new session, output appended to `log_path`: the
     one way keelway starts a process that outlives it (generations, the router). `env`
     None inherits ours; `pass_fds` stay open in the child (the router's listening
     socket), every other descriptor of ours is closed in it. `stdio` (stdin, stdout,
     stderr) replaces /dev/null and the log: a one-off run's lent terminal; the caller
-    keeps and closes its copies.
+    keeps and closes its copies. `join` are the cgroups' `cgroup.procs` files the child
+    joins before it execs; `identity` the uid and group it runs as (`_child_setup`).
 
     Output goes straight to a file, not through a pipe to us, so the process keeps
     running and logging while the control plane is down. The fork happens on the event
@@ -163,7 +198,8 @@ async def spawn(
             stderr=stderr,
             start_new_session=True,
             pass_fds=pass_fds,
-            preexec_fn=exec_only(pass_fds),
+            preexec_fn=_child_setup(pass_fds, join, identity,
+                                    stdio[2] if stdio is not None else log_fd or 2),
         )
     finally:
         if log_fd is not None:

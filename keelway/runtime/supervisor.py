@@ -11,6 +11,8 @@ It owns the process handles of this control plane and nothing else; what a gener
   does: the generation ended, and what it left behind must not hold its key or port.
 - An unexpected exit is reported to `on_exit` once; the caller decides whether to
   restart (published generations of running instances) with backoff.
+- A tenant's generation runs as its instance's uid where keelway/identity.py says so
+  (runtime.identities hands it its files at the spawn); the replicator runs as root.
 - Adoption: after a control-plane restart, generations that are still alive are
   watched by polling /proc, since they are no longer our children.
 """
@@ -29,6 +31,7 @@ from keelway.clock import Clock
 from keelway.home import Home
 from keelway.runtime import process, tree
 from keelway.runtime.health import probe_http
+from keelway.runtime.identities import Identities
 from keelway.runtime.logs import log_path
 from keelway.runtime.tree import ProcessTrees
 from keelway.store import Store
@@ -84,6 +87,7 @@ class Supervisor:
                  trees: ProcessTrees | None = None) -> None:
         self.store = store
         self.home = home
+        self.identities = Identities(store, home)
         self.clock = clock
         self.on_exit = on_exit
         self.trees = trees or ProcessTrees.choose(home.root)
@@ -103,7 +107,7 @@ class Supervisor:
         removes its tree. Crash after the cgroup is made, before the spawn: an empty
         cgroup of a PLANNED generation, removed with it.
         """
-        return await self._spawn(gen, shell_argv(command), cwd, env, None)
+        return await self._spawn(gen, shell_argv(command), cwd, env, None, tenant=True)
 
     async def spawn_argv(self, gen: Generation, argv: list[str], cwd: Path,
                          env: dict[str, str]) -> Generation:
@@ -117,17 +121,23 @@ class Supervisor:
         `stdio` (a terminal lent by `keelway run`) as its stdin, stdout and stderr. It is
         a generation like any other (its tree, its record, its crash windows: `spawn`);
         its exit is its caller's to read (`wait_exit`), never a crash to restart."""
-        return await self._spawn(gen, argv, cwd, env, stdio, expected_exit=True)
+        return await self._spawn(gen, argv, cwd, env, stdio, expected_exit=True,
+                                 tenant=True)
 
     async def _spawn(self, gen: Generation, argv: list[str], cwd: Path, env: dict[str, str],
-                     stdio: tuple[int, int, int] | None,
-                     expected_exit: bool = False) -> Generation:
+                     stdio: tuple[int, int, int] | None, expected_exit: bool = False,
+                     tenant: bool = False) -> Generation:
+        """`tenant`: the app's own process, run as its instance's identity; otherwise
+        keelway's own program (the replicator), run as keelway. The hand-over of the
+        instance's files (runtime.identities) is idempotent and lies inside the window
+        `spawn.before` .. `cgroup.created`: a crash there leaves what the next spawn redoes."""
         path = log_path(self.home.log_dir(gen.instance), gen.service, gen.id)
         failpoints.hit("spawn.before")
+        identity = self.identities.for_spawn(gen, cwd) if tenant else None
         self.trees.create(gen.id)
         failpoints.hit("cgroup.created")
-        argv = self.trees.enter_argv(gen.id, argv)
-        spawned = await process.spawn(argv, cwd=cwd, env=env, log_path=path, stdio=stdio)
+        spawned = await process.spawn(argv, cwd=cwd, env=env, log_path=path, stdio=stdio,
+                                      join=self.trees.join_paths(gen.id), identity=identity)
         failpoints.hit("spawn.after")
         running = self.store.record_spawn(gen, spawned.pid, spawned.start_ticks)
         failpoints.hit("spawn.recorded")

@@ -8,7 +8,8 @@ the best mechanism the box allows, chosen once per control plane (`ProcessTrees.
 
 - cgroup v2, or cgroup v1 (freezer, plus pids where mounted): every generation gets its
   own cgroup `keelway/<home id>/g<generation>`, which its leader joins before it execs
-  the app (`enter_argv`), so every descendant is a member from its first instruction,
+  the app (`join_paths`, written by the forked child before its exec: see
+  runtime.process), so every descendant is a member from its first instruction,
   whatever it does to its session or its environment. Killing freezes the cgroup first
   (v2: `cgroup.kill`), so nothing forks away mid-kill.
 - proc-scan, where no cgroup is writable: a member is a process whose environment
@@ -58,11 +59,6 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 FORCE_ENV = "KEELWAY_PROCESS_TREE"
 SUPERVISOR_MARK = "KEELWAY_SUPERVISOR"
 GENERATION_MARK = "KEELWAY_GENERATION"
-# The leader joins its cgroups before it execs the app: `echo 0` moves the writing shell
-# itself, and exec keeps the pid and the cgroup. A join that fails refuses to run the
-# app at all (exit 125, said in its log), since an untracked tree could outlive its stop.
-_ENTER = ('while [ "$1" != -- ]; do echo 0 > "$1" || { echo "keelway: cannot join the '
-          'cgroup $1" >&2; exit 125; }; shift; done; shift; exec "$@"')
 _KILL_BOUND_S = 5.0
 # How long a tree whose members are all dead may wait for init to reap them before its
 # cgroup can go: init reaps orphans every few seconds on some boxes (a VM's minimal init).
@@ -173,12 +169,12 @@ class ProcessTrees:
         for path in self._dirs(gen_id):
             path.mkdir(parents=True, exist_ok=True)
 
-    def enter_argv(self, gen_id: int, argv: list[str]) -> list[str]:
-        """`argv`, started so that its process joins the generation's cgroups first."""
+    def join_paths(self, gen_id: int) -> tuple[str, ...]:
+        """The `cgroup.procs` files a generation's leader writes itself into before it
+        execs the app (keelway.runtime.process spawns it so); none without cgroups."""
         if not self.uses_cgroups:
-            return argv
-        procs = [str(path / "cgroup.procs") for path in self._dirs(gen_id)]
-        return ["/bin/sh", "-c", _ENTER, "keelway-enter", *procs, "--", *argv]
+            return ()
+        return tuple(str(path / "cgroup.procs") for path in self._dirs(gen_id))
 
     def remove(self, gen_id: int, *, quiet: bool = False) -> bool:
         """Remove the generation's cgroups once its tree is gone; False while any member

@@ -6,8 +6,10 @@ import json
 import sqlite3
 
 from keelway.journal import Cause
+from keelway.store import identities
 from keelway.store.base import Conflict, NotFound, StoreBase
 from keelway.store.hosts import refuse_claimed
+from keelway.store.identities import IdSpace
 from keelway.store.lifecycle import InstanceState, check
 from keelway.store.records import App, Build, Instance, Release
 
@@ -30,6 +32,9 @@ class Catalog(StoreBase):
                 "INSERT INTO apps(name, created_at) VALUES (?, ?) ON CONFLICT(name) DO NOTHING",
                 (name, self.clock.now()),
             )
+            uids, gids = identities.app_names(name)
+            identities.allocate(c, IdSpace.UID, uids)
+            identities.allocate(c, IdSpace.GID, gids)
             app = self.get_app(name)
         assert app is not None  # just inserted inside this transaction
         return app
@@ -65,6 +70,7 @@ class Catalog(StoreBase):
                 "ON CONFLICT(host) DO NOTHING",
                 (host, app, InstanceState.RUNNING.value, self.clock.now()),
             )
+            identities.allocate(c, IdSpace.UID, [identities.instance_name(host)])
             inst = self.get_instance(host)
         assert inst is not None
         return inst

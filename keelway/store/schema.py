@@ -268,6 +268,17 @@ MIGRATIONS: list[str] = [
     ALTER TABLE instances ADD COLUMN seed TEXT;
     ALTER TABLE instances ADD COLUMN seed_state TEXT;
     """,
+    # 8: the numbers of tenant uids and app groups (keelway/store/identities.py), each
+    # allocated once per name and never reused, so no instance inherits another's files.
+    """
+    CREATE TABLE identities (
+        space TEXT NOT NULL,
+        name TEXT NOT NULL,
+        n INTEGER NOT NULL,
+        PRIMARY KEY (space, name),
+        UNIQUE (space, n)
+    );
+    """,
 ]
 
 

@@ -27,6 +27,7 @@ from keelway.journal import Cause, Inhibition
 from keelway.store.base import NotFound, StaleSchedule
 from keelway.store.catalog import Catalog
 from keelway.store.fences import Fences
+from keelway.store.identities import Identities
 from keelway.store.journal import Journal
 from keelway.store.lifecycle import GenState, InstanceState, RouteState
 from keelway.store.processes import Processes
@@ -35,7 +36,7 @@ from keelway.store.seeds import Seeds
 from keelway.store.tenancy import Tenancy
 
 
-class SqliteStore(Catalog, Journal, Processes, Fences, Tenancy, Seeds):
+class SqliteStore(Catalog, Journal, Processes, Fences, Tenancy, Seeds, Identities):
     """The whole store on one SQLite connection."""
 
     def install(

@@ -31,6 +31,7 @@ from keelway.clock import Clock
 from keelway.journal import Cause, Inhibition, OpKind, StepKind
 from keelway.store.base import Conflict, DiskFull, NotFound, StaleSchedule, StoreError
 from keelway.store.hosts import Claim
+from keelway.store.identities import IdSpace
 from keelway.store.lifecycle import (
     GenState,
     InstanceState,
@@ -176,6 +177,13 @@ class Store(Protocol):
     def cas_seed_record(self, record: str, seed: str, expected: frozenset[SeedState],
                         state: SeedState) -> bool:
         """The record to `state` only if it names `seed` in one of `expected`."""
+        ...
+
+    # -- identities: the numbers of tenant uids and app groups -------------------------
+
+    def identity_number(self, space: IdSpace, name: str) -> int:
+        """The number of `name` in `space`, allocated once and never given to another
+        name (keelway/store/identities.py)."""
         ...
 
     # -- tenancy: apps created and destroyed, instances added and removed, aliases -----

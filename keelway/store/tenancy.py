@@ -10,9 +10,11 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 
 from keelway.journal import Cause
+from keelway.store import identities
 from keelway.store.base import Conflict, NotFound, StoreBase
 from keelway.store.catalog import _app, _instance
 from keelway.store.hosts import Claim, HostTaken, claim_of, mirror_aliases
+from keelway.store.identities import IdSpace
 from keelway.store.lifecycle import GenState, InstanceState, Removal, RouteState
 from keelway.store.records import Alias, App, Instance
 
@@ -35,6 +37,9 @@ class Tenancy(StoreBase):
                           (name, self.clock.now()))
             except sqlite3.IntegrityError as exc:
                 raise Conflict(f"an app named {name} exists") from exc
+            uids, gids = identities.app_names(name)
+            identities.allocate(c, IdSpace.UID, uids)
+            identities.allocate(c, IdSpace.GID, gids)
         app = self._get_app(name)
         assert app is not None
         return app
@@ -98,6 +103,7 @@ class Tenancy(StoreBase):
                       Cause.RELEASE.value if pending is not None else None) for h in hosts])
             except sqlite3.IntegrityError as exc:  # a host given twice
                 raise Conflict(f"a host is given twice: {exc}") from exc
+            identities.allocate(c, IdSpace.UID, [identities.instance_name(h) for h in hosts])
             if parked:
                 c.executemany("INSERT INTO routes(host, instance, state) VALUES (?, ?, ?)",
                               [(h, h, RouteState.PARKED.value) for h in hosts])

@@ -37,8 +37,10 @@ for name in os.listdir("/proc/self/fd"):
         continue  # the directory listdir read, closed by now
     if target != f"/proc/{os.getpid()}/fd":
         fds[name] = target
-with open(os.path.join(PROBES, f"{sys.argv[1]}-{os.getpid()}.json"), "w") as out:
+final = os.path.join(PROBES, f"{sys.argv[1]}-{os.getpid()}.json")
+with open(final + ".part", "w") as out:
     json.dump({"role": sys.argv[1], "fds": fds}, out)
+os.rename(final + ".part", final)  # whole or absent for the reader
 if len(sys.argv) > 2:
     sys.argv = sys.argv[2:]
     runpy.run_path(sys.argv[0], run_name="__main__")
@@ -63,7 +65,7 @@ class Probes:
         self.seen: set[str] = set()
 
     def new(self) -> list[dict[str, Any]]:
-        fresh = sorted(p for p in self.directory.iterdir() if p.name not in self.seen)
+        fresh = sorted(p for p in self.directory.glob("*.json") if p.name not in self.seen)
         self.seen |= {p.name for p in fresh}
         return [json.loads(p.read_text()) for p in fresh]
 
@@ -105,8 +107,10 @@ def _exercise(kw: Keelway, probes: Probes, when: str) -> None:
 
 
 def test_every_spawn_path_gives_a_process_stdio_and_nothing_of_keelways_own(
-        kw: Keelway, tmp_path: Path) -> None:
-    probes_dir = tmp_path / "probes"
+        kw_root: Keelway, tmp_path: Path) -> None:
+    # kw_root: where this runs as root, each instance as a uid of its own, as on a box
+    kw = kw_root
+    probes_dir = kw.home.parent / "probes"
     probes_dir.mkdir(mode=0o1777)
     probes_dir.chmod(0o1777)  # a tenant may run as a uid of its own
     probes = Probes(probes_dir)

@@ -118,6 +118,9 @@ def _app(root: Path, name: str, greeting: str) -> Path:
 
 def _fresh() -> Home:
     root = Path(tempfile.mkdtemp(prefix="kwm-", dir="/tmp"))
+    # Reachable by other uids, so that where the matrix runs as root each instance runs
+    # as a uid of its own (keelway/identity.py), as on a real box.
+    root.chmod(0o711)
     apps = root / "apps"
     apps.mkdir()
     return Home(root / "h", free_port(), _app(apps, "a", "hello from"),

@@ -59,9 +59,9 @@ async def _spawn(trees: ProcessTrees, tmp_path: Path, leader_tail: str,
            tree.GENERATION_MARK: str(GEN)}
     trees.create(GEN)
     code = DAEMONIZE.format(exec_line=exec_line, leader_tail=leader_tail)
-    spawned = await process.spawn(trees.enter_argv(GEN, [sys.executable, "-c", code,
-                                                         str(pidfile)]),
-                                  cwd=tmp_path, env=env, log_path=tmp_path / "out.log")
+    spawned = await process.spawn([sys.executable, "-c", code, str(pidfile)],
+                                  cwd=tmp_path, env=env, log_path=tmp_path / "out.log",
+                                  join=trees.join_paths(GEN))
     for _ in range(200):
         if pidfile.exists() and pidfile.read_text():
             break
@@ -176,11 +176,12 @@ def test_the_mechanism_says_what_it_is_for_doctor(tmp_path: Path,
 def test_a_leader_that_cannot_join_its_cgroup_refuses_to_run_the_app(tmp_path: Path) -> None:
     # A tree outside its cgroup could outlive its stop: better not to run at all.
     broken = ProcessTrees(tmp_path, Mechanism.CGROUP_V1, (tmp_path / "no-such-cgroup",))
-    argv = broken.enter_argv(GEN, [sys.executable, "-c", "print('ran')"])
+    argv = [sys.executable, "-c", "print('ran')"]
 
     async def scenario() -> int:
         spawned = await process.spawn(argv, cwd=tmp_path, env=dict(os.environ),
-                                      log_path=tmp_path / "out.log")
+                                      log_path=tmp_path / "out.log",
+                                      join=broken.join_paths(GEN))
         return await spawned.proc.wait()
 
     assert asyncio.run(scenario()) == 125

@@ -16,6 +16,7 @@ import pytest
 
 from keelway.journal import Inhibition, OpKind, StepKind
 from keelway.store import Conflict, NotFound, SqliteStore, StaleSchedule, Store
+from keelway.store.identities import IdSpace
 from keelway.store.lifecycle import (
     GenState,
     IllegalTransition,
@@ -503,3 +504,16 @@ def test_instance_views_read_in_bulk_what_each_instance_reads_alone(store: Store
     assert latest_b is not None and latest_b.id == newer.id and len(latest_b.steps) == 2
     assert views["c.test"].latest is None and views["c.test"].route is None
     assert [g.id for g in store.active_generations()] == [worker.id]
+
+
+def test_an_identity_number_is_allocated_once_per_name_and_never_to_another(
+        open_store: OpenStore) -> None:
+    store = open_store()
+    a = store.identity_number(IdSpace.UID, "instance:a.test")
+    b = store.identity_number(IdSpace.UID, "instance:b.test")
+    assert a != b
+    assert store.identity_number(IdSpace.UID, "instance:a.test") == a
+    # the spaces are apart: an app's group number says nothing of any uid
+    assert store.identity_number(IdSpace.GID, "app:blog") == 0
+    assert store.identity_number(IdSpace.UID, "build:blog") not in {a, b}
+    assert open_store().identity_number(IdSpace.UID, "instance:a.test") == a  # reopened

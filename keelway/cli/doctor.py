@@ -1,0 +1,25 @@
+"""`keelway doctor`: what this box enforces between tenants and what it cannot, each
+with what to do. Exits 1 when a check fails, so a provisioning script can stop on it."""
+
+from __future__ import annotations
+
+import click
+
+from keelway.cli.base import api_call, cli, client, json_option
+from keelway.cli.output import emit_json
+
+
+@cli.command()
+@json_option
+@api_call
+def doctor(as_json: bool) -> None:
+    """What is wrong with this box, and what to do."""
+    checks = client().request("GET", "/v1/doctor")["checks"]
+    if as_json:
+        emit_json({"checks": checks})
+    else:
+        for check in checks:
+            mark = "ok  " if check["ok"] else "FAIL"
+            click.echo(f"{mark} {check['check']}: {check['detail']}")
+    if not all(check["ok"] for check in checks):
+        raise SystemExit(1)
