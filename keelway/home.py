@@ -33,9 +33,14 @@ _SUBDIRS = ("logs", "logs/apps", "router", "builds", "data", "env", "current", "
 
 
 def default_root() -> Path:
+    """$KEELWAY_HOME; else, for root, /var/lib/keelway (root's own home is 0700, so no
+    tenant's uid could reach a home inside it: keelway/identity.py); else
+    ~/.local/share/keelway."""
     env = os.environ.get("KEELWAY_HOME")
     if env:
         return Path(env).expanduser().absolute()
+    if os.geteuid() == 0:
+        return Path("/var/lib/keelway")
     return Path.home() / ".local" / "share" / "keelway"
 
 

@@ -78,6 +78,15 @@ def own(path: Path, identity: Identity, mode: int) -> bool:
     return True
 
 
+def own_tree(root: Path, identity: Identity) -> None:
+    """Make everything under `root` the identity's, modes kept, links not followed."""
+    for directory, dirs, files in os.walk(root):
+        for name in (*dirs, *files):
+            os.chown(Path(directory) / name, identity.uid, identity.gid,
+                     follow_symlinks=False)
+    os.chown(root, identity.uid, identity.gid, follow_symlinks=False)
+
+
 def share_with_group(root: Path, gid: int) -> None:
     """Give a sealed build to root and group `gid`: readable (and, where the owner may
     run or enter, runnable) by the group, nothing for others, writable by nobody."""

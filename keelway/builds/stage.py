@@ -197,7 +197,7 @@ def _stage_into(
     progress(f"building {digest[:12]}")
     if builder is not None:
         identity.open_app_builds(app_dir, builder.gid)
-        _hand_over(tmp, builder)
+        identity.own_tree(tmp, builder)  # its steps write there, and nowhere else
     _build(
         tmp, final, manifest, app=app, digest=digest, progress=progress,
         timeout_s=build_timeout_s, builder=builder,
@@ -340,15 +340,6 @@ def _build(
             )
     if has_venv:
         _relocate_venv(venv, tmp, final)
-
-
-def _hand_over(tmp: Path, builder: Identity) -> None:
-    """Give the staged tree to the builder, so its steps can write there and nowhere
-    else of the home. Links are not followed: the extraction refused any out of the tree."""
-    for directory, dirs, files in os.walk(tmp):
-        for name in (*dirs, *files):
-            os.chown(Path(directory) / name, builder.uid, builder.gid, follow_symlinks=False)
-    os.chown(tmp, builder.uid, builder.gid)
 
 
 def _venv_python(builder: Identity | None) -> str:

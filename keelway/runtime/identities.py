@@ -68,6 +68,14 @@ class Identities:
         database and the one a seed import lays down (each with SQLite's side files),
         and its env file. What the app itself creates is its own already."""
         data = self.home.data_dir(host)
+        try:
+            moved = data.stat().st_uid != ident.uid
+        except FileNotFoundError:
+            moved = False
+        if moved:
+            # First spawn as its own uid (a box where tenants shared keelway's uid until
+            # now, or a data dir an older keelway made): what the app wrote is its own too.
+            identity.own_tree(data, ident)
         identity.own(data, ident, _DIR)
         identity.own(self.home.seed_db_path(host).parent, ident, _DIR)
         for db in (self.home.db_path(host), self.home.seed_db_path(host)):
