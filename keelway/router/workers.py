@@ -137,7 +137,9 @@ class Worker:
                 await self._writer.drain()
                 async with asyncio.timeout(CHANNEL_TIMEOUT_S):
                     reply = await self._reader.readline()
-            except (OSError, TimeoutError):
+            except (OSError, RuntimeError, TimeoutError):
+                # RuntimeError: uvloop's word for a write to a channel already closed
+                # (the worker died and is not spawned again yet).
                 return None
             return reply.decode().strip() or None
 
@@ -172,7 +174,7 @@ class Worker:
             self._wakes.cancel()
             self._wakes = None
         if self._writer is not None:
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, RuntimeError):  # a dead worker's channel
                 self._writer.write(b"stop\n")
                 await self._writer.drain()
             self._writer.close()

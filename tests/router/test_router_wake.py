@@ -348,6 +348,49 @@ def test_the_hold_bound_of_a_host_counts_every_worker_and_leaves_other_hosts_alo
         cp.stop()
 
 
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rfind(")") + 2:].split()
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.slow
+def test_the_hold_slots_of_a_worker_that_died_are_free_again(
+    start_router: type[RouterProcess], api_sock: Path
+) -> None:
+    cp = FakeControlPlane(api_sock)
+    try:
+        router = start_router(extra_argv=(
+            "--workers", "2", "--wake-socket", str(api_sock), "--hold-timeout=20",
+            "--max-held-per-host=4"))
+        router.push(1, {HOST: parked()})
+        _closed, threads = fetch_all(router.port, 4)
+        wait_for(lambda: open_of(router) == 4)
+        workers = _children(router.pid)
+        assert len(workers) == 2
+        for pid in workers:
+            os.kill(pid, signal.SIGKILL)  # their held requests close with them
+        for thread in threads:
+            thread.join(10)
+        wait_for(lambda: len(set(_children(router.pid)) - set(workers)) == 2, 15)
+        wait_for(lambda: open_of(router) == 0)
+        # Every slot the dead workers had is free: four more are held, none refused.
+        again, threads = fetch_all(router.port, 4)
+        wait_for(lambda: open_of(router) == 4)
+        time.sleep(0.3)
+        assert again == []
+    finally:
+        cp.stop()
+
+
 class TunnelUpstream:
     """An upstream that switches every request to a tunnel (101) and echoes."""
 
