@@ -162,7 +162,7 @@ class Worker:
                 elif (verb == "wake" and self._on_wake is not None
                       and names.HOST.accepts(host)):
                     self._on_wake(host)
-        except (OSError, ValueError):
+        except (OSError, RuntimeError, ValueError):
             pass  # the worker is gone (it is respawned with a new pair) or misbehaved
         finally:
             if slots is not None:
