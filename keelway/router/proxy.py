@@ -16,6 +16,14 @@ Owns the swap of the route table and the lifetime of upstream pools. Invariants:
   because the kernel's own EMFILE on accept is handled inside libuv, which accepts and
   closes the waiting connections without telling the application (no busy loop, but
   no word either): keeping clients out of the reserve makes that the last resort.
+
+Holding, in a worker (`slot_hook` set): a request is held only with a slot the main
+process granted (keelway/router/hold_slots.py), asked for when its head completes and
+answered in order on the worker's channel; until the answer it waits in `_asking`. A
+granted slot is given back whenever the request stops being held, however it ends. When
+this process drains (told to stop, or its main process died and nobody will release
+them), every held or asking request is answered 503 + Retry-After at once: never closed
+without an answer.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import asyncio
 import logging
 import resource
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
@@ -139,6 +148,14 @@ class Proxy:
         self.wake_hook: Callable[[str], None] | None = None
         self.swap_hook: Callable[[], None] | None = None
         self._wake_noted: dict[str, float] = {}
+        # In a worker: asks the main process for a hold slot of a host (True) or gives
+        # one back (False); None in a router of one process, which counts its own.
+        self.slot_hook: Callable[[str, bool], None] | None = None
+        self._slots_lost = False
+        # Asked for a slot, in the order asked (the answers come in that order), and
+        # those of them still waiting (a client that left is dropped from the set only).
+        self._asking: deque[tuple[Exchange, str, float]] = deque()
+        self._asking_live: set[Exchange] = set()
         self._wake_refused: dict[str, float] = {}
         self._hold_sweeper: asyncio.TimerHandle | None = None
         self._sweeper: asyncio.TimerHandle | None = None
@@ -200,23 +217,84 @@ class Proxy:
 
     def hold(self, ex: Exchange, target: Target) -> bool:
         """Park `ex` until a table decides its route; False when already full (or a
-        wake of its parked host was just refused). A parked host is asked awake."""
+        wake of its parked host was just refused). A parked host is asked awake. In a
+        worker it waits for its slot first (`granted`)."""
         now = time.monotonic()
         host = target.host
         if target.parked and not self.want_wake(target, now):
             return False
         options = self.options
-        if len(self._held) >= options.max_held:
+        if len(self._held) + len(self._asking_live) >= options.max_held:
             return False
-        count = self._held_per_host.get(host, 0)
-        if count >= options.max_held_per_host:
+        if self._held_per_host.get(host, 0) >= options.max_held_per_host:
             return False
-        self._held_per_host[host] = count + 1
-        self._held[ex] = (host, now + options.hold_timeout_s)
+        deadline = now + options.hold_timeout_s
+        hook = self.slot_hook
+        if hook is None:
+            self._add_held(ex, host, deadline)
+            return True
+        if self._slots_lost:
+            return False  # no main process to grant one: 503 now
+        self._asking.append((ex, host, deadline))
+        self._asking_live.add(ex)
+        hook(host, True)
+        return True
+
+    def granted(self, ok: bool) -> None:
+        """The main process's answer to the oldest slot asked for."""
+        if not self._asking:
+            return  # answers to asks made before a `slots_lost` (none are left)
+        ex, host, deadline = self._asking.popleft()
+        if ex not in self._asking_live:  # its client left, or it was answered already
+            if ok and self.slot_hook is not None:
+                self.slot_hook(host, False)
+            return
+        self._asking_live.discard(ex)
+        if not ok:
+            ex.answer_instead(self._unavailable(host))
+            return
+        self._add_held(ex, host, deadline)
+        # The table may have changed, or the wake been refused, while it asked.
+        refused_until = self._wake_refused.get(host)
+        if refused_until is not None and time.monotonic() < refused_until:
+            self._drop_held(ex, host)
+            ex.answer_instead(self._unavailable(host))
+            return
+        target = self.routing.by_host.get(host.encode())
+        if target is None or not target.holding:
+            self._settle(ex, host, target)
+
+    def slots_lost(self) -> None:
+        """The channel to the main process closed: nobody grants or releases any more.
+        What waits is answered 503 now; new requests to a holding route get 503 too."""
+        self._slots_lost = True
+        self.answer_held()
+
+    def answer_held(self) -> int:
+        """Answer every held or asking request 503 + Retry-After now (a drain: no table
+        will come to release them). Returns how many were answered."""
+        answered = 0
+        asking = [(ex, host) for ex, host, _ in self._asking if ex in self._asking_live]
+        self._asking_live.clear()
+        for ex, host in asking:
+            ex.answer_instead(self._unavailable(host))
+            answered += 1
+        for ex, (host, _deadline) in list(self._held.items()):
+            self._drop_held(ex, host)
+            ex.answer_instead(self._unavailable(host))
+            answered += 1
+        return answered
+
+    def _add_held(self, ex: Exchange, host: str, deadline: float) -> None:
+        self._held_per_host[host] = self._held_per_host.get(host, 0) + 1
+        self._held[ex] = (host, deadline)
         if self._hold_sweeper is None:
             self._hold_sweeper = asyncio.get_running_loop().call_later(
                 HOLD_SWEEP_S, self._sweep_held)
-        return True
+
+    def _unavailable(self, host: str) -> responses.Canned:
+        target = self.routing.by_host.get(host.encode())
+        return responses.unavailable(target.retry_after_s if target is not None else 5)
 
     def want_wake(self, target: Target, now: float | None = None) -> bool:
         """Note that parked `target` has a request waiting (or turned away: an upgrade,
@@ -247,9 +325,7 @@ class Proxy:
         for ex, (held_host, _deadline) in list(self._held.items()):
             if held_host == host:
                 self._drop_held(ex, held_host)
-                target = self.routing.by_host.get(host.encode())
-                retry_s = target.retry_after_s if target is not None else 5
-                ex.answer_instead(responses.unavailable(retry_s))
+                ex.answer_instead(self._unavailable(host))
                 answered += 1
         return answered
 
@@ -260,6 +336,8 @@ class Proxy:
             self._held_per_host[host] = left
         else:
             self._held_per_host.pop(host, None)
+        if self.slot_hook is not None and not self._slots_lost:
+            self.slot_hook(host, False)
 
     def held_counts(self) -> dict[str, int]:
         """Requests held per host in this process (tests, and the hostile bounds)."""
@@ -269,6 +347,8 @@ class Proxy:
         found = self._held.get(ex)
         if found is not None:
             self._drop_held(ex, found[0])
+        else:
+            self._asking_live.discard(ex)
 
     def _release_held(self) -> None:
         """A new table: resume what it serves, answer what it refuses, keep the rest."""
@@ -277,13 +357,17 @@ class Proxy:
             target = by_host.get(host.encode())
             if target is not None and target.holding:
                 continue
-            self._drop_held(ex, host)
-            if target is None:
-                ex.answer_instead(responses.NOT_FOUND)
-            elif target.proxied:
-                ex.resume(self.pool_for(target))
-            else:
-                ex.answer_instead(responses.unavailable(target.retry_after_s))
+            self._settle(ex, host, target)
+
+    def _settle(self, ex: Exchange, host: str, target: Target | None) -> None:
+        """Held `ex`'s route no longer holds: serve it by `target`, or answer it."""
+        self._drop_held(ex, host)
+        if target is None:
+            ex.answer_instead(responses.NOT_FOUND)
+        elif target.proxied:
+            ex.resume(self.pool_for(target))
+        else:
+            ex.answer_instead(responses.unavailable(target.retry_after_s))
 
     def _sweep_held(self) -> None:
         """Answer what waited too long; let go of what its client gave up on, so that a
@@ -293,9 +377,7 @@ class Proxy:
         for ex, (host, deadline) in list(self._held.items()):
             if deadline <= now:
                 self._drop_held(ex, host)
-                target = self.routing.by_host.get(host.encode())
-                retry_s = target.retry_after_s if target is not None else 5
-                ex.answer_instead(responses.unavailable(retry_s))
+                ex.answer_instead(self._unavailable(host))
             elif ex.client.peer_gone():
                 self._drop_held(ex, host)
                 ex.client.close()
@@ -374,6 +456,9 @@ class Proxy:
         """
         self.draining = True
         deadline = time.monotonic() + self.options.drain_timeout_s
+        # Nothing releases a held request from here (no table comes to a draining
+        # process): waiting would only end in an abort at the deadline, an empty close.
+        self.answer_held()
         # From here every answer carries `Connection: close`. A busy keep-alive client
         # gets one more answer and a clean close; closing its idle connection at once
         # instead would race the request it may be sending right now (it would see a

@@ -7,8 +7,9 @@ still work), take the listening socket (inherited fd or own bind), serve. SIGTER
 SIGINT: stop accepting, let in-flight exchanges finish up to `drain_timeout_s`, exit 0.
 Signal handlers only set an event; all work happens in the serving coroutine.
 
-Later multi-worker mode is meant to run `serve` once per worker process over the same
-inherited listening fd; nothing here assumes it is the only process accepting.
+With `--workers N` above 1, `serve` runs once per worker process over the same
+inherited listening fd, and the main process accepts nothing itself: it keeps the
+control socket, the waker and the hold slots (keelway/router/workers.py says why).
 """
 
 from __future__ import annotations
@@ -29,12 +30,13 @@ import uvloop
 
 from keelway.router.client import RouterControlError, retire_over, take_listener
 from keelway.router.control import ControlServer
+from keelway.router.hold_slots import HoldSlots
 from keelway.router.listen import LISTEN_BACKLOG, bind_tcp
 from keelway.router.proxy import Proxy, ProxyOptions
 from keelway.router.route_table import EMPTY_TABLE, RouteTable
 from keelway.router.table_file import TableFileError, load_table
 from keelway.router.waker import Waker
-from keelway.router.workers import WorkerSet, serve_channel
+from keelway.router.workers import SlotChannel, WorkerSet, serve_channel
 
 log: Final = logging.getLogger("keelway.router")
 
@@ -87,7 +89,8 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
     parser.add_argument("--trusted-proxy", action="append", default=[], metavar="IP",
                         help="a front proxy whose X-Forwarded-* are kept (repeatable)")
     parser.add_argument("--workers", type=int, default=1, metavar="N",
-                        help="processes accepting on the listening socket (default 1)")
+                        help="processes accepting on the listening socket (default 1); "
+                             "above 1 they are workers, and this main process accepts none")
     parser.add_argument("--state", type=Path, metavar="PATH", help="route table file")
     parser.add_argument(
         "--drain-timeout",
@@ -104,9 +107,17 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
         help="how long a request to a holding or parked route waits for the table that "
              "serves it before 503 (default %(default)s)",
     )
+    parser.add_argument("--max-held", type=int, default=ProxyOptions.max_held, metavar="N",
+                        help="requests held at once in all (default %(default)s)")
+    parser.add_argument("--max-held-per-host", type=int,
+                        default=ProxyOptions.max_held_per_host, metavar="N",
+                        help="requests held at once for one host, across the workers "
+                             "(default %(default)s)")
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error("--workers must be at least 1")
+    if args.max_held < 1 or args.max_held_per_host < 1:
+        parser.error("--max-held and --max-held-per-host must be at least 1")
     if args.workers > 1 and args.state is None:
         parser.error("--workers above 1 needs --state: workers read the table from it")
     return RouterConfig(
@@ -121,6 +132,8 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
         state_path=args.state,
         options=ProxyOptions(drain_timeout_s=args.drain_timeout,
                              hold_timeout_s=args.hold_timeout,
+                             max_held=args.max_held,
+                             max_held_per_host=args.max_held_per_host,
                              trusted_proxies=frozenset(args.trusted_proxy)),
     )
 
@@ -178,13 +191,17 @@ async def serve(config: RouterConfig, sock: socket.socket,
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    server = await loop.create_server(proxy.protocol, sock=sock, backlog=LISTEN_BACKLOG)
+    # With workers, every client connection is theirs (none held here can die with us).
+    server = (await loop.create_server(proxy.protocol, sock=sock, backlog=LISTEN_BACKLOG)
+              if config.channel_fd is not None or config.workers == 1 else None)
     if config.channel_fd is not None:
+        assert server is not None
         # A worker: its parent is its control plane.
         if config.wake_fd is not None:
-            wakes, _ = await loop.create_unix_connection(
-                asyncio.Protocol, sock=socket.socket(fileno=config.wake_fd))
-            proxy.wake_hook = lambda host: wakes.write(host.encode() + b"\n")
+            _, slot_channel = await loop.create_unix_connection(
+                lambda: SlotChannel(proxy), sock=socket.socket(fileno=config.wake_fd))
+            proxy.wake_hook = slot_channel.note_wake
+            proxy.slot_hook = slot_channel.slot
         channel = loop.create_task(
             serve_channel(config.channel_fd, proxy, config.state_path, stop))
         await stop.wait()
@@ -193,7 +210,10 @@ async def serve(config: RouterConfig, sock: socket.socket,
         return await proxy.drain()
     trusted = tuple(f"--trusted-proxy={ip}" for ip in sorted(config.options.trusted_proxies))
     # The workers hold by the same bound, which is also how long the waker keeps trying.
-    passed_on = (*trusted, f"--hold-timeout={config.options.hold_timeout_s}")
+    options = config.options
+    passed_on = (*trusted, f"--hold-timeout={options.hold_timeout_s}",
+                 f"--max-held={options.max_held}",
+                 f"--max-held-per-host={options.max_held_per_host}")
     waker: Waker | None = None
     workers: WorkerSet | None = None
 
@@ -203,8 +223,10 @@ async def serve(config: RouterConfig, sock: socket.socket,
 
     if config.wake_socket is not None:
         waker = Waker(proxy, config.wake_socket, refuse_in_workers)
-    workers = WorkerSet(config.workers, sock, config.state_path, config.options.drain_timeout_s,
-                        passed_on, waker.need if waker is not None else None)
+    workers = WorkerSet(config.workers if config.workers > 1 else 0, sock, config.state_path,
+                        options.drain_timeout_s, passed_on,
+                        waker.need if waker is not None else None,
+                        HoldSlots(options.max_held, options.max_held_per_host))
     await workers.start()
     control: ControlServer | None = None
     if config.control_path is not None:
@@ -225,7 +247,8 @@ async def serve(config: RouterConfig, sock: socket.socket,
     )
     await stop.wait()
     log.info("stopping: draining %d client connections", len(proxy.connections))
-    server.close()
+    if server is not None:
+        server.close()
     if waker is not None:
         await waker.close()
     clean, _ = await asyncio.gather(proxy.drain(), workers.stop())

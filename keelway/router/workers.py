@@ -1,10 +1,12 @@
 """Router workers: more processes accepting on the one listening socket.
 
-The router process started by the control plane is worker 0 and the only one with a
-control socket. It spawns workers 1..N-1 as subprocesses (not forks: forking under a
-running event loop is unsafe), each inheriting the listening socket and one end of a
-socketpair, its channel. The worker's first line is `ready` (it accepts); then, one
-line each way:
+The router process started by the control plane is the main process and the only one
+with a control socket. With `--workers N` above 1 it spawns N workers as subprocesses
+(not forks: forking under a running event loop is unsafe), each inheriting the
+listening socket and one end of a socketpair, its channel, and it serves no client
+itself: every client connection lives in a worker, so the main process holds no request
+a SIGKILL of it could close unanswered. The worker's first line is `ready` (it
+accepts); then, one line each way:
 
     reload   -> ok V        the worker re-read the table file and serves version V
     inflight -> {...}       its requests in flight per upstream, as JSON
@@ -13,16 +15,31 @@ line each way:
                             worker answered its N held requests for H with 503
     stop                    drain and exit (no reply; the parent reaps it)
 
-A second socketpair carries the other direction, worker to parent, one line each and no
-reply: `HOST` (a parked host has requests waiting in that worker; Proxy.want_wake
-rate-limits it). The parent's waker dedupes them, so a router sends one wake at a time
-per instance however many workers hold requests for it.
+A second socketpair carries the worker's asks, one line each:
+
+    wake HOST               a parked host has requests waiting in that worker
+                            (Proxy.want_wake rate-limits it); no reply
+    hold HOST  -> 1 | 0     a hold slot for one request of HOST (hold_slots.py),
+                            granted or not; answered in the order asked
+    unhold HOST             a held request of HOST ended: its slot is free; no reply
+
+The parent's waker dedupes the wake notes, so a router sends one wake at a time per
+instance however many workers hold requests for it; its HoldSlots bound the held
+requests per host across the workers.
 
 Rules: a table push is acknowledged only once every worker serves it, so a deploy never
 stops a process some worker still routes to. A worker whose channel closes (its parent
-died) drains and exits: it must not serve a table nobody can update. A worker that dies
-is spawned again by its parent. The router opens its control socket only once its
-workers are ready, so "the router answers" means every worker serves.
+died) drains and exits: it must not serve a table nobody can update, and it answers its
+held requests 503 + Retry-After at once (Proxy.drain), since nobody would release them.
+A worker that dies is spawned again by its parent, and the slots it held are freed.
+The router opens its control socket only once its workers are ready, so "the router
+answers" means every worker serves.
+
+Crash windows: the main process SIGKILLed during a wake: its workers see their channels
+close and answer what they hold (and what asks a slot) 503 + Retry-After, then drain
+what is in flight; the control plane starts a successor on the same listening socket.
+A worker SIGKILLed: the requests it holds close with it (no other process has their
+sockets); its slots are freed when its channel closes, and it is spawned again.
 """
 
 from __future__ import annotations
@@ -37,9 +54,10 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Final
+from typing import Final, cast
 
 from keelway import names
+from keelway.router.hold_slots import HoldSlots
 from keelway.router.proxy import Proxy
 from keelway.router.table_file import TableFileError, load_table
 
@@ -55,10 +73,13 @@ class Worker:
 
     def __init__(self, index: int, listener: socket.socket, state_path: Path | None,
                  drain_timeout_s: float, extra_argv: tuple[str, ...] = (),
-                 on_wake: Callable[[str], None] | None = None) -> None:
+                 on_wake: Callable[[str], None] | None = None,
+                 slots: HoldSlots | None = None) -> None:
         self.index = index
         self._extra_argv = extra_argv
         self._on_wake = on_wake
+        self._slots = slots
+        self._channels = 0  # numbers this worker's channels, each a holder of slots
         self._wakes: asyncio.Task[None] | None = None
         self._listener = listener
         self._state_path = state_path
@@ -116,21 +137,36 @@ class Worker:
                 await self._writer.drain()
                 async with asyncio.timeout(CHANNEL_TIMEOUT_S):
                     reply = await self._reader.readline()
-            except (OSError, TimeoutError):
+            except (OSError, RuntimeError, TimeoutError):
+                # RuntimeError: uvloop's word for a write to a channel already closed
+                # (the worker died and is not spawned again yet).
                 return None
             return reply.decode().strip() or None
 
     async def _read_wakes(self, sock: socket.socket) -> None:
-        """The worker's notes of parked hosts with requests waiting, to the waker."""
+        """The worker's wake notes, to the waker, and its hold slots, granted here."""
+        self._channels += 1
+        holder = self.index << 32 | self._channels
         reader, writer = await asyncio.open_connection(sock=sock)
+        slots = self._slots
         try:
             while line := await reader.readline():
-                host = line.decode(errors="replace").strip()
-                if self._on_wake is not None and names.HOST.accepts(host):
+                verb, _, host = line.decode(errors="replace").strip().partition(" ")
+                if verb == "hold":
+                    # Every ask gets its one answer, in order: the worker pairs them so.
+                    ok = slots is None or (names.HOST.accepts(host) and slots.take(holder, host))
+                    writer.write(b"1\n" if ok else b"0\n")
+                elif verb == "unhold":
+                    if slots is not None:
+                        slots.give_back(holder, host)
+                elif (verb == "wake" and self._on_wake is not None
+                      and names.HOST.accepts(host)):
                     self._on_wake(host)
-        except (OSError, ValueError):
+        except (OSError, RuntimeError, ValueError):
             pass  # the worker is gone (it is respawned with a new pair) or misbehaved
         finally:
+            if slots is not None:
+                slots.forget(holder)
             writer.close()
 
     async def stop(self) -> None:
@@ -138,7 +174,7 @@ class Worker:
             self._wakes.cancel()
             self._wakes = None
         if self._writer is not None:
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, RuntimeError):  # a dead worker's channel
                 self._writer.write(b"stop\n")
                 await self._writer.drain()
             self._writer.close()
@@ -157,13 +193,16 @@ class Worker:
 
 
 class WorkerSet:
-    """Workers 1..N-1 of this router; empty when it runs alone."""
+    """Workers 1..count of this router; empty when it runs alone."""
 
     def __init__(self, count: int, listener: socket.socket, state_path: Path | None,
                  drain_timeout_s: float, extra_argv: tuple[str, ...] = (),
-                 on_wake: Callable[[str], None] | None = None) -> None:
-        self.workers = [Worker(i, listener, state_path, drain_timeout_s, extra_argv, on_wake)
-                        for i in range(1, count)]
+                 on_wake: Callable[[str], None] | None = None,
+                 slots: HoldSlots | None = None) -> None:
+        self.slots = slots
+        self.workers = [Worker(i, listener, state_path, drain_timeout_s, extra_argv, on_wake,
+                               slots)
+                        for i in range(1, count + 1)]
         self._watch: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -216,6 +255,40 @@ class WorkerSet:
                     log.warning("worker %d exited (%s); starting it again", worker.index, code)
                     await worker.start()
                     await worker.ask("reload")
+
+
+class SlotChannel(asyncio.Protocol):
+    """A worker's side of its second socketpair: wake notes and hold slots out, the
+    slots' answers in (to Proxy.granted, in the order asked). Closed (the main process
+    died): Proxy.slots_lost answers what waits."""
+
+    def __init__(self, proxy: Proxy) -> None:
+        self._proxy = proxy
+        self._transport: asyncio.Transport | None = None
+        self._buffer = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
+
+    def note_wake(self, host: str) -> None:
+        self._send(b"wake " + host.encode() + b"\n")
+
+    def slot(self, host: str, take: bool) -> None:
+        self._send((b"hold " if take else b"unhold ") + host.encode() + b"\n")
+
+    def _send(self, line: bytes) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(line)
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        *answers, self._buffer = self._buffer.split(b"\n")
+        for answer in answers:
+            self._proxy.granted(answer == b"1")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        self._proxy.slots_lost()
 
 
 async def serve_channel(channel_fd: int, proxy: Proxy, state_path: Path | None,

@@ -118,8 +118,10 @@ def _record_pid(home: Home, handle: RouterHandle) -> None:
 
 
 def default_workers() -> int:
-    """One router worker per core (SPEC §4), the way nginx's `auto` counts them."""
-    return max(1, len(os.sched_getaffinity(0)))
+    """One router worker per core (SPEC §4), the way nginx's `auto` counts them, and at
+    least two: with workers the router's main process serves no client, so a SIGKILL of
+    it closes no held request unanswered (keelway/router/workers.py)."""
+    return max(2, len(os.sched_getaffinity(0)))
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import websockets
 
+from keelway.router.client import activity_sync
 from tests.deploy.apps import SLOW_BOOT, hello
 from tests.e2e.harness import EXAMPLE, Keelway, gone, wait_until
 from tests.invariants import violations
@@ -72,6 +73,55 @@ def test_a_request_to_a_parked_instance_is_answered_across_a_control_plane_crash
     waiting.join(60)
     assert answer == [200]
     assert _state(kw) == "running"
+
+
+def test_requests_held_for_a_wake_are_answered_across_a_kill_of_the_routers_main_process(
+        kw: Keelway, tmp_path: Path) -> None:
+    kw.up("--router-workers", "2")
+    boot_s = 4  # the wake is still going on when the router dies
+    kw.ok("deploy", "hello", str(hello(tmp_path, "slow", web_cmd=SLOW_BOOT.replace(
+        "time.sleep(2)", f"time.sleep({boot_s})"))), "--host", HOST)
+    kw.ok("park", HOST)
+    answers: list[tuple[int, str | None] | str] = []
+    lock = threading.Lock()
+
+    def one() -> None:
+        try:
+            status, _, headers = kw.get(HOST, "/health", timeout_s=60)
+            answer: tuple[int, str | None] | str = (status, headers.get("Retry-After"))
+        except Exception as exc:  # an answer of none, recorded for the assertion
+            answer = repr(exc)
+        with lock:
+            answers.append(answer)
+
+    threads = [threading.Thread(target=one) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+
+    def held() -> bool:
+        seen = activity_sync(kw.home / "router" / "control.sock").get(HOST)
+        return seen is not None and seen.open == 20
+
+    assert wait_until(held, 10)
+    router_pid = int((kw.home / "router" / "router.pid").read_text().split()[0])
+    os.kill(router_pid, signal.SIGKILL)
+    for thread in threads:
+        thread.join(60)
+    # Each got a whole answer: the app's once it is up, or 503 + Retry-After; none
+    # had its connection closed with nothing.
+    assert len(answers) == 20
+    assert [a for a in answers if isinstance(a, str)
+            or not (a[0] == 200 or (a[0] == 503 and a[1] is not None))] == []
+    # The wake went on: the next router serves the instance.
+    assert wait_until(lambda: _state(kw) == "running" and kw.get(HOST, "/health")[0] == 200,
+                      30)
+
+    def woken() -> bool:
+        ops = kw.ok("ops", "hello", "--json").json()["operations"]
+        return bool(ops[0]["kind"] == "wake" and ops[0]["state"] == "succeeded")
+
+    assert wait_until(woken, 30)
+    assert violations(kw.home) == []
 
 
 WS_APP = '''\

@@ -7,6 +7,8 @@ records wake requests and, when told, pushes a serving table over the control so
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
 import socketserver
 import threading
@@ -140,13 +142,14 @@ def fetch(port: int, request: bytes = GET, timeout_s: float = 10.0) -> bytes:
                         return data
 
 
-def fetch_all(port: int, n: int) -> tuple[list[bytes], list[threading.Thread]]:
+def fetch_all(port: int, n: int, request: bytes = GET
+              ) -> tuple[list[bytes], list[threading.Thread]]:
     replies: list[bytes] = []
     lock = threading.Lock()
 
     def one() -> None:
         try:
-            reply = fetch(port, GET.replace(b"Host:", b"Connection: close\r\nHost:"))
+            reply = fetch(port, request.replace(b"Host:", b"Connection: close\r\nHost:"))
         except OSError as exc:
             reply = f"error {exc}".encode()
         with lock:
@@ -258,6 +261,132 @@ def test_a_refused_wake_answers_the_held_requests_503_at_once(
         reply = fetch(router.port)
         assert reply.startswith(b"HTTP/1.1 503 ") and b"\r\nRetry-After: 7\r\n" in reply
         assert time.monotonic() - started < 2.0
+    finally:
+        cp.stop()
+
+
+def answered_503(reply: bytes, retry_after_s: int = 7) -> bool:
+    """A whole 503 with its Retry-After (not a connection closed with nothing)."""
+    return reply.startswith(b"HTTP/1.1 503 ") and (
+        f"\r\nRetry-After: {retry_after_s}\r\n".encode() in reply)
+
+
+@pytest.mark.slow
+def test_requests_held_when_the_routers_main_process_is_killed_all_get_503_with_retry_after(
+    start_router: type[RouterProcess], api_sock: Path
+) -> None:
+    cp = FakeControlPlane(api_sock)  # takes the wake, and never publishes the route
+    try:
+        router = start_parked(start_router, api_sock, workers=2, hold_s=20.0)
+        replies, threads = fetch_all(router.port, 40)
+        wait_for(lambda: open_of(router) == 40)  # all held, across the workers
+        os.kill(router.pid, signal.SIGKILL)
+        started = time.monotonic()
+        for thread in threads:
+            thread.join(15)
+        assert len(replies) == 40
+        assert [r for r in replies if not answered_503(r)] == []
+        # At once, not when the hold bound or a drain deadline runs out.
+        assert time.monotonic() - started < 3.0
+    finally:
+        cp.stop()
+
+
+@pytest.mark.slow
+def test_a_router_stopped_while_it_holds_requests_answers_them_503_at_once(
+    start_router: type[RouterProcess], api_sock: Path
+) -> None:
+    cp = FakeControlPlane(api_sock)
+    try:
+        router = start_parked(start_router, api_sock, workers=1, hold_s=20.0)
+        replies, threads = fetch_all(router.port, 5)
+        wait_for(lambda: open_of(router) == 5)
+        started = time.monotonic()
+        router.proc.send_signal(signal.SIGTERM)
+        for thread in threads:
+            thread.join(15)
+        assert [r for r in replies if not answered_503(r)] == []
+        assert time.monotonic() - started < 3.0  # the drain deadline is 5 s
+        assert router.proc.wait(10) == 0
+    finally:
+        cp.stop()
+
+
+@pytest.mark.slow
+def test_the_hold_bound_of_a_host_counts_every_worker_and_leaves_other_hosts_alone(
+    start_router: type[RouterProcess], wide_upstream: Upstream, api_sock: Path
+) -> None:
+    other = "other.test"
+    cp = FakeControlPlane(api_sock)  # takes every wake; the test publishes
+    try:
+        router = start_router(extra_argv=(
+            "--workers", "2", "--wake-socket", str(api_sock), "--hold-timeout=20",
+            "--max-held-per-host=20"))
+        router.push(1, {HOST: parked(), other: parked()})
+        replies, threads = fetch_all(router.port, 30)
+        # The excess over the bound is answered at once, whichever worker it landed in.
+        wait_for(lambda: len(replies) >= 10 and open_of(router) == 20)
+        time.sleep(0.3)
+        assert len(replies) == 10
+        assert [r for r in replies if not answered_503(r)] == []
+        assert open_of(router) == 20
+        # Another parked host still has its own bound: held too, none refused.
+        others, other_threads = fetch_all(router.port, 5, GET.replace(HOST.encode(),
+                                                                       other.encode()))
+        wait_for(lambda: open_of(router, other) == 5)
+        assert others == [] and len(replies) == 10
+        push_table_sync(router.control, RouteTable(version=2, routes={
+            HOST: Route(state=RouteState.SERVING, upstream=wide_upstream.address),
+            other: Route(state=RouteState.SERVING, upstream=wide_upstream.address)}))
+        for thread in [*threads, *other_threads]:
+            thread.join(10)
+        assert len(replies) == 30 and len(others) == 5
+        assert sum(r.startswith(b"HTTP/1.1 200 ") for r in replies) == 20
+        assert all(r.startswith(b"HTTP/1.1 200 ") for r in others)
+        assert len(wide_upstream.seen.requests) == 25
+    finally:
+        cp.stop()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rfind(")") + 2:].split()
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.slow
+def test_the_hold_slots_of_a_worker_that_died_are_free_again(
+    start_router: type[RouterProcess], api_sock: Path
+) -> None:
+    cp = FakeControlPlane(api_sock)
+    try:
+        router = start_router(extra_argv=(
+            "--workers", "2", "--wake-socket", str(api_sock), "--hold-timeout=20",
+            "--max-held-per-host=4"))
+        router.push(1, {HOST: parked()})
+        _closed, threads = fetch_all(router.port, 4)
+        wait_for(lambda: open_of(router) == 4)
+        workers = _children(router.pid)
+        assert len(workers) == 2
+        for pid in workers:
+            os.kill(pid, signal.SIGKILL)  # their held requests close with them
+        for thread in threads:
+            thread.join(10)
+        wait_for(lambda: len(set(_children(router.pid)) - set(workers)) == 2, 15)
+        wait_for(lambda: open_of(router) == 0)
+        # Every slot the dead workers had is free: four more are held, none refused.
+        again, threads = fetch_all(router.port, 4)
+        wait_for(lambda: open_of(router) == 4)
+        time.sleep(0.3)
+        assert again == []
     finally:
         cp.stop()
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from keelway.router.client import ping_sync, push_table_sync
+from keelway.router.client import activity_sync, ping_sync, push_table_sync
 from keelway.router.route_table import Route, RouteState, RouteTable
 from keelway.runtime import process
 
@@ -124,11 +124,11 @@ def _route(upstream: str) -> dict[str, Route]:
 def test_every_worker_serves_a_pushed_table_before_the_push_is_acknowledged(
     workers: Workers, upstreams: tuple[str, str]
 ) -> None:
-    assert len(workers.children()) == 2
+    assert len(workers.children()) == 3  # and the main process accepts none itself
     push_table_sync(workers.control, RouteTable(version=1, routes=_route(upstreams[0])))
     assert {workers.get("a.test") for _ in range(30)} == {(200, b"first")}
     push_table_sync(workers.control, RouteTable(version=2, routes=_route(upstreams[1])))
-    # New connections land on any of the three processes: none may still route to v1.
+    # New connections land on any of the three workers: none may still route to v1.
     assert {workers.get("a.test") for _ in range(30)} == {(200, b"second")}
 
 
@@ -140,10 +140,24 @@ def test_a_worker_that_dies_is_started_again_with_the_current_table(
     os.kill(victim, signal.SIGKILL)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and (victim in workers.children()
-                                           or len(workers.children()) < 2):
+                                           or len(workers.children()) < 3):
         time.sleep(0.1)
-    assert victim not in workers.children() and len(workers.children()) == 2
+    assert victim not in workers.children() and len(workers.children()) == 3
     assert {workers.get("a.test") for _ in range(30)} == {(200, b"first")}
+
+
+def test_the_router_answers_its_control_socket_while_a_worker_is_dead(
+    workers: Workers, upstreams: tuple[str, str]
+) -> None:
+    push_table_sync(workers.control, RouteTable(version=1, routes=_route(upstreams[0])))
+    victim = workers.children()[0]
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and victim in workers.children():
+        time.sleep(0.01)
+    # Before its parent spawns it again (within a second): the others still answer.
+    assert set(activity_sync(workers.control)) == {"a.test"}
+    assert workers.stop() == 0
 
 
 def test_sigterm_stops_every_worker(workers: Workers) -> None:
