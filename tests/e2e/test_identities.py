@@ -7,14 +7,17 @@ home other uids cannot reach), status and doctor say tenants share a uid."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from keelway.identity import ID_BASE
 from tests.deploy.apps import hello
-from tests.e2e.harness import Keelway
+from tests.e2e.harness import Keelway, free_port
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.geteuid() != 0, reason="identities need root")]
@@ -44,13 +47,26 @@ def _app(root: Path, name: str) -> Path:
     return app
 
 
+@pytest.fixture(scope="module")
+def tenants() -> Iterator[Keelway]:
+    """Two apps, three instances (two of blog, one of shop), in a home other uids reach."""
+    base = Path(tempfile.mkdtemp(prefix="kw-ids-", dir="/tmp"))
+    base.chmod(0o711)
+    kw = Keelway(home=base / "kh", http_port=free_port())
+    try:
+        kw.up()
+        kw.ok("deploy", "blog", str(_app(base, "blog")), "--host", "a.blog.test",
+              "--host", "b.blog.test")
+        kw.ok("deploy", "shop", str(_app(base, "shop")), "--host", "shop.test")
+        yield kw
+    finally:
+        kw.teardown()
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def test_each_instance_runs_as_a_uid_of_its_own_in_a_group_of_its_app(
-        kw_root: Keelway, tmp_path: Path) -> None:
-    kw = kw_root
-    kw.up()
-    kw.ok("deploy", "blog", str(_app(tmp_path, "blog")), "--host", "a.blog.test",
-          "--host", "b.blog.test")
-    kw.ok("deploy", "shop", str(_app(tmp_path, "shop")), "--host", "shop.test")
+        tenants: Keelway) -> None:
+    kw = tenants
     procs = _processes(kw)
     a_uid, blog_gid, a_groups = _ids(procs[("a.blog.test", "web")])
     b_uid, b_gid, _ = _ids(procs[("b.blog.test", "web")])
@@ -88,12 +104,8 @@ def test_each_instance_runs_as_a_uid_of_its_own_in_a_group_of_its_app(
 
 
 def test_a_tenant_can_read_neither_another_tenants_env_file_nor_its_database(
-        kw_root: Keelway, tmp_path: Path) -> None:
-    kw = kw_root
-    kw.up()
-    kw.ok("deploy", "blog", str(hello(tmp_path, "blog")), "--host", "a.blog.test",
-          "--host", "b.blog.test")
-    kw.ok("deploy", "shop", str(hello(tmp_path, "shop")), "--host", "shop.test")
+        tenants: Keelway) -> None:
+    kw = tenants
     home = kw.home
     attempts = {
         "the other's env file": ["cat", str(home / "env" / "b.blog.test.env")],
