@@ -21,7 +21,9 @@ after convergence, their effects run as steps (keelway/deploy/steps.py):
   Retry-After at once): the instance stays running, waiting out its backoff, and the
   crash restart retries it, not the next request. An operator's `keelway wake` of an
   instance waiting out its backoff tries now (a failure counts again); the router's
-  wake, asked by a request, never does.
+  wake, asked by a request, never does: a parked instance whose web still waits out its
+  backoff (parked while it did) refuses it (`CrashBackoff`, 503), so its requests get
+  503 at once until the retry is due, and the first request after that wakes it.
 
 Fences (SPEC §1, §5.6): `fence` writes a new, held generation, one more than any before;
 `unfence` lifts only the generation it names. While fenced, wake, start and restart are
@@ -76,6 +78,17 @@ def refuse_if_fenced(store: Store, host: str, verb: str) -> None:
         raise Fenced(f"{host} is fenced at generation {fence.generation}{why}: "
                      f"it cannot {verb}",
                      hint=f"the fence's holder lifts it; by hand: `keelway unfence {host}`")
+
+
+class CrashBackoff(OperationError):
+    """A request asked to wake an instance whose web waits out its crash backoff: not
+    before the retry is due. Nothing was changed."""
+
+    code = "crash-backoff"
+
+    def __init__(self, message: str, hint: str | None, retry_at: float) -> None:
+        super().__init__(message, hint)
+        self.retry_at = retry_at
 
 
 @dataclass(frozen=True)
@@ -178,15 +191,27 @@ class Parking(Part):
         can refuse at once (a bad name, no such instance, a fence) raise here, before
         any task exists. `retry_now` (an operator's wake): a running instance whose
         services wait out a crash backoff is started now instead of left to it."""
-        self.instance(host)
+        inst = self.instance(host)
         refuse_if_fenced(self.store, host, "wake")
         task = self._wakes.get(host)
         if task is not None and not task.done():
             return task
+        if not retry_now and inst.state is InstanceState.PARKED:
+            self._refuse_inside_backoff(inst)
         task = asyncio.get_running_loop().create_task(self._wake(host, retry_now))
         self._wakes[host] = task
         task.add_done_callback(lambda done: self._forget_wake(host, done))
         return task
+
+    def _refuse_inside_backoff(self, inst: Instance) -> None:
+        """Raise CrashBackoff if `inst`'s web waits out a crash backoff not yet due."""
+        now = self.recovery.clock.now()
+        due = [r.retry_at for r in self.store.pending_retries(inst.host)
+               if r.service == WEB and r.retry_at > now]
+        if due:
+            at = time.strftime("%H:%M:%S", time.localtime(due[0]))
+            raise CrashBackoff(f"{inst.host} crashed at its last start; next retry at {at}",
+                               hint=f"`keelway wake {inst.host}` tries now", retry_at=due[0])
 
     def _forget_wake(self, host: str, task: asyncio.Task[Woken]) -> None:
         if self._wakes.get(host) is task:

@@ -130,6 +130,8 @@ def test_a_broken_release_behind_a_parked_route_is_retried_by_the_backoff_not_by
 
 def test_a_parked_instance_that_cannot_boot_answers_503_at_once_not_after_the_hold_bound(
         kw: Keelway, tmp_path: Path) -> None:
+    """And parked again inside its backoff, its requests do not wake it before the
+    retry is due."""
     kw.up()
     kw.ok("deploy", "hello", str(hello(tmp_path, "a", web_cmd=GUARDED_WEB)), "--host", HOST)
     kw.ok("park", HOST)
@@ -145,3 +147,17 @@ def test_a_parked_instance_that_cannot_boot_answers_503_at_once_not_after_the_ho
     assert all(took < 0.5 for _, _, took in answers[1:])
     crashed = _instance(kw)["crashed"]
     assert [c["service"] for c in crashed] == ["web"] and crashed[0]["failures"] >= 1
+
+    assert wait_until(lambda: _slow_retry(kw) is not None, 20, 0.2), _instance(kw)
+    kw.ok("park", HOST)
+    spawned = _web_spawns(kw)
+    for _ in range(5):
+        began = time.monotonic()
+        status, _body, headers = kw.get(HOST, "/health", timeout_s=15)
+        assert (status, "Retry-After" in headers) == (503, True)
+        assert time.monotonic() - began < 0.5
+        time.sleep(0.3)
+    assert _web_spawns(kw) == spawned, "a request woke it inside its backoff"
+    inst = _instance(kw)
+    assert inst["state"] == "parked" and [c["service"] for c in inst["crashed"]] == ["web"]
+    assert f"{HOST} web: crashed, next retry at" in kw.ok("status", "hello").out
