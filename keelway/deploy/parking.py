@@ -324,6 +324,9 @@ class Parking(Part):
             # Tried once, whatever came of it: a failed release is not tried again by
             # every later wake (the journal and `keelway ops` say how it failed).
             self.store.clear_pending(inst.host, number)
+        if result.outcome is Outcome.FAILED:
+            # A fallback that could not start either is a failed wake like any other.
+            await self.recovery.count_dead_active(inst.host)
         return result
 
     def _active(self, host: str) -> dict[str, int]:

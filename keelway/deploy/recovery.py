@@ -156,6 +156,20 @@ class Recovery:
         if not self.closing:
             self._schedule_restart(gen, delay)
 
+    async def count_dead_active(self, host: str) -> None:
+        """After an attempt whose fallback could not start what it went back to (the
+        instance still running, ACTIVE naming a dead generation): count each such
+        service as a failed start, so that the next pass does not respawn it at once."""
+        inst = self.store.get_instance(host)
+        if inst is None or inst.state is not InstanceState.RUNNING:
+            return  # stopped or down by the attempt: nothing restarts it
+        waiting = {r.service for r in self.store.pending_retries(host)}
+        for active in self.store.list_active(host):
+            gen = self.store.get_generation(active.generation_id)
+            if (gen is not None and gen.state is GenState.GONE and gen.service not in waiting
+                    and not self._running(gen.id)):
+                await self._count_failed_start(gen)
+
     def retry_due(self, host: str) -> float | None:
         """When the next restart of a service of `host` waiting out its crash backoff is
         due (wall clock), or None if none waits."""
