@@ -12,18 +12,21 @@
 
 A wake without `wait` is the router's: it is answered as soon as the wake is started
 (or joined: one wake per instance however many ask), and the router learns the rest
-from the route table. A fenced instance's wake is refused 409 `fenced` at once.
+from the route table. A fenced instance's wake is refused 409 `fenced` at once; a parked
+one whose web waits out a crash backoff, 503 `crash-backoff` (with Retry-After) until
+the retry is due. `wait` (an operator's wake) tries such an instance now.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgspec
 from aiohttp import web
 
-from keelway.api.http import read_body
-from keelway.deploy.parking import Parking
+from keelway.api.http import error_response, read_body
+from keelway.deploy.parking import CrashBackoff, Parking
 from keelway.store.records import Fence
 
 
@@ -73,7 +76,14 @@ class ParkingApi:
         body: WakeBody = await read_body(request, WakeBody)
         host = request.match_info["host"]
         if not body.wait:
-            self.parking.wake_soon(host)
+            try:
+                self.parking.wake_soon(host)
+            except CrashBackoff as exc:
+                # The router answers its held requests 503 now and asks again later.
+                refused = error_response(503, exc.code, exc.message, exc.hint)
+                refused.headers["Retry-After"] = str(
+                    max(1, math.ceil(exc.retry_at - self.parking.recovery.clock.now())))
+                return refused
             return web.json_response({"host": host, "accepted": True}, status=202)
         woken = await self.parking.wake(host)
         return web.json_response({"host": woken.host, "state": "running", "woke": woken.woke,

@@ -98,11 +98,14 @@ def status_view(store: Store, http_port: int | None, app_filter: str | None,
                     "warnings": latest.warnings if latest else [],
                     "next": "stop the leftover process, then `keelway reconcile`",
                 }
-            # A crash loop waiting out its backoff (only while the instance should run).
+            # A crash loop waiting out its backoff (only while the instance should run,
+            # or is parked: a request wakes it only once the retry is due).
             crashed = [{"service": r.service, "generation": r.generation_id,
                         "failures": r.failures, "retry_at": r.retry_at}
                        for r in store.pending_retries(inst.host)
-                       if inst.state is InstanceState.RUNNING]
+                       if inst.state is InstanceState.RUNNING or (
+                           inst.state is InstanceState.PARKED
+                           and r.retry_at > store.clock.now())]
             instances.append({
                 "host": inst.host, "state": inst.state.value, "url": url, "crashed": crashed,
                 "aliases": [a.host for a in store.list_aliases(inst.host)],

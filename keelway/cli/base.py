@@ -9,12 +9,41 @@ from typing import Any, TypeVar
 
 import click
 
-from keelway.cli.client import ApiError, ApiUnavailable, Client
-from keelway.cli.output import fail, fail_json
+from keelway.cli.client import ApiError, ApiLost, ApiUnavailable, Client
+from keelway.cli.output import EXIT_LOST, fail, fail_json
 from keelway.home import Home
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_HTTP = "127.0.0.1:8080"
+
+# Where a command's request stands after the control plane went away during it, by the
+# command's words after `keelway`, filled from its arguments (its groups' too; `{on}` is
+# ` --instance H` when it named one). Any other command that changes something points to
+# `keelway status`; one that only reads changed nothing.
+AFTER_LOST: dict[str, str] = {
+    "deploy": "keelway ops {app}",
+    "restart": "keelway ops {app}{on}",
+    "stop": "keelway ops {app}{on}",
+    "start": "keelway ops {app}{on}",
+    "rollback": "keelway releases {app}` and `keelway ops {app}",
+    "config set": "keelway ops {app}{on}",
+    "config unset": "keelway ops {app}{on}",
+    "apps create": "keelway apps",
+    "apps destroy": "keelway apps",
+    "instances add": "keelway instances list {app}",
+    "instances remove": "keelway instances list {app}",
+    "domains add": "keelway domains list {host}",
+    "domains remove": "keelway domains list {host}",
+    "park": "keelway status",
+    "wake": "keelway status",
+    "fence": "keelway status",
+    "unfence": "keelway status",
+    "seed import": "keelway seed status {host}",
+    "seed rollback": "keelway seed status {host}",
+    "db snapshot": "keelway db snapshots {host}",
+    "db restore": "keelway status` and `keelway db snapshots {host}",
+    "router restart": "keelway status",
+}
 
 
 def json_option(func: F) -> F:
@@ -39,8 +68,43 @@ def api_call(func: F) -> F:
             if as_json:
                 fail_json(exc.code, exc.message, exc.hint)
             fail(exc.message, exc.hint)
+        except ApiLost as exc:
+            message, hint = lost_message(exc)
+            if as_json:
+                fail_json("control-plane-lost", message, hint, EXIT_LOST)
+            fail(message, hint, EXIT_LOST)
 
     return wrapper  # type: ignore[return-value]
+
+
+def lost_message(exc: ApiLost) -> tuple[str, str]:
+    """What is known after the control plane went away during this command's request,
+    and where to look: the request may have completed, so nothing is said to have
+    failed or succeeded."""
+    if exc.method == "GET":
+        return (f"{exc.why}; it only read, so nothing was changed",
+                "ask again once it is back: `keelway status` says whether it is "
+                "(`keelway up -d` starts it)")
+    where = "keelway status"
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        words: list[str] = []
+        params: dict[str, Any] = {}
+        level: click.Context | None = ctx
+        while level is not None and level.parent is not None:
+            words.insert(0, level.info_name or "")
+            params = {**level.params, **params}
+            level = level.parent
+        instance = params.get("instance")
+        params["on"] = f" --instance {instance}" if instance else ""
+        template = AFTER_LOST.get(" ".join(words))
+        if template is not None:  # every entry names its command's own arguments
+            where = template.format(**params)  # (a test formats each one)
+    back = ("" if where == "keelway status" else
+            "; `keelway status` says whether the control plane is")
+    return (f"{exc.why}; it may or may not have completed",
+            f"`{where}` says where it stands once the control plane is back{back} "
+            "(`keelway up -d` starts it)")
 
 
 def client(timeout_s: float | None = 30.0) -> Client:

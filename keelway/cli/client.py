@@ -15,7 +15,25 @@ from typing import Any
 
 
 class ApiUnavailable(Exception):
-    pass
+    """No control plane answers on the socket: nothing was sent."""
+
+
+class ApiLost(ConnectionError):
+    """The connection was lost (or went unanswered) after the request was on its way:
+    the control plane may or may not have done what was asked. A ConnectionError, as
+    what it replaces was, so that a caller that treats any lost connection alike (a
+    test polling a daemon it crashes) still does."""
+
+    def __init__(self, why: str, method: str) -> None:
+        super().__init__(why)
+        self.why = why
+        self.method = method
+
+
+# What a control plane that dies mid-request looks like from here: the connection reset
+# or closed before a whole answer (RemoteDisconnected is a ConnectionResetError), a
+# broken pipe while sending, or an answer cut short.
+_LOST = (ConnectionError, http.client.IncompleteRead, http.client.BadStatusLine)
 
 
 class ApiError(Exception):
@@ -52,17 +70,27 @@ class Client:
     def _open(self, method: str, path: str, body: dict[str, Any] | None,
               timeout_s: float | None) -> Iterator[http.client.HTTPResponse]:
         """The response, its connection closed on the way out (a long-lived caller, a
-        test or a tool, would otherwise keep one socket per request)."""
+        test or a tool, would otherwise keep one socket per request).
+
+        Raises ApiUnavailable when nothing listens (nothing was sent), and ApiLost when
+        the connection is lost or unanswered once connected, here or while the caller
+        reads the response inside the block."""
         conn = _UnixConnection(self.socket_path, timeout_s)
         payload = json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": "application/json"} if payload is not None else {}
         try:
             try:
-                conn.request(method, path, body=payload, headers=headers)
-                response = conn.getresponse()
+                conn.connect()
             except (FileNotFoundError, ConnectionRefusedError) as exc:
                 raise ApiUnavailable(str(exc)) from exc
-            yield response
+            try:
+                conn.request(method, path, body=payload, headers=headers)
+                yield conn.getresponse()
+            except _LOST as exc:
+                raise ApiLost("the control plane went away during the request", method) from exc
+            except TimeoutError as exc:
+                raise ApiLost(f"the control plane did not answer within {timeout_s:g}s",
+                              method) from exc
         finally:
             conn.close()
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import click
 
 from keelway.cli.base import DEFAULT_HTTP, api_call, cli, client, json_option
-from keelway.cli.client import ApiError, ApiUnavailable
-from keelway.cli.output import emit_json, fail, fail_json
+from keelway.cli.client import ApiError, ApiLost, ApiUnavailable
+from keelway.cli.output import EXIT_ALREADY_RUNNING, emit_json, fail, fail_json
 from keelway.durable import DISK_FULL_HINT
 from keelway.home import Home
 
@@ -36,6 +36,7 @@ _DAEMON_DISK_FULL = 5  # keelway.api.daemon.EXIT_DISK_FULL, which the CLI does n
               help="Keep snapshots in S3 (AWS_* variables for the endpoint and keys); "
                    "kept for later `up`s (default: $KEELWAY_HOME/objects).")
 @json_option
+@api_call
 def up(demo: bool, detach: bool, http_addr: str | None, router_workers: int | None,
        trusted: tuple[str, ...], hold_timeout: float | None, objects: str | None,
        as_json: bool) -> None:
@@ -55,7 +56,7 @@ def up(demo: bool, detach: bool, http_addr: str | None, router_workers: int | No
         os.execv(sys.executable, daemon_argv)
     try:
         running = client(2.0).request("GET", "/v1/ping")
-    except (ApiUnavailable, OSError):
+    except (ApiUnavailable, ApiLost, OSError):  # none, or one going away: its lock says
         running = None
     if running is not None:
         _already_running(home, running["pid"], as_json)
@@ -85,7 +86,7 @@ def up(demo: bool, detach: bool, http_addr: str | None, router_workers: int | No
         try:
             info = client(2.0).request("GET", "/v1/ping")
             break
-        except (ApiUnavailable, OSError):
+        except (ApiUnavailable, ApiLost, OSError):  # not listening yet, or still starting
             time.sleep(0.1)
     else:
         fail("the control plane did not come up in 120s", f"see {home.daemon_log}")
@@ -122,8 +123,8 @@ def _already_running(home: Home, pid: int, as_json: bool) -> None:
     message = f"keelway is already running for {home.root} (pid {pid})"
     hint = "stop it first with `keelway down`"
     if as_json:
-        fail_json("already-running", message, hint, 3)
-    fail(message, hint, 3)
+        fail_json("already-running", message, hint, EXIT_ALREADY_RUNNING)
+    fail(message, hint, EXIT_ALREADY_RUNNING)
 
 
 @cli.command()

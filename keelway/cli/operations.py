@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from keelway.cli.base import api_call, cli, client, json_option
-from keelway.cli.output import emit_json, fail, fail_json
+from keelway.cli.output import EXIT_LOST, emit_json, fail, fail_json
 
 
 def run_operation(path: str, body: dict[str, Any], as_json: bool, what: str,
@@ -38,8 +38,14 @@ def run_operation(path: str, body: dict[str, Any], as_json: bool, what: str,
                 for inst in result.get("instances", []):
                     click.echo(f"  {inst['release']}  {inst['url']}")
             return result
-    fail(f"the control plane closed the {path} request without a result",
-         f"see `keelway ops {app}` and $KEELWAY_HOME/logs/keelway.log")
+    # Its outcome is as unknown as after a lost connection, and exits the same.
+    message = (f"the control plane closed the {path} request without a result; it may or "
+               "may not have completed")
+    hint = (f"`keelway ops {app}` says where it stands once the control plane is back "
+            "(`keelway up -d` starts it); see $KEELWAY_HOME/logs/keelway.log")
+    if as_json:
+        fail_json("control-plane-lost", message, hint, EXIT_LOST)
+    fail(message, hint, EXIT_LOST)
 
 
 key_option = click.option("--key", default=None,

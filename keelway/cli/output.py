@@ -13,19 +13,29 @@ from typing import Any, NoReturn
 
 import click
 
+# The CLI's exit codes, one meaning each (README, "Exit codes"). A command's own outcome
+# that is not an error (`seed rollback` that held) exits EXIT_FAILED too.
+EXIT_FAILED = 1  # an error, said on stderr (or as JSON): what failed and what to do
+EXIT_ALREADY_RUNNING = 3  # `up -d` while a control plane serves this home
+# The control plane went away (or stopped answering) during a request: it may or may not
+# have done it. Like ssh's, a code a command's own cannot be mistaken for: `run` exits
+# with its command's code otherwise.
+EXIT_LOST = 255
+
 
 def emit_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True))
 
 
-def fail(message: str, hint: str | None = None, code: int = 1) -> NoReturn:
+def fail(message: str, hint: str | None = None, code: int = EXIT_FAILED) -> NoReturn:
     click.echo(f"error: {message}", err=True)
     if hint:
         click.echo(f"  next: {hint}", err=True)
     sys.exit(code)
 
 
-def fail_json(code_name: str, message: str, hint: str | None, code: int = 1) -> NoReturn:
+def fail_json(code_name: str, message: str, hint: str | None,
+              code: int = EXIT_FAILED) -> NoReturn:
     emit_json({"error": {"code": code_name, "message": message, "hint": hint}})
     sys.exit(code)
 

@@ -30,12 +30,10 @@ import click
 
 from keelway import run_wire
 from keelway.cli.base import cli, json_option
-from keelway.cli.output import fail, fail_json
+from keelway.cli.output import EXIT_LOST, fail, fail_json
 from keelway.home import Home
 from keelway.run_wire import Exited, Forward, Lines, Refused, RunRequest, Started, WireError
 
-# Said when the control plane went away mid-run; like ssh, a code of our own.
-EXIT_LOST = 255
 _IGNORED = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
 
 

@@ -16,6 +16,14 @@ after convergence, their effects run as steps (keelway/deploy/steps.py):
   with its ACTIVE dead, which boot restarts (RECOVER), removing an unpublished candidate
   first, so a hold-mode worker is proven gone before its successor spawns.
   One wake per instance at a time: a second call joins the one in flight (`wake_soon`).
+  A wake that fails to start what ACTIVE names is a crash (`Recovery.respawn_active`
+  counts it with the one backoff and gates the parked route, so requests get 503 +
+  Retry-After at once): the instance stays running, waiting out its backoff, and the
+  crash restart retries it, not the next request. An operator's `keelway wake` of an
+  instance waiting out its backoff tries now (a failure counts again); the router's
+  wake, asked by a request, never does: a parked instance whose web still waits out its
+  backoff (parked while it did) refuses it (`CrashBackoff`, 503), so its requests get
+  503 at once until the retry is due, and the first request after that wakes it.
 
 Fences (SPEC §1, §5.6): `fence` writes a new, held generation, one more than any before;
 `unfence` lifts only the generation it names. While fenced, wake, start and restart are
@@ -29,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import assert_never
 
@@ -69,6 +78,17 @@ def refuse_if_fenced(store: Store, host: str, verb: str) -> None:
         raise Fenced(f"{host} is fenced at generation {fence.generation}{why}: "
                      f"it cannot {verb}",
                      hint=f"the fence's holder lifts it; by hand: `keelway unfence {host}`")
+
+
+class CrashBackoff(OperationError):
+    """A request asked to wake an instance whose web waits out its crash backoff: not
+    before the retry is due. Nothing was changed."""
+
+    code = "crash-backoff"
+
+    def __init__(self, message: str, hint: str | None, retry_at: float) -> None:
+        super().__init__(message, hint)
+        self.retry_at = retry_at
 
 
 @dataclass(frozen=True)
@@ -166,19 +186,32 @@ class Parking(Part):
 
     # -- wake ------------------------------------------------------------------------
 
-    def wake_soon(self, host: str) -> asyncio.Task[Woken]:
+    def wake_soon(self, host: str, retry_now: bool = False) -> asyncio.Task[Woken]:
         """The wake of `host`, started now or joined if one is in flight. Checks that
         can refuse at once (a bad name, no such instance, a fence) raise here, before
-        any task exists."""
-        self.instance(host)
+        any task exists. `retry_now` (an operator's wake): a running instance whose
+        services wait out a crash backoff is started now instead of left to it."""
+        inst = self.instance(host)
         refuse_if_fenced(self.store, host, "wake")
         task = self._wakes.get(host)
         if task is not None and not task.done():
             return task
-        task = asyncio.get_running_loop().create_task(self._wake(host))
+        if not retry_now and inst.state is InstanceState.PARKED:
+            self._refuse_inside_backoff(inst)
+        task = asyncio.get_running_loop().create_task(self._wake(host, retry_now))
         self._wakes[host] = task
         task.add_done_callback(lambda done: self._forget_wake(host, done))
         return task
+
+    def _refuse_inside_backoff(self, inst: Instance) -> None:
+        """Raise CrashBackoff if `inst`'s web waits out a crash backoff not yet due."""
+        now = self.recovery.clock.now()
+        due = [r.retry_at for r in self.store.pending_retries(inst.host)
+               if r.service == WEB and r.retry_at > now]
+        if due:
+            at = time.strftime("%H:%M:%S", time.localtime(due[0]))
+            raise CrashBackoff(f"{inst.host} crashed at its last start; next retry at {at}",
+                               hint=f"`keelway wake {inst.host}` tries now", retry_at=due[0])
 
     def _forget_wake(self, host: str, task: asyncio.Task[Woken]) -> None:
         if self._wakes.get(host) is task:
@@ -190,15 +223,19 @@ class Parking(Part):
                         exc.message if isinstance(exc, OperationError) else exc)
 
     async def wake(self, host: str) -> Woken:
-        return await asyncio.shield(self.wake_soon(host))
+        """An operator's wake, waited for: it also retries now what waits out a crash
+        backoff."""
+        return await asyncio.shield(self.wake_soon(host, retry_now=True))
 
-    async def _wake(self, host: str) -> Woken:
+    async def _wake(self, host: str, retry_now: bool) -> Woken:
         async with self.locks.instance(host):
             await self.recovery.converge(host, Pass.MUTATION)
             inst = self.instance(host)
             refuse_if_fenced(self.store, host, "wake")
             match inst.state:
                 case InstanceState.RUNNING:
+                    if retry_now and self.recovery.retry_due(host) is not None:
+                        return await self._retry_now(inst)
                     return Woken(host, woke=False, generations=self._active(host))
                 case InstanceState.STOPPED | InstanceState.DOWN:
                     raise UserError(f"{host} is {inst.state.value}, not parked; a wake does "
@@ -237,8 +274,27 @@ class Parking(Part):
             result = await self.journal.run(inst.app, host, OpKind.WAKE, work)
             await self.recovery.converge(host, Pass.MUTATION)
             targets.link_current(self.store, self.home, host)
+        return self._woken(inst, result)
+
+    async def _retry_now(self, inst: Instance) -> Woken:
+        """Under the instance lock: start now what ACTIVE names that waits out a crash
+        backoff, as a wake operation (a failure is counted as a crash again)."""
+        result = await self.journal.run(
+            inst.app, inst.host, OpKind.WAKE,
+            lambda op: self.recovery.respawn_active(op, inst))
+        await self.recovery.converge(inst.host, Pass.MUTATION)
+        targets.link_current(self.store, self.home, inst.host)
+        return self._woken(inst, result)
+
+    def _woken(self, inst: Instance, result: Result) -> Woken:
+        host = inst.host
         if result.outcome is not Outcome.DONE:
-            raise AppFailed(f"{host}: wake failed: {result.reason}",
+            retry_at = self.recovery.retry_due(host)
+            retry = ("" if retry_at is None else
+                     f"; it is retried with the crash backoff, next at "
+                     f"{time.strftime('%H:%M:%S', time.localtime(retry_at))} "
+                     f"(`keelway status {inst.app}`), or now by `keelway wake {host}`")
+            raise AppFailed(f"{host}: wake failed: {result.reason}{retry}",
                             hint=f"see `keelway logs {inst.app} --instance {host}`")
         self.woken_at[host] = self.recovery.clock.monotonic()
         return Woken(host, woke=True, generations=self._active(host))
@@ -268,6 +324,9 @@ class Parking(Part):
             # Tried once, whatever came of it: a failed release is not tried again by
             # every later wake (the journal and `keelway ops` say how it failed).
             self.store.clear_pending(inst.host, number)
+        if result.outcome is Outcome.FAILED:
+            # A fallback that could not start either is a failed wake like any other.
+            await self.recovery.count_dead_active(inst.host)
         return result
 
     def _active(self, host: str) -> dict[str, int]:

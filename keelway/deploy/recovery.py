@@ -9,6 +9,10 @@ The backoff of a crashed service is persisted with its crash (`backoff.before/af
 so a control-plane restart neither resets it nor restarts early: boot leaves a service
 whose retry is not yet due to a restart scheduled for that time. Meanwhile its route is
 gated (503 + Retry-After until the retry), not left on a dead port (502).
+A start of what ACTIVE names that fails (a wake, `start`, a restore, the periodic pass or
+a crash restart bringing it back) is a crash like any other, counted by the same rule
+(`next_retry`) in the same write: nothing that finds the service dead respawns it sooner
+than its backoff says, however many requests or passes find it.
 Every pass also removes process trees that no live record names (invariant 5).
 """
 
@@ -102,9 +106,11 @@ class Recovery:
         delay = await self._record_crash(gen)
         self._schedule_restart(gen, delay)
 
-    async def _record_crash(self, gen: Generation) -> float:
+    async def _record_crash(self, gen: Generation, *, start_failed: bool = False) -> float:
         """Persist the crash and its retry time, and gate a route that served the dead
-        web, in one write; returns the delay until the retry.
+        web, in one write; returns the delay until the retry. `start_failed`: the
+        caller's operation could not bring `gen`'s service back, and the route it holds
+        waiting (parked, holding) is gated too.
 
         Crash before the write: boot restarts the service at once (the one crash it
         never saw is not counted). Crash after: boot waits for the recorded retry time,
@@ -118,7 +124,8 @@ class Recovery:
             same_generation=prior is not None and prior.generation_id == gen.id)
         failpoints.hit("backoff.before")
         gate = self.store.record_crash(CrashRetry(gen.instance, gen.service, gen.id,
-                                                  failures, now, now + delay))
+                                                  failures, now, now + delay),
+                                       gate_waiting=start_failed)
         failpoints.hit("backoff.after")
         self.store.add_event("backoff", f"{gen.service} restarts in {delay:g}s (crash "
                              f"{failures} in a row)", app=gen.app,
@@ -131,8 +138,42 @@ class Recovery:
         return delay
 
     def _schedule_restart(self, gen: Generation, delay_s: float) -> None:
-        self._restarts[(gen.instance, gen.service)] = asyncio.get_running_loop().create_task(
+        """The one restart of `gen`'s service, `delay_s` from now; one scheduled before
+        (an operator tried now, and that failed too) is replaced, never run as well."""
+        key = (gen.instance, gen.service)
+        earlier = self._restarts.get(key)
+        if earlier is not None and earlier is not asyncio.current_task():
+            earlier.cancel()
+        self._restarts[key] = asyncio.get_running_loop().create_task(
             self._restart_later(gen, delay_s))
+
+    async def _count_failed_start(self, gen: Generation) -> None:
+        """ACTIVE `gen`'s service could not be started again: count it as a crash of
+        `gen` (the count grows, since `gen` is the one counted last) and schedule its
+        retry. Crash before the write: the next pass restarts it once; after: boot
+        waits for the recorded retry."""
+        delay = await self._record_crash(gen, start_failed=True)
+        if not self.closing:
+            self._schedule_restart(gen, delay)
+
+    async def count_dead_active(self, host: str) -> None:
+        """After an attempt whose fallback could not start what it went back to (the
+        instance still running, ACTIVE naming a dead generation): count each such
+        service as a failed start, so that the next pass does not respawn it at once."""
+        inst = self.store.get_instance(host)
+        if inst is None or inst.state is not InstanceState.RUNNING:
+            return  # stopped or down by the attempt: nothing restarts it
+        waiting = {r.service for r in self.store.pending_retries(host)}
+        for active in self.store.list_active(host):
+            gen = self.store.get_generation(active.generation_id)
+            if (gen is not None and gen.state is GenState.GONE and gen.service not in waiting
+                    and not self._running(gen.id)):
+                await self._count_failed_start(gen)
+
+    def retry_due(self, host: str) -> float | None:
+        """When the next restart of a service of `host` waiting out its crash backoff is
+        due (wall clock), or None if none waits."""
+        return min((r.retry_at for r in self.store.pending_retries(host)), default=None)
 
     async def restart_active(self, host: str, waiting: frozenset[str] = frozenset()) -> None:
         """The reconciler's RESTART_ACTIVE, run under the instance lock it already holds.
@@ -286,8 +327,11 @@ class Recovery:
                 store=self.store, home=self.home, supervisor=self.supervisor, op_id=op.id,
                 instance=inst.host, target=target, spec=spec, before_gen=gen.id)
             if isinstance(started, StartFailed):
+                # Counted before the raise: whoever called (a wake the router asked for,
+                # the periodic pass) must not find it dead and respawn it at once again.
                 # A failure it cannot go on from raises OperationError, which
                 # Journaled.run records as the outcome.
+                await self._count_failed_start(gen)
                 raise OperationError(str(started))
             fresh[gen.service] = started
         self.store.activate_and_route(inst.host, {s: g.id for s, g in fresh.items()})
@@ -315,6 +359,9 @@ class Recovery:
             except OperationError as exc:
                 log.warning("after a crash restart: %s", exc.message)
         if result.outcome is not Outcome.DONE:
+            pending = self._restarts.get((gen.instance, gen.service))
+            if pending is not None and not pending.done():
+                return  # its failed start was counted and its retry scheduled
             fresh = self.store.get_active(gen.instance, gen.service)
             latest = self.store.get_generation(fresh.generation_id) if fresh else None
             if latest is not None:

@@ -193,10 +193,14 @@ class Processes(StoreBase):
 
     # -- crash-restart backoff ---------------------------------------------------------
 
-    def record_crash(self, retry: CrashRetry) -> bool:
+    def record_crash(self, retry: CrashRetry, *, gate_waiting: bool = False) -> bool:
         """Persist a crash and when its restart is due (one row per instance+service),
         and gate, in the same write, a route that served the crashed generation: a route
         never stays on the port of a process recorded dead. True if it gated one.
+        `gate_waiting`: the caller is the operation whose route waits for this web (a
+        wake's `parked`, a restore's `holding`), whose start failed: that route is gated
+        too, so requests get 503 + Retry-After instead of waiting for a web that will not
+        come before the retry.
 
         Crash before the write: boot restarts the service at once. Crash after: boot
         waits for the recorded retry time, the route gated until the restart publishes."""
@@ -211,8 +215,10 @@ class Processes(StoreBase):
             )
             route = self.get_route(retry.instance)
             gate = (retry.service == "web" and route is not None
-                    and route.state is RouteState.SERVING
-                    and route.generation_id == retry.generation_id)
+                    and ((route.state is RouteState.SERVING
+                          and route.generation_id == retry.generation_id)
+                         or (gate_waiting and route.state in (RouteState.PARKED,
+                                                              RouteState.HOLDING))))
             if gate:
                 self._put_route(c, retry.instance, RouteState.GATED, None, None)
         return gate

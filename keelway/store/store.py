@@ -402,9 +402,10 @@ class Store(Protocol):
 
     # -- crash-restart backoff ---------------------------------------------------------
 
-    def record_crash(self, retry: CrashRetry) -> bool:
+    def record_crash(self, retry: CrashRetry, *, gate_waiting: bool = False) -> bool:
         """Persist a crash and its retry time, and gate a route that served the crashed
-        generation in the same write. True if it gated one."""
+        generation in the same write (with `gate_waiting`, a parked or holding route
+        too). True if it gated one."""
         ...
 
     def get_crash_retry(self, instance: str, service: str) -> CrashRetry | None: ...

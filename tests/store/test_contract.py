@@ -299,6 +299,32 @@ def test_a_crash_leaves_a_route_that_serves_another_generation_alone(
     assert store.get_route("a.test") == route
 
 
+@pytest.mark.parametrize("waiting", [RouteState.PARKED, RouteState.HOLDING])
+def test_a_failed_start_gates_the_route_its_operation_holds_waiting_and_a_crash_does_not(
+    store: Store, clock: FakeClock, waiting: RouteState,
+) -> None:
+    web, other = _running(store), _running(store, host="b.test", port=4001)
+    for gen in (web, other):
+        store.set_active(gen.instance, "web", gen.id, expected=None)
+        store.set_route(gen.instance, gen.instance, waiting, None, None, expected=None)
+        store.record_gone(gen.id, 3)
+    now = clock.now()
+    # A crash seen by a watcher leaves a waiting route to the operation that holds it.
+    assert store.record_crash(CrashRetry("b.test", "web", other.id, 1, now, now + 5)) is False
+    assert _state(store, "b.test") is waiting
+    # The operation's own start failed: its requests get 503 + Retry-After, not a wait.
+    assert store.record_crash(CrashRetry("a.test", "web", web.id, 1, now, now + 5),
+                              gate_waiting=True) is True
+    assert _state(store, "a.test") is RouteState.GATED
+    assert [r.retry_at for r in store.pending_retries("a.test")] == [now + 5]
+
+
+def _state(store: Store, host: str) -> RouteState:
+    route = store.get_route(host)
+    assert route is not None
+    return route.state
+
+
 def test_a_crash_backoff_survives_a_reopen_and_goes_stale_once_active_moves_on(
     open_store: OpenStore, clock: FakeClock,
 ) -> None:
