@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from keelway.cli.base import api_call, cli, client, json_option
-from keelway.cli.output import emit_json
+from keelway.cli.output import EXIT_FAILED, emit_json
 
 
 @cli.command()
@@ -22,4 +22,4 @@ def doctor(as_json: bool) -> None:
             mark = "ok  " if check["ok"] else "FAIL"
             click.echo(f"{mark} {check['check']}: {check['detail']}")
     if not all(check["ok"] for check in checks):
-        raise SystemExit(1)
+        raise SystemExit(EXIT_FAILED)
