@@ -331,16 +331,16 @@ class Replicas:
 
     async def delete(self, host: str, seed: str | None = None) -> int:
         """Delete `seed`'s import replica of `host`, or with no seed `host`'s whole
-        replica: its own, its imports' (under it) and the ones a replica restore set
-        aside beside it (`<host>.replaced-<op>`). Only an operation that says so calls
-        this (SPEC §5.7): a seed rollback's step 6, a purge. Idempotent; returns how
+        replica: its own, its imports' (under it) and the ones restores set aside
+        beside it (`<host>.replaced-<ms>`, keelway/data/kept.py). Only an operation that
+        says so calls this (SPEC §5.7): a seed rollback's step 6, a purge. Idempotent; returns how
         many objects went. Nothing may be replicating there: the caller stopped it."""
         objects = self.object_store()
 
         def remove() -> int:
             count = objects.delete_prefix(f"{replica_key(host, seed)}/")
             if seed is None:
-                aside = re.compile(rf"replicas/{re.escape(host)}\.replaced-[0-9]+/")
+                aside = re.compile(rf"replicas/{re.escape(host)}\.replaced(-[0-9]+)?/")
                 for prefix in sorted({m.group(0) for key in objects.list("replicas/")
                                       if (m := aside.match(key))}):
                     count += objects.delete_prefix(prefix)
