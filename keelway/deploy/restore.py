@@ -70,7 +70,7 @@ from keelway.builds.manifest import REPLICA, DataSpec
 from keelway.data import kept, snapshots, swap
 from keelway.data.kept import KeptCopy
 from keelway.data.objects import NotFound, ObjectStore, ObjectStoreError
-from keelway.data.replicas import ReplicaError, in_effect
+from keelway.data.replicas import ReplicaError, in_effect, replica_url
 from keelway.data.snapshots import Manifest, NoDatabase
 from keelway.data.verify import Damaged, verify_file
 from keelway.deploy import targets
@@ -404,7 +404,8 @@ class Snapshots(Part):
         copies = kept.databases(self.home.db_path(host))
         replicas = self.recovery.replicas
         if replicas is not None:
-            path = _file_path(replicas.url(host))
+            # The host's own replica, also while an import replicates elsewhere.
+            path = _file_path(replica_url(self.home, host, replicas.objects))
             if path is not None:
                 copies += kept.replicas(path)
         return sorted(copies, key=lambda c: (c.kept_at, c.id))
