@@ -13,10 +13,11 @@ snapshot, or between two restores), so neither is ever replaced by the next rest
   `<host>.replaced`).
 A copy's age is the time in its name, not its mtime (opening a kept database with
 sqlite3 writes beside it); an older keelway's copies, named without one, age by mtime.
-Removal (`forget`, by
-`keelway db forget H COPY`, or `keelway gc` for copies past the retention) renames the
-copy to a `.tmp-forget-` name first, the commit point, then deletes it: a crash leaves a
-whole copy still listed, or a renamed one that nothing lists and `sweep` deletes.
+Removal (`forget`: `keelway db forget H COPY`, or `keelway gc` for copies past the
+retention) renames the copy to a `.tmp-forget-` name first, the commit point, then
+deletes it: a crash leaves a whole copy still listed, or a renamed one that nothing
+lists and `sweep` deletes (at boot in a data dir, at the next forget beside it in the
+replicas dir).
 """
 
 from __future__ import annotations
@@ -144,7 +145,8 @@ def aged(copies: list[KeptCopy], now_s: float, keep_s: float) -> list[KeptCopy]:
 
 def forget(copy: KeptCopy) -> None:
     """Remove `copy`: renamed out of every listing first (the commit point), then
-    deleted. Idempotent."""
+    deleted; and what an earlier forget cut short beside it. Idempotent."""
+    sweep(copy.path.parent)
     if not copy.path.exists():
         return
     gone = copy.path.with_name(f"{FORGET_PREFIX}{copy.path.name}")
