@@ -7,10 +7,11 @@ aside; either may hold rows that nothing else holds (writes acknowledged after t
 snapshot, or between two restores), so neither is ever replaced by the next restore:
 - a replaced database is kept in `<data dir>/kept/db-<UTC stamp>/`, its `db.sqlite3`
   with its `-wal` (the two open together as the database it was);
-- a set-aside file replica is `<replicas>/<host>.replaced-<epoch ms>` (a step run again
-  after a crash finds no replica left to rename, so one restore sets aside one);
-- a database an older keelway kept is still listed: `previous-db/` (and a replica
-  `<host>.replaced`).
+- a set-aside file replica is `<replicas>/<host>_replaced-<epoch ms>` (`_` is in no
+  host name, so it is never another instance's replica; a step run again after a crash
+  finds no replica left to rename, so one restore sets aside one);
+- a database an older keelway kept is still listed: `previous-db/`, and a replica
+  `<host>.replaced` unless that is the name of an instance (its own replica, then).
 A copy's age is the time in its name, not its mtime (opening a kept database with
 sqlite3 writes beside it); an older keelway's copies, named without one, age by mtime.
 Removal (`forget`: `keelway db forget H COPY`, or `keelway gc` for copies past the
@@ -45,7 +46,8 @@ FORGET_PREFIX = f"{TEMP_PREFIX}forget-"
 # How long a kept copy stays before `keelway gc` removes it; KEELWAY_KEEP_REPLACED_DAYS
 # (read by the control plane) says otherwise.
 RETENTION_S = 7 * 86400.0
-_REPLICA = re.compile(r"^(?P<host>.+)\.replaced(?:-(?P<ms>[0-9]+))?$")
+REPLICA_MARK = "_replaced-"
+_REPLICA = re.compile(r"^(?P<host>.+)(?:_replaced-(?P<ms>[0-9]+)|\.replaced)$")
 _DB = re.compile(r"^db-(?P<stamp>[0-9]{8}T[0-9]{6}Z)(?:-[0-9]+)?$")
 _STAMP = "%Y%m%dT%H%M%SZ"
 
@@ -116,21 +118,23 @@ def set_replica_aside(replica: Path) -> Path | None:
     if not replica.exists():
         return None
     ms = int(time.time() * 1000)
-    while (aside := replica.with_name(f"{replica.name}.replaced-{ms}")).exists():
+    while (aside := replica.with_name(f"{replica.name}{REPLICA_MARK}{ms}")).exists():
         ms += 1
     os.replace(replica, aside)
     fsync_dir(replica.parent)
     return aside
 
 
-def replicas(replica: Path) -> list[KeptCopy]:
-    """The file replicas set aside beside `replica` (the host's own), oldest first."""
+def replicas(replica: Path, hosts: set[str]) -> list[KeptCopy]:
+    """The file replicas set aside beside `replica` (the host's own), oldest first.
+    `hosts`: every instance's name (an older keelway's `<host>.replaced` may be one)."""
     if not replica.parent.is_dir():
         return []
     found = []
     for entry in replica.parent.iterdir():
         match = _REPLICA.match(entry.name)
-        if match is None or match["host"] != replica.name or not entry.is_dir():
+        if (match is None or match["host"] != replica.name or not entry.is_dir()
+                or entry.name in hosts):
             continue
         ms = match["ms"]
         found.append(KeptCopy(f"replica-{ms}" if ms else "replica-replaced", "replica",

@@ -25,7 +25,7 @@ keelway/api/daemon.py). What each holds:
 - why REPLICA_RESET after every restore, a snapshot's too: the replica holds the old
   database's later transactions, so a `--from-replica` restore (or a parked instance's
   replica, which no replicator updates until its wake) would bring back what the
-  restore replaced. A file replica is renamed `<dir>.replaced-<ms>` (kept, as the
+  restore replaced. A file replica is renamed `<dir>_replaced-<ms>` (kept, as the
   database is: neither is ever replaced by a later restore), then one `replicate
   -once` writes the restored file as the start of a new one. An S3 replica cannot be
   renamed: litestream 0.5.17, finding no local state beside the swapped-in file
@@ -407,7 +407,8 @@ class Snapshots(Part):
             # The host's own replica, also while an import replicates elsewhere.
             path = _file_path(replica_url(self.home, host, replicas.objects))
             if path is not None:
-                copies += kept.replicas(path)
+                copies += kept.replicas(
+                    path, {i.host for i in self.store.list_instances()})
         return sorted(copies, key=lambda c: (c.kept_at, c.id))
 
     async def kept(self, host: str) -> list[KeptCopy]:

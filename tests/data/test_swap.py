@@ -279,3 +279,19 @@ def test_a_replica_ahead_of_a_swapped_in_older_file_restores_to_that_file(
     _db(db, 2)
     litestream("replicate", "-once")
     assert restored() == 5
+
+
+def test_a_replica_set_aside_is_listed_with_its_host_only_never_another_instance_s(
+        tmp_path: Path) -> None:
+    replicas = tmp_path / "replicas"
+    own = replicas / "a.test"
+    own.mkdir(parents=True)
+    aside = kept.set_replica_aside(own)
+    assert aside is not None and not own.exists()
+    assert kept.set_replica_aside(own) is None  # a step run again moves nothing
+    (replicas / "a.test.replaced").mkdir()  # an older keelway's, or host a.test.replaced's
+    (replicas / "a.test.replaced-5").mkdir()  # host a.test.replaced-5's own replica
+    listed = kept.replicas(own, {"a.test", "a.test.replaced-5"})
+    assert {c.path.name for c in listed} == {"a.test.replaced", aside.name}
+    assert [c.id for c in kept.replicas(own, {"a.test", "a.test.replaced"})] == [
+        f"replica-{aside.name.rpartition('-')[2]}"]

@@ -87,7 +87,7 @@ def test_a_replica_restore_after_a_snapshot_restore_gives_the_snapshots_rows(
                                                                         ["a"]]
 
     asyncio.run(run())
-    assert len(kept.replicas(Path(replicas.url(HOST).removeprefix("file://")))) == 2
+    assert len(kept.replicas(Path(replicas.url(HOST).removeprefix("file://")), {HOST})) == 2
     assert sorted(p.name for p in db.parent.iterdir()
                   if p.name.startswith(".tmp") or "incoming" in p.name) == []
 
