@@ -190,16 +190,15 @@ def store_copy(source: Path, dest: Path) -> Verified:
     tmp = dest.with_name(f"{TEMP_PREFIX}{dest.name}.{os.getpid()}")
     tmp.unlink(missing_ok=True)
     try:
-        if source.stat().st_size == 0:
-            # An empty seed (allowed by the caller): an empty database.
-            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        else:
+        # Created empty with its final mode (VACUUM INTO takes an empty file), so the
+        # copy is never readable by others; an empty seed stays an empty database.
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        if source.stat().st_size > 0:
             src = _read_only(source)
             try:
                 src.execute("VACUUM INTO ?", (str(tmp),))
             finally:
                 src.close()
-            os.chmod(tmp, 0o600)
             to_wal(tmp)
         for side in SQLITE_SIDE_FILES:
             Path(f"{tmp}{side}").unlink(missing_ok=True)
