@@ -274,7 +274,10 @@ class Operations:
                     self.store.forget_build(app, digest)
         # Snapshots beyond each instance's `[data] keep` (keelway/deploy/restore.py).
         pruned = await self.snapshots.prune_all(body.dry_run) if self.snapshots else []
+        # Copies restores kept, past their retention (keelway/data/kept.py).
+        aged = await self.snapshots.prune_kept(body.dry_run) if self.snapshots else []
         return web.json_response({"removed": [{"app": a, "digest": d} for a, d in removed],
                                   "snapshots_removed": [{"instance": h, "id": i}
                                                         for h, i in pruned],
+                                  "kept_removed": [{"instance": h, "id": i} for h, i in aged],
                                   "dry_run": body.dry_run})

@@ -1,10 +1,12 @@
 """The API of seed imports (keelway/deploy/seeding.py), per instance:
 
-    POST /v1/instances/{host}/seed/import    {"source": PATH|SNAP, "dry_run": bool}
-                                             -> 200 report
+    POST /v1/instances/{host}/seed/import    {"source": PATH|SNAP, "dry_run": bool,
+                                              "allow_empty": bool} -> 200 report
     POST /v1/instances/{host}/seed/rollback  {"dry_run": bool}  -> 200 report
     GET  /v1/instances/{host}/seed                              -> 200 status
-    report = {"host", "seed", "outcome", "reason", "plan"}
+    report = {"host", "seed", "outcome", "reason", "plan", "contents"}
+    contents = {"tables": [{"name", "rows"}], "wal", "need_bytes", "apparent_bytes"}
+        (what an import and its dry run bring; null for a rollback)
 
 SOURCE is an absolute path to an SQLite file on this box, or a stored snapshot: `SNAPID`
 (of whichever instance holds it) or `HOST/SNAPID` (names.seed_snapshot). A refused
@@ -30,6 +32,7 @@ from keelway.deploy.seeding import Seeding, SnapshotSource
 class ImportBody(msgspec.Struct, forbid_unknown_fields=True):
     source: str
     dry_run: bool = False
+    allow_empty: bool = False
 
     def seed(self) -> Path | SnapshotSource:
         if not self.source or "\0" in self.source:
@@ -61,7 +64,8 @@ class SeedApi:
     async def import_seed(self, request: web.Request) -> web.Response:
         body: ImportBody = await read_body(request, ImportBody)
         report = await self.seeding.import_seed(request.match_info["host"], body.seed(),
-                                                dry_run=body.dry_run)
+                                                dry_run=body.dry_run,
+                                                allow_empty=body.allow_empty)
         return web.json_response(report.view())
 
     async def rollback(self, request: web.Request) -> web.Response:

@@ -4,7 +4,11 @@
     GET  /v1/instances/{host}/snapshots                  -> 200 {"host","snapshots":[snapshot]}
     POST /v1/instances/{host}/snapshots/{id}/verify   {} -> 200 snapshot + {"ok":true}
     POST /v1/instances/{host}/snapshots/{id}/restore  {} -> 200 {"host","state","source",
-        "op","size_bytes","kept","snapshot"} (keelway/deploy/restore.py Restored.view)
+        "op","size_bytes","kept":[copy],"retention_s","snapshot"} (Restored.view)
+    GET    /v1/instances/{host}/kept                 -> 200 {"host","kept":[copy],
+        "retention_s"}
+    POST /v1/instances/{host}/kept/{copy}/forget   {} -> 200 copy (it is removed)
+    copy = {"id","kind","path","kept_at","disk_bytes"} (keelway/data/kept.py)
     snapshot = {"instance","id","taken_at","size","sha256","release","schema_version"}
 
 A snapshot that fails verification is answered 400 `snapshot-refused` and nothing is
@@ -20,6 +24,7 @@ import msgspec
 from aiohttp import web
 
 from keelway.api.http import read_body
+from keelway.data import kept
 from keelway.data.snapshots import Manifest
 from keelway.deploy.restore import Snapshots
 
@@ -42,6 +47,8 @@ class SnapshotsApi:
             web.get("/v1/instances/{host}/snapshots", self.list),
             web.post("/v1/instances/{host}/snapshots/{id}/verify", self.verify),
             web.post("/v1/instances/{host}/snapshots/{id}/restore", self.restore),
+            web.get("/v1/instances/{host}/kept", self.kept),
+            web.post("/v1/instances/{host}/kept/{copy}/forget", self.forget),
         ]
 
     async def take(self, request: web.Request) -> web.Response:
@@ -65,3 +72,15 @@ class SnapshotsApi:
         done = await self.snapshots.restore(request.match_info["host"],
                                             request.match_info["id"])
         return web.json_response(done.view())
+
+    async def kept(self, request: web.Request) -> web.Response:
+        host = request.match_info["host"]
+        copies = await self.snapshots.kept(host)
+        return web.json_response({"host": host, "kept": [c.view() for c in copies],
+                                  "retention_s": kept.retention_s()})
+
+    async def forget(self, request: web.Request) -> web.Response:
+        await read_body(request, Empty)
+        gone = await self.snapshots.forget(request.match_info["host"],
+                                           request.match_info["copy"])
+        return web.json_response(gone.view())

@@ -1,4 +1,4 @@
-"""An instance's data by hand: `keelway db snapshot|snapshots|verify|restore`."""
+"""An instance's data by hand: `keelway db snapshot|snapshots|verify|restore|kept|forget`."""
 
 from __future__ import annotations
 
@@ -91,8 +91,9 @@ def restore(host: str, snap_id: str | None, from_replica: bool, at: str | None,
             as_json: bool) -> None:
     """Replace the instance's database with a verified copy, a SNAPSHOT or (with
     --from-replica) its replica: requests are held while it stops, swaps the file and
-    starts again. The replaced database is kept in the instance's data dir, in
-    previous-db/ (one: the next restore replaces it); the replica begins anew."""
+    starts again. The replaced database is kept in the instance's data dir (and a file
+    replica set aside), every one until removed with `keelway db forget` or, past the
+    retention, by `keelway gc`; `keelway db kept` lists them."""
     if from_replica == (snap_id is not None):
         raise click.UsageError("say where from: a SNAPSHOT id, or --from-replica")
     if at is not None and not from_replica:
@@ -110,6 +111,48 @@ def restore(host: str, snap_id: str | None, from_replica: bool, at: str | None,
     source = f"snapshot {data['snapshot']['id']}" if data["snapshot"] else "its replica"
     click.echo(f"restored {host} from {source} ({data['size_bytes']} bytes, verified); "
                f"it is {data['state']}")
-    if data["kept"]:
-        click.echo(f"the replaced database is kept in {data['kept']} (until the next "
-                   "restore replaces it)")
+    _say_kept(host, data["kept"], data["retention_s"])
+
+
+def _kept_path(host: str, *rest: str) -> str:
+    parts = [urllib.parse.quote(p, safe="") for p in (host, *rest)]
+    return "/v1/instances/" + "/".join([parts[0], "kept", *parts[1:]])
+
+
+def _say_kept(host: str, copies: list[dict[str, Any]], retention_s: float) -> None:
+    if not copies:
+        click.echo(f"{host} keeps no replaced database or replica")
+        return
+    click.echo(f"kept (until `keelway db forget {host} COPY`, or `keelway gc` after "
+               f"{retention_s / 86400:g} days):")
+    for copy in copies:
+        click.echo(f"  {copy['id']}  {copy['kind']:<8}  kept {_when(copy['kept_at'])}  "
+                   f"{copy['disk_bytes']:>12} bytes  {copy['path']}")
+
+
+@db.command()
+@click.argument("host")
+@json_option
+@api_call
+def kept(host: str, as_json: bool) -> None:
+    """List the copies restores kept: each database one replaced, each file replica one
+    set aside."""
+    data = client(None).request("GET", _kept_path(host))
+    if as_json:
+        emit_json(data)
+    else:
+        _say_kept(host, data["kept"], data["retention_s"])
+
+
+@db.command()
+@click.argument("host")
+@click.argument("copy_id", metavar="COPY")
+@json_option
+@api_call
+def forget(host: str, copy_id: str, as_json: bool) -> None:
+    """Remove one copy a restore kept (its id as `keelway db kept` lists it)."""
+    data = client(None).request("POST", _kept_path(host, copy_id, "forget"), {})
+    if as_json:
+        emit_json(data)
+    else:
+        click.echo(f"removed {data['kind']} {data['id']} of {host} ({data['path']})")

@@ -267,18 +267,22 @@ cli.command("start")(_instance_command("start"))
 @json_option
 @api_call
 def gc(dry_run: bool, as_json: bool) -> None:
-    """Remove staged builds that no release or process names, and each instance's
-    snapshots beyond its `[data] keep`."""
+    """Remove staged builds that no release or process names, each instance's
+    snapshots beyond its `[data] keep`, and the copies restores kept, once past their
+    retention (7 days unless KEELWAY_KEEP_REPLACED_DAYS says otherwise)."""
     data = client(None).request("POST", "/v1/gc", {"dry_run": dry_run})
     if as_json:
         emit_json(data)
         return
     verb = "would remove" if dry_run else "removed"
     snapshots = data.get("snapshots_removed", [])
-    if not data["removed"] and not snapshots:
+    aged = data.get("kept_removed", [])
+    if not data["removed"] and not snapshots and not aged:
         click.echo("nothing to remove")
     for item in data["removed"]:
         click.echo(f"{verb} {item['app']} build {item['digest'][:12]}")
     for item in snapshots:
         click.echo(f"{verb} snapshot {item['id']} of {item['instance']}")
+    for item in aged:
+        click.echo(f"{verb} kept copy {item['id']} of {item['instance']}")
 

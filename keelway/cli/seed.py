@@ -35,30 +35,48 @@ def _say(data: dict[str, Any]) -> None:
         click.echo(f"dry run: {data['reason'] or 'would import'}")
         for step in data["plan"]:
             click.echo(f"  - {step}")
+        _say_contents(data.get("contents"))
     elif outcome == "imported":
         click.echo(f"imported {data['seed']} into {data['host']}")
+        _say_contents(data.get("contents"))
     elif outcome == "rolled-back":
         click.echo(f"rolled back {data['seed']} on {data['host']}")
     else:
         click.echo(f"{data['host']}: {outcome}: {data['reason']}")
 
 
+def _say_contents(contents: dict[str, Any] | None) -> None:
+    """What the import brings: a stale copy (one taken without its -wal) shows here as
+    missing tables or rows, which no check of the file itself can tell."""
+    if contents is None:
+        return
+    wal = "with the -wal beside it" if contents["wal"] else "no -wal beside it"
+    click.echo(f"the seed ({wal}, {contents['need_bytes']} bytes of data) holds "
+               f"{len(contents['tables'])} table(s):")
+    for table in contents["tables"]:
+        click.echo(f"  {table['name']}: {table['rows']} rows")
+
+
 @seed.command(name="import")
 @click.argument("host")
 @click.argument("source")
 @click.option("--dry-run", is_flag=True, help="Verify and say what would happen.")
+@click.option("--allow-empty", is_flag=True,
+              help="Import a seed with no tables (or 0 bytes) on purpose.")
 @json_option
 @api_call
-def import_(host: str, source: str, dry_run: bool, as_json: bool) -> None:
+def import_(host: str, source: str, dry_run: bool, allow_empty: bool, as_json: bool) -> None:
     """Import SOURCE into instance HOST: a snapshot id of any instance (HOST2/SNAPID
-    when two hold it) or a path to an SQLite file; verified, then stored first."""
+    when two hold it) or a path to an SQLite file, read with the -wal beside it if there
+    is one; verified, then stored first. Says what it brings: tables and row counts."""
     try:
         snapshot = names.seed_snapshot(source)
     except names.InvalidName:
         snapshot = None  # not a host: the daemon says so, for the path it then is
     sent = source if snapshot is not None else os.path.abspath(source)
     data = client(None).request("POST", _path(host, "/import"),
-                                {"source": sent, "dry_run": dry_run})
+                                {"source": sent, "dry_run": dry_run,
+                                 "allow_empty": allow_empty})
     emit_json(data) if as_json else _say(data)
 
 

@@ -48,6 +48,7 @@ from typing import Any
 
 from keelway import durable, failpoints
 from keelway.builds.manifest import REPLICA
+from keelway.data.kept import REPLICA_MARK
 from keelway.data.objects import LocalObjects, ObjectStore, open_objects
 from keelway.data.verify import Damaged, check_integrity
 from keelway.home import Home
@@ -332,19 +333,23 @@ class Replicas:
 
     async def delete(self, host: str, seed: str | None = None) -> int:
         """Delete `seed`'s import replica of `host`, or with no seed `host`'s whole
-        replica: its own, its imports' (under it) and the ones a replica restore set
-        aside beside it (`<host>.replaced-<op>`). Only an operation that says so calls
-        this (SPEC §5.7): a seed rollback's step 6, a purge. Idempotent; returns how
+        replica: its own, its imports' (under it) and the ones restores set aside
+        beside it (`<host>_replaced-<ms>`, keelway/data/kept.py). Only an operation that
+        says so calls this (SPEC §5.7): a seed rollback's step 6, a purge. Idempotent; returns how
         many objects went. Nothing may be replicating there: the caller stopped it."""
         objects = self.object_store()
+        hosts = {inst.host for inst in self.store.list_instances()}
 
         def remove() -> int:
             count = objects.delete_prefix(f"{replica_key(host, seed)}/")
             if seed is None:
-                aside = re.compile(rf"replicas/{re.escape(host)}\.replaced-[0-9]+/")
+                # An older keelway's `<host>.replaced` too, unless it is an instance's.
+                aside = re.compile(rf"replicas/{re.escape(host)}"
+                                   rf"(?:{re.escape(REPLICA_MARK)}[0-9]+|\.replaced)/")
                 for prefix in sorted({m.group(0) for key in objects.list("replicas/")
                                       if (m := aside.match(key))}):
-                    count += objects.delete_prefix(prefix)
+                    if prefix[len("replicas/"):-1] not in hosts:
+                        count += objects.delete_prefix(prefix)
             return count
 
         return await asyncio.to_thread(remove)

@@ -6,6 +6,15 @@ No I/O decision lives here, only file effects and checks that the rollback
 step cut short by a crash is simply run again:
 - Nothing is trusted until opened: `verify_sqlite` opens a file read-only, asks
   `PRAGMA integrity_check` and hashes it; a copy is verified again where it lands.
+- A seed is read with the `-wal` beside it when there is one (what SQLite would serve
+  from it), and never written: a read-only open, immutable when there is no `-wal`.
+- `inspect` says what a seed brings (its tables and their rows), what laying it down
+  takes (its used pages, not its apparent size: a sparse file or a big freelist is not
+  blown up), and refuses views and triggers that do not compile against its schema
+  (a write of the app's would fail on them).
+- The stored copy is written by VACUUM INTO (a consistent read of the seed and its
+  -wal, only the pages in use), the laid-down database by a sparse copy
+  (keelway/data/sparse.py): neither takes more disk than the seed's data.
 - Every file that must survive: temp, fsync, rename, fsync of the directory.
 - The marker is laid down before the database and removed after it, so while any of
   the import's database is on disk the marker that proves it is the import's is too.
@@ -18,15 +27,18 @@ step cut short by a crash is simply run again:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
+import re
 import secrets
 import shutil
 import sqlite3
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from keelway.data.swap import litestream_state
+from keelway.data import sparse
+from keelway.data.swap import litestream_state, to_wal
 from keelway.data.verify import Damaged, verify_file
 from keelway.durable import SQLITE_SIDE_FILES, TEMP_PREFIX, fsync_dir, write_atomic
 from keelway.runtime.environment import INSTANCE_KEY, read_env_file, write_env_file
@@ -34,7 +46,9 @@ from keelway.runtime.environment import INSTANCE_KEY, read_env_file, write_env_f
 MARKER_SUFFIX = ".seed"
 # The names an import writes into the instance's env file (and the rollback puts back).
 IMPORT_ENV_NAMES = (INSTANCE_KEY, "KEELWAY_DB", "DATABASE_URL")
-_CHUNK_BYTES = 1 << 20
+# A statement's own refusal, not the schema's: a view with no INSTEAD OF trigger for
+# the write probed, a generated column.
+_PROBE_REFUSED = re.compile(r"cannot (modify|UPDATE generated column)")
 
 
 class SeedRefused(Exception):
@@ -49,6 +63,100 @@ class SeedRefused(Exception):
 class Verified:
     sha256: str
     size_bytes: int
+
+
+@dataclass(frozen=True)
+class Contents:
+    """What a seed brings: its tables with their rows, whether a -wal beside it was
+    read, and what it takes on disk once copied (its used pages)."""
+
+    tables: tuple[tuple[str, int], ...]
+    wal: bool
+    need_bytes: int
+    apparent_bytes: int
+
+    @property
+    def empty(self) -> bool:
+        return not self.tables
+
+    def view(self) -> dict[str, Any]:
+        return {"tables": [{"name": n, "rows": r} for n, r in self.tables],
+                "wal": self.wal, "need_bytes": self.need_bytes,
+                "apparent_bytes": self.apparent_bytes}
+
+
+def _read_only(path: Path) -> sqlite3.Connection:
+    """A read-only connection to the seed at `path`, reading its -wal if there is one
+    (immutable otherwise: no -wal or -shm is created beside the user's file)."""
+    mode = "ro" if Path(f"{path}-wal").exists() else "ro&immutable=1"
+    return sqlite3.connect(f"file:{urllib.parse.quote(str(path.absolute()))}?mode={mode}",
+                           uri=True, isolation_level=None)
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def inspect(path: Path) -> Contents:
+    """What the seed at `path` brings (see `Contents`); `SeedRefused` when a view or a
+    trigger names what its schema lacks (a table, a column, a function). Read-only."""
+    wal = Path(f"{path}-wal").exists()
+    apparent = path.stat().st_size
+    if apparent == 0:
+        return Contents((), False, 0, 0)
+    try:
+        conn = _read_only(path)
+    except sqlite3.Error as exc:
+        raise SeedRefused(f"{path} cannot be opened: {exc}") from None
+    try:
+        pages = int(conn.execute("PRAGMA page_count").fetchone()[0])
+        free = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
+        page_bytes = int(conn.execute("PRAGMA page_size").fetchone()[0])
+        schema = conn.execute("SELECT type, name, tbl_name FROM sqlite_master "
+                              "WHERE name NOT LIKE 'sqlite\\_%' ESCAPE '\\'").fetchall()
+        tables = [name for kind, name, _ in schema if kind == "table"]
+        _check_schema(conn, schema)
+        counted = tuple((name, int(conn.execute(
+            f"SELECT count(*) FROM {_q(name)}").fetchone()[0])) for name in tables)
+    except sqlite3.Error as exc:
+        raise SeedRefused(f"{path} cannot be read: {exc}") from None
+    finally:
+        conn.close()
+    return Contents(counted, wal, (pages - free) * page_bytes, apparent)
+
+
+def _check_schema(conn: sqlite3.Connection, schema: list[tuple[str, str, str]]) -> None:
+    """Every view and every trigger compiles against the seed's own schema: each view is
+    prepared as a SELECT, and each table's (or view's) triggers by preparing the writes
+    that fire them (EXPLAIN: prepared, never run)."""
+    for kind, name, _ in schema:
+        if kind == "view":
+            try:
+                conn.execute(f"EXPLAIN SELECT * FROM {_q(name)}").fetchall()
+            except sqlite3.Error as exc:
+                raise SeedRefused(f"view {name} cannot be read: {exc}") from None
+    fired: dict[str, list[str]] = {}
+    for kind, name, table in schema:
+        if kind == "trigger":
+            fired.setdefault(table, []).append(name)
+    for table, triggers in sorted(fired.items()):
+        columns = [row[1] for row in conn.execute(f"PRAGMA table_xinfo({_q(table)})")
+                   if row[6] not in (2, 3)]  # not generated
+        sets = ", ".join(f"{_q(c)} = {_q(c)}" for c in columns)
+        for write in (f"INSERT INTO {_q(table)} DEFAULT VALUES",
+                      f"UPDATE {_q(table)} SET {sets}" if sets else "",
+                      f"DELETE FROM {_q(table)}"):
+            if not write:
+                continue
+            try:
+                conn.execute(f"EXPLAIN {write}").fetchall()
+            except sqlite3.Error as exc:
+                if _PROBE_REFUSED.search(str(exc)):
+                    continue
+                raise SeedRefused(
+                    f"a write to {table} fails on its trigger"
+                    f"{'s' if len(triggers) > 1 else ''} {', '.join(sorted(triggers))}: "
+                    f"{exc}") from None
 
 
 def mint_seed_id() -> str:
@@ -72,25 +180,26 @@ def verify_sqlite(path: Path) -> Verified:
 
 
 def store_copy(source: Path, dest: Path) -> Verified:
-    """A consistent copy of the SQLite file `source` at `dest` (the backup API, so a
-    source in WAL mode comes whole), fsynced and renamed into place, then verified
-    where it landed. Raises `SeedRefused`, leaving no file at `dest`, when the copy
-    does not verify. A crash leaves a temp file the boot sweep removes."""
+    """A consistent copy of the SQLite file `source` (with its -wal, if one is beside
+    it) at `dest`, by VACUUM INTO: one read transaction, only the pages in use written,
+    so a big freelist or a sparse file takes no more than its data. In WAL mode (as
+    every instance database is), fsynced and renamed into place, then verified where it
+    landed. Raises `SeedRefused`, leaving no file at `dest`, when the copy does not
+    verify. A crash leaves a temp file the boot sweep removes."""
     dest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = dest.with_name(f"{TEMP_PREFIX}{dest.name}.{os.getpid()}")
     tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    os.close(fd)
     try:
-        src = sqlite3.connect(f"{source.absolute().as_uri()}?mode=ro", uri=True)
-        try:
-            out = sqlite3.connect(tmp)
+        # Created empty with its final mode (VACUUM INTO takes an empty file), so the
+        # copy is never readable by others; an empty seed stays an empty database.
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        if source.stat().st_size > 0:
+            src = _read_only(source)
             try:
-                src.backup(out)
+                src.execute("VACUUM INTO ?", (str(tmp),))
             finally:
-                out.close()
-        finally:
-            src.close()
+                src.close()
+            to_wal(tmp)
         for side in SQLITE_SIDE_FILES:
             Path(f"{tmp}{side}").unlink(missing_ok=True)
         _fsync_file(tmp)
@@ -123,7 +232,8 @@ def local_seed_id(db: Path) -> str | None:
 
 
 def lay_down(copy: Path, db: Path, seed: str, sha256: str) -> None:
-    """The import's database at `db`, a byte copy of the verified `copy`, with its
+    """The import's database at `db`, a sparse byte copy of the verified `copy` (runs
+    of zeros are not written: keelway/data/sparse.py), with its
     marker naming `seed` laid down first. Whatever SQLite files were at `db` go (they
     can only be an earlier run of this same step: the import refused a path held by
     anyone else). Raises `SeedRefused` if the copy no longer hashes to `sha256`."""
@@ -132,19 +242,17 @@ def lay_down(copy: Path, db: Path, seed: str, sha256: str) -> None:
     for side in SQLITE_SIDE_FILES:
         Path(f"{db}{side}").unlink(missing_ok=True)
     tmp = db.with_name(f"{TEMP_PREFIX}{db.name}.{os.getpid()}")
-    digest = hashlib.sha256()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        with copy.open("rb") as src:
-            while chunk := src.read(_CHUNK_BYTES):
-                digest.update(chunk)
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(fd, view):]
+        src = os.open(copy, os.O_RDONLY)
+        try:
+            digest, _size = sparse.copy(src, fd)
+        finally:
+            os.close(src)
         os.fsync(fd)
     finally:
         os.close(fd)
-    if digest.hexdigest() != sha256:
+    if digest != sha256:
         tmp.unlink(missing_ok=True)
         raise SeedRefused(f"the stored copy {copy.name} changed since it was verified")
     os.replace(tmp, db)

@@ -10,9 +10,9 @@ The one swap of keelway: a snapshot restore and a replica restore both end here
   to the boot sweep);
 - `db.sqlite3.incoming`, the commit point;
 - `.restore-aside/`, the old files while the swap is under way;
-- `previous-db/`, the database the latest restore replaced: its `db.sqlite3` with its
-  `-wal` (the two open together as the database it was). Exactly one: the next restore
-  replaces it. Nothing else in keelway reads or removes it.
+- `kept/db-<stamp>/`, each database a restore replaced: its `db.sqlite3` with its
+  `-wal` (the two open together as the database it was), kept until an operator
+  removes it or it ages out (keelway/data/kept.py). A restore never replaces one.
 
 The moves, each made durable (fsync dir) before the next; the states a crash leaves,
 and what `finish` (run at boot, before any process of the instance is respawned, and by
@@ -23,11 +23,8 @@ the restore itself) makes of each:
    are still in place move into `.restore-aside/`, `incoming` becomes D.
 3. sides partly moved aside, `incoming` still there → the same roll-forward: D alone
    without its `-wal` would lose committed rows, so nothing ever stops half-way here.
-4. D is the new file, `incoming` gone, aside dir left → the aside dir becomes
-   `previous-db/`: the old `previous-db/` renamed `.tmp-discard-previous-db/`, then the
-   aside dir renamed `previous-db/` (a crash between leaves state 4 again). The
-   discarded copy is removed by `discard`, which the restore calls once the instance
-   serves again (a 200 MB unlink is not spent while requests are held), and at boot.
+4. D is the new file, `incoming` gone, aside dir left → the aside dir is renamed into
+   `kept/` under a new id (a crash before the rename leaves state 4 again).
 The old files are kept aside until the new D is in place, so at no instant is there
 neither a whole old database nor a whole new one on disk; the new D never sits beside
 the old one's litestream state, so its replicator starts from its own positions.
@@ -41,25 +38,20 @@ import sqlite3
 from pathlib import Path
 
 from keelway import failpoints
+from keelway.data import kept
 from keelway.data.snapshots import LEFTOVER_PREFIXES
 from keelway.durable import SQLITE_SIDE_FILES, TEMP_PREFIX, fsync_dir
 
 SIDES = (*SQLITE_SIDE_FILES, "")  # the sides before the main file
 ASIDE = ".restore-aside"
-# The database the latest restore replaced (see the module header).
-PREVIOUS = "previous-db"
 # A database's litestream state sits beside it under this suffix (litestream's own
 # layout): a database swapped in must not inherit the positions of the one it replaced.
 LITESTREAM_SUFFIX = "-litestream"
 STAGED_PREFIX = f"{TEMP_PREFIX}restore-"
-DISCARDED = f"{TEMP_PREFIX}discard-{PREVIOUS}"
+# What an older keelway left while replacing its one kept copy: deleted at boot.
+DISCARDED = f"{TEMP_PREFIX}discard-{kept.LEGACY_DB}"
 
 failpoints.declare("restore.swap.aside", "restore.swap.placed", "restore.swap.kept")
-
-
-def previous(db: Path) -> Path:
-    """Where the database the latest restore replaced is kept."""
-    return db.parent / PREVIOUS
 
 
 def litestream_state(db: Path) -> Path:
@@ -105,33 +97,24 @@ def finish(db: Path) -> bool:
     return True
 
 
-def _keep(db: Path, aside: Path) -> None:
-    """The aside dir becomes `previous-db/`, holding the replaced database and its
-    -wal only: its -shm is rebuilt by whoever opens it, and its litestream positions
-    belong to a replica that has moved on. A restore that replaced no database (there
-    was none) leaves the previous `previous-db/` as it was."""
+def _keep(db: Path, aside: Path) -> Path | None:
+    """The aside dir goes into `kept/`, holding the replaced database and its -wal
+    only: its -shm is rebuilt by whoever opens it, and its litestream positions belong
+    to a replica that has moved on. Returns where it went; None when the restore
+    replaced no database (there was none). Every copy kept before stays as it was."""
     if not (aside / db.name).exists():
         shutil.rmtree(aside)
         fsync_dir(db.parent)
-        return
+        return None
     for name in (f"{db.name}-shm", litestream_state(db).name):
         stale = aside / name
         if stale.is_dir():
             shutil.rmtree(stale)
         else:
             stale.unlink(missing_ok=True)
-    kept = previous(db)
-    if kept.exists():
-        discard(db)  # what an earlier crash left there, if anything
-        os.replace(kept, db.parent / DISCARDED)
-    os.replace(aside, kept)
-    fsync_dir(db.parent)
+    dest = kept.keep(db, aside)
     failpoints.hit("restore.swap.kept")
-
-
-def discard(db: Path) -> None:
-    """Remove the copy the latest swap no longer keeps (idempotent)."""
-    shutil.rmtree(db.parent / DISCARDED, ignore_errors=True)
+    return dest
 
 
 def swap(db: Path, staged: Path) -> None:
@@ -151,7 +134,9 @@ def finish_all(data_root: Path) -> list[str]:
         db = entry / "db.sqlite3"
         if (incoming(db).exists() or (entry / ASIDE).exists()) and finish(db):
             finished.append(entry.name)
-        discard(db)
+        shutil.rmtree(entry / DISCARDED, ignore_errors=True)
+        kept.sweep(entry)
+        kept.sweep(kept.kept_dir(db))
         for prefix in (STAGED_PREFIX, *LEFTOVER_PREFIXES):
             for leftover in entry.glob(f"{prefix}*"):
                 leftover.unlink(missing_ok=True)

@@ -16,7 +16,7 @@ keelway/api/daemon.py). What each holds:
   journaled operation: HOLD_ROUTE (a running instance's route holding, published:
   requests wait) → STOP every generation, the replicator too, proven gone → SWAP_DB
   (keelway/data/swap.py: the commit point; the replaced database kept in
-  `previous-db/`) → REPLICA_RESET, before the swap (the replica set aside) and one
+  `kept/`, keelway/data/kept.py) → REPLICA_RESET, before the swap (the replica set aside) and one
   sync after it (REPLICA_STOP: a fresh replica started from the restored file, below)
   → a running instance respawned from ACTIVE (the verified
   start path, as start and wake do: ACTIVE and the route serving in one write,
@@ -25,13 +25,16 @@ keelway/api/daemon.py). What each holds:
 - why REPLICA_RESET after every restore, a snapshot's too: the replica holds the old
   database's later transactions, so a `--from-replica` restore (or a parked instance's
   replica, which no replicator updates until its wake) would bring back what the
-  restore replaced. A file replica is renamed `<dir>.replaced` (one kept, as the
-  database is), then one `replicate -once` writes the restored file as the start of a
-  new one. An S3 replica cannot be renamed: litestream 0.5.17, finding no local state
-  beside the swapped-in file (swap.py removes it) and a replica ahead of it, writes the
-  file as a new snapshot after the replica's last transaction, so its latest restore is
-  the restored database (tests/data/test_swap.py proves it against a file replica and
-  a real S3 server).
+  restore replaced. A file replica is renamed `<dir>_replaced-<ms>` (kept, as the
+  database is: neither is ever replaced by a later restore), then one `replicate
+  -once` writes the restored file as the start of a new one. An S3 replica cannot be
+  renamed: litestream 0.5.17, finding no local state beside the swapped-in file
+  (swap.py removes it) and a replica ahead of it, writes the file as a new snapshot
+  after the replica's last transaction, so its latest restore is the restored
+  database (tests/data/test_swap.py proves it against a file replica and a real S3
+  server).
+- kept copies (`db kept H`, `db forget H COPY`, and `gc` for those past the
+  retention): under the instance lock, so no restore is keeping one meanwhile.
 - drill of a snapshot: the newest one fetched to a temp file and verified, nothing else
   touched (keelway/deploy/replication.py drills both copies and records the events).
 
@@ -54,7 +57,7 @@ import dataclasses
 import datetime
 import logging
 import os
-import shutil
+import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -64,9 +67,10 @@ from typing import Any
 
 from keelway import failpoints, names
 from keelway.builds.manifest import REPLICA, DataSpec
-from keelway.data import snapshots, swap
+from keelway.data import kept, snapshots, swap
+from keelway.data.kept import KeptCopy
 from keelway.data.objects import NotFound, ObjectStore, ObjectStoreError
-from keelway.data.replicas import ReplicaError, in_effect
+from keelway.data.replicas import ReplicaError, in_effect, replica_url
 from keelway.data.snapshots import Manifest, NoDatabase
 from keelway.data.verify import Damaged, verify_file
 from keelway.deploy import targets
@@ -78,7 +82,6 @@ from keelway.deploy.part import Part
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
 from keelway.deploy.steps import Done, Failed, Steps
-from keelway.durable import fsync_dir
 from keelway.home import Home
 from keelway.journal import OpKind, StepKind
 from keelway.reconcile.plan import Pass
@@ -134,12 +137,16 @@ class Restored:
     source: str  # "snapshot" or "replica"
     op_id: int | None
     size_bytes: int
-    kept: str | None  # the dir holding the replaced database (None: there was none)
+    # Every copy kept at the host after this restore (the one it replaced among them),
+    # oldest first: what an operator may still want back.
+    kept: list[KeptCopy]
+    retention_s: float
 
     def view(self) -> dict[str, Any]:
         """What `db restore` answers, whichever the source (the API's JSON)."""
         return {"host": self.host, "state": self.state.value, "source": self.source,
-                "op": self.op_id, "size_bytes": self.size_bytes, "kept": self.kept,
+                "op": self.op_id, "size_bytes": self.size_bytes,
+                "kept": [c.view() for c in self.kept], "retention_s": self.retention_s,
                 "snapshot": dataclasses.asdict(self.snapshot) if self.snapshot else None}
 
 
@@ -375,21 +382,72 @@ class Snapshots(Part):
             finally:
                 for side in swap.SIDES:
                     Path(f"{staged}{side}").unlink(missing_ok=True)
-            # The copy an earlier restore kept, removed once requests flow again.
-            await asyncio.to_thread(swap.discard, db)
             if inst.state is InstanceState.RUNNING:
                 targets.link_current(self.store, self.home, host)
         source = f"snapshot {found.id}" if found is not None else "its replica"
         if result.outcome is not Outcome.DONE:
             raise OperationError(f"{host}: restore from {source} failed: {result.reason}",
                                  hint=f"see `keelway ops {inst.app} --instance {host}`")
-        kept = swap.previous(db)
-        self.store.add_event("restore", f"restored from {source}; the replaced database "
-                             f"is kept in {kept.name}/", app=inst.app, instance=host)
+        copies = await asyncio.to_thread(self._kept, host)
+        self.store.add_event("restore", f"restored from {source}; kept: "
+                             f"{', '.join(c.id for c in copies) or 'nothing'}",
+                             app=inst.app, instance=host)
         now = self.store.get_instance(host) or inst
         return Restored(host, found, now.state, "snapshot" if found else "replica",
-                        op_ids[0] if op_ids else None, size,
-                        str(kept) if (kept / db.name).exists() else None)
+                        op_ids[0] if op_ids else None, size, copies, kept.retention_s())
+
+    # -- kept copies -----------------------------------------------------------------
+
+    def _kept(self, host: str) -> list[KeptCopy]:
+        """Every copy a restore kept at `host`: replaced databases, set-aside file
+        replicas; oldest first."""
+        copies = kept.databases(self.home.db_path(host))
+        replicas = self.recovery.replicas
+        if replicas is not None:
+            # The host's own replica, also while an import replicates elsewhere.
+            path = _file_path(replica_url(self.home, host, replicas.objects))
+            if path is not None:
+                copies += kept.replicas(
+                    path, {i.host for i in self.store.list_instances()})
+        return sorted(copies, key=lambda c: (c.kept_at, c.id))
+
+    async def kept(self, host: str) -> list[KeptCopy]:
+        """`db kept H`: what `_kept` lists."""
+        self.instance(host)
+        return await asyncio.to_thread(self._kept, host)
+
+    async def forget(self, host: str, copy_id: str) -> KeptCopy:
+        """`db forget H COPY`: remove one kept copy, named by its id exactly as listed
+        (never a path: nothing else of the data dir can be named)."""
+        self.instance(host)
+        async with self.locks.instance(host):
+            copies = {c.id: c for c in await asyncio.to_thread(self._kept, host)}
+            copy = copies.get(copy_id)
+            if copy is None:
+                raise NotFoundError(f"{host} keeps no copy {copy_id!r}; nothing was changed",
+                                    hint=f"`keelway db kept {host}` lists them")
+            await asyncio.to_thread(kept.forget, copy)
+        inst = self.instance(host)
+        self.store.add_event("restore", f"kept copy {copy.id} removed", app=inst.app,
+                             instance=host)
+        return copy
+
+    async def prune_kept(self, dry_run: bool,
+                         now_s: float | None = None) -> list[tuple[str, str]]:
+        """`gc`: every kept copy older than the retention at `now_s` (default: now, by
+        the wall clock its name was stamped with) removed, unless `dry_run`; returns
+        (host, copy id) of each."""
+        now = time.time() if now_s is None else now_s
+        keep_s = kept.retention_s()
+        removed: list[tuple[str, str]] = []
+        for inst in self.store.list_instances():
+            async with self.locks.instance(inst.host):
+                old = kept.aged(await asyncio.to_thread(self._kept, inst.host), now, keep_s)
+                if not dry_run:
+                    for copy in old:
+                        await asyncio.to_thread(kept.forget, copy)
+            removed += [(inst.host, c.id) for c in old]
+        return removed
 
     async def _stage_snapshot(self, host: str, snap_id: str, staged: Path) -> Manifest:
         """The snapshot fetched beside the database, verified, in WAL mode (as every
@@ -474,7 +532,7 @@ class Snapshots(Part):
 
         async def swapped() -> Done:
             await asyncio.to_thread(swap.swap, db, staged)
-            return Done(f"database replaced; the old one kept in {swap.PREVIOUS}/")
+            return Done(f"database replaced; the old one kept in {kept.KEPT}/")
 
         await steps.run(StepKind.SWAP_DB, swapped, before=("restore.swap.before",),
                         after=("restore.swap.after",))
@@ -539,21 +597,17 @@ def _fsync(path: Path) -> None:
         os.fsync(handle.fileno())
 
 
-def _set_replica_aside(url: str) -> None:
-    """A file replica renamed `<dir>.replaced` (the one a previous restore set aside
-    removed first: one kept, as `previous-db/` is). Idempotent: no replica, no move.
-    An S3 replica is left in place (see the module header)."""
+def _file_path(url: str) -> Path | None:
     parsed = urllib.parse.urlparse(url)
-    if parsed.scheme != "file":
-        return
-    path = Path(urllib.parse.unquote(parsed.path))
-    if not path.exists():
-        return
-    aside = path.with_name(f"{path.name}.replaced")
-    if aside.exists():
-        shutil.rmtree(aside)
-    os.replace(path, aside)
-    fsync_dir(path.parent)
+    return Path(urllib.parse.unquote(parsed.path)) if parsed.scheme == "file" else None
+
+
+def _set_replica_aside(url: str) -> None:
+    """A file replica renamed aside, beside the ones earlier restores set aside
+    (keelway/data/kept.py). An S3 replica is left in place (see the module header)."""
+    path = _file_path(url)
+    if path is not None:
+        kept.set_replica_aside(path)
 
 
 def parse_time(text: str) -> datetime.datetime:

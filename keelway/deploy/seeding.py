@@ -2,6 +2,12 @@
 every effect a journaled step with failpoints around it (keelway/deploy/steps.py), the
 import journal (keelway/store/seeds.py) the one record that says where an import stands.
 
+Refused before anything changes: a seed that fails verification, an empty one (no
+tables, or 0 bytes: unless `allow_empty`), one whose views or triggers name what its
+schema lacks, one larger than `SeedLimits.max_bytes` or than the free space allows (a
+copy and the laid-down database, each its used pages, plus a reserve). What it brings
+(tables and row counts, and whether a -wal beside it was read) is in every report.
+
 Import of a verified SQLite file into instance H:
     store the seed's copy (verified where it lands) → journal + gate closed (one write:
     the row, H's route gated and named the import's, H STOPPED) → fence H (the journal
@@ -92,6 +98,18 @@ DeleteReplica = Callable[[str, str], Awaitable[object]]
 Progress = Callable[[str], Awaitable[None]]
 
 
+@dataclass(frozen=True)
+class SeedLimits:
+    # The largest seed an import takes, by its used pages (what laying it down writes).
+    max_bytes: int = 32 << 30
+    # What must stay free on a filesystem after the seed's copy and its database.
+    reserve_bytes: int = 256 << 20
+
+
+class SeedTooLarge(UserError):
+    code = "seed-too-large"
+
+
 class SeedOutcome(enum.StrEnum):
     IMPORTED = "imported"
     ROLLED_BACK = "rolled-back"
@@ -111,10 +129,13 @@ class SeedReport:
     outcome: SeedOutcome
     reason: str | None = None
     plan: tuple[str, ...] = field(default=())
+    # What the import brings (an import and its dry run), None for a rollback.
+    contents: files.Contents | None = None
 
     def view(self) -> dict[str, object]:
         return {"host": self.host, "seed": self.seed, "outcome": self.outcome.value,
-                "reason": self.reason, "plan": list(self.plan)}
+                "reason": self.reason, "plan": list(self.plan),
+                "contents": self.contents.view() if self.contents else None}
 
 
 async def _quiet(_step: str) -> None:
@@ -137,10 +158,12 @@ class Seeding(Part):
     def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
                  locks: Locks, recovery: Recovery,
                  delete_replica: DeleteReplica | None = None,
-                 objects: ObjectStore | None = None) -> None:
+                 objects: ObjectStore | None = None,
+                 limits: SeedLimits = SeedLimits()) -> None:
         super().__init__(store, home, supervisor, publisher, locks, recovery)
         self.objects = objects
         self.delete_replica = delete_replica
+        self.limits = limits
 
     # -- import ------------------------------------------------------------------------
 
@@ -151,8 +174,10 @@ class Seeding(Part):
                             "second import waits until it is rolled back",
                             hint=f"`keelway seed rollback {host}` first")
 
-    def _refuse_import(self, host: str, source: Path) -> files.Verified:
-        """Every reason to refuse, checked before anything changes."""
+    def _refuse_import(self, host: str, source: Path,
+                       allow_empty: bool) -> tuple[files.Verified, files.Contents]:
+        """Every reason to refuse, checked before anything changes; what the seed is
+        and brings."""
         if not source.is_absolute():
             raise UserError(f"{source} is not an absolute path",
                             hint="give the seed's path from / (the CLI does this)")
@@ -164,11 +189,46 @@ class Seeding(Part):
                             hint="move it away; keelway does not remove data it cannot "
                                  "prove is an import's")
         try:
-            return files.verify_sqlite(source)
+            verified = files.verify_sqlite(source)
+            contents = files.inspect(source)
         except files.SeedRefused as exc:
             raise UserError(f"seed refused: {exc.message}; nothing was changed",
-                            hint="give a copy that opens and passes "
-                                 "`PRAGMA integrity_check`") from None
+                            hint="give a copy that opens, passes `PRAGMA "
+                                 "integrity_check` and whose views and triggers name "
+                                 "only what it holds") from None
+        if contents.empty and not allow_empty:
+            what = "0 bytes" if contents.apparent_bytes == 0 else "no tables"
+            raise UserError(f"seed refused: {source} is empty ({what}): the instance "
+                            "would serve an empty database; nothing was changed",
+                            hint="give --allow-empty to import an empty database on "
+                                 "purpose")
+        self._refuse_size(host, source, contents)
+        return verified, contents
+
+    def _refuse_size(self, host: str, source: Path, contents: files.Contents) -> None:
+        """Over the largest seed, or more than the free space allows: the stored copy
+        and the laid-down database each take the seed's used pages."""
+        need = contents.need_bytes
+        if need > self.limits.max_bytes:
+            raise SeedTooLarge(f"seed refused: {source} holds {need} bytes of data, over "
+                               f"the largest seed an import takes ({self.limits.max_bytes} "
+                               "bytes); nothing was changed")
+        wanted: dict[int, tuple[Path, int]] = {}
+        for place in (self.home.seeds_dir, self.home.seed_db_path(host).parent):
+            while not place.exists():
+                place = place.parent
+            device = place.stat().st_dev
+            wanted[device] = (place, wanted.get(device, (place, 0))[1] + need)
+        for place, total in wanted.values():
+            stat = os.statvfs(place)
+            free = stat.f_bavail * stat.f_frsize
+            if total + self.limits.reserve_bytes > free:
+                raise SeedTooLarge(
+                    f"seed refused: importing {source} takes {total} bytes on the "
+                    f"filesystem of {place} (its copy and its database, {need} bytes "
+                    f"each) and {self.limits.reserve_bytes} must stay free, but {free} "
+                    "are; nothing was changed", hint="free some space, or give a "
+                    "smaller seed")
 
     # -- a snapshot as the seed ----------------------------------------------------------
 
@@ -224,7 +284,7 @@ class Seeding(Part):
                 Path(f"{dest}{suffix}").unlink(missing_ok=True)
 
     async def import_seed(self, host: str, source: Path | SnapshotSource, *,
-                          dry_run: bool = False,
+                          dry_run: bool = False, allow_empty: bool = False,
                           progress: Progress = _quiet) -> SeedReport:
         """Import `source`, an SQLite file or a stored snapshot (fetched and verified
         first), into `host`. After return the import is in effect (IMPORTED) with
@@ -232,19 +292,20 @@ class Seeding(Part):
         journal, rolled back (and the error raised). A refusal (bad name, damaged seed
         or snapshot, a journaled import, a fence) changes nothing."""
         if isinstance(source, Path):
-            return await self._import_file(host, source, str(source), dry_run, progress)
+            return await self._import_file(host, source, str(source), dry_run,
+                                           allow_empty, progress)
         self.instance(host)
         self._refuse_journaled(host)
         async with self._fetched(source) as path:
             return await self._import_file(host, path, f"snapshot {source}", dry_run,
-                                           progress)
+                                           allow_empty, progress)
 
     async def _import_file(self, host: str, source: Path, said: str, dry_run: bool,
-                           progress: Progress) -> SeedReport:
+                           allow_empty: bool, progress: Progress) -> SeedReport:
         inst = self.instance(host)
-        self._refuse_import(host, source)
+        _, contents = self._refuse_import(host, source, allow_empty)
         if dry_run:
-            return SeedReport(host, None, SeedOutcome.DRY_RUN, plan=(
+            return SeedReport(host, None, SeedOutcome.DRY_RUN, contents=contents, plan=(
                 f"verify and store a copy of {said}", "journal the import and close "
                 f"{host}'s gate", f"fence and stop {host}",
                 f"lay down {self.home.seed_db_path(host)} with its seed marker",
@@ -253,7 +314,7 @@ class Seeding(Part):
         async with self.locks.instance(host):
             await self.recovery.converge(host, Pass.MUTATION)
             inst = self.instance(host)
-            verified = self._refuse_import(host, source)
+            verified, contents = self._refuse_import(host, source, allow_empty)
 
             async def work(op: Operation) -> Result:
                 return await self._import(op, inst, seed, source, verified, progress)
@@ -271,7 +332,7 @@ class Seeding(Part):
                 raise OperationError(f"{host}: seed import failed: {result.reason}")
             await self.recovery.restart_active(host)
             targets.link_current(self.store, self.home, host)
-        return SeedReport(host, seed, SeedOutcome.IMPORTED)
+        return SeedReport(host, seed, SeedOutcome.IMPORTED, contents=contents)
 
     async def _import(self, op: Operation, inst: Instance, seed: str, source: Path,
                       verified: files.Verified, progress: Progress) -> Result:

@@ -99,3 +99,17 @@ def test_a_key_the_env_file_lacked_before_the_import_goes(tmp_path: Path) -> Non
     files.write_import_env(env, tmp_path / "db", before)
     files.retire_import_env(env, before)
     assert read_env_file(env) == {}
+
+
+def test_inspect_counts_the_rows_of_tables_with_awkward_names_and_reads_no_wal_it_lacks(
+        tmp_path: Path) -> None:
+    path = tmp_path / "seed.sqlite3"
+    conn = sqlite3.connect(path)
+    conn.executescript('CREATE TABLE "we""ird" (v); INSERT INTO "we""ird" VALUES (1), (2);'
+                       'CREATE TABLE "select" (v); CREATE VIEW "v w" AS SELECT * FROM '
+                       '"we""ird";')
+    conn.close()
+    found = files.inspect(path)
+    assert found.tables == (('we"ird', 2), ("select", 0)) and found.wal is False
+    assert found.need_bytes == found.apparent_bytes == path.stat().st_size
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["seed.sqlite3"]  # nothing beside

@@ -8,7 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from keelway.data import swap
+from keelway.data import kept, swap
+
+
+def _kept(db: Path) -> list[int]:
+    """The rows of every database kept beside `db`, oldest first."""
+    return [_rows(c.path / "db.sqlite3") for c in kept.databases(db)]
 
 
 def _db(path: Path, rows: int, *, keep_wal: bool = False) -> sqlite3.Connection | None:
@@ -76,9 +81,9 @@ def test_a_committed_swap_rolls_forward_from_each_state_a_crash_leaves(
     os.replace(f"{db}-wal", aside / f"{db.name}-wal")
     assert swap.finish_all(db.parent.parent) == ["one.test"]
     assert _rows(db) == 3
-    assert sorted(p.name for p in db.parent.iterdir()) == ["db.sqlite3", swap.PREVIOUS]
+    assert sorted(p.name for p in db.parent.iterdir()) == ["db.sqlite3", kept.KEPT]
     # The replaced database, with the rows only its -wal held, is kept whole.
-    assert _rows(swap.previous(db) / "db.sqlite3") == 5
+    assert _kept(db) == [5]
     assert swap.finish_all(db.parent.parent) == []  # idempotent
 
 
@@ -93,7 +98,7 @@ def test_a_swap_whose_new_file_is_in_place_only_drops_the_old_files(
     os.replace(staged, db)
     assert swap.finish(db) is True
     assert _rows(db) == 3 and not aside.exists()
-    assert _rows(swap.previous(db) / "db.sqlite3") == 5
+    assert _kept(db) == [5]
 
 
 def test_a_whole_swap_replaces_the_database_and_its_sides(laid: tuple[Path, Path]) -> None:
@@ -107,19 +112,22 @@ def test_a_whole_swap_replaces_the_database_and_its_sides(laid: tuple[Path, Path
     assert not (db.parent / swap.ASIDE).exists() and not swap.incoming(db).exists()
     # The new file does not inherit the old one's replica positions, anywhere.
     assert not litestream.exists()
-    kept = swap.previous(db)
-    assert sorted(p.name for p in kept.iterdir()) == ["db.sqlite3", "db.sqlite3-wal"]
-    assert _rows(kept / "db.sqlite3") == 5
+    [copy] = kept.databases(db)
+    assert sorted(p.name for p in copy.path.iterdir()) == ["db.sqlite3", "db.sqlite3-wal"]
+    assert _rows(copy.path / "db.sqlite3") == 5
 
 
-def test_the_next_swap_keeps_only_the_database_it_replaced(laid: tuple[Path, Path]) -> None:
+def test_the_next_swap_keeps_the_database_it_replaced_beside_the_one_kept_before(
+        laid: tuple[Path, Path]) -> None:
     db, staged = laid
     swap.swap(db, staged)
     again = swap.staged_path(db, "20260101T000000000001Z-0001")
     _db(again, 7)
     swap.swap(db, again)
     assert _rows(db) == 7
-    assert _rows(swap.previous(db) / "db.sqlite3") == 3  # not the 5 of the first
+    # Neither replaced database is the only copy of anything lost: both stay.
+    assert sorted(_kept(db)) == [3, 5]
+    assert len({c.id for c in kept.databases(db)}) == 2
 
 
 @pytest.mark.parametrize("point", ["restore.swap.aside", "restore.swap.placed",
@@ -145,21 +153,50 @@ def test_a_crash_at_any_point_of_the_swap_is_finished_at_boot(
     monkeypatch.undo()
     swap.finish_all(db.parent.parent)
     assert _rows(db) == 7
-    assert _rows(swap.previous(db) / "db.sqlite3") == 3
-    assert sorted(p.name for p in db.parent.iterdir()) == ["db.sqlite3", swap.PREVIOUS]
+    assert sorted(_kept(db)) == [3, 5]
+    assert sorted(p.name for p in db.parent.iterdir()) == ["db.sqlite3", kept.KEPT]
+    assert not [p for p in kept.kept_dir(db).iterdir() if p.name.startswith(".tmp")]
 
 
 def test_a_swap_over_no_database_leaves_the_kept_one(tmp_path: Path) -> None:
     data = tmp_path / "data" / "one.test"
     data.mkdir(parents=True)
     db = data / "db.sqlite3"
-    kept = swap.previous(db)
-    kept.mkdir()
-    _db(kept / "db.sqlite3", 2)
+    legacy = db.parent / kept.LEGACY_DB  # what an older keelway kept
+    legacy.mkdir()
+    _db(legacy / "db.sqlite3", 2)
     staged = swap.staged_path(db, "x")
     _db(staged, 4)
     swap.swap(db, staged)
-    assert _rows(db) == 4 and _rows(kept / "db.sqlite3") == 2
+    assert _rows(db) == 4 and _kept(db) == [2]
+    assert [c.id for c in kept.databases(db)] == [kept.LEGACY_DB]
+
+
+def test_a_forgotten_copy_is_gone_and_a_crash_mid_forget_leaves_nothing_listed(
+        laid: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    db, staged = laid
+    swap.swap(db, staged)
+    again = swap.staged_path(db, "y")
+    _db(again, 7)
+    swap.swap(db, again)
+    first, second = kept.databases(db)
+
+    class Crash(Exception):
+        pass
+
+    def hit(name: str) -> None:
+        if name == "kept.forget.after":
+            raise Crash(name)
+
+    monkeypatch.setattr(kept.failpoints, "hit", hit)
+    with pytest.raises(Crash):
+        kept.forget(first)
+    monkeypatch.undo()
+    assert kept.databases(db) == [second]  # the renamed one is listed nowhere
+    swap.finish_all(db.parent.parent)  # and boot deletes it
+    assert sorted(p.name for p in kept.kept_dir(db).iterdir()) == [second.path.name]
+    kept.forget(second)
+    assert kept.databases(db) == []
 
 
 def test_to_wal_leaves_a_wal_copy_alone_and_converts_a_rollback_one(tmp_path: Path) -> None:
@@ -242,3 +279,19 @@ def test_a_replica_ahead_of_a_swapped_in_older_file_restores_to_that_file(
     _db(db, 2)
     litestream("replicate", "-once")
     assert restored() == 5
+
+
+def test_a_replica_set_aside_is_listed_with_its_host_only_never_another_instance_s(
+        tmp_path: Path) -> None:
+    replicas = tmp_path / "replicas"
+    own = replicas / "a.test"
+    own.mkdir(parents=True)
+    aside = kept.set_replica_aside(own)
+    assert aside is not None and not own.exists()
+    assert kept.set_replica_aside(own) is None  # a step run again moves nothing
+    (replicas / "a.test.replaced").mkdir()  # an older keelway's, or host a.test.replaced's
+    (replicas / "a.test.replaced-5").mkdir()  # host a.test.replaced-5's own replica
+    listed = kept.replicas(own, {"a.test", "a.test.replaced-5"})
+    assert {c.path.name for c in listed} == {"a.test.replaced", aside.name}
+    assert [c.id for c in kept.replicas(own, {"a.test", "a.test.replaced"})] == [
+        f"replica-{aside.name.rpartition('-')[2]}"]

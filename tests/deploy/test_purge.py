@@ -49,7 +49,8 @@ def parts(tmp_path: Path) -> tuple[DeployParts, Home]:
         assert asyncio.run(deploy.recovery.replicas.stop(host)) is None  # one sync pass
         snapshots.take(objects, home, host, now_s=1.8e9 + n, release=None)
     # What an import and a replica restore leave beside H's own replica.
-    for leftover in (replica_key(HOST, "seed-00000000000000aa"), f"replicas/{HOST}.replaced-7"):
+    for leftover in (replica_key(HOST, "seed-00000000000000aa"),
+                     f"replicas/{HOST}_replaced-1796000000000", f"replicas/{HOST}.replaced"):
         (home.objects_dir / leftover / "ltx" / "0").mkdir(parents=True)
         (home.objects_dir / leftover / "ltx" / "0" / "1.ltx").write_bytes(b"x")
     return deploy, home
@@ -61,7 +62,8 @@ def _stored(home: Home, host: str) -> dict[str, str]:
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*"))
             if p.is_file() and (f"/{host}/" in f"/{p.relative_to(root)}"
-                                or str(p.relative_to(root)).startswith(f"replicas/{host}."))}
+                                or str(p.relative_to(root)).startswith(
+                                    (f"replicas/{host}.", f"replicas/{host}_")))}
 
 
 def test_purge_data_removes_the_instance_s_replicas_and_snapshots_and_nothing_else(
@@ -71,7 +73,8 @@ def test_purge_data_removes_the_instance_s_replicas_and_snapshots_and_nothing_el
     assert any(k.startswith(f"instances/{HOST}/snapshots/") for k in mine)
     assert any(k.startswith(f"replicas/{HOST}/ltx/") for k in mine)
     assert any(k.startswith(f"replicas/{HOST}/seed-") for k in mine)
-    assert any(k.startswith(f"replicas/{HOST}.replaced-") for k in mine)
+    assert any(k.startswith(f"replicas/{HOST}_replaced-") for k in mine)
+    assert any(k.startswith(f"replicas/{HOST}.replaced/") for k in mine)  # an older one
     asyncio.run(deploy.tenants.remove_instance("shop", HOST, Removal.PURGE_DATA))
     assert _stored(home, HOST) == {}
     assert not (home.objects_dir / "replicas" / HOST).exists()

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from keelway.api.daemon import DeployParts
-from keelway.data import swap
+from keelway.data import kept
 from keelway.data.replicas import litestream_binary
-from keelway.deploy.errors import UserError
+from keelway.deploy.errors import NotFoundError, UserError
 from keelway.home import Home
 from keelway.journal import StepKind
 from keelway.store import SqliteStore
@@ -74,7 +74,8 @@ def test_a_replica_restore_after_a_snapshot_restore_gives_the_snapshots_rows(
         done = await deploy.snapshots.restore(HOST, snap.id)
         assert done.source == "snapshot" and done.state is InstanceState.PARKED
         assert _rows(db) == ["a"]
-        assert done.kept is not None and _rows(Path(done.kept) / db.name) == ["a", "b", "c"]
+        [old] = [c for c in done.kept if c.kind == "database"]
+        assert _rows(old.path / db.name) == ["a", "b", "c"]
         # The replica set aside before the swap, a new one begun from the file after it.
         assert _steps(store, done.op_id) == [StepKind.REPLICA_RESET, StepKind.SWAP_DB,
                                              StepKind.REPLICA_STOP]
@@ -82,11 +83,11 @@ def test_a_replica_restore_after_a_snapshot_restore_gives_the_snapshots_rows(
         again = await deploy.replication.restore(HOST)
         assert again.source == "replica" and again.snapshot is None
         assert _rows(db) == ["a"]
-        assert _rows(swap.previous(db) / db.name) == ["a"]  # only the latest replaced
+        assert [_rows(c.path / db.name) for c in kept.databases(db)] == [["a", "b", "c"],
+                                                                        ["a"]]
 
     asyncio.run(run())
-    replica_dir = Path(replicas.url(HOST).removeprefix("file://"))
-    assert replica_dir.with_name(f"{replica_dir.name}.replaced").is_dir()
+    assert len(kept.replicas(Path(replicas.url(HOST).removeprefix("file://")), {HOST})) == 2
     assert sorted(p.name for p in db.parent.iterdir()
                   if p.name.startswith(".tmp") or "incoming" in p.name) == []
 
@@ -106,7 +107,7 @@ def test_a_damaged_snapshot_is_refused_and_nothing_changes(
     ops_before = store.latest_operation(HOST)
     with pytest.raises(UserError, match=r"failed verification.*nothing was changed"):
         asyncio.run(deploy.snapshots.restore(HOST, snap.id))
-    assert _rows(db) == ["a", "b"] and not swap.previous(db).exists()
+    assert _rows(db) == ["a", "b"] and kept.databases(db) == []
     assert store.latest_operation(HOST) == ops_before
     assert [p.name for p in db.parent.iterdir() if p.name.startswith(".tmp")] == []
 
@@ -134,3 +135,93 @@ def test_an_old_journals_replica_swap_step_still_reads_as_a_swap() -> None:
     # it is the same swap, from an older journal.
     old = StepKind("swap-database").label(None)
     assert old.startswith(StepKind.SWAP_DB.label(None)) and old != StepKind.SWAP_DB.label(None)
+
+
+def _every_row_on_disk(db: Path) -> set[str]:
+    """The rows of the database and of every copy of it anywhere in its data dir."""
+    found = set(_rows(db))
+    for copy in db.parent.rglob(db.name):
+        if copy != db:
+            found |= set(_rows(copy))
+    return found
+
+
+@pytest.mark.skipif(litestream_binary() is None, reason="no litestream binary")
+def test_two_restores_in_a_row_snapshot_then_replica_lose_no_acknowledged_row(
+        parts: tuple[DeployParts, SqliteStore, Home]) -> None:
+    deploy, _store, home = parts
+    db = home.db_path(HOST)
+    replicas = deploy.recovery.replicas
+    assert replicas is not None
+
+    async def run() -> None:
+        _add(db, "a")
+        snap = await deploy.snapshots.snapshot(HOST)
+        _add(db, "b", "c")  # acknowledged after the snapshot
+        assert await replicas.stop(HOST, sync=True) is None
+        first = await deploy.snapshots.restore(HOST, snap.id)
+        _add(db, "d")  # written between the two restores, shipped to the new replica
+        assert await replicas.stop(HOST, sync=True) is None
+        _add(db, "e")  # acknowledged, not shipped yet
+        second = await deploy.replication.restore(HOST)
+        assert _rows(db) == ["a", "d"]
+        # Both replaced databases are kept, and both replicas set aside.
+        assert [_rows(c.path / db.name) for c in second.kept if c.kind == "database"] == [
+            ["a", "b", "c"], ["a", "d", "e"]]
+        assert {c.id for c in first.kept} < {c.id for c in second.kept}
+        assert [c.kind for c in second.kept].count("replica") == 2
+
+    asyncio.run(run())
+    assert _every_row_on_disk(db) == {"a", "b", "c", "d", "e"}
+
+
+def test_two_snapshot_restores_in_a_row_lose_no_acknowledged_row(
+        parts: tuple[DeployParts, SqliteStore, Home]) -> None:
+    deploy, _store, home = parts
+    db = home.db_path(HOST)
+
+    async def run() -> None:
+        _add(db, "a")
+        one = await deploy.snapshots.snapshot(HOST)
+        _add(db, "b")
+        two = await deploy.snapshots.snapshot(HOST)
+        _add(db, "c")  # acknowledged after both snapshots
+        await deploy.snapshots.restore(HOST, one.id)
+        _add(db, "d")  # written between the two restores
+        await deploy.snapshots.restore(HOST, two.id)
+        assert _rows(db) == ["a", "b"]
+
+    asyncio.run(run())
+    assert _every_row_on_disk(db) == {"a", "b", "c", "d"}
+    assert [_rows(c.path / db.name) for c in kept.databases(db)] == [["a", "b", "c"],
+                                                                    ["a", "d"]]
+
+
+def test_a_kept_copy_is_removed_by_forget_or_by_gc_once_past_the_retention(
+        parts: tuple[DeployParts, SqliteStore, Home]) -> None:
+    deploy, _store, home = parts
+    db = home.db_path(HOST)
+
+    async def run() -> None:
+        _add(db, "a")
+        snap = await deploy.snapshots.snapshot(HOST)
+        for row in ("b", "c"):
+            _add(db, row)
+            await deploy.snapshots.restore(HOST, snap.id)
+            await asyncio.sleep(1.1)  # a kept copy's name says its second
+        old, new = kept.databases(db)
+        with pytest.raises(NotFoundError):
+            await deploy.snapshots.forget(HOST, "../../..")
+        assert await deploy.snapshots.prune_kept(dry_run=False) == []
+        # Seven days on, only the copy kept before then goes.
+        later = old.kept_at + kept.RETENTION_S + 0.5
+        assert new.kept_at > old.kept_at
+        assert await deploy.snapshots.prune_kept(True, later) == [(HOST, old.id)]
+        assert len(kept.databases(db)) == 2
+        assert await deploy.snapshots.prune_kept(False, later) == [(HOST, old.id)]
+        assert [c.id for c in kept.databases(db)] == [new.id]
+        gone = await deploy.snapshots.forget(HOST, new.id)
+        assert gone.id == new.id and kept.databases(db) == []
+
+    asyncio.run(run())
+    assert _rows(db) == ["a"]

@@ -4,8 +4,10 @@ router: publishing fails and is logged, the store's routes are what is checked).
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import hashlib
 import json
+import os
 import sqlite3
 import urllib.parse
 from pathlib import Path
@@ -18,12 +20,13 @@ from keelway.data import snapshots
 from keelway.data.objects import LocalObjects, manifest_key, snapshot_key
 from keelway.data.replicas import Replicas, replica_key
 from keelway.deploy.errors import Fenced, UserError
-from keelway.deploy.seeding import SeedOutcome, SnapshotSource
+from keelway.deploy.seeding import SeedLimits, SeedOutcome, SnapshotSource
 from keelway.home import Home
 from keelway.runtime.environment import INSTANCE_KEY, read_env_file
 from keelway.store import SqliteStore
 from keelway.store.seeds import ImportState, SeedState
 from tests.deploy.wiring import wired
+from tests.disk import mounted_tmpfs
 
 HOST = "acme.shop.test"
 OTHER = "globex.shop.test"
@@ -438,3 +441,211 @@ def test_during_an_import_a_snapshot_is_of_the_seed_and_a_restore_is_refused(
     with pytest.raises(UserError, match="seed import in effect"):
         asyncio.run(deploy.snapshots.restore(HOST, taken.id))
     assert _sums(home, HOST) == own and store.get_import(HOST) is not None
+
+
+# -- seeds the app cannot use, and seeds that would not fit ---------------------------
+
+
+def _refused(deploy: DeployParts, store: SqliteStore, home: Home, seed: Path,
+             match: str, **options: bool) -> None:
+    """Importing `seed` (and its dry run) is refused, saying `match`, with nothing
+    changed: no store row, no file of the instance, no copy."""
+    before, sums = store.dump(), _sums(home, HOST)
+    for dry_run in (True, False):
+        with pytest.raises(UserError, match=match):
+            asyncio.run(deploy.seeding.import_seed(HOST, seed, dry_run=dry_run, **options))
+    assert store.dump() == before and _sums(home, HOST) == sums
+    assert store.list_imports() == [] and not home.seed_db_path(HOST).parent.exists()
+    assert not home.seeds_dir.exists() or list(home.seeds_dir.iterdir()) == []
+
+
+def _schema(tmp_path: Path, sql: str) -> Path:
+    path = tmp_path / "schema.sqlite3"
+    conn = sqlite3.connect(path)
+    conn.executescript(sql)
+    conn.close()
+    return path
+
+
+def test_a_0_byte_seed_is_refused_unless_allow_empty_says_it_is_meant(
+        parts: tuple[DeployParts, SqliteStore, Home], tmp_path: Path) -> None:
+    deploy, _store, home = parts
+    empty = tmp_path / "empty.sqlite3"
+    empty.touch()
+    _refused(deploy, _store, home, empty, r"is empty \(0 bytes\).*nothing was changed")
+    # A database with no table is as empty to the app.
+    _refused(deploy, _store, home, _schema(tmp_path, "PRAGMA user_version = 3"),
+             r"is empty \(no tables\)")
+    report = asyncio.run(deploy.seeding.import_seed(HOST, empty, allow_empty=True))
+    assert report.outcome is SeedOutcome.IMPORTED
+    assert report.contents is not None and report.contents.tables == ()
+    conn = sqlite3.connect(home.seed_db_path(HOST))
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    conn.close()
+
+
+def test_a_seed_whose_view_names_a_missing_table_is_refused(
+        parts: tuple[DeployParts, SqliteStore, Home], tmp_path: Path) -> None:
+    deploy, store, home = parts
+    seed = _schema(tmp_path, "CREATE TABLE t (v TEXT); INSERT INTO t VALUES ('x');"
+                             "CREATE VIEW recent AS SELECT * FROM t JOIN gone USING (v);")
+    _refused(deploy, store, home, seed, r"view recent cannot be read: no such table: "
+                                        r"main.gone.*nothing was changed")
+
+
+@pytest.mark.parametrize("event", ["INSERT", "UPDATE OF v", "DELETE"])
+def test_a_seed_whose_trigger_names_a_missing_table_is_refused(
+        parts: tuple[DeployParts, SqliteStore, Home], tmp_path: Path, event: str) -> None:
+    deploy, store, home = parts
+    seed = _schema(tmp_path, "CREATE TABLE t (v TEXT, n INTEGER); INSERT INTO t VALUES "
+                             f"('x', 1); CREATE TRIGGER audit AFTER {event} ON t BEGIN "
+                             "INSERT INTO audit_log VALUES (1); END;")
+    _refused(deploy, store, home, seed, r"a write to t fails on its trigger audit: no "
+                                        r"such table: main.audit_log")
+
+
+def test_a_seed_s_views_and_triggers_that_compile_are_imported(
+        parts: tuple[DeployParts, SqliteStore, Home], tmp_path: Path) -> None:
+    deploy, _store, _home = parts
+    seed = _schema(tmp_path, "CREATE TABLE t (v TEXT, n AS (length(v))); CREATE TABLE log "
+                             "(v); CREATE VIEW vt AS SELECT v FROM t; CREATE TRIGGER vi "
+                             "INSTEAD OF INSERT ON vt BEGIN INSERT INTO t (v) VALUES "
+                             "(new.v); END; CREATE TRIGGER tu AFTER UPDATE OF v ON t BEGIN "
+                             "INSERT INTO log VALUES (new.v); END; INSERT INTO t (v) "
+                             "VALUES ('x');")
+    report = asyncio.run(deploy.seeding.import_seed(HOST, seed))
+    assert report.outcome is SeedOutcome.IMPORTED
+
+
+def _open_writer(path: Path, rows: int) -> sqlite3.Connection:
+    """A WAL-mode database whose rows all live in its -wal while the writer is open."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA wal_autocheckpoint=0")
+    conn.execute("CREATE TABLE t (v TEXT)")
+    conn.executemany("INSERT INTO t VALUES (?)", [(f"r{i}",) for i in range(rows)])
+    return conn
+
+
+def test_a_wal_mode_seed_brings_its_wal_and_the_dry_run_shows_its_tables_and_rows(
+        parts: tuple[DeployParts, SqliteStore, Home], tmp_path: Path) -> None:
+    deploy, _store, home = parts
+    live = tmp_path / "live" / "app.sqlite3"
+    live.parent.mkdir()
+    writer = _open_writer(live, 100)
+    copied = tmp_path / "copied"
+    copied.mkdir()
+    try:
+        # Copied while its writer is open: the main file alone holds none of the rows.
+        (copied / "app.sqlite3").write_bytes(live.read_bytes())
+        stale = copied / "stale.sqlite3"
+        stale.write_bytes(live.read_bytes())
+        (copied / "app.sqlite3-wal").write_bytes(Path(f"{live}-wal").read_bytes())
+    finally:
+        writer.close()
+    seed = copied / "app.sqlite3"
+    plan = asyncio.run(deploy.seeding.import_seed(HOST, seed, dry_run=True))
+    assert plan.contents is not None and plan.contents.tables == (("t", 100),)
+    assert plan.contents.wal is True
+    assert plan.view()["contents"]["tables"] == [{"name": "t", "rows": 100}]
+    # The stale main file without its -wal shows as what it is (here: no table at all).
+    _refused(deploy, _store, home, stale, r"is empty \(no tables\)")
+    report = asyncio.run(deploy.seeding.import_seed(HOST, seed))
+    assert report.outcome is SeedOutcome.IMPORTED
+    assert report.contents is not None and report.contents.tables == (("t", 100),)
+    assert len(_rows(home.seed_db_path(HOST))) == 100
+    assert sorted(p.name for p in copied.iterdir()) == [  # the user's files untouched
+        "app.sqlite3", "app.sqlite3-shm", "app.sqlite3-wal", "stale.sqlite3"]
+
+
+def _dig_holes(path: Path) -> None:
+    """Punch out every all-zero 64 KiB block of `path`, as `fallocate --dig-holes` does:
+    the file reads the same, and takes only its data on disk."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+    keep_size_punch_hole = 0x01 | 0x02
+    block = 64 * 1024
+    zero = bytes(block)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        for offset in range(0, os.fstat(fd).st_size, block):
+            if os.pread(fd, block, offset) == zero:
+                assert libc.fallocate(fd, keep_size_punch_hole, offset, block) == 0
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _disk(path: Path) -> int:
+    return path.stat().st_blocks * 512
+
+
+MIB = 1024 * 1024
+
+
+@pytest.mark.parametrize("shape", ["freelist", "trailing-hole"])
+def test_a_sparse_seed_is_copied_and_laid_down_without_inflating_it(
+        parts: tuple[DeployParts, SqliteStore, Home], tmp_path: Path, shape: str) -> None:
+    deploy, _store, home = parts
+    seed = tmp_path / "sparse.sqlite3"
+    conn = sqlite3.connect(seed)
+    conn.execute("CREATE TABLE t (v TEXT)")
+    conn.executemany("INSERT INTO t VALUES (?)", [(f"row {i}",) for i in range(1000)])
+    conn.commit()
+    if shape == "freelist":
+        # A database that shrank: 128 MiB of pages left on its freelist, their zeros
+        # punched out (`fallocate --dig-holes`, or a sparse-aware copy of it).
+        conn.execute("CREATE TABLE big (b BLOB)")
+        conn.execute("INSERT INTO big VALUES (zeroblob(?))", (128 * MIB,))
+        conn.commit()
+        conn.execute("DELETE FROM big")
+        conn.commit()
+        conn.close()
+        _dig_holes(seed)
+    else:  # a file grown past its pages with a hole (SQLite reads its header's size)
+        conn.close()
+        os.truncate(seed, 2 * 1024 * MIB)
+    assert seed.stat().st_size > 128 * MIB and _disk(seed) < 4 * MIB
+    plan = asyncio.run(deploy.seeding.import_seed(HOST, seed, dry_run=True))
+    # Measured by what laying it down takes: its pages in use.
+    assert plan.contents is not None and plan.contents.need_bytes < 1 * MIB
+    assert plan.contents.apparent_bytes == seed.stat().st_size
+    report = asyncio.run(deploy.seeding.import_seed(HOST, seed))
+    assert report.outcome is SeedOutcome.IMPORTED and report.seed is not None
+    laid, copy = home.seed_db_path(HOST), home.seed_copy(report.seed)
+    for path in (laid, copy):
+        assert path.stat().st_size < 1 * MIB and _disk(path) < 1 * MIB, (
+            f"{path.name}: {path.stat().st_size} bytes, {_disk(path)} on disk")
+    assert len(_rows(laid)) == 1000
+
+
+def test_a_seed_over_the_largest_an_import_takes_is_refused(
+        parts: tuple[DeployParts, SqliteStore, Home], tmp_path: Path) -> None:
+    deploy, store, home = parts
+    deploy.seeding.limits = SeedLimits(max_bytes=64 * 1024)
+    seed = _seed_file(tmp_path, [os.urandom(64).hex() for _ in range(2000)])
+    _refused(deploy, store, home, seed, r"over the largest seed an import takes")
+
+
+def test_a_seed_bigger_than_the_free_space_is_refused_with_nothing_changed(
+        tmp_path: Path) -> None:
+    for disk in mounted_tmpfs(tmp_path / "disk", 48 * MIB):
+        deploy, store, home = wired(disk)
+        deploy.tenants.create_app("shop")
+        asyncio.run(deploy.tenants.add_instances("shop", [HOST], {}))
+        _fill(home.db_path(HOST), ["original"])
+        deploy.seeding.limits = SeedLimits(reserve_bytes=4 * MIB)
+        seed = tmp_path / "big.sqlite3"  # 24 MiB of data, off the small disk
+        conn = sqlite3.connect(seed)
+        conn.execute("CREATE TABLE t (v BLOB)")
+        conn.executemany("INSERT INTO t VALUES (?)", [(os.urandom(MIB),) for _ in range(24)])
+        conn.commit()
+        conn.close()
+        _refused(deploy, store, home, seed, r"takes \d+ bytes on the filesystem .* "
+                                            r"nothing was changed")
+        # One that fits is taken.
+        (tmp_path / "small").mkdir()
+        small = _seed_file(tmp_path / "small", ["fits"])
+        report = asyncio.run(deploy.seeding.import_seed(HOST, small))
+        assert report.outcome is SeedOutcome.IMPORTED
+        store.close()

@@ -117,3 +117,28 @@ def test_a_snapshot_of_another_instance_is_a_seed_by_its_id_through_the_cli(
     assert wait_until(lambda: kw.get(HOST, "/health")[0] == 200, 15)
     assert "visit 6" in _visit(kw, HOST)  # OTHER's five rows, then this one
     assert "visit 6" in _visit(kw, OTHER)  # OTHER's own data goes on as it was
+
+
+def test_the_cli_shows_what_a_seed_brings_and_refuses_an_empty_one_unless_allowed(
+        kw: Keelway, tmp_path: Path) -> None:
+    kw.up()
+    kw.ok("deploy", "hello", str(EXAMPLE), "--host", HOST)
+    _visit(kw, HOST)
+    seed = _seed(tmp_path / "seed.sqlite3", 7)
+    said = kw.ok("seed", "import", HOST, str(seed), "--dry-run")
+    assert "visits: 7 rows" in said.out and "no -wal beside it" in said.out
+    plan = kw.ok("seed", "import", HOST, str(seed), "--dry-run", "--json").json()
+    assert plan["contents"]["tables"] == [{"name": "visits", "rows": 7}]
+    empty = tmp_path / "empty.sqlite3"
+    empty.touch()
+    before, db = kw.store_dump(), _sum(kw.home / "data" / HOST / "db.sqlite3")
+    refused = kw.run("seed", "import", HOST, str(empty), "--json")
+    assert refused.code != 0
+    error = json.loads(refused.out)["error"]
+    assert "is empty (0 bytes)" in error["message"] and "--allow-empty" in error["hint"]
+    assert kw.store_dump()["routes"] == before["routes"]
+    assert _sum(kw.home / "data" / HOST / "db.sqlite3") == db
+    done = kw.ok("seed", "import", HOST, str(seed))
+    assert "imported" in done.out and "visits: 7 rows" in done.out
+    kw.ok("seed", "rollback", HOST)
+    kw.ok("seed", "import", HOST, str(empty), "--allow-empty")

@@ -77,10 +77,19 @@ def test_a_restore_brings_back_the_rows_of_the_snapshot(kw: Keelway) -> None:
     assert sorted(p.name for p in data.iterdir() if "restore" in p.name or "incoming"
                   in p.name or p.name.startswith(".tmp-")) == []
     # The replaced database is kept, whole, with the visits it had (invariant 7).
-    assert done["source"] == "snapshot" and done["kept"] == str(data / "previous-db")
-    kept = sqlite3.connect(data / "previous-db" / "db.sqlite3")
+    [copy] = [c for c in done["kept"] if c["kind"] == "database"]
+    assert done["source"] == "snapshot" and Path(copy["path"]).parent == data / "kept"
+    kept = sqlite3.connect(Path(copy["path"]) / "db.sqlite3")
     assert kept.execute("SELECT COUNT(*) FROM visits").fetchone()[0] == 5
     kept.close()
+    # Listed, and removed only when the operator says so.
+    listed = kw.ok("db", "kept", HOST, "--json").json()["kept"]
+    assert [c["id"] for c in listed] == [c["id"] for c in done["kept"]]
+    said = kw.ok("db", "restore", HOST, snap["id"])
+    assert said.out.count("  db-") == 2 and "keelway db forget" in said.out
+    kw.ok("db", "forget", HOST, copy["id"])
+    left = kw.ok("db", "kept", HOST, "--json").json()["kept"]
+    assert copy["id"] not in [c["id"] for c in left] and len(left) == 3  # two restores kept 4
     ops = kw.ok("ops", "hello", "--instance", HOST, "--json").json()
     assert any(op["kind"] == "restore" and op["state"] == "succeeded"
                for op in (ops["operations"] if isinstance(ops, dict) else ops))

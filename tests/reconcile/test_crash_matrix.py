@@ -413,7 +413,7 @@ SCENARIOS: dict[str, tuple[list[Step], Step]] = {
                         lambda h: h.ok("db", "restore", "one.test", "--from-replica")),
 }
 REPLICATED = {"park-replicated", "restore-replica", "seed-import", "seed-rollback",
-              "snapshot", "restore"}
+              "snapshot", "restore", "forget-kept"}
 
 
 def _visit(h: Home, host: str) -> None:
@@ -506,10 +506,19 @@ def _data_intact(h: Home, label: str, restored: set[int]) -> list[str]:
     return problems
 
 
+def _forget_kept(h: Home) -> None:
+    """Remove the database the restore kept (keelway/data/kept.py)."""
+    listed = h.cli("db", "kept", "one.test", "--json")
+    assert listed.returncode == 0, listed.stderr
+    [copy] = [c for c in json.loads(listed.stdout)["kept"] if c["kind"] == "database"]
+    h.ok("db", "forget", "one.test", copy["id"])
+
+
 SCENARIOS["snapshot"] = ([_data_baseline], lambda h: h.ok("db", "snapshot", "one.test"))
 SCENARIOS["restore"] = ([_data_baseline], _restore)
+SCENARIOS["forget-kept"] = ([_data_baseline, _restore], _forget_kept)
 # What a data scenario must leave once recovered: either database whole, never a mix.
-DATA_CHECKED: dict[str, set[int]] = {"snapshot": {5}, "restore": {3, 5}}
+DATA_CHECKED: dict[str, set[int]] = {"snapshot": {5}, "restore": {3, 5}, "forget-kept": {3}}
 
 
 def _hosts(h: Home) -> set[str]:
