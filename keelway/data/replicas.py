@@ -413,17 +413,22 @@ class Replicas:
         directory = self.home.data_dir(host)
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.sweep(host)
-        return directory / f"{TEMP_PREFIX}{why}-{os.urandom(4).hex()}.sqlite3"
+        # named for its writer (durable.temp_path), so a sweep never takes a copy in flight
+        return durable.temp_path(directory / f"{TEMP_PREFIX[len(durable.TEMP_PREFIX):]}"
+                                              f"{why}.sqlite3")
 
     def sweep(self, host: str) -> list[Path]:
         """Remove the temp copies a crashed restore or drill left in `host`'s data dir;
         only ours (TEMP_PREFIX: the rest of the directory is the app's), and only those
-        untouched for an hour (a drill runs without the instance lock, beside a restore
-        that may be writing its own copy right now)."""
+        whose writer is gone (durable.temp_orphaned: a drill runs without the instance
+        lock, beside a restore that may be writing its own copy right now). A copy named
+        before temp names carried their writer goes once untouched for an hour."""
         removed = []
         stale_before = time.time() - 3600
         for entry in self.home.data_dir(host).glob(f"{TEMP_PREFIX}*"):
-            if entry.is_file() and entry.stat().st_mtime < stale_before:
+            marked = "~" in entry.name
+            if entry.is_file() and (durable.temp_orphaned(entry.name) if marked
+                                    else entry.stat().st_mtime < stale_before):
                 entry.unlink(missing_ok=True)
                 removed.append(entry)
         return removed

@@ -680,6 +680,8 @@ class Seeding(Part):
                 assert_never(state)
 
     def _sweep_copies(self) -> None:
+        """At boot, under the home lock and before the API serves: only this control
+        plane writes seeds' copies, so no temp file here has a live writer."""
         named = {j.seed for j in self.store.list_imports()}
         with contextlib.suppress(FileNotFoundError):
             for entry in self.home.seeds_dir.iterdir():
