@@ -63,10 +63,17 @@ class Identities:
             identity.open_app_builds(build.parent, ident.gid)
         return ident
 
-    def own_instance_files(self, host: str, ident: Identity) -> None:
-        """The files keelway makes for an instance, owned by its uid: its data dir, its
+    def instance_files(self, host: str) -> list[tuple[Path, int]]:
+        """The files keelway makes for an instance, each with its mode: its data dir, its
         database and the one a seed import lays down (each with SQLite's side files),
         and its env file. What the app itself creates is its own already."""
+        files = [(self.home.data_dir(host), _DIR), (self.home.seed_db_path(host).parent, _DIR)]
+        for db in (self.home.db_path(host), self.home.seed_db_path(host)):
+            files += [(Path(f"{db}{suffix}"), _FILE) for suffix in ("", *SQLITE_SIDE_FILES)]
+        return [*files, (self.home.env_file(host), _FILE)]
+
+    def own_instance_files(self, host: str, ident: Identity) -> None:
+        """`instance_files`, owned by the instance's uid."""
         data = self.home.data_dir(host)
         try:
             moved = data.stat().st_uid != ident.uid
@@ -76,24 +83,17 @@ class Identities:
             # First spawn as its own uid (a box where tenants shared keelway's uid until
             # now, or a data dir an older keelway made): what the app wrote is its own too.
             identity.own_tree(data, ident)
-        identity.own(data, ident, _DIR)
-        identity.own(self.home.seed_db_path(host).parent, ident, _DIR)
-        for db in (self.home.db_path(host), self.home.seed_db_path(host)):
-            for suffix in ("", *SQLITE_SIDE_FILES):
-                identity.own(Path(f"{db}{suffix}"), ident, _FILE)
-        identity.own(self.home.env_file(host), ident, _FILE)
+        for path, mode in self.instance_files(host):
+            identity.own(path, ident, mode)
 
     def files_not_owned(self, app: str, host: str) -> list[str]:
-        """The files of `own_instance_files` that exist and are not the instance's (the
-        crash matrix's invariant); [] where identities are not in force."""
+        """Those of `instance_files` that exist and are not the instance's (the crash
+        matrix's invariant); [] where identities are not in force."""
         ident = self.of_instance(app, host)
         if ident is None:
             return []
-        paths = [self.home.data_dir(host), self.home.db_path(host),
-                 *(Path(f"{self.home.db_path(host)}{s}") for s in SQLITE_SIDE_FILES),
-                 self.home.env_file(host)]
         wrong = []
-        for path in paths:
+        for path, _mode in self.instance_files(host):
             try:
                 info = path.lstat()
             except FileNotFoundError:
