@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from keelway.durable import PRIVATE_FILE_MODE, TEMP_PREFIX, fsync_dir
+from keelway.durable import PRIVATE_FILE_MODE, TEMP_PREFIX, fsync_dir, temp_path
 from keelway.home import PRIVATE_DIR_MODE, Home
 
 _SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
@@ -111,7 +111,7 @@ def _copy_durable(src: Path, dest: Path, synced: bool = True) -> None:
     """Copy `src` to `dest` (0600) so `dest` is the old file or the whole new one after a
     crash at any point; a failure (a full disk) removes the temp file and leaves `dest`.
     Not `synced`: neither the copy nor its dir is fsynced (see ObjectStore.get_file)."""
-    tmp = dest.with_name(f"{TEMP_PREFIX}{dest.name}.{os.getpid()}")
+    tmp = temp_path(dest)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE_MODE)
         with os.fdopen(fd, "wb") as out, open(src, "rb") as source:
@@ -240,7 +240,7 @@ class S3Objects:
 
     def get_file(self, key: str, dest: Path, *, synced: bool = True) -> None:
         dest = Path(dest)
-        tmp = dest.with_name(f"{TEMP_PREFIX}{dest.name}.{os.getpid()}")
+        tmp = temp_path(dest)
         try:
             self._client.download_file(self.bucket, self._full(key), str(tmp))
             os.chmod(tmp, PRIVATE_FILE_MODE)

@@ -40,7 +40,7 @@ from typing import Any
 from keelway.data import sparse
 from keelway.data.swap import litestream_state, to_wal
 from keelway.data.verify import Damaged, verify_file
-from keelway.durable import SQLITE_SIDE_FILES, TEMP_PREFIX, fsync_dir, write_atomic
+from keelway.durable import SQLITE_SIDE_FILES, fsync_dir, temp_path, write_atomic
 from keelway.runtime.environment import INSTANCE_KEY, read_env_file, write_env_file
 
 MARKER_SUFFIX = ".seed"
@@ -187,7 +187,7 @@ def store_copy(source: Path, dest: Path) -> Verified:
     landed. Raises `SeedRefused`, leaving no file at `dest`, when the copy does not
     verify. A crash leaves a temp file the boot sweep removes."""
     dest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = dest.with_name(f"{TEMP_PREFIX}{dest.name}.{os.getpid()}")
+    tmp = temp_path(dest)
     tmp.unlink(missing_ok=True)
     try:
         # Created empty with its final mode (VACUUM INTO takes an empty file), so the
@@ -241,7 +241,7 @@ def lay_down(copy: Path, db: Path, seed: str, sha256: str) -> None:
     write_atomic(marker_of(db), f"{seed}\n".encode())
     for side in SQLITE_SIDE_FILES:
         Path(f"{db}{side}").unlink(missing_ok=True)
-    tmp = db.with_name(f"{TEMP_PREFIX}{db.name}.{os.getpid()}")
+    tmp = temp_path(db)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         src = os.open(copy, os.O_RDONLY)

@@ -18,7 +18,7 @@ import os
 import sqlite3
 from pathlib import Path
 
-from keelway.durable import PRIVATE_FILE_MODE, TEMP_PREFIX, fsync_dir
+from keelway.durable import PRIVATE_FILE_MODE, fsync_dir, temp_path
 
 
 def lay_down_db(path: Path) -> bool:
@@ -26,7 +26,7 @@ def lay_down_db(path: Path) -> bool:
     Idempotent: a repeat after a crash anywhere in it ends the same."""
     if path.exists():
         return False
-    tmp = path.with_name(f"{TEMP_PREFIX}{path.name}.{os.getpid()}")
+    tmp = temp_path(path)
     for side in ("", "-wal", "-shm", "-journal"):
         tmp.with_name(tmp.name + side).unlink(missing_ok=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, PRIVATE_FILE_MODE)
