@@ -76,6 +76,8 @@ class OpKind(enum.StrEnum):
 class StepKind(enum.StrEnum):
     """One journaled step of an operation; `label` is how `keelway ops` shows it."""
 
+    # An attempt's first step before its LAY_DOWN laid the instance down whole (issue 17):
+    # no longer written, still read in old journals.
     INSTANCE_KEY = "instance-key"
     RELEASE_COMMAND = "release-command"
     SPAWN = "spawn"
@@ -108,7 +110,9 @@ class StepKind(enum.StrEnum):
     # terminal having gone away).
     RUN = "run"
     RUN_EXIT = "run-exit"
-    # New instances' data dirs, empty databases and env files with minted keys.
+    # Instances' data dirs, empty databases and env files with minted keys
+    # (keelway/deploy/instances.py `lay_down`): `instances add`'s batch, and every
+    # attempt's and wake's first step.
     LAY_DOWN = "lay-down"
     # An instance's data dir and env file removed (`--purge-data`).
     PURGE_DATA = "purge-data"

@@ -22,7 +22,7 @@ from keelway.builds.manifest import Mode
 from keelway.deploy import targets
 from keelway.deploy.attempt import Attempt
 from keelway.deploy.errors import AppFailed, NotFoundError, OperationError, UserError
-from keelway.deploy.instances import Target, mint_instance_key
+from keelway.deploy.instances import Target, lay_down_step
 from keelway.deploy.outcome import Outcome, Progress, Result
 from keelway.deploy.parking import refuse_if_fenced
 from keelway.deploy.part import Part
@@ -294,7 +294,7 @@ class Deployer(Part):
             refuse_if_fenced(self.store, host, rollout.kind.value)
 
             async def attempt(op: Operation) -> Result:
-                await mint_instance_key(self.store, self.home, op.id, host)
+                await lay_down_step(self.store, self.home, op.id, host)
                 return await Attempt(
                     store=self.store, home=self.home, supervisor=self.supervisor,
                     publisher=self.publisher, op=op, host=host, cause=rollout.cause,

@@ -25,10 +25,12 @@ from keelway.runtime.notify import NotifyListener
 from keelway.runtime.ports import pick_free_port
 from keelway.runtime.supervisor import ReadyOutcome, Supervisor
 from keelway.store import Store
+from keelway.store.instance_db import lay_down_db
 from keelway.store.lifecycle import GenState
 from keelway.store.records import Generation
 
-failpoints.declare("plan.before", "plan.after", "ready.after", "key.before", "key.after")
+failpoints.declare("plan.before", "plan.after", "ready.after", "laydown.one.before",
+                   "laydown.one.after")
 
 READY_TIMEOUT_S = 60.0
 RELEASE_TIMEOUT_S = 600.0
@@ -192,12 +194,38 @@ async def run_release_command(
     return None
 
 
-async def mint_instance_key(store: Store, home: Home, op_id: int, instance: str) -> None:
-    """The instance's key in its env file, minted if it has none (an attempt's first
-    step: its processes read it). Journaled, so a crash after the mint is seen."""
-    async def mint() -> Done:
-        minted = ensure_instance_key(home.env_file(instance))
-        return Done("minted" if minted else "kept")
+@dataclass(frozen=True)
+class LaidDown:
+    """What `lay_down` made of an instance's files (False: it was there already)."""
 
-    await Steps(store, op_id).run(StepKind.INSTANCE_KEY, mint, before=("key.before",),
-                                  after=("key.after",))
+    database: bool
+    key: bool
+
+
+def lay_down(home: Home, instance: str) -> LaidDown:
+    """An instance's files, whole, before anything of its app runs: its data dir (0700),
+    an empty WAL database at KEELWAY_DB and its env file with a minted key.
+
+    The one rule for every path that makes an instance (`deploy --host`, the implicit
+    APP.localhost, `up --demo`, `instances add`): an app that opens KEELWAY_DB without
+    creating it must find it there on its first start (issue 17). Each file is made only
+    if missing, so a repeat after a crash anywhere ends the same and an instance's own
+    database and key are never touched. Made as root where keelway runs as root; the
+    spawn hands them to the instance's uid (keelway/runtime/identities.py)."""
+    home.data_dir(instance).mkdir(mode=0o700, parents=True, exist_ok=True)
+    database = lay_down_db(home.db_path(instance))
+    key = ensure_instance_key(home.env_file(instance))
+    return LaidDown(database, key)
+
+
+async def lay_down_step(store: Store, home: Home, op_id: int, instance: str) -> None:
+    """`lay_down` as an attempt's first step, journaled so a crash inside is seen; the
+    next attempt or wake lays down again (a no-op for what is there)."""
+    async def step() -> Done:
+        made = lay_down(home, instance)
+        parts = [name for name, new in (("database", made.database), ("key", made.key))
+                 if new]
+        return Done("made " + " and ".join(parts) if parts else "all there")
+
+    await Steps(store, op_id).run(StepKind.LAY_DOWN, step, before=("laydown.one.before",),
+                                  after=("laydown.one.after",))

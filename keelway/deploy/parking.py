@@ -46,7 +46,7 @@ from keelway.builds.manifest import WEB
 from keelway.deploy import targets
 from keelway.deploy.attempt import Attempt
 from keelway.deploy.errors import AppFailed, Fenced, OperationError, UserError
-from keelway.deploy.instances import mint_instance_key
+from keelway.deploy.instances import lay_down_step
 from keelway.deploy.locks import Locks
 from keelway.deploy.outcome import Outcome, Result
 from keelway.deploy.part import Part
@@ -314,7 +314,7 @@ class Parking(Part):
                         "on what ran before", inst.host, number)
             self.store.clear_pending(inst.host, number)
             return None
-        await mint_instance_key(self.store, self.home, op.id, inst.host)
+        await lay_down_step(self.store, self.home, op.id, inst.host)
         result = await Attempt(
             store=self.store, home=self.home, supervisor=self.supervisor,
             publisher=self.publisher, op=op, host=inst.host,

@@ -1,8 +1,9 @@
 """One-off processes (`keelway run APP [--instance H] -- CMD...`), as journaled operations.
 
-A run is a generation of service `run` in the instance's ACTIVE build, its working dir
-and its whole environment (config vars, KEELWAY_DB, the instance key), with a terminal
-the CLI lent as its stdio (keelway/run_wire.py; keelway/api/run_server.py serves it).
+A run is a generation of service `run` in the build of the release the instance serves
+next (a parked instance's pending release, else ACTIVE's), its working dir and its whole
+environment (the app's and the instance's config vars, KEELWAY_DB, the instance key), with
+a terminal the CLI lent as its stdio (keelway/run_wire.py; keelway/api/run_server.py serves it).
 Rules it keeps:
 - Refused, with nothing written, when the instance is failed closed, fenced, down, or
   runs no release: a run never starts what the instance itself may not start.
@@ -42,7 +43,7 @@ from keelway import failpoints, names
 from keelway.builds.manifest import ONE_OFF
 from keelway.deploy import targets
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
-from keelway.deploy.instances import Target
+from keelway.deploy.instances import Target, layered_config
 from keelway.deploy.locks import Locks
 from keelway.deploy.outcome import Outcome, Result
 from keelway.deploy.recovery import Recovery
@@ -127,11 +128,22 @@ class Runs:
             # not match the data any more (keelway/reconcile/plan.py MARK_DOWN).
             raise UserError(f"{inst.host} is down: {inst.down_reason or 'a release failed'}",
                             hint=f"deploy or roll back {inst.app} first")
-        target = targets.running_target(self.store, inst.host)
+        target = self._next_served(inst)
         if target is None:
             raise UserError(f"{inst.app} has no release running on {inst.host}",
                             hint=f"deploy {inst.app} first (`keelway deploy {inst.app} DIR`)")
         return target
+
+    def _next_served(self, inst: Instance) -> Target | None:
+        """The release the instance serves next: a parked one's pending release (a
+        `run -- manage.py migrate` after a deploy must see the new code and config, not
+        the old release it sleeps on), else what runs. A pending release whose build is
+        gone is not what the wake serves either (it wakes on ACTIVE's)."""
+        if inst.state is InstanceState.PARKED and inst.pending_release is not None:
+            pending = targets.release_target(self.store, inst.app, inst.pending_release)
+            if pending is not None:
+                return pending
+        return targets.running_target(self.store, inst.host)
 
     async def run(self, app: str, host: str | None, argv: Sequence[str], *,
                   stdio: tuple[int, int, int], term: str | None,
@@ -246,7 +258,8 @@ class _OneOff:
             build_digest=target.build_digest, op_id=op.id, port=None)
         env = process_env(
             home=runs.home, app=inst.app, instance=inst.host, service=RUN_SERVICE,
-            release=target.release, generation=gen.id, port=None, config=target.config,
+            release=target.release, generation=gen.id, port=None,
+            config=layered_config(runs.store, inst.host, target.config),
             build_path=target.build_path)
         if self.term is not None:
             env.setdefault("TERM", self.term)

@@ -41,6 +41,7 @@ from keelway.data.replicas import Replicas
 from keelway.deploy import targets
 from keelway.deploy.deployer import Deployer, InstanceResult
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
+from keelway.deploy.instances import lay_down
 from keelway.deploy.locks import Locks
 from keelway.deploy.outcome import Outcome, Progress, Result
 from keelway.deploy.part import Part
@@ -50,11 +51,9 @@ from keelway.deploy.steps import Done, Failed, Steps
 from keelway.home import Home
 from keelway.journal import OpKind, StepKind
 from keelway.reconcile.plan import Pass
-from keelway.runtime.environment import ensure_instance_key
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Conflict, NotFound, Store
 from keelway.store.hosts import HostTaken
-from keelway.store.instance_db import lay_down_db
 from keelway.store.lifecycle import InstanceState, OpState, Removal, StepState
 from keelway.store.records import Alias, App, Instance, Operation
 
@@ -302,10 +301,7 @@ class Tenants(Part):
 
     def _lay_down_files(self, hosts: list[str]) -> int:
         def one(host: str) -> bool:
-            self.home.data_dir(host).mkdir(mode=0o700, parents=True, exist_ok=True)
-            made = lay_down_db(self.home.db_path(host))
-            ensure_instance_key(self.home.env_file(host))
-            return made
+            return lay_down(self.home, host).database
 
         with ThreadPoolExecutor(LAY_DOWN_THREADS) as pool:
             return sum(pool.map(one, hosts))

@@ -136,7 +136,7 @@ def test_an_exception_inside_an_operation_is_journaled_and_answered_as_what_it_i
     assert error["code"] != "internal" and "Is a directory" in error["message"]
     latest = _ops(kw, "hello")[0]
     assert latest["kind"] == "restart" and latest["state"] == "failed"
-    assert str(latest["error"]).startswith("instance key: ")  # where, then what
+    assert str(latest["error"]).startswith("lay down: ")  # where, then what
     assert "Is a directory" in str(latest["error"])
     assert CRASH not in str(latest["error"])
     assert _serves(kw, "one.test", "v1")

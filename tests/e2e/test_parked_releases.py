@@ -103,3 +103,22 @@ def test_instances_added_parked_run_nothing_until_their_first_request(
     assert _release_served(kw, "two.test") == "v1"
     assert wait_until(lambda: _instance(kw, "two.test")["state"] == "running", 10)
     assert _instance(kw, "three.test")["state"] == "parked"
+
+
+def test_run_on_a_parked_instance_uses_the_release_its_next_wake_serves(
+        kw: Keelway, tmp_path: Path) -> None:
+    """`run -- manage.py migrate` after a deploy must run the new code with the new
+    config, even while the instance sleeps on the old release."""
+    kw.up()
+    kw.ok("deploy", "hello", str(hello(tmp_path, "a")), "--host", HOST)
+    kw.ok("config", "hello", "--instance", HOST, "set", "SHELF=mine")
+    kw.ok("park", HOST)
+    kw.ok("deploy", "hello", str(hello(tmp_path, "b", greeting="hi")))
+    kw.ok("config", "hello", "set", "GREETING=hey")
+    newest = kw.ok("releases", "hello", "--json").json()["releases"][0]["version"]
+    ran = kw.ok("run", "hello", "--", "sh", "-c",
+                'echo "$KEELWAY_RELEASE $GREETING $SHELF"; grep -c "f.hi {INSTANCE}" web.py')
+    assert ran.out.splitlines() == [f"{newest} hey mine", "1"], ran.out
+    # The run wakes nothing: the instance sleeps on, its release still to run at the wake.
+    assert kw.app_pids() == [] and _instance(kw, HOST)["state"] == "parked"
+    assert _release_served(kw, HOST) == newest
