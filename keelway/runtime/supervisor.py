@@ -291,7 +291,12 @@ class Supervisor:
         """Good = still running after the settle window; exit 0 inside it = completed."""
         handle = self._handles.get(gen.id)
         if handle is None:
-            return SettleOutcome.CRASHED
+            # Exited and buried before the window began (a one-shot that is quick to
+            # finish): its record says how it ended.
+            latest = self.store.get_generation(gen.id)
+            done = latest is not None and latest.state is GenState.GONE and (
+                latest.exit_code == 0)
+            return SettleOutcome.COMPLETED if done else SettleOutcome.CRASHED
         if not await self._exits_within(handle, settle_s):
             return SettleOutcome.GOOD
         return SettleOutcome.COMPLETED if handle.exit_code == 0 else SettleOutcome.CRASHED
