@@ -36,7 +36,7 @@ def test_a_ready_timeout_that_is_no_positive_duration_is_refused_naming_it(
     make_app: MakeApp, value: str, said: str
 ) -> None:
     app = make_app(toml=f"[services.web]\nready_timeout = {value}\n")
-    with pytest.raises(ManifestError, match="keelway.toml") as raised:
+    with pytest.raises(ManifestError, match=r"^keelway\.toml") as raised:
         load_manifest(app)
     assert f"[services.web] {said}" in str(raised.value)
 
