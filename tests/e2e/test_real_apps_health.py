@@ -59,7 +59,7 @@ def test_a_gunicorn_app_whose_every_path_answers_500_is_refused_with_the_500_in_
     kw.up()
     result = kw.run("deploy", "broken", str(_fixture("gunicorn_500", tmp_path)), "--host",
                     "broken.test", timeout_s=120)
-    said = ('web was not ready within 4s: GET / (Host: broken.test) answered 500: '
+    said = ('web was not ready within 5s: GET / (Host: broken.test) answered 500: '
             '"RuntimeError: DATABASE_URL points at a database that is not there"')
     assert result.code == 1, result.out + result.err
     assert said in result.err
