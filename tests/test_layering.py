@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "keelway"
 # Which keelway packages each layer may import (besides itself and the leaf modules).
 LEAVES = {"keelway.durable", "keelway.failpoints", "keelway.clock", "keelway.home",
           "keelway.names", "keelway.journal", "keelway.run_wire", "keelway.identity",
-          "keelway", "keelway.testing"}
+          "keelway.app_path", "keelway", "keelway.testing"}
 ALLOWED = {
     "router": set(),
     "store": set(),

@@ -13,7 +13,8 @@ Invariants:
 - Every output byte goes to the build log; each line also goes to `progress`, prefixed
   with "| ", and the last TAIL_LINES lines go into a BuildCommandError.
 - The environment is an allowlist, not the control plane's: a build must not see the
-  control plane's secrets, nor its own virtualenv on PATH (pip would install into it).
+  control plane's secrets, nor its PATH (keelway.app_path: the build's bin directories,
+  then the system's; keelway's own virtualenv would take pip's installs).
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import threading
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from keelway.app_path import app_path
 from keelway.builds.errors import BuildCommandError
 from keelway.identity import Identity
 
@@ -64,16 +65,9 @@ def build_env(build_dir: Path, venv: Path | None, *, app: str, digest: str) -> d
         for key, value in os.environ.items()
         if key in _PASSED_ENV or key.startswith(_PASSED_PREFIXES)
     }
-    own_bin = os.path.join(sys.prefix, "bin") if sys.prefix != sys.base_prefix else None
-    path = [
-        entry
-        for entry in os.environ.get("PATH", os.defpath).split(os.pathsep)
-        if entry and entry != own_bin
-    ]
     if venv is not None:
-        path.insert(0, str(venv / "bin"))
         env["VIRTUAL_ENV"] = str(venv)
-    env["PATH"] = os.pathsep.join(path)
+    env["PATH"] = app_path(build_dir)
     env["KEELWAY_APP"] = app
     env["KEELWAY_BUILD_DIGEST"] = digest
     return env

@@ -10,7 +10,8 @@ Rules:
   release command, not a service; `run` is reserved for one-off processes (`keelway
   run`). A `web` process is required: keelway routes HTTP to it.
 - keelway.toml holds `[build] command`, `[services.<name>]` tables with `mode`,
-  `health`, `settle`, `stop_grace`, `idle`, and `[data]` with `snapshot_every` (a
+  `health`, `ready_timeout` (a web's time to answer its health path; more than zero),
+  `settle`, `stop_grace`, `idle`, and `[data]` with `snapshot_every` (a
   duration; none: no scheduled snapshots) and `keep` (snapshots kept per instance, at
   least 1, default 24). Unknown keys and services not in the
   Procfile are errors, so a typo never silently falls back to a default.
@@ -43,6 +44,7 @@ ONE_OFF = "run"
 REPLICA = journal.REPLICA
 
 DEFAULT_HEALTH = "/"
+DEFAULT_READY_TIMEOUT_S = 60.0
 DEFAULT_SETTLE_S = 10.0
 DEFAULT_STOP_GRACE_S = 10.0
 DEFAULT_KEEP_SNAPSHOTS = 24
@@ -69,6 +71,7 @@ class ServiceSpec:
     kind: ServiceKind
     mode: Mode
     health: str = DEFAULT_HEALTH
+    ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
     settle_s: float = DEFAULT_SETTLE_S
     stop_grace_s: float = DEFAULT_STOP_GRACE_S
     idle_s: float | None = None  # None: never park
@@ -98,6 +101,7 @@ class _BuildTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 class _ServiceTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     mode: str | None = None
     health: str | None = None
+    ready_timeout: str | float | None = None
     settle: str | float | None = None
     stop_grace: str | float | None = None
     idle: str | float | None = None
@@ -305,6 +309,11 @@ def _service(name: str, command: str, table: _ServiceTable | None) -> ServiceSpe
             f"{where} health: {health!r} must be an HTTP path starting with '/', "
             'without spaces, like "/healthz"'
         )
+    ready_timeout_s = _duration_or(table.ready_timeout, DEFAULT_READY_TIMEOUT_S,
+                                   f"{where} ready_timeout")
+    if ready_timeout_s == 0:
+        raise ManifestError(f"{where} ready_timeout: must be longer than zero; remove it "
+                            f"for the default ({DEFAULT_READY_TIMEOUT_S:g}s)")
     idle_s = None
     if table.idle is not None:
         idle_s = parse_duration_s(table.idle, where=f"{where} idle")
@@ -318,6 +327,7 @@ def _service(name: str, command: str, table: _ServiceTable | None) -> ServiceSpe
         kind=kind,
         mode=mode,
         health=health,
+        ready_timeout_s=ready_timeout_s,
         settle_s=_duration_or(table.settle, DEFAULT_SETTLE_S, f"{where} settle"),
         stop_grace_s=_duration_or(table.stop_grace, DEFAULT_STOP_GRACE_S, f"{where} stop_grace"),
         idle_s=idle_s,

@@ -32,7 +32,6 @@ from keelway.store.records import Generation
 failpoints.declare("plan.before", "plan.after", "ready.after", "laydown.one.before",
                    "laydown.one.after")
 
-READY_TIMEOUT_S = 60.0
 RELEASE_TIMEOUT_S = 600.0
 RELEASE_SERVICE = "release"
 # The release command is no service of the manifest, so it has no stop_grace of its own;
@@ -91,7 +90,6 @@ class StartFailed:
 async def start_generation(
     *, store: Store, home: Home, supervisor: Supervisor, op_id: int, instance: str,
     target: Target, spec: ServiceSpec, before_gen: int | None, gate: Gate = _open_gate,
-    ready_timeout_s: float = READY_TIMEOUT_S,
 ) -> Generation | StartFailed:
     """Spawn a candidate and wait until it is ready, or say why not (StartFailed).
 
@@ -131,15 +129,18 @@ async def start_generation(
 
         async def ready() -> Done | Failed:
             nonlocal gen
-            match await supervisor.wait_ready(gen, health, ready_timeout_s, notify.ready):
+            readiness = await supervisor.wait_ready(gen, health, spec.ready_timeout_s,
+                                                    notify.ready, host=instance)
+            match readiness.outcome:
                 case ReadyOutcome.EXITED:
-                    return Failed("exited before it was ready")
+                    return Failed(readiness.said)
                 case ReadyOutcome.TIMED_OUT:
-                    return Failed(f"was not ready within {ready_timeout_s:.0f}s")
+                    return Failed(f"was not ready within {spec.ready_timeout_s:g}s: "
+                                  f"{readiness.said}")
                 case ReadyOutcome.READY:
                     if (now := store.get_generation(gen.id)) and now.state is GenState.RUNNING:
                         gen = store.set_generation_state(now, GenState.READY)
-                    return Done()
+                    return Done(readiness.said)
                 case unknown:
                     assert_never(unknown)
 

@@ -11,12 +11,12 @@ import os
 import secrets
 from pathlib import Path
 
+from keelway.app_path import app_path
 from keelway.durable import write_atomic
 from keelway.home import Home
 
 INSTANCE_KEY = "KEELWAY_INSTANCE_KEY"
 _PASSED_THROUGH = ("LANG", "LC_ALL", "TZ")
-_DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
 def read_env_file(path: Path) -> dict[str, str]:
@@ -54,12 +54,12 @@ def process_env(
     *, home: Home, app: str, instance: str, service: str, release: int, generation: int,
     port: int | None, config: dict[str, str], build_path: Path,
 ) -> dict[str, str]:
-    """The whole environment of one generation; nothing of the control plane's leaks in."""
-    base_path = os.environ.get("PATH", _DEFAULT_PATH)
-    venv_bin = build_path / ".venv" / "bin"
+    """The whole environment of one generation; nothing of the control plane's leaks in:
+    not its PATH (keelway.app_path), not its HOME (an app's HOME is its instance's data
+    dir, which it owns and keeps across releases)."""
     env = {k: os.environ[k] for k in _PASSED_THROUGH if k in os.environ}
     env.update(
-        PATH=f"{venv_bin}:{base_path}" if venv_bin.is_dir() else base_path,
+        PATH=app_path(build_path),
         HOME=str(home.data_dir(instance)),
         PYTHONUNBUFFERED="1",
     )

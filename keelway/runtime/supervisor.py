@@ -30,9 +30,10 @@ from keelway import failpoints
 from keelway.clock import Clock
 from keelway.home import Home
 from keelway.runtime import process, tree
-from keelway.runtime.health import probe_http
+from keelway.runtime.health import Answered, Probe, Refused, describe, listening_on, probe_http
 from keelway.runtime.identities import Identities
 from keelway.runtime.logs import log_path
+from keelway.runtime.shell import shell_argv
 from keelway.runtime.tree import ProcessTrees
 from keelway.store import Store
 from keelway.store.lifecycle import GenState
@@ -45,18 +46,23 @@ failpoints.declare("spawn.before", "spawn.after", "spawn.recorded", "stop.before
                    "cgroup.created", "cgroup.remove.before", "cgroup.remove.after")
 
 
-def shell_argv(command: str) -> list[str]:
-    """Run a Procfile command through sh, as Heroku does; a simple command is exec'd so
-    that the app itself leads the session and its pid is the one status shows."""
-    if any(mark in command for mark in (";", "&", "|", "\n", "(", "`")):
-        return ["/bin/sh", "-c", command]
-    return ["/bin/sh", "-c", f"exec {command}"]
-
-
 class ReadyOutcome(enum.Enum):
     READY = "ready"
     EXITED = "exited"
     TIMED_OUT = "timed-out"
+
+
+@dataclass(frozen=True)
+class Readiness:
+    outcome: ReadyOutcome
+    # READY: what made it ready; EXITED and TIMED_OUT: why it is not, as a person reads it.
+    said: str
+
+
+_PROBE_TIMEOUT_S = 1.0
+_PROBE_FIRST_S = 0.002
+_PROBE_REFUSED_EVERY_S = 0.005
+_PROBE_FAILING_EVERY_S = 0.1
 
 
 class SettleOutcome(enum.Enum):
@@ -77,6 +83,10 @@ class _Handle:
     proc: asyncio.subprocess.Process | None
     # Set while keelway itself is stopping the process: its exit is then expected.
     stopping: bool = False
+    # `stop`'s own stop of the tree, while it runs: a leader that dies of its SIGTERM
+    # (a shell that ran the app as its child) leaves the rest of the tree to it, so
+    # the app still gets its grace (runtime.shell).
+    stopping_tree: asyncio.Future[bool] | None = None
     exited: asyncio.Event = field(default_factory=asyncio.Event)
     exit_code: int | None = None
     watcher: asyncio.Task[None] | None = None
@@ -176,8 +186,15 @@ class Supervisor:
             code = None  # not our child: its exit status went to someone else
         # The leader is gone; its tree may still have members (the app forked, or
         # daemonized a child): they go now, and only then is the generation gone.
-        gone = await tree.stop(self.trees, handle.gen_id, (handle.pid, handle.start_ticks),
-                               grace_s=0.0, clock=self.clock)
+        stopping = handle.stopping_tree
+        if stopping is not None:
+            await asyncio.wait((stopping,))  # never raises; its outcome is read below
+        if stopping is not None and not stopping.cancelled() and not stopping.exception():
+            gone = stopping.result()
+        else:
+            gone = await tree.stop(self.trees, handle.gen_id,
+                                   (handle.pid, handle.start_ticks), grace_s=0.0,
+                                   clock=self.clock)
         handle.exit_code = code
         if gone:
             gone = await self.bury(handle.gen_id, code)
@@ -199,36 +216,60 @@ class Supervisor:
 
     async def wait_ready(
         self, gen: Generation, health_path: str | None, timeout_s: float,
-        notify: asyncio.Event | None = None,
-    ) -> ReadyOutcome:
-        """Ready = the health path answers non-5xx (web), or still running (worker), or
-        the process said READY=1 on its notify socket, whichever comes first."""
+        notify: asyncio.Event | None = None, host: str | None = None,
+    ) -> Readiness:
+        """Ready = for a web (`health_path` and a port), `GET health_path` with `Host:
+        host` (the instance's, by default) answers non-5xx; for a worker, still running.
+
+        READY=1 on the notify socket does not make a web ready: servers such as gunicorn
+        send it once they listen, before their workers have loaded the app. It only
+        makes the next probe go out at once. Not ready within `timeout_s`: TIMED_OUT,
+        saying what the last probe saw."""
         handle = self._handles.get(gen.id)
+        host = host or gen.instance
         deadline = self.clock.monotonic() + timeout_s
-        delay_s = 0.002
+        seen: Probe | None = None
+        notified = False
+        delay_s = _PROBE_FIRST_S
         while True:
             if handle is None or handle.exited.is_set():
-                return ReadyOutcome.EXITED
-            if notify is not None and notify.is_set():
-                return ReadyOutcome.READY
-            if gen.port is not None and health_path is not None:
-                status = await probe_http(gen.port, health_path, timeout_s=1.0)
-                if status is not None and status < 500:
-                    return ReadyOutcome.READY
-            elif health_path is None:
-                return ReadyOutcome.READY
+                return Readiness(ReadyOutcome.EXITED, self._exit_said(gen, handle))
+            if gen.port is None or health_path is None:
+                return Readiness(ReadyOutcome.READY, "running")
+            left_s = deadline - self.clock.monotonic()
+            seen = await probe_http(gen.port, health_path, host,
+                                    timeout_s=min(_PROBE_TIMEOUT_S, max(left_s, 0.05)))
+            if isinstance(seen, Answered) and seen.healthy:
+                return Readiness(ReadyOutcome.READY,
+                                 f"GET {health_path} answered {seen.status}")
             if self.clock.monotonic() >= deadline:
-                return ReadyOutcome.TIMED_OUT
+                listening = (listening_on(m.pid for m in self.trees.members(
+                    gen.id, (handle.pid, handle.start_ticks)))
+                    if isinstance(seen, Refused) else [])
+                return Readiness(ReadyOutcome.TIMED_OUT, describe(
+                    seen, port=gen.port, path=health_path, host=host, listening=listening))
             waits = [asyncio.ensure_future(handle.exited.wait())]
-            if notify is not None:
+            if notify is not None and not notified:
                 waits.append(asyncio.ensure_future(notify.wait()))
             _done, pending = await asyncio.wait(waits, timeout=delay_s,
                                                 return_when=asyncio.FIRST_COMPLETED)
             for task in pending:
                 task.cancel()
-            # A probe of a port nobody listens on yet is one refused connect: cheap. A
-            # late READY is not: a wake's held requests wait for it (SPEC §7, <= 25 ms).
-            delay_s = min(delay_s * 2, 0.005)
+            if notify is not None and notify.is_set() and not notified:
+                notified, delay_s = True, _PROBE_FIRST_S  # probe at once, and tightly
+                continue
+            # A refused connect is cheap, and a wake's held requests wait on it (SPEC §7,
+            # <= 25 ms), so those are probed tightly; an app that answers but fails is
+            # asked less often: each probe is a request it serves and logs.
+            delay_s = min(delay_s * 2, _PROBE_REFUSED_EVERY_S if isinstance(seen, Refused)
+                          else _PROBE_FAILING_EVERY_S)
+
+    def _exit_said(self, gen: Generation, handle: _Handle | None) -> str:
+        code = handle.exit_code if handle is not None else None
+        if code is None and (latest := self.store.get_generation(gen.id)) is not None:
+            code = latest.exit_code
+        return "exited before it was ready" + (f" (exit code {code})" if code is not None
+                                               else "")
 
     async def _exits_within(self, handle: _Handle, seconds: float | None) -> bool:
         """Whether `handle` exits before `seconds` pass on the supervisor's clock (the
@@ -250,7 +291,12 @@ class Supervisor:
         """Good = still running after the settle window; exit 0 inside it = completed."""
         handle = self._handles.get(gen.id)
         if handle is None:
-            return SettleOutcome.CRASHED
+            # Exited and buried before the window began (a one-shot that is quick to
+            # finish): its record says how it ended.
+            latest = self.store.get_generation(gen.id)
+            done = latest is not None and latest.state is GenState.GONE and (
+                latest.exit_code == 0)
+            return SettleOutcome.COMPLETED if done else SettleOutcome.CRASHED
         if not await self._exits_within(handle, settle_s):
             return SettleOutcome.GOOD
         return SettleOutcome.COMPLETED if handle.exit_code == 0 else SettleOutcome.CRASHED
@@ -292,8 +338,12 @@ class Supervisor:
         # No leader recorded: PLANNED, or spawned with the record lost to a crash; its
         # tree, if any, is found by its cgroup or its environment all the same.
         failpoints.hit("stop.before")
-        gone = await tree.stop(self.trees, gen.id, leader, grace_s=grace_s, clock=self.clock,
-                               proc=handle.proc if handle else None)
+        stopping = asyncio.ensure_future(tree.stop(
+            self.trees, gen.id, leader, grace_s=grace_s, clock=self.clock,
+            proc=handle.proc if handle else None))
+        if handle is not None:
+            handle.stopping_tree = stopping
+        gone = await stopping
         failpoints.hit("stop.after")
         if not gone:
             return False
