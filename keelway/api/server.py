@@ -150,11 +150,16 @@ class Api:
         name = app_name(self.store, request)
         limit, after = _count(request, "limit", 100), _count(request, "after", 0)
         deadline = asyncio.get_running_loop().time() + min(_count(request, "wait", 0), 30)
-        while not (found := self.store.list_events(name, limit, after)):
-            if asyncio.get_running_loop().time() >= deadline:
+        while True:
+            # `last` is read first: an event written meanwhile is in `found`, never
+            # skipped by a follower that goes on from `last`.
+            newest = self.store.list_events(name, 1)
+            found = self.store.list_events(name, limit, after)
+            if found or asyncio.get_running_loop().time() >= deadline:
                 break
             await asyncio.sleep(0.2)
-        return web.json_response({"events": [event_view(e) for e in found]})
+        return web.json_response({"events": [event_view(e) for e in found],
+                                  "last": newest[0].id if newest else after})
 
     def _log_files(self, app: str, instance: str | None, service: str | None,
                    per_service: int = 3) -> list[tuple[str, str, int, Path]]:

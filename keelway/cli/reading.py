@@ -162,7 +162,7 @@ def events(app: str, count: int, follow: bool, as_json: bool) -> None:
         emit_json(data)
         return
     try:
-        last = _print_events(data["events"], as_json)
+        last = max(_print_events(data["events"], as_json), int(data.get("last", 0)))
         while follow:
             last = _print_events(_next_events(app, last), as_json) or last
     except KeyboardInterrupt:
