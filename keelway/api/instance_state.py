@@ -52,8 +52,10 @@ class InstanceStatus:
     # The release its alive web serves (an alive process, for an app with no web);
     # None when nothing is.
     serving: int | None
-    # CRASHED: when the earliest restart is due (None: no restart is scheduled).
+    # CRASHED: when the earliest restart is due (None: no restart is scheduled), and
+    # the retries that make it crashed.
     next_retry_at: float | None = None
+    crashed: tuple[CrashRetry, ...] = ()
     # FAILED: the kind of the operation that failed.
     failed: OpKind | None = None
 
@@ -73,7 +75,11 @@ def decide(inst: Instance, active: Mapping[str, Generation], retries: Sequence[C
     failed = (last_release.kind
               if last_release is not None and last_release.state is OpState.FAILED
               and (last_service is None or last_service.id < last_release.id) else None)
-    due = min((r.retry_at for r in retries), default=None)
+    # A parked instance's retry that is due is no crash any more: its next request
+    # wakes it (keelway/deploy/parking.py refuses a wake only inside the backoff).
+    waiting = tuple(r for r in retries if inst.state is InstanceState.RUNNING
+                    or (inst.state is InstanceState.PARKED and r.retry_at > now))
+    due = min((r.retry_at for r in waiting), default=None)
 
     def show(state: Shown, **extra: object) -> InstanceStatus:
         return InstanceStatus(state, release, serving, **extra)  # type: ignore[arg-type]
@@ -91,12 +97,12 @@ def decide(inst: Instance, active: Mapping[str, Generation], retries: Sequence[C
         case InstanceState.PARKED:
             # A wake that failed leaves it parked with a retry: a request wakes it only
             # once the retry is due, so until then it is crashed, not merely parked.
-            if due is not None and due > now:
-                return show(Shown.CRASHED, next_retry_at=due)
+            if waiting:
+                return show(Shown.CRASHED, next_retry_at=due, crashed=waiting)
             return show(Shown.PARKED)
         case InstanceState.RUNNING:
-            if due is not None:
-                return show(Shown.CRASHED, next_retry_at=due)
+            if waiting:
+                return show(Shown.CRASHED, next_retry_at=due, crashed=waiting)
             if failed is not None:
                 return show(Shown.FAILED, failed=failed)
             web = active.get("web")

@@ -19,7 +19,7 @@ from keelway.runtime.identities import Identities
 from keelway.runtime.router_supervisor import RouterHealth
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
-from keelway.store.lifecycle import GenState, InstanceState, OpState
+from keelway.store.lifecycle import GenState, OpState
 from keelway.store.records import Event, Generation, Instance, Operation
 
 
@@ -172,16 +172,13 @@ def status_view(store: Store, http_port: int | None, app_filter: str | None,
                     "warnings": latest.warnings if latest else [],
                     "next": "stop the leftover process, then `keelway reconcile`",
                 }
-            # A crash loop waiting out its backoff (only while the instance should run,
-            # or is parked: a request wakes it only once the retry is due).
+            status = instance_status(store, inst)
+            # The crash loops waiting out their backoff, as the state rule counts them.
             crashed = [{"service": r.service, "generation": r.generation_id,
                         "failures": r.failures, "retry_at": r.retry_at}
-                       for r in store.pending_retries(inst.host)
-                       if inst.state is InstanceState.RUNNING or (
-                           inst.state is InstanceState.PARKED
-                           and r.retry_at > store.clock.now())]
+                       for r in status.crashed]
             instances.append({
-                **state_view(instance_status(store, inst), inst),
+                **state_view(status, inst),
                 "host": inst.host, "url": url, "crashed": crashed,
                 "aliases": [a.host for a in store.list_aliases(inst.host)],
                 "down_reason": inst.down_reason, "failed_closed": failed_closed,
