@@ -32,6 +32,7 @@ from keelway.api.views import (
     releases_view,
     router_view,
     status_view,
+    unreleased_failures,
 )
 from keelway.deploy.deployer import Deployer
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
@@ -135,7 +136,8 @@ class Api:
 
     async def releases(self, request: web.Request) -> web.Response:
         name = app_name(self.store, request)
-        return web.json_response({"releases": releases_view(self.store, name)})
+        return web.json_response({"releases": releases_view(self.store, name),
+                                  "unreleased_failures": unreleased_failures(self.store, name)})
 
     async def ops(self, request: web.Request) -> web.Response:
         name = app_name(self.store, request)

@@ -89,6 +89,17 @@ def event_view(event: Event) -> dict[str, Any]:
             "message": event.message}
 
 
+def unreleased_failures(store: Store, app: str) -> list[dict[str, Any]]:
+    """Attempts that failed before their release was written (their processes never
+    took traffic, so no release row names them), while no release has taken their
+    number since: what `keelway releases` says after a failed first deploy."""
+    numbers = {r.number for r in store.list_releases(app)}
+    return [{"version": f"v{a.release}", "build": a.build_digest[:12], "instance": a.instance,
+             "operation": a.op_id}
+            for a in store.release_attempts(app, RELEASING)
+            if a.state is OpState.FAILED and a.release not in numbers]
+
+
 def releases_view(store: Store, app: str) -> list[dict[str, Any]]:
     """The app's releases, newest first: what each ran (its build and where that came
     from), which instances run it now (the release their status shows), and where it

@@ -213,7 +213,7 @@ def _took(duration_s: float | None) -> str:
 @cli.command()
 @click.argument("app")
 @click.option("--instance", default=None)
-@click.option("-n", "--lines", "count", default=20, show_default=True,
+@click.option("-n", "--lines", "count", default=50, show_default=True,
               type=click.IntRange(min=0), help="How many of the newest operations.")
 @json_option
 @api_call
@@ -277,4 +277,11 @@ def releases(app: str, as_json: bool) -> None:
             marks.append(f"failed on {', '.join(r['failed_on'])}")
         rows.append((r["version"], "; ".join(marks) or "-", r["build"],
                      source_text(r.get("source")), r["description"], ago(r["created_at"])))
-    table(None, ["release", "status", "build", "source", "description", "created"], rows)
+    if rows:
+        table(None, ["release", "status", "build", "source", "description", "created"], rows)
+    for failure in data.get("unreleased_failures", []):
+        click.echo(f"{failure['version']} (build {failure['build']}) failed on "
+                   f"{failure['instance']} before it was released; `keelway ops {app}` "
+                   f"shows operation {failure['operation']}")
+    if not rows and not data.get("unreleased_failures"):
+        click.echo(f"{app} has no releases yet: `keelway deploy {app} PATH`")

@@ -75,6 +75,12 @@ def test_a_first_deploy_that_failed_says_failed_serving_nothing(
     assert inst["state"] == "failed" and inst["failed_operation"] == "deploy"
     assert inst["label"] == "failed (last deploy failed; serving nothing)"
     assert "failed (last deploy failed; serving nothing)" in _row(kw)
+    # No release was written (nothing took traffic), and `releases` says what failed.
+    answer = kw.ok("releases", "hello", "--json").json()
+    assert answer["releases"] == [] and [(f["version"], f["instance"]) for f in
+                                         answer["unreleased_failures"]] == [("v1", HOST)]
+    assert f"v1 (build {answer['unreleased_failures'][0]['build']}) failed on {HOST} before " \
+        "it was released" in kw.ok("releases", "hello").out
 
 
 def test_a_deploy_that_failed_its_settle_says_failed_serving_the_release_it_fell_back_to(
@@ -146,6 +152,10 @@ def test_instance_config_on_a_parked_instance_says_it_stays_parked(
     assert kw.ok("config", "hello", "--instance", HOST, "set", "X=1", "--json").json()[
         "restarted"] == []
     assert _instance(kw)["state"] == "parked" and kw.app_pids() == []
+    # As it says: its next wake runs with the change.
+    kw.ok("wake", HOST)
+    web = next(p for p in _instance(kw)["processes"] if p["service"] == "web" and p["pid"])
+    assert b"GREETING=hey" in Path(f"/proc/{web['pid']}/environ").read_bytes().split(b"\0")
 
 
 def test_config_shows_a_value_with_a_newline_quoted_on_one_line_and_never_the_key(
