@@ -21,7 +21,7 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import assert_never
 
 from keelway.journal import OpKind
@@ -81,8 +81,13 @@ def decide(inst: Instance, active: Mapping[str, Generation], retries: Sequence[C
                     or (inst.state is InstanceState.PARKED and r.retry_at > now))
     due = min((r.retry_at for r in waiting), default=None)
 
-    def show(state: Shown, **extra: object) -> InstanceStatus:
-        return InstanceStatus(state, release, serving, **extra)  # type: ignore[arg-type]
+    shown = InstanceStatus(Shown.RUNNING, release, serving)
+
+    def show(state: Shown, *, next_retry_at: float | None = None,
+             crashed: tuple[CrashRetry, ...] = (), failed: OpKind | None = None,
+             ) -> InstanceStatus:
+        return replace(shown, state=state, next_retry_at=next_retry_at, crashed=crashed,
+                       failed=failed)
 
     never_released = not ordered and inst.pending_release is None and failed is None
     if never_released and inst.state is not InstanceState.STOPPED:
@@ -90,7 +95,8 @@ def decide(inst: Instance, active: Mapping[str, Generation], retries: Sequence[C
     match inst.state:
         case InstanceState.DOWN:
             # A hold-mode release failed after it executed: nothing runs on purpose.
-            return show(Shown.FAILED, failed=failed or last_release_kind(last_release))
+            return show(Shown.FAILED, failed=failed or (
+                last_release.kind if last_release is not None else OpKind.DEPLOY))
         case InstanceState.STOPPED:
             # A failed release with nothing to fall back to stops its instance.
             return show(Shown.FAILED, failed=failed) if failed else show(Shown.STOPPED)
@@ -105,16 +111,13 @@ def decide(inst: Instance, active: Mapping[str, Generation], retries: Sequence[C
                 return show(Shown.CRASHED, next_retry_at=due, crashed=waiting)
             if failed is not None:
                 return show(Shown.FAILED, failed=failed)
-            web = active.get("web")
-            if (web is not None and web.state is GenState.GONE) or (ordered and not alive):
-                return show(Shown.CRASHED)  # died, and no restart is scheduled
+            # Died, and no restart is scheduled (a worker that exited 0 has completed).
+            if any(g.state is GenState.GONE and (g.service == "web" or g.exit_code != 0)
+                   for g in ordered):
+                return show(Shown.CRASHED)
             return show(Shown.RUNNING)
         case _:
             assert_never(inst.state)
-
-
-def last_release_kind(op: Operation | None) -> OpKind:
-    return op.kind if op is not None else OpKind.DEPLOY
 
 
 def label(status: InstanceStatus) -> str:

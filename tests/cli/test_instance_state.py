@@ -78,6 +78,15 @@ def test_a_dead_web_with_no_retry_scheduled_is_crashed_and_an_alive_worker_serve
     assert (status.state, status.serving) == (Shown.CRASHED, None)
 
 
+def test_a_worker_that_exited_0_has_completed_and_one_that_failed_has_crashed() -> None:
+    done = Generation(2, "hello", HOST, "worker", 1, "d" * 64, None, GenState.GONE, None,
+                      None, None, NOW, NOW, 0, 2)
+    assert _decide(active={"web": _gen("web"), "worker": done}).state is Shown.RUNNING
+    failed = Generation(2, "hello", HOST, "worker", 1, "d" * 64, None, GenState.GONE, None,
+                        None, None, NOW, NOW, 1, 2)
+    assert _decide(active={"web": _gen("web"), "worker": failed}).state is Shown.CRASHED
+
+
 def test_a_failed_first_deploy_is_failed_serving_nothing() -> None:
     status = _decide(release_op=_op(1, OpKind.DEPLOY, OpState.FAILED))
     assert (status.state, status.failed, status.serving) == (Shown.FAILED, OpKind.DEPLOY, None)
