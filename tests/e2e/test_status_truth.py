@@ -54,21 +54,17 @@ def _row(kw: Keelway, host: str = HOST) -> str:
     return next(line for line in kw.ok("status").out.splitlines() if f" {host} " in line)
 
 
-def test_an_instance_nothing_was_released_to_says_no_release_not_running(
-        kw: Keelway) -> None:
+def test_an_instance_never_released_says_no_release_and_a_failed_first_deploy_says_failed(
+        kw: Keelway, tmp_path: Path) -> None:
     kw.up()
     kw.ok("apps", "create", "empty")
-    kw.ok("instances", "add", "empty", HOST)
-    inst = _instance(kw)
+    kw.ok("instances", "add", "empty", "empty.test")
+    inst = _instance(kw, "empty.test")
     assert (inst["state"], inst["label"], inst["release"]) == ("no release", "no release", None)
-    assert "no release" in _row(kw) and "running" not in _row(kw)
+    assert "no release" in _row(kw, "empty.test") and "running" not in _row(kw, "empty.test")
     listed = kw.ok("instances", "list", "empty", "--json").json()["instances"]
     assert [i["state"] for i in listed] == ["no release"]
 
-
-def test_a_first_deploy_that_failed_says_failed_serving_nothing(
-        kw: Keelway, tmp_path: Path) -> None:
-    kw.up()
     bad = hello(tmp_path, "bad", web_cmd=EXITS_AT_BOOT)
     assert kw.run("deploy", "hello", str(bad), "--host", HOST).code != 0
     inst = _instance(kw)
@@ -142,10 +138,17 @@ def test_a_parked_and_a_stopped_instance_say_so_with_their_release_and_no_dead_p
     assert " stopped " in _row(kw)
 
 
-def test_instance_config_on_a_parked_instance_says_it_stays_parked(
+def test_config_quotes_a_value_with_a_newline_and_says_a_parked_instance_stays_parked(
         kw: Keelway, tmp_path: Path) -> None:
     kw.up()
     kw.ok("deploy", "hello", str(hello(tmp_path, "a")), "--host", HOST)
+    kw.ok("config", "hello", "set", "PEM=line one\nline two", "PLAIN=x")
+    lines = kw.ok("config", "hello").out.splitlines()
+    assert 'PEM="line one\\nline two"' in lines and "PLAIN=x" in lines, lines
+    instance_lines = kw.ok("config", "hello", "--instance", HOST).out
+    assert 'PEM="line one\\nline two"  (app)' in instance_lines
+    assert "KEELWAY_INSTANCE_KEY" not in instance_lines + "\n".join(lines)
+
     kw.ok("park", HOST)
     said = kw.ok("config", "hello", "--instance", HOST, "set", "GREETING=hey").out
     assert "stays parked" in said and "restarted" not in said, said
@@ -156,18 +159,6 @@ def test_instance_config_on_a_parked_instance_says_it_stays_parked(
     kw.ok("wake", HOST)
     web = next(p for p in _instance(kw)["processes"] if p["service"] == "web" and p["pid"])
     assert b"GREETING=hey" in Path(f"/proc/{web['pid']}/environ").read_bytes().split(b"\0")
-
-
-def test_config_shows_a_value_with_a_newline_quoted_on_one_line_and_never_the_key(
-        kw: Keelway, tmp_path: Path) -> None:
-    kw.up()
-    kw.ok("deploy", "hello", str(hello(tmp_path, "a")), "--host", HOST)
-    kw.ok("config", "hello", "set", "PEM=line one\nline two", "PLAIN=x")
-    lines = kw.ok("config", "hello").out.splitlines()
-    assert 'PEM="line one\\nline two"' in lines and "PLAIN=x" in lines, lines
-    instance_lines = kw.ok("config", "hello", "--instance", HOST).out
-    assert 'PEM="line one\\nline two"  (app)' in instance_lines
-    assert "KEELWAY_INSTANCE_KEY" not in instance_lines + "\n".join(lines)
 
 
 def test_releases_say_which_git_commit_or_tarball_each_build_came_from(
