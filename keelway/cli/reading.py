@@ -76,7 +76,12 @@ def status(app: str | None, as_json: bool) -> None:
                     (proc["pid"] or "-") if proc else "-", (proc["port"] or "-") if proc else "-",
                     proc["state"] if proc else "-",
                 ))
-        table(f"{item['name']} ({item['release'] or 'no release'})",
+        newest = item["release"]
+        # The newest release, and whether anything runs it (one that failed runs nowhere).
+        if newest and item["instances"] and all(i["release"] != newest
+                                                for i in item["instances"]):
+            newest = f"newest {newest} runs nowhere"
+        table(f"{item['name']} ({newest or 'no release'})",
               ["instance", "state", "release", "service", "gen", "pid", "port", "process"],
               rows)
         for note in notes:

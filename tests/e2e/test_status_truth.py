@@ -89,6 +89,7 @@ def test_a_deploy_that_failed_its_settle_says_failed_serving_the_release_it_fell
     inst = _instance(kw)
     assert inst["label"] == "failed (last deploy failed; serving v1)", inst
     assert inst["release"] == "v1" and inst["serving"] == "v1"
+    assert "hello (newest v2 runs nowhere)" in kw.ok("status").out
 
     releases = {r["version"]: r for r in kw.ok("releases", "hello", "--json").json()["releases"]}
     assert releases["v1"]["current"] == [HOST] and releases["v1"]["failed_on"] == []
