@@ -23,7 +23,7 @@ from keelway.api.http import app_name, error_response, log, read_body, send_line
 from keelway.builds import gc as builds_gc
 from keelway.builds.errors import BuildError
 from keelway.builds.manifest import Mode
-from keelway.builds.stage import stage
+from keelway.builds.stage import StagedBuild, stage
 from keelway.deploy.deployer import Deployer, InstanceResult
 from keelway.deploy.errors import OperationError, UserError
 from keelway.deploy.outcome import Progress
@@ -45,6 +45,24 @@ def _mode(value: str | None) -> Mode | None:
         return Mode(value)
     except ValueError:
         raise UserError(f"unknown mode {value!r}", hint="use overlap or hold") from None
+
+
+def _source_of(source: Path, staged: StagedBuild, ref: str | None) -> dict[str, str]:
+    """Where a build came from, as `keelway releases` shows it: a git commit (and the
+    ref asked for), a tarball's sha256, or a directory's content digest (the build's)."""
+    if staged.commit is not None:
+        return {"kind": "git", "path": str(source), "commit": staged.commit,
+                "ref": ref or "HEAD"}
+    if source.is_file():
+        digest = hashlib.sha256()
+        try:
+            with source.open("rb") as tarball:
+                while chunk := tarball.read(1 << 20):
+                    digest.update(chunk)
+        except OSError:  # gone since it was staged: the build is whole all the same
+            return {"kind": "tarball", "path": str(source)}
+        return {"kind": "tarball", "path": str(source), "sha256": digest.hexdigest()}
+    return {"kind": "directory", "path": str(source), "digest": staged.digest}
 
 
 def _digest(kind: str, body: msgspec.Struct) -> str:
@@ -123,9 +141,11 @@ class Operations:
                 builder=self.deployer.supervisor.identities.builder(body.app),
             )
             progress(f"build {staged.digest[:12]} " + ("reused" if staged.reused else "staged"))
+            origin = await asyncio.to_thread(_source_of, source, staged, body.ref)
             results = await self.deployer.deploy(body.app, staged.digest, staged.path,
                                                  body.hosts, progress, key=body.key,
-                                                 request_digest=digest, mode=mode)
+                                                 request_digest=digest, mode=mode,
+                                                 source=origin)
             return {"app": body.app, "build": staged.digest,
                     "instances": self._instances_view(results)}
 

@@ -1,7 +1,8 @@
 """The API of scale to zero and fences, per instance:
 
     POST /v1/instances/{host}/park     {}                  -> 200 {"host","state":"parked",
-                                                                "parked":bool,"stopped":[gen]}
+                                                                "parked":bool,"stopped":[gen],
+                                                                "processes_stopped":N}
     POST /v1/instances/{host}/wake     {}                  -> 202 {"host","accepted":true}
                                        {"wait":true}       -> 200 {"host","state":"running",
                                                                 "woke":bool,"generations":{}}
@@ -27,6 +28,8 @@ from aiohttp import web
 
 from keelway.api.http import error_response, read_body
 from keelway.deploy.parking import CrashBackoff, Parking
+from keelway.journal import OpKind, StepKind
+from keelway.store.lifecycle import StepState
 from keelway.store.records import Fence
 
 
@@ -70,7 +73,17 @@ class ParkingApi:
         await read_body(request, Empty)
         done = await self.parking.park(request.match_info["host"])
         return web.json_response({"host": done.host, "state": "parked", "parked": done.parked,
-                                  "stopped": list(done.stopped)})
+                                  "stopped": list(done.stopped),
+                                  "processes_stopped": len(done.stopped)
+                                  + self._replicators_stopped(done.host, done.parked)})
+
+    def _replicators_stopped(self, host: str, parked: bool) -> int:
+        """The replicator the park stopped (after the app, a step of the same
+        operation: Recovery.keep_replica), so the count says every process it stopped."""
+        store = self.parking.store
+        op = store.latest_operation_of(host, (OpKind.PARK,)) if parked else None
+        return sum(1 for step in (store.steps(op.id) if op is not None else [])
+                   if step.kind is StepKind.REPLICA_STOP and step.state is StepState.SUCCEEDED)
 
     async def wake(self, request: web.Request) -> web.Response:
         body: WakeBody = await read_body(request, WakeBody)

@@ -26,10 +26,13 @@ from keelway.api.snapshots import SnapshotsApi
 from keelway.api.tenants import TenantsApi
 from keelway.api.views import (
     doctor_checks,
+    event_view,
     isolation_view,
     operation_view,
+    releases_view,
     router_view,
     status_view,
+    unreleased_failures,
 )
 from keelway.deploy.deployer import Deployer
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
@@ -133,20 +136,32 @@ class Api:
 
     async def releases(self, request: web.Request) -> web.Response:
         name = app_name(self.store, request)
-        return web.json_response({"releases": [
-            {"version": r.label, "build": r.build_digest[:12], "description": r.description,
-             "created_at": r.created_at} for r in self.store.list_releases(name)]})
+        return web.json_response({"releases": releases_view(self.store, name),
+                                  "unreleased_failures": unreleased_failures(self.store, name)})
 
     async def ops(self, request: web.Request) -> web.Response:
         name = app_name(self.store, request)
-        ops = self.store.list_operations(name, request.query.get("instance"))
+        limit = _count(request, "limit", 50)
+        ops = self.store.list_operations(name, request.query.get("instance"), limit)
         return web.json_response({"operations": [operation_view(op) for op in ops]})
 
     async def events(self, request: web.Request) -> web.Response:
+        """The app's newest `limit` events after event `after`, oldest first. With
+        `wait` (seconds, at most 30), an answer with none waits for one that long: a
+        follower's long poll."""
         name = app_name(self.store, request)
-        return web.json_response({"events": [
-            {"at": e.at, "instance": e.instance, "kind": e.kind, "message": e.message}
-            for e in self.store.list_events(name)]})
+        limit, after = _count(request, "limit", 100), _count(request, "after", 0)
+        deadline = asyncio.get_running_loop().time() + min(_count(request, "wait", 0), 30)
+        while True:
+            # `last` is read first: an event written meanwhile is in `found`, never
+            # skipped by a follower that goes on from `last`.
+            newest = self.store.list_events(name, 1)
+            found = self.store.list_events(name, limit, after)
+            if found or asyncio.get_running_loop().time() >= deadline:
+                break
+            await asyncio.sleep(0.2)
+        return web.json_response({"events": [event_view(e) for e in found],
+                                  "last": newest[0].id if newest else after})
 
     def _log_files(self, app: str, instance: str | None, service: str | None,
                    per_service: int = 3) -> list[tuple[str, str, int, Path]]:
@@ -157,9 +172,12 @@ class Api:
                 continue
             found: dict[str, list[tuple[int, Path]]] = {}
             log_dir = self.home.log_dir(inst.host)
+            # Only this instance's generations: a host removed and added again keeps
+            # the log dir of the one before, whose generations went with its records.
+            ours = self.store.generation_ids(inst.host)
             for path in log_dir.glob("*.log") if log_dir.exists() else []:
                 parsed = parse_log_name(path)
-                if parsed and (service is None or parsed[0] == service):
+                if parsed and parsed[1] in ours and (service is None or parsed[0] == service):
                     found.setdefault(parsed[0], []).append((parsed[1], path))
             for svc, gens in found.items():
                 for gen_id, path in sorted(gens)[-per_service:]:
@@ -170,10 +188,7 @@ class Api:
         name = app_name(self.store, request)
         instance = request.query.get("instance")
         service = request.query.get("service")
-        try:
-            lines = int(request.query.get("lines", "100"))
-        except ValueError as exc:
-            raise UserError("lines must be a number") from exc
+        lines = _count(request, "lines", 100)
         follow = request.query.get("follow") == "1"
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
@@ -225,3 +240,13 @@ class Api:
         body: bodies.ShutdownBody = await read_body(request, bodies.ShutdownBody)
         asyncio.get_running_loop().call_soon(self.on_shutdown, body.keep_apps)
         return web.json_response({"ok": True, "keep_apps": body.keep_apps})
+
+
+def _count(request: web.Request, name: str, default: int) -> int:
+    """A whole number >= 0 from the query, or a 400 that names it."""
+    text = request.query.get(name)
+    if text is None:
+        return default
+    if not text.isdigit():
+        raise UserError(f"{name} must be a whole number, not {text!r}")
+    return int(text)

@@ -14,6 +14,8 @@ from aiohttp import web
 
 from keelway.api import bodies
 from keelway.api.http import app_name, read_body
+from keelway.api.instance_state import label
+from keelway.api.views import instance_status
 from keelway.deploy.errors import UserError
 from keelway.deploy.tenants import Tenants
 from keelway.store import Store
@@ -47,7 +49,9 @@ class TenantsApi:
 
     def _view(self, inst: Instance, aliases: list[str]) -> dict[str, Any]:
         port = f":{self.http_port}" if self.http_port else ""
-        return {"host": inst.host, "app": inst.app, "state": inst.state.value,
+        status = instance_status(self.store, inst)
+        return {"host": inst.host, "app": inst.app, "state": status.state.value,
+                "label": label(status), "desired": inst.state.value,
                 "adding": inst.adding, "aliases": aliases,
                 "config": sorted(inst.config), "url": f"http://{inst.host}{port}/"}
 
@@ -114,8 +118,12 @@ class TenantsApi:
         if not changes:
             raise UserError("nothing to change", hint="give K=V to set or K to unset")
         results = await self.tenants.set_instance_config(name, host, changes)
+        # A parked instance is not restarted: it takes the config at its next wake.
         return web.json_response({"app": name, "instance": host, "changed": sorted(changes),
-                                  "restarted": [r.host for r in results]})
+                                  "restarted": [r.host for r in results
+                                                if r.outcome not in ("parked", "deferred")],
+                                  "parked": [r.host for r in results
+                                             if r.outcome in ("parked", "deferred")]})
 
     async def list_aliases(self, request: web.Request) -> web.Response:
         inst = self.tenants.instance(request.match_info["host"])

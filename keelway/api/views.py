@@ -6,21 +6,59 @@ from __future__ import annotations
 
 from typing import Any
 
+from keelway.api.instance_state import (
+    RELEASING,
+    SERVICE,
+    InstanceStatus,
+    decide,
+    label,
+)
 from keelway.journal import REPLICA
 from keelway.reconcile.plan import leftovers as unconverged
 from keelway.runtime.identities import Identities
 from keelway.runtime.router_supervisor import RouterHealth
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
-from keelway.store.lifecycle import GenState, InstanceState
-from keelway.store.records import Generation, Operation
+from keelway.store.lifecycle import GenState, OpState
+from keelway.store.records import Event, Generation, Instance, Operation
 
 
 def generation_view(gen: Generation) -> dict[str, Any]:
+    # A process proven gone has no pid (it may name another process by now) and holds
+    # no port (its claim went with the proof).
+    dead = gen.state is GenState.GONE
     return {
-        "id": gen.id, "service": gen.service, "state": gen.state.value, "pid": gen.pid,
-        "port": gen.port, "release": f"v{gen.release}", "build": gen.build_digest[:12],
+        "id": gen.id, "service": gen.service, "state": gen.state.value,
+        "pid": None if dead else gen.pid, "port": None if dead else gen.port,
+        "release": f"v{gen.release}", "build": gen.build_digest[:12],
         "started_at": gen.created_at, "exit_code": gen.exit_code,
+    }
+
+
+def instance_status(store: Store, inst: Instance) -> InstanceStatus:
+    """The instance's state by the one rule (keelway/api/instance_state.py), read from
+    the store."""
+    active: dict[str, Generation] = {}
+    for row in store.list_active(inst.host):
+        if (gen := store.get_generation(row.generation_id)) is not None:
+            active[row.service] = gen
+    return decide(inst, active, store.pending_retries(inst.host),
+                  store.latest_operation_of(inst.host, RELEASING),
+                  store.latest_operation_of(inst.host, SERVICE), store.clock.now())
+
+
+def state_view(status: InstanceStatus, inst: Instance) -> dict[str, Any]:
+    """The state fields every view of an instance carries."""
+    return {
+        "state": status.state.value, "label": label(status),
+        # What its record says its user asked for (or `down`, after a hold failure).
+        "desired": inst.state.value,
+        "release": f"v{status.release}" if status.release is not None else None,
+        "serving": f"v{status.serving}" if status.serving is not None else None,
+        "pending_release": (f"v{inst.pending_release}" if inst.pending_release is not None
+                            else None),
+        "next_retry_at": status.next_retry_at,
+        "failed_operation": status.failed.value if status.failed is not None else None,
     }
 
 
@@ -30,14 +68,62 @@ def operation_view(op: Operation, with_steps: bool = True) -> dict[str, Any]:
         "state": op.state.value, "error": op.error, "warnings": op.warnings,
         "created_at": op.created_at, "finished_at": op.finished_at,
     }
+    view["duration_s"] = _duration(op.created_at, op.finished_at)
     if with_steps:
         view["steps"] = [
             {"seq": s.seq, "name": s.name, "service": s.service, "state": s.state.value,
              "before": s.before_gen, "after": s.after_gen, "error": s.error,
-             "detail": s.detail}
+             "detail": s.detail, "started_at": s.started_at, "finished_at": s.finished_at,
+             "duration_s": _duration(s.started_at, s.finished_at)}
             for s in op.steps
         ]
     return view
+
+
+def _duration(started_at: float, finished_at: float | None) -> float | None:
+    return round(finished_at - started_at, 3) if finished_at is not None else None
+
+
+def event_view(event: Event) -> dict[str, Any]:
+    return {"id": event.id, "at": event.at, "instance": event.instance, "kind": event.kind,
+            "message": event.message}
+
+
+def unreleased_failures(store: Store, app: str) -> list[dict[str, Any]]:
+    """Attempts that failed before their release was written (their processes never
+    took traffic, so no release row names them), while no release has taken their
+    number since: what `keelway releases` says after a failed first deploy."""
+    numbers = {r.number for r in store.list_releases(app)}
+    return [{"version": f"v{a.release}", "build": a.build_digest[:12], "instance": a.instance,
+             "operation": a.op_id}
+            for a in store.release_attempts(app, RELEASING)
+            if a.state is OpState.FAILED and a.release not in numbers]
+
+
+def releases_view(store: Store, app: str) -> list[dict[str, Any]]:
+    """The app's releases, newest first: what each ran (its build and where that came
+    from), which instances run it now (the release their status shows), and where it
+    was tried and failed: the newest operation that started its processes there
+    failed, and no instance runs it there."""
+    statuses = {inst.host: instance_status(store, inst) for inst in store.list_instances(app)}
+    failed: dict[tuple[int, str], set[str]] = {}
+    for attempt in store.release_attempts(app, RELEASING):
+        if attempt.state is OpState.FAILED:
+            failed.setdefault((attempt.release, attempt.build_digest), set()).add(
+                attempt.instance)
+    out = []
+    for r in store.list_releases(app):
+        # Serving it is what clears a failure there (a restart that took, say); naming
+        # it in ACTIVE is not (a release that failed with nothing to fall back to).
+        tried = failed.get((r.number, r.build_digest), set())
+        failed_on = sorted(h for h in tried if h not in statuses
+                           or statuses[h].serving != r.number)
+        current = sorted(h for h, st in statuses.items()
+                         if st.release == r.number and h not in failed_on)
+        out.append({"version": r.label, "number": r.number, "build": r.build_digest[:12],
+                    "description": r.description, "created_at": r.created_at,
+                    "source": r.source, "current": current, "failed_on": failed_on})
+    return out
 
 
 DRILL_EVENTS = ("drill", "drill-failed")
@@ -85,7 +171,6 @@ def status_view(store: Store, http_port: int | None, app_filter: str | None,
                         continue
                     if gen.op_id is None or gen.op_id not in (live_ops or set()):
                         leftovers.append({"instance": inst.host, **item})
-            running = [g for g in live if g.id in active.values() and g.state is not GenState.GONE]
             url = f"http://{inst.host}:{http_port}/" if http_port else f"http://{inst.host}/"
             stuck = unconverged(latest, set(active.values()),
                                 latest is not None and latest.id in (live_ops or set()))
@@ -98,19 +183,16 @@ def status_view(store: Store, http_port: int | None, app_filter: str | None,
                     "warnings": latest.warnings if latest else [],
                     "next": "stop the leftover process, then `keelway reconcile`",
                 }
-            # A crash loop waiting out its backoff (only while the instance should run,
-            # or is parked: a request wakes it only once the retry is due).
+            status = instance_status(store, inst)
+            # The crash loops waiting out their backoff, as the state rule counts them.
             crashed = [{"service": r.service, "generation": r.generation_id,
                         "failures": r.failures, "retry_at": r.retry_at}
-                       for r in store.pending_retries(inst.host)
-                       if inst.state is InstanceState.RUNNING or (
-                           inst.state is InstanceState.PARKED
-                           and r.retry_at > store.clock.now())]
+                       for r in status.crashed]
             instances.append({
-                "host": inst.host, "state": inst.state.value, "url": url, "crashed": crashed,
+                **state_view(status, inst),
+                "host": inst.host, "url": url, "crashed": crashed,
                 "aliases": [a.host for a in store.list_aliases(inst.host)],
                 "down_reason": inst.down_reason, "failed_closed": failed_closed,
-                "release": (f"v{running[0].release}" if running else None),
                 "route": ({"state": route.state.value, "port": route.port} if route else None),
                 "fence": ({"generation": fence.generation, "held": fence.held,
                            "reason": fence.reason}

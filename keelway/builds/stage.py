@@ -81,6 +81,8 @@ class StagedBuild:
     path: Path
     manifest: Manifest
     reused: bool
+    # The commit a git source was exported from (None for a directory or a tarball).
+    commit: str | None = None
 
 
 def _no_progress(_message: str) -> None:
@@ -176,13 +178,14 @@ def _stage_into(
 ) -> StagedBuild:
     app_dir = tmp.parent
     progress(f"staging {app} from {kind.value} {source}")
+    commit: str | None = None
     match kind:
         case SourceKind.DIRECTORY:
             copy_source_dir(source, tmp)
         case SourceKind.TARBALL:
             safe_extract_tar(source, tmp)
         case SourceKind.GIT:
-            _export_git(source, ref, tmp, progress)
+            commit = _export_git(source, ref, tmp, progress)
         case _:
             assert_never(kind)
     progress("checking the manifest")
@@ -192,7 +195,8 @@ def _stage_into(
     if final.is_dir():
         progress(f"build {digest[:12]} is already staged; reusing it")
         remove_tree(tmp)
-        return StagedBuild(app=app, digest=digest, path=final, manifest=manifest, reused=True)
+        return StagedBuild(app=app, digest=digest, path=final, manifest=manifest, reused=True,
+                           commit=commit)
 
     progress(f"building {digest[:12]}")
     if builder is not None:
@@ -214,14 +218,17 @@ def _stage_into(
             raise
         # another staging of the same source won the race: its build is complete
         remove_tree(tmp)
-        return StagedBuild(app=app, digest=digest, path=final, manifest=manifest, reused=True)
+        return StagedBuild(app=app, digest=digest, path=final, manifest=manifest, reused=True,
+                           commit=commit)
     fsync_dir(app_dir)
     progress(f"staged {app} build {digest[:12]}")
-    return StagedBuild(app=app, digest=digest, path=final, manifest=manifest, reused=False)
+    return StagedBuild(app=app, digest=digest, path=final, manifest=manifest, reused=False,
+                       commit=commit)
 
 
-def _export_git(repo: Path, ref: str | None, dest: Path, progress: Progress) -> None:
-    """Export `ref` (default HEAD) of `repo` with `git archive`, then safe-extract it."""
+def _export_git(repo: Path, ref: str | None, dest: Path, progress: Progress) -> str:
+    """Export `ref` (default HEAD) of `repo` with `git archive`, then safe-extract it;
+    returns the commit exported."""
     spec = "HEAD" if ref is None else ref
     if not spec or spec.startswith("-"):
         raise SourceError(f"git ref {spec!r} is not a valid ref name")
@@ -247,6 +254,7 @@ def _export_git(repo: Path, ref: str | None, dest: Path, progress: Progress) -> 
         safe_extract_tar(Path(tar_name), dest)
     finally:
         os.unlink(tar_name)
+    return commit
 
 
 def _git(

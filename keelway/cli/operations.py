@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from keelway.cli.base import api_call, cli, client, json_option
-from keelway.cli.output import EXIT_LOST, emit_json, fail, fail_json
+from keelway.cli.output import EXIT_LOST, emit_json, fail, fail_json, shown_value
 
 
 def run_operation(path: str, body: dict[str, Any], as_json: bool, what: str,
@@ -148,7 +148,7 @@ def config(ctx: click.Context, app: str, instance: str | None, as_json: bool) ->
             return
         for name, value in sorted(data["effective"].items()):
             source = "instance" if name in data["config"] else "app"
-            click.echo(f"{name}={value}  ({source})")
+            click.echo(f"{name}={shown_value(value)}  ({source})")
         if not data["effective"]:
             click.echo(f"{instance} has no config vars; set one with "
                        f"`keelway config {app} --instance {instance} set K=V`")
@@ -160,7 +160,7 @@ def config(ctx: click.Context, app: str, instance: str | None, as_json: bool) ->
     if not data["config"]:
         click.echo(f"{app} has no config vars; set one with `keelway config {app} set K=V`")
     for name, value in sorted(data["config"].items()):
-        click.echo(f"{name}={value}")
+        click.echo(f"{name}={shown_value(value)}")
 
 
 def _instance_config(app: str, instance: str, body: dict[str, Any], as_json: bool,
@@ -169,8 +169,12 @@ def _instance_config(app: str, instance: str, body: dict[str, Any], as_json: boo
     if as_json:
         emit_json(data)
         return
-    click.echo(what + (f"; restarted {', '.join(data['restarted'])}" if data["restarted"]
-                       else ""))
+    said = [what]
+    if data["restarted"]:
+        said.append(f"restarted {', '.join(data['restarted'])}")
+    if data.get("parked"):
+        said.append(f"{', '.join(data['parked'])} stays parked and takes it at its next wake")
+    click.echo("; ".join(said))
 
 
 @config.command("set")

@@ -63,3 +63,18 @@ def ago(at: float | None) -> str:
     if seconds < 86400:
         return f"{seconds // 3600}h ago"
     return f"{seconds // 86400}d ago"
+
+
+def plural(count: int, one: str, many: str) -> str:
+    """`1 process`, `2 processes`, `0 processes`."""
+    return f"{count} {one if count == 1 else many}"
+
+
+def shown_value(value: str) -> str:
+    """A config value as one line: quoted, escaped as JSON does, when it holds a line
+    break or another control character (or would read differently unquoted, with
+    whitespace at either end), so a value never spills onto a line of its own."""
+    if value != value.strip() or any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value) \
+            or value.startswith('"'):
+        return json.dumps(value, ensure_ascii=False)
+    return value

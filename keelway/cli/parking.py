@@ -7,7 +7,7 @@ import urllib.parse
 import click
 
 from keelway.cli.base import api_call, cli, client, json_option
-from keelway.cli.output import emit_json
+from keelway.cli.output import emit_json, plural
 
 
 def _path(host: str, verb: str) -> str:
@@ -25,7 +25,8 @@ def park(host: str, as_json: bool) -> None:
     if as_json:
         emit_json(data)
     elif data["parked"]:
-        click.echo(f"parked {host} (stopped {len(data['stopped'])} processes)")
+        count = data.get("processes_stopped", len(data["stopped"]))
+        click.echo(f"parked {host} (stopped {plural(count, 'process', 'processes')})")
     else:
         click.echo(f"{host} is parked already")
 

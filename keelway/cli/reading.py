@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.parse
 from typing import Any
 
 import click
 
 from keelway.cli.base import api_call, cli, client, json_option
+from keelway.cli.client import ApiLost, ApiUnavailable
 from keelway.cli.output import ago, emit_json, table
 
 
@@ -60,18 +62,26 @@ def status(app: str | None, as_json: bool) -> None:
                 where = "snapshots" if drill["message"].startswith("snapshot") else "replicas"
                 notes.append(f"{inst['host']}: the last restore drill failed: "
                              f"{drill['message']}; `keelway db {where} {inst['host']}`")
+            if inst.get("pending_release"):
+                notes.append(f"{inst['host']}: {inst['pending_release']} starts at its next "
+                             "wake")
             if last and last["state"] != "succeeded":
                 notes.append(f"{inst['host']}: last {last['kind']} {last['state']}"
                              + (f": {last['error']}" if last["error"] else ""))
             for proc in inst["processes"] or [None]:
                 rows.append((
-                    inst["host"], inst["state"], inst["release"] or "-",
+                    inst["host"], inst.get("label", inst["state"]), inst["release"] or "-",
                     proc["service"] if proc else "-",
                     f"{proc['id']}{'' if _named(proc) else ' (leftover)'}" if proc else "-",
-                    proc["pid"] if proc else "-", proc["port"] if proc else "-",
+                    (proc["pid"] or "-") if proc else "-", (proc["port"] or "-") if proc else "-",
                     proc["state"] if proc else "-",
                 ))
-        table(f"{item['name']} ({item['release'] or 'no release'})",
+        newest = item["release"]
+        # The newest release, and whether anything runs it (one that failed runs nowhere).
+        if newest and item["instances"] and all(i["release"] != newest
+                                                for i in item["instances"]):
+            newest = f"newest {newest} runs nowhere"
+        table(f"{item['name']} ({newest or 'no release'})",
               ["instance", "state", "release", "service", "gen", "pid", "port", "process"],
               rows)
         for note in notes:
@@ -145,40 +155,111 @@ def json_line(item: dict[str, Any]) -> str:
 
 @cli.command()
 @click.argument("app")
+@click.option("-n", "--lines", "count", default=100, show_default=True,
+              type=click.IntRange(min=0), help="How many of the newest events.")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new events.")
 @json_option
 @api_call
-def events(app: str, as_json: bool) -> None:
+def events(app: str, count: int, follow: bool, as_json: bool) -> None:
     """What happened to the app: operations, exits, restarts."""
-    data = client().request("GET", f"/v1/apps/{app}/events")
-    if as_json:
+    data = client().request("GET", f"/v1/apps/{app}/events?limit={count}")
+    if as_json and not follow:
         emit_json(data)
         return
-    for event in data["events"]:
-        click.echo(f"{ago(event['at']):>8}  {event['instance'] or '-'}  {event['kind']}: "
-                   f"{event['message']}")
+    try:
+        last = max(_print_events(data["events"], as_json), int(data.get("last", 0)))
+        while follow:
+            last = _print_events(_next_events(app, last), as_json) or last
+    except KeyboardInterrupt:
+        pass
+
+
+# How long one poll of a follower waits for a new event (the API's long poll).
+FOLLOW_WAIT_S = 5
+
+
+def _next_events(app: str, after: int) -> list[dict[str, Any]]:
+    """The events after `after`, waiting for one for up to FOLLOW_WAIT_S. A control
+    plane that went away is said as ApiLost (cli/base.py says what that means), as a
+    stream cut short would be: a follower cannot tell the two apart."""
+    try:
+        data = client(FOLLOW_WAIT_S + 30).request(
+            "GET", f"/v1/apps/{app}/events?after={after}&limit=1000&wait={FOLLOW_WAIT_S}")
+    except ApiUnavailable as exc:
+        raise ApiLost("the control plane went away", "GET") from exc
+    events: list[dict[str, Any]] = data["events"]
+    return events
+
+
+def _print_events(found: list[dict[str, Any]], as_json: bool) -> int:
+    """Print events; the id of the last one (0 if there were none)."""
+    for event in found:
+        if as_json:
+            click.echo(json_line(event))
+        else:
+            click.echo(f"{_clock(event['at'])}  {event['instance'] or '-'}  {event['kind']}: "
+                       f"{event['message']}")
+    return int(found[-1]["id"]) if found else 0
+
+
+def _clock(at: float) -> str:
+    """A moment as this box's local time, the day too when it was not today."""
+    if time.strftime("%Y-%m-%d", time.localtime(at)) == time.strftime("%Y-%m-%d"):
+        return time.strftime("%H:%M:%S", time.localtime(at))
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+
+
+def _took(duration_s: float | None) -> str:
+    if duration_s is None:
+        return "running"
+    return f"{duration_s:.2f}s" if duration_s < 60 else f"{duration_s / 60:.1f}min"
 
 
 @cli.command()
 @click.argument("app")
 @click.option("--instance", default=None)
+@click.option("-n", "--lines", "count", default=50, show_default=True,
+              type=click.IntRange(min=0), help="How many of the newest operations.")
 @json_option
 @api_call
-def ops(app: str, instance: str | None, as_json: bool) -> None:
-    """The operation journal, step by step."""
-    query = f"?instance={instance}" if instance else ""
+def ops(app: str, instance: str | None, count: int, as_json: bool) -> None:
+    """The operation journal, step by step: when each began and how long it took."""
+    query = f"?limit={count}" + (f"&instance={urllib.parse.quote(instance)}" if instance
+                                 else "")
     data = client().request("GET", f"/v1/apps/{app}/ops{query}")
     if as_json:
         emit_json(data)
         return
     for op in data["operations"]:
-        line = f"op {op['id']} {op['kind']} {op['instance'] or '(the app)'}: {op['state']}"
+        line = (f"op {op['id']} {op['kind']} {op['instance'] or '(the app)'}: {op['state']}"
+                f"  {_clock(op['created_at'])}, {_took(op.get('duration_s'))}")
         click.echo(line + (f" ({op['error']})" if op["error"] else ""))
         for warning in op["warnings"]:
             click.echo(f"    ! {warning}")
         for step in op["steps"]:
             err = f" - {step['error']}" if step["error"] else ""
             detail = f" [{step['detail']}]" if step["detail"] else ""
-            click.echo(f"    {step['seq']:>2}. {step['name']}: {step['state']}{detail}{err}")
+            when = (f"  {_clock(step['started_at'])} {_took(step['duration_s'])}"
+                    if "started_at" in step else "")
+            click.echo(f"    {step['seq']:>2}. {step['name']}: {step['state']}{when}"
+                       f"{detail}{err}")
+
+
+def source_text(source: dict[str, str] | None) -> str:
+    """Where a release's build came from, in a few words."""
+    if not source:
+        return "-"
+    match source.get("kind"):
+        case "git":
+            ref = source.get("ref", "HEAD")
+            return f"git {source['commit'][:12]}" + (f" ({ref})" if ref != "HEAD" else "")
+        case "tarball":
+            digest = source.get("sha256")
+            return "tarball" + (f" sha256:{digest[:12]}" if digest else "")
+        case "directory":
+            return f"directory {source['digest'][:12]}"
+        case _:
+            return str(source.get("kind", "-"))
 
 
 @cli.command()
@@ -186,12 +267,26 @@ def ops(app: str, instance: str | None, as_json: bool) -> None:
 @json_option
 @api_call
 def releases(app: str, as_json: bool) -> None:
-    """The app's numbered releases."""
+    """The app's numbered releases: which one each instance runs, which failed, and
+    where each one's build came from."""
     data = client().request("GET", f"/v1/apps/{app}/releases")
     if as_json:
         emit_json(data)
         return
-    table(None, ["release", "build", "description", "created"],
-          [(r["version"], r["build"], r["description"], ago(r["created_at"]))
-           for r in data["releases"]])
-
+    rows = []
+    for r in data["releases"]:
+        marks = []
+        if r.get("current"):
+            marks.append(f"current ({', '.join(r['current'])})")
+        if r.get("failed_on"):
+            marks.append(f"failed on {', '.join(r['failed_on'])}")
+        rows.append((r["version"], "; ".join(marks) or "-", r["build"],
+                     source_text(r.get("source")), r["description"], ago(r["created_at"])))
+    if rows:
+        table(None, ["release", "status", "build", "source", "description", "created"], rows)
+    for failure in data.get("unreleased_failures", []):
+        click.echo(f"{failure['version']} (build {failure['build']}) failed on "
+                   f"{failure['instance']} before it was released; `keelway ops {app}` "
+                   f"shows operation {failure['operation']}")
+    if not rows and not data.get("unreleased_failures"):
+        click.echo(f"{app} has no releases yet: `keelway deploy {app} PATH`")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from keelway.cli.base import api_call, cli, client, json_option
-from keelway.cli.output import emit_json, fail, fail_json, table
+from keelway.cli.output import emit_json, fail, fail_json, plural, table
 
 
 def _config_pairs(pairs: tuple[str, ...], as_json: bool) -> dict[str, str]:
@@ -70,7 +70,8 @@ def apps_destroy(app: str, yes: bool, purge_data: bool, as_json: bool) -> None:
         emit_json(data)
         return
     kept = "" if purge_data else "; data dirs kept"
-    click.echo(f"destroyed {app} ({len(data['instances'])} instances){kept}")
+    click.echo(f"destroyed {app} ({plural(len(data['instances']), 'instance', 'instances')})"
+               f"{kept}")
 
 
 @cli.group()
@@ -97,7 +98,8 @@ def instances_add(app: str, hosts: tuple[str, ...], pairs: tuple[str, ...], park
     if as_json:
         emit_json(data)
         return
-    click.echo(f"added {len(data['added'])} instances of {app} in {data['seconds']}s")
+    click.echo(f"added {plural(len(data['added']), 'instance', 'instances')} of {app} in "
+               f"{data['seconds']}s")
     for item in data["started"]:
         click.echo(f"  {item['host']}: {item['release']} {item['outcome']}")
     failed = [item["host"] for item in data["started"] if item["outcome"] != "done"]
@@ -137,7 +139,7 @@ def instances_list(app: str, as_json: bool) -> None:
         click.echo(f"{app} has no instances: `keelway instances add {app} HOST`")
         return
     table(None, ["instance", "state", "aliases", "own config"],
-          [(i["host"], i["state"] + (" (adding)" if i["adding"] else ""),
+          [(i["host"], i.get("label", i["state"]) + (" (adding)" if i["adding"] else ""),
             ", ".join(i["aliases"]) or "-", ", ".join(i["config"]) or "-")
            for i in data["instances"]])
 

@@ -124,8 +124,10 @@ class Deployer(Part):
     async def deploy(self, app: str, build_digest: str, build_path: Path, hosts: list[str],
                      progress: Progress = _quiet, key: str | None = None,
                      request_digest: str | None = None,
-                     mode: Mode | None = None) -> list[InstanceResult]:
-        """Release a staged build to every instance of `app` (and to new `hosts`)."""
+                     mode: Mode | None = None,
+                     source: dict[str, str] | None = None) -> list[InstanceResult]:
+        """Release a staged build to every instance of `app` (and to new `hosts`);
+        `source` says where the build was staged from (`keelway releases` shows it)."""
         try:
             names.APP.check(app)
         except names.InvalidName as exc:
@@ -136,7 +138,7 @@ class Deployer(Part):
         self.store.ensure_app(app)
         for host in targets:
             self.store.ensure_instance(host, app)
-        self.store.record_build(app, build_digest, str(build_path))
+        self.store.record_build(app, build_digest, str(build_path), source)
         app_record = self.store.get_app(app)
         config = dict(app_record.config) if app_record else {}
         return await self._rollout(Intent(

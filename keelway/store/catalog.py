@@ -104,12 +104,15 @@ class Catalog(StoreBase):
 
     # -- builds and releases ---------------------------------------------------------
 
-    def record_build(self, app: str, digest: str, path: str) -> Build:
+    def record_build(self, app: str, digest: str, path: str,
+                     source: dict[str, str] | None = None) -> Build:
         with self.tx() as c:
             c.execute(
-                "INSERT INTO builds(app, digest, path, created_at) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT(app, digest) DO NOTHING",
-                (app, digest, path, self.clock.now()),
+                "INSERT INTO builds(app, digest, path, created_at, source) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT(app, digest) DO UPDATE SET"
+                " source=COALESCE(excluded.source, builds.source)",
+                (app, digest, path, self.clock.now(),
+                 json.dumps(source, sort_keys=True) if source is not None else None),
             )
             row = self._one("SELECT * FROM builds WHERE app=? AND digest=?", app, digest)
         assert row is not None
@@ -144,12 +147,17 @@ class Catalog(StoreBase):
         with self.tx() as c:
             row = self._one("SELECT MAX(number) AS n FROM releases WHERE app=?", app)
             number = (row["n"] or 0) + 1 if row else 1
+            # The build's source as of now, in the same write (see schema migration 9).
             c.execute(
-                "INSERT INTO releases(app, number, build_digest, config, description, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (app, number, build_digest, json.dumps(config), description, self.clock.now()),
+                "INSERT INTO releases(app, number, build_digest, config, description,"
+                " created_at, source) VALUES (?, ?, ?, ?, ?, ?,"
+                " (SELECT source FROM builds WHERE app=? AND digest=?))",
+                (app, number, build_digest, json.dumps(config), description, self.clock.now(),
+                 app, build_digest),
             )
-        return Release(app, number, build_digest, config, description, self.clock.now())
+        written = self.get_release(app, number)
+        assert written is not None
+        return written
 
     def next_release_number(self, app: str) -> int:
         row = self._one("SELECT MAX(number) AS n FROM releases WHERE app=?", app)
@@ -178,9 +186,14 @@ def _instance(r: sqlite3.Row) -> Instance:
 
 
 def _build(r: sqlite3.Row) -> Build:
-    return Build(r["app"], r["digest"], r["path"], bool(r["good"]), r["created_at"])
+    return Build(r["app"], r["digest"], r["path"], bool(r["good"]), r["created_at"],
+                 _source(r["source"]))
 
 
 def _release(r: sqlite3.Row) -> Release:
     return Release(r["app"], r["number"], r["build_digest"], json.loads(r["config"]),
-                   r["description"], r["created_at"])
+                   r["description"], r["created_at"], _source(r["source"]))
+
+
+def _source(text: str | None) -> dict[str, str] | None:
+    return json.loads(text) if text else None

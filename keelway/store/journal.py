@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Collection
 
 from keelway.journal import OpKind, StepKind
 from keelway.store.base import Conflict, NotFound, StoreBase
 from keelway.store.lifecycle import OpState, RequestState, StepState, check
-from keelway.store.records import Event, Operation, Request, Step
+from keelway.store.records import Event, Operation, ReleaseAttempt, Request, Step
 
 
 class Journal(StoreBase):
@@ -57,6 +58,30 @@ class Journal(StoreBase):
             instance, OpKind.RUN.value,
         )
         return self._operation(row) if row else None
+
+    def latest_operation_of(self, instance: str, kinds: Collection[OpKind]) -> Operation | None:
+        """The instance's newest operation of one of `kinds` (its steps not read)."""
+        marks = ", ".join("?" for _ in kinds)
+        row = self._one(f"SELECT * FROM operations WHERE instance=? AND kind IN ({marks})"
+                        " ORDER BY id DESC LIMIT 1", instance, *(k.value for k in kinds))
+        return self._operation(row, []) if row else None
+
+    def release_attempts(self, app: str, kinds: Collection[OpKind]) -> list[ReleaseAttempt]:
+        """Each (instance, release, build) that an operation of `kinds` started
+        processes of, with the newest such operation's id and state, oldest first."""
+        marks = ", ".join("?" for _ in kinds)
+        rows = self._all(
+            "SELECT g.instance, g.release, g.build_digest, MAX(o.id) AS op_id FROM"
+            " generations g JOIN operations o ON o.id = g.op_id WHERE g.app=? AND"
+            f" o.kind IN ({marks}) GROUP BY g.instance, g.release, g.build_digest"
+            " ORDER BY op_id", app, *(k.value for k in kinds))
+        attempts = []
+        for r in rows:
+            op = self._one("SELECT state FROM operations WHERE id=?", r["op_id"])
+            assert op is not None  # the join found it
+            attempts.append(ReleaseAttempt(r["instance"], r["release"], r["build_digest"],
+                                           r["op_id"], OpState(op["state"])))
+        return attempts
 
     def latest_operations(self) -> dict[str, Operation]:
         """Each instance's latest operation with its steps, in two queries however many
@@ -227,12 +252,15 @@ class Journal(StoreBase):
                 (self.clock.now(), app, instance, kind, message),
             )
 
-    def list_events(self, app: str | None = None, limit: int = 100) -> list[Event]:
+    def list_events(self, app: str | None = None, limit: int = 100,
+                    after: int = 0) -> list[Event]:
         if app is None:
-            rows = self._all("SELECT * FROM events ORDER BY id DESC LIMIT ?", limit)
+            rows = self._all("SELECT * FROM events WHERE id>? ORDER BY id DESC LIMIT ?",
+                             after, limit)
         else:
             rows = self._all(
-                "SELECT * FROM events WHERE app=? ORDER BY id DESC LIMIT ?", app, limit
+                "SELECT * FROM events WHERE app=? AND id>? ORDER BY id DESC LIMIT ?",
+                app, after, limit
             )
         return [_event(r) for r in reversed(rows)]
 

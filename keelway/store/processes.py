@@ -115,6 +115,11 @@ class Processes(StoreBase):
         )
         return [_generation(r) for r in rows]
 
+    def generation_ids(self, instance: str) -> set[int]:
+        """The ids of every generation recorded of `instance`, gone ones too."""
+        return {int(r[0]) for r in self._all("SELECT id FROM generations WHERE instance=?",
+                                             instance)}
+
     def claimed_ports(self) -> set[int]:
         return {int(r[0]) for r in self._all("SELECT port FROM port_claims")}
 

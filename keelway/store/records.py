@@ -63,6 +63,8 @@ class Build(msgspec.Struct, frozen=True):
     path: str
     good: bool
     created_at: float
+    # Where it was staged from (schema migration 9); None if not recorded.
+    source: dict[str, str] | None = None
 
 
 class Release(msgspec.Struct, frozen=True):
@@ -72,10 +74,23 @@ class Release(msgspec.Struct, frozen=True):
     config: dict[str, str]
     description: str
     created_at: float
+    # Its build's source when it was written (schema migration 9); None if not recorded.
+    source: dict[str, str] | None = None
 
     @property
     def label(self) -> str:
         return f"v{self.number}"
+
+
+class ReleaseAttempt(msgspec.Struct, frozen=True):
+    """An operation that started processes of release `release` (build `build_digest`)
+    on `instance`: the newest such one, and how it ended (running while it runs)."""
+
+    instance: str
+    release: int
+    build_digest: str
+    op_id: int
+    state: OpState
 
 
 class ReleaseDraft(msgspec.Struct, frozen=True):

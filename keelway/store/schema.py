@@ -279,6 +279,15 @@ MIGRATIONS: list[str] = [
         UNIQUE (space, n)
     );
     """,
+    # 9: where a build came from (a JSON object: `kind` directory | tarball | git, and
+    # its path, tarball digest, or git commit and ref), as the latest staging of it said;
+    # a release copies its build's source when it is written, so that `keelway releases`
+    # says what each one ran even after the build is staged again from elsewhere.
+    # NULL: recorded by a keelway that did not know.
+    """
+    ALTER TABLE builds ADD COLUMN source TEXT;
+    ALTER TABLE releases ADD COLUMN source TEXT;
+    """,
 ]
 
 

@@ -24,7 +24,7 @@ Rules every implementation keeps:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from keelway.clock import Clock
@@ -54,6 +54,7 @@ from keelway.store.records import (
     InstanceView,
     Operation,
     Release,
+    ReleaseAttempt,
     ReleaseDraft,
     Request,
     Route,
@@ -252,8 +253,11 @@ class Store(Protocol):
 
     # -- builds and releases -----------------------------------------------------------
 
-    def record_build(self, app: str, digest: str, path: str) -> Build:
-        """The build, recorded if new (idempotent)."""
+    def record_build(self, app: str, digest: str, path: str,
+                     source: dict[str, str] | None = None) -> Build:
+        """The build, recorded if new (idempotent); a `source` given replaces the one
+        recorded (the latest staging says where it came from; releases written before
+        keep theirs)."""
         ...
 
     def mark_build_good(self, app: str, digest: str) -> None: ...
@@ -299,6 +303,17 @@ class Store(Protocol):
     def unfinished_runs(self) -> list[Operation]:
         """One-off runs (OpKind.RUN) not yet terminal, oldest first: after a crash, the
         ones no live control plane owns are finalized (keelway/deploy/runs.py)."""
+        ...
+
+    def latest_operation_of(self, instance: str, kinds: Collection[OpKind]) -> Operation | None:
+        """The instance's newest operation of one of `kinds`, a run included if asked
+        for (its steps are not read)."""
+        ...
+
+    def release_attempts(self, app: str, kinds: Collection[OpKind]) -> list[ReleaseAttempt]:
+        """Each (instance, release, build) an operation of `kinds` started processes
+        of, with the newest such operation and its state, oldest first: whether a
+        release failed where it was tried (`keelway releases`)."""
         ...
 
     def list_operations(self, app: str, instance: str | None = None,
@@ -348,8 +363,9 @@ class Store(Protocol):
     def add_event(self, kind: str, message: str, *, app: str | None = None,
                   instance: str | None = None) -> None: ...
 
-    def list_events(self, app: str | None = None, limit: int = 100) -> list[Event]:
-        """Oldest first."""
+    def list_events(self, app: str | None = None, limit: int = 100,
+                    after: int = 0) -> list[Event]:
+        """The newest `limit` events with an id above `after`, oldest first."""
         ...
 
     # -- generations, ports, ACTIVE, inhibitions ---------------------------------------
@@ -409,6 +425,11 @@ class Store(Protocol):
         ...
 
     def get_crash_retry(self, instance: str, service: str) -> CrashRetry | None: ...
+
+    def generation_ids(self, instance: str) -> set[int]:
+        """The ids of every generation recorded of `instance`, gone ones too (forgotten
+        with the instance: a log file none of them names is not this instance's)."""
+        ...
 
     def pending_retries(self, instance: str | None = None) -> list[CrashRetry]:
         """Backoffs still waiting to restart the generation ACTIVE names."""

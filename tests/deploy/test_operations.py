@@ -66,7 +66,8 @@ def test_a_hold_release_that_executed_and_failed_is_never_fallen_back(
     assert kw.get("one.test")[0] == 503
     assert kw.app_pids() == []
     inst = kw.ok("status", "--json").json()["apps"][0]["instances"][0]
-    assert inst["state"] == "down" and "never fallen back" not in (inst["down_reason"] or "x")
+    assert (inst["state"], inst["desired"]) == ("failed", "down")
+    assert "never fallen back" not in (inst["down_reason"] or "x")
     assert "failed after it executed" in inst["down_reason"]
     assert "stays down" in _ops(kw)[0]["error"]
     assert "is down" in kw.ok("status", "hello").out

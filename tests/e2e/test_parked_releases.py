@@ -84,7 +84,7 @@ def test_a_wake_onto_a_failing_hold_release_that_executed_stays_down(
                                        settle="1.5s", web_mode="hold")))
     assert kw.run("wake", HOST).code != 0
     inst = _instance(kw, HOST)
-    assert inst["state"] == "down", inst
+    assert (inst["state"], inst["desired"]) == ("failed", "down"), inst
     assert kw.app_pids() == []
     status, _, headers = kw.get(HOST, "/health", timeout_s=30)
     assert status == 503 and "Retry-After" in headers
