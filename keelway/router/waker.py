@@ -1,10 +1,12 @@
 """The router's half of a wake: ask the control plane to wake a parked instance.
 
-One `Waker` per router, in its main process; every worker's notes of a parked host with
-requests waiting come to it (keelway/router/workers.py), so a router has at most one
-wake request per instance open at a time, however many requests and workers wait.
+One `Waker` per router, in its main process; every worker's notes of a parked instance
+with requests waiting come to it (keelway/router/workers.py), so a router has at most one
+wake request per instance open at a time, however many requests and workers wait, and
+through however many of its hosts (an alias's route names its instance: what is asked
+awake is always the instance, by its own name, never an alias the API does not wake).
 
-The request is `POST /v1/instances/HOST/wake` with body `{}`, raw HTTP/1.1 over the
+The request is `POST /v1/instances/INSTANCE/wake` with body `{}`, raw HTTP/1.1 over the
 control plane's API unix socket (`--wake-socket`): the router imports nothing of the
 control plane and needs no HTTP client for one line. Its answer:
 
@@ -96,7 +98,8 @@ def socket_identity(path: Path) -> tuple[int, int, int] | None:
 
 
 class Waker:
-    """Wakes parked hosts of `proxy`'s table, one request at a time per host."""
+    """Wakes parked instances of `proxy`'s table, one request at a time per instance
+    (the hosts it is given are instances' own names: `Target.instance`)."""
 
     def __init__(self, proxy: Proxy, socket_path: Path,
                  refuse_elsewhere: Callable[[str], Awaitable[None]] | None = None) -> None:
@@ -145,9 +148,8 @@ class Waker:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    def _parked(self, host: str) -> bool:
-        target = self._proxy.routing.by_host.get(host.encode())
-        return target is not None and target.parked
+    def _parked(self, instance: str) -> bool:
+        return instance in self._proxy.routing.parked
 
     async def _wake(self, host: str) -> None:
         try:

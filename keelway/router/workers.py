@@ -10,22 +10,23 @@ accepts); then, one line each way:
 
     reload   -> ok V        the worker re-read the table file and serves version V
     inflight -> {...}       its requests in flight per upstream, as JSON
-    activity -> {...}       per route host [idle_s, open], as JSON (Proxy.activity)
-    refuse H -> ok N        the control plane refused to wake parked host H: the
-                            worker answered its N held requests for H with 503
+    activity -> {...}       per instance [idle_s, open], as JSON (Proxy.activity)
+    refuse I -> ok N        the control plane refused to wake parked instance I: the
+                            worker answered its N held requests for I with 503
     stop                    drain and exit (no reply; the parent reaps it)
 
-A second socketpair carries the worker's asks, one line each:
+A second socketpair carries the worker's asks, one line each, each naming an instance
+(its primary host, whichever of its hosts the requests used: `Target.instance`):
 
-    wake HOST               a parked host has requests waiting in that worker
+    wake I                  a parked instance has requests waiting in that worker
                             (Proxy.want_wake rate-limits it); no reply
-    hold HOST  -> 1 | 0     a hold slot for one request of HOST (hold_slots.py),
+    hold I     -> 1 | 0     a hold slot for one request of I (hold_slots.py),
                             granted or not; answered in the order asked
-    unhold HOST             a held request of HOST ended: its slot is free; no reply
+    unhold I                a held request of I ended: its slot is free; no reply
 
 The parent's waker dedupes the wake notes, so a router sends one wake at a time per
 instance however many workers hold requests for it; its HoldSlots bound the held
-requests per host across the workers.
+requests per instance across the workers.
 
 Rules: a table push is acknowledged only once every worker serves it, so a deploy never
 stops a process some worker still routes to. A worker whose channel closes (its parent
