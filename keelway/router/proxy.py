@@ -45,7 +45,7 @@ from typing import Final
 from keelway.router import responses
 from keelway.router.downstream import ClientConnection
 from keelway.router.exchange import Exchange
-from keelway.router.route_table import Activity, RouteTable, Routing, Target
+from keelway.router.route_table import Activity, RouteState, RouteTable, Routing, Target
 from keelway.router.upstream import UpstreamPool
 
 log: Final = logging.getLogger("keelway.router")
@@ -162,7 +162,9 @@ class Proxy:
         # those of them still waiting (a client that left is dropped from the set only).
         self._asking: deque[tuple[Exchange, str, str, float]] = deque()
         self._asking_live: set[Exchange] = set()
-        self._wake_refused: dict[str, float] = {}
+        # Per instance whose wake the control plane refused: until when, and the page
+        # its requests get meanwhile (what the refusal said: fenced, crashed, ...).
+        self._wake_refused: dict[str, tuple[float, responses.Canned]] = {}
         self._hold_sweeper: asyncio.TimerHandle | None = None
         self._sweeper: asyncio.TimerHandle | None = None
         limit = open_files_limit()
@@ -258,10 +260,10 @@ class Proxy:
             return
         self._add_held(ex, host, instance, deadline)
         # The table may have changed, or the wake been refused, while it asked.
-        refused_until = self._wake_refused.get(instance)
-        if refused_until is not None and time.monotonic() < refused_until:
+        refused = self._wake_refused.get(instance)
+        if refused is not None and time.monotonic() < refused[0]:
             self._drop_held(ex, instance)
-            ex.answer_instead(self._unavailable(host))
+            ex.answer_instead(refused[1])
             return
         target = self.routing.by_host.get(host.encode())
         if target is None or not target.holding:
@@ -301,7 +303,7 @@ class Proxy:
         target = self.routing.by_host.get(host.encode())
         if target is None:
             return responses.unavailable(5)
-        return responses.refusal(target.state, target.retry_after_s)
+        return self.page_for(target)
 
     def want_wake(self, target: Target, now: float | None = None) -> bool:
         """Note that parked `target`'s instance has a request waiting (or turned away:
@@ -311,9 +313,9 @@ class Proxy:
         if now is None:
             now = time.monotonic()
         instance = target.instance
-        refused_until = self._wake_refused.get(instance)
-        if refused_until is not None:
-            if now < refused_until:
+        refused = self._wake_refused.get(instance)
+        if refused is not None:
+            if now < refused[0]:
                 return False
             del self._wake_refused[instance]
         noted = self._wake_noted.get(instance)
@@ -324,19 +326,31 @@ class Proxy:
                 hook(instance)
         return True
 
-    def refuse_wake(self, instance: str) -> int:
+    def refuse_wake(self, instance: str, state: RouteState = RouteState.GATED,
+                    retry_after_s: int = 5) -> int:
         """The control plane refused to wake `instance`: its held requests (through any
-        of its hosts) get 503 now, and new ones for WAKE_REFUSED_HOLDOFF_S. Returns how
-        many were answered."""
-        self._wake_refused[instance] = time.monotonic() + WAKE_REFUSED_HOLDOFF_S
+        of its hosts) get 503 now, and new ones for WAKE_REFUSED_HOLDOFF_S, with the
+        page of `state` (what the refusal means: `gated` for a fence, `crashed` for a
+        crash backoff, due in `retry_after_s`). Returns how many were answered."""
+        page = responses.refusal(state, retry_after_s)
+        self._wake_refused[instance] = (time.monotonic() + WAKE_REFUSED_HOLDOFF_S, page)
         self._wake_noted.pop(instance, None)
         answered = 0
-        for ex, (host, held_instance, _deadline) in list(self._held.items()):
+        for ex, (_host, held_instance, _deadline) in list(self._held.items()):
             if held_instance == instance:
                 self._drop_held(ex, instance)
-                ex.answer_instead(self._unavailable(host))
+                ex.answer_instead(page)
                 answered += 1
         return answered
+
+    def page_for(self, target: Target) -> responses.Canned:
+        """What a request of `target` gets when it is neither proxied nor held: its
+        route's page, or for a parked one whose wake was just refused, the refusal's."""
+        if target.parked:
+            refused = self._wake_refused.get(target.instance)
+            if refused is not None and time.monotonic() < refused[0]:
+                return refused[1]
+        return responses.refusal(target.state, target.retry_after_s)
 
     def _drop_held(self, ex: Exchange, instance: str) -> None:
         del self._held[ex]

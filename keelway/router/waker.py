@@ -12,8 +12,10 @@ control plane and needs no HTTP client for one line. Its answer:
 
 - 2xx: accepted, nothing more. The held requests are released by the table that names
   the route `serving` (Proxy.swap), never by this answer or by a timer;
-- 4xx or 503: refused (fenced, unknown host): the held requests get 503 + Retry-After
-  now, and new ones for WAKE_REFUSED_HOLDOFF_S (keelway/router/proxy.py);
+- 4xx or 503: refused (fenced, unknown host, a crash backoff): the held requests get
+  503 now, and new ones for WAKE_REFUSED_HOLDOFF_S (keelway/router/proxy.py), with the
+  page of what the refusal means (`refusal_page`): a 503 is a crash backoff
+  ("restarting", with the answer's own Retry-After), anything else "maintenance";
 - no answer (socket missing, connection refused or cut, any other status): the control
   plane is down or restarting; asked again every WAKE_RETRY_S.
 
@@ -36,18 +38,29 @@ from pathlib import Path
 from typing import Final, assert_never
 
 from keelway.router.proxy import WAKE_NOTE_S, WAKE_REFUSED_HOLDOFF_S, Proxy
+from keelway.router.route_table import RouteState
 
 log: Final = logging.getLogger("keelway.router")
 
 WAKE_RETRY_S: Final = 0.1
 WAKE_REASK_S: Final = 5.0
 _STATUS_LINE_MAX: Final = 1024
+_HEAD_LINES_MAX: Final = 64
 
 
 class Outcome(enum.Enum):
     ACCEPTED = "accepted"
     REFUSED = "refused"
     UNREACHABLE = "unreachable"
+
+
+def refusal_page(status: int, retry_after_s: int | None) -> tuple[RouteState, int]:
+    """The page state and Retry-After for the requests of a refused wake: the API
+    answers 503 only for a crash backoff (with Retry-After: until the retry), 409 for a
+    fence, 404 for an instance it no longer has."""
+    if status == 503:
+        return RouteState.CRASHED, retry_after_s if retry_after_s is not None else 5
+    return RouteState.GATED, 5
 
 
 def wake_request(host: str) -> bytes:
@@ -69,8 +82,10 @@ def outcome_of(status_line: bytes) -> tuple[Outcome, int]:
     return Outcome.UNREACHABLE, status
 
 
-async def post_wake(socket_path: Path, host: str, timeout_s: float) -> tuple[Outcome, int]:
-    """One wake request and the status of its answer (0: none)."""
+async def post_wake(socket_path: Path, host: str, timeout_s: float,
+                    ) -> tuple[Outcome, int, int | None]:
+    """One wake request: the outcome, the status of its answer (0: none) and its
+    Retry-After in seconds, if it said one."""
     writer: asyncio.StreamWriter | None = None
     try:
         async with asyncio.timeout(max(timeout_s, 0.01)):
@@ -78,9 +93,19 @@ async def post_wake(socket_path: Path, host: str, timeout_s: float) -> tuple[Out
                 str(socket_path), limit=_STATUS_LINE_MAX)
             writer.write(wake_request(host))
             await writer.drain()
-            return outcome_of(await reader.readline())
+            outcome, status = outcome_of(await reader.readline())
+            retry_after_s = None
+            if outcome is Outcome.REFUSED:
+                for _ in range(_HEAD_LINES_MAX):
+                    line = await reader.readline()
+                    name, _, value = line.partition(b":")
+                    if not line.strip():
+                        break
+                    if name.strip().lower() == b"retry-after" and value.strip().isdigit():
+                        retry_after_s = int(value.strip())
+            return outcome, status, retry_after_s
     except (OSError, TimeoutError, ValueError):
-        return Outcome.UNREACHABLE, 0
+        return Outcome.UNREACHABLE, 0, None
     finally:
         if writer is not None:
             writer.close()
@@ -102,7 +127,8 @@ class Waker:
     (the hosts it is given are instances' own names: `Target.instance`)."""
 
     def __init__(self, proxy: Proxy, socket_path: Path,
-                 refuse_elsewhere: Callable[[str], Awaitable[None]] | None = None) -> None:
+                 refuse_elsewhere: Callable[[str, RouteState, int], Awaitable[None]]
+                 | None = None) -> None:
         self._proxy = proxy
         self._socket_path = socket_path
         self._refuse_elsewhere = refuse_elsewhere
@@ -178,7 +204,8 @@ class Waker:
                 identity = socket_identity(self._socket_path)
                 changed.clear()
                 self.posts[host] = self.posts.get(host, 0) + 1
-                outcome, status = await post_wake(self._socket_path, host, until - now)
+                outcome, status, retry_after_s = await post_wake(
+                    self._socket_path, host, until - now)
                 match outcome:
                     case Outcome.ACCEPTED:
                         if unreachable_since is not None:
@@ -193,9 +220,10 @@ class Waker:
                                     "its requests get 503", host, status)
                         self._refused_until[host] = (self._loop.time()
                                                      + WAKE_REFUSED_HOLDOFF_S)
-                        self._proxy.refuse_wake(host)
+                        page, page_retry_s = refusal_page(status, retry_after_s)
+                        self._proxy.refuse_wake(host, page, page_retry_s)
                         if self._refuse_elsewhere is not None:
-                            await self._refuse_elsewhere(host)
+                            await self._refuse_elsewhere(host, page, page_retry_s)
                         return
                     case Outcome.UNREACHABLE:
                         if unreachable_since is None:

@@ -11,8 +11,9 @@ accepts); then, one line each way:
     reload   -> ok V        the worker re-read the table file and serves version V
     inflight -> {...}       its requests in flight per upstream, as JSON
     activity -> {...}       per instance [idle_s, open], as JSON (Proxy.activity)
-    refuse I -> ok N        the control plane refused to wake parked instance I: the
-                            worker answered its N held requests for I with 503
+    refuse I S R -> ok N    the control plane refused to wake parked instance I: the
+                            worker answered its N held requests for I with 503 and
+                            the page of route state S, Retry-After R (both optional)
     stop                    drain and exit (no reply; the parent reaps it)
 
 A second socketpair carries the worker's asks, one line each, each naming an instance
@@ -60,6 +61,7 @@ from typing import Final, cast
 from keelway import names
 from keelway.router.hold_slots import HoldSlots
 from keelway.router.proxy import Proxy
+from keelway.router.route_table import RouteState
 from keelway.router.table_file import TableFileError, load_table
 
 log: Final = logging.getLogger("keelway.router")
@@ -237,9 +239,11 @@ class WorkerSet:
                         min(mine[0], float(idle_s)), mine[1] + int(n))
         return seen
 
-    async def refuse(self, host: str) -> None:
-        """Every worker answers its held requests for `host` with 503 (a refused wake)."""
-        await asyncio.gather(*(w.ask(f"refuse {host}") for w in self.workers))
+    async def refuse(self, host: str, state: RouteState, retry_after_s: int) -> None:
+        """Every worker answers its held requests for `host` with 503 and the page of
+        `state` (a refused wake)."""
+        line = f"refuse {host} {state.value} {retry_after_s}"
+        await asyncio.gather(*(w.ask(line) for w in self.workers))
 
     async def stop(self) -> None:
         self._stopping = True
@@ -292,6 +296,20 @@ class SlotChannel(asyncio.Protocol):
         self._proxy.slots_lost()
 
 
+def refusal_of(words: bytes) -> tuple[str, RouteState, int]:
+    """`I [STATE [RETRY]]` of a `refuse` line; what it leaves out or garbles is a fence's
+    page (gated, Retry-After 5), the page this line meant when it named only I."""
+    instance, *rest = words.decode(errors="replace").split()
+    state = RouteState.GATED
+    retry_after_s = 5
+    with contextlib.suppress(ValueError):
+        if rest:
+            state = RouteState(rest[0])
+        if len(rest) > 1:
+            retry_after_s = max(0, int(rest[1]))
+    return instance, state, retry_after_s
+
+
 async def serve_channel(channel_fd: int, proxy: Proxy, state_path: Path | None,
                         stop: asyncio.Event) -> None:
     """A worker's side of its channel: answer the parent until told to stop or orphaned."""
@@ -321,7 +339,7 @@ async def serve_channel(channel_fd: int, proxy: Proxy, state_path: Path | None,
             elif line == b"activity":
                 writer.write(json.dumps(proxy.activity()).encode() + b"\n")
             elif line.startswith(b"refuse "):
-                answered = proxy.refuse_wake(line[len(b"refuse "):].decode())
+                answered = proxy.refuse_wake(*refusal_of(line[len(b"refuse "):]))
                 writer.write(f"ok {answered}\n".encode())
             await writer.drain()
     finally:
