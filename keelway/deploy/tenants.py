@@ -268,11 +268,13 @@ class Tenants(Part):
         idle = [host for host in hosts if not self.store.list_active(host)
                 and (inst := self.store.get_instance(host)) is not None
                 and inst.state is InstanceState.RUNNING]
-        if idle and self.store.list_releases(app):
+        released = bool(self.store.list_releases(app))
+        if idle and released:
             started = await self.deployer.start_new(app, idle, progress)
-        if len(idle) < len(hosts):
+        if len(idle) < len(hosts) or not released:
             # Parked ones have parked routes: the router must hold their first request
-            # and ask for the wake, not answer 404.
+            # and ask for the wake, not answer 404; with no release, the router says
+            # "not deployed yet" (keelway/deploy/publisher.py).
             await self.publisher.publish()
         failpoints.hit("adding.finish.before")
         self.store.finish_adding(hosts)
@@ -430,8 +432,9 @@ class Tenants(Part):
                 found = self.store.add_aliases(inst.host, list(aliases))
             except HostTaken as exc:
                 raise _taken(exc) from None
-            if self.store.get_route(inst.host) is not None:
-                await self.publisher.publish(inst.host)
+            # Published with or without a route row: an alias of an instance with
+            # nothing deployed yet says so too.
+            await self.publisher.publish(inst.host)
         return found
 
     async def remove_aliases(self, host: str, aliases: Sequence[str]) -> list[Alias]:

@@ -43,8 +43,9 @@ def _instance(kw: Keelway) -> dict[str, Any]:
 
 
 def _route(kw: Keelway, host: str) -> tuple[str, str | None]:
+    """The router's entry for `host`: its state, and the instance it names."""
     entry = get_table_sync(kw.home / "router" / "control.sock").routes[host]
-    return entry.state.value, entry.instance
+    return entry.state.value, getattr(entry, "instance", None)
 
 
 def _api_wake(kw: Keelway, host: str) -> int:
