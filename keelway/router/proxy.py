@@ -327,11 +327,15 @@ class Proxy:
         return True
 
     def refuse_wake(self, instance: str, state: RouteState = RouteState.GATED,
-                    retry_after_s: int = 5) -> int:
+                    retry_after_s: int | None = None) -> int:
         """The control plane refused to wake `instance`: its held requests (through any
         of its hosts) get 503 now, and new ones for WAKE_REFUSED_HOLDOFF_S, with the
         page of `state` (what the refusal means: `gated` for a fence, `crashed` for a
-        crash backoff, due in `retry_after_s`). Returns how many were answered."""
+        crash backoff, due in `retry_after_s`; None: the route's own Retry-After).
+        Returns how many were answered."""
+        if retry_after_s is None:
+            own = self.routing.by_host.get(instance.encode())
+            retry_after_s = own.retry_after_s if own is not None else 5
         page = responses.refusal(state, retry_after_s)
         self._wake_refused[instance] = (time.monotonic() + WAKE_REFUSED_HOLDOFF_S, page)
         self._wake_noted.pop(instance, None)

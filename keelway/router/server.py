@@ -217,7 +217,8 @@ async def serve(config: RouterConfig, sock: socket.socket,
     waker: Waker | None = None
     workers: WorkerSet | None = None
 
-    async def refuse_in_workers(host: str, state: RouteState, retry_after_s: int) -> None:
+    async def refuse_in_workers(host: str, state: RouteState,
+                                retry_after_s: int | None) -> None:
         if workers is not None:
             await workers.refuse(host, state, retry_after_s)
 

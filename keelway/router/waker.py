@@ -54,13 +54,13 @@ class Outcome(enum.Enum):
     UNREACHABLE = "unreachable"
 
 
-def refusal_page(status: int, retry_after_s: int | None) -> tuple[RouteState, int]:
-    """The page state and Retry-After for the requests of a refused wake: the API
-    answers 503 only for a crash backoff (with Retry-After: until the retry), 409 for a
-    fence, 404 for an instance it no longer has."""
+def refusal_page(status: int, retry_after_s: int | None) -> tuple[RouteState, int | None]:
+    """The page state and Retry-After (None: the route's own) for the requests of a
+    refused wake: the API answers 503 only for a crash backoff (with Retry-After: until
+    the retry), 409 for a fence, 404 for an instance it no longer has."""
     if status == 503:
-        return RouteState.CRASHED, retry_after_s if retry_after_s is not None else 5
-    return RouteState.GATED, 5
+        return RouteState.CRASHED, retry_after_s
+    return RouteState.GATED, None
 
 
 def wake_request(host: str) -> bytes:
@@ -127,7 +127,7 @@ class Waker:
     (the hosts it is given are instances' own names: `Target.instance`)."""
 
     def __init__(self, proxy: Proxy, socket_path: Path,
-                 refuse_elsewhere: Callable[[str, RouteState, int], Awaitable[None]]
+                 refuse_elsewhere: Callable[[str, RouteState, int | None], Awaitable[None]]
                  | None = None) -> None:
         self._proxy = proxy
         self._socket_path = socket_path

@@ -13,7 +13,8 @@ accepts); then, one line each way:
     activity -> {...}       per instance [idle_s, open], as JSON (Proxy.activity)
     refuse I S R -> ok N    the control plane refused to wake parked instance I: the
                             worker answered its N held requests for I with 503 and
-                            the page of route state S, Retry-After R (both optional)
+                            the page of route state S, Retry-After R (both optional:
+                            a fence's page, the route's own Retry-After)
     stop                    drain and exit (no reply; the parent reaps it)
 
 A second socketpair carries the worker's asks, one line each, each naming an instance
@@ -239,10 +240,11 @@ class WorkerSet:
                         min(mine[0], float(idle_s)), mine[1] + int(n))
         return seen
 
-    async def refuse(self, host: str, state: RouteState, retry_after_s: int) -> None:
+    async def refuse(self, host: str, state: RouteState, retry_after_s: int | None) -> None:
         """Every worker answers its held requests for `host` with 503 and the page of
-        `state` (a refused wake)."""
-        line = f"refuse {host} {state.value} {retry_after_s}"
+        `state` (a refused wake); Retry-After `retry_after_s`, or the route's own."""
+        retry = "" if retry_after_s is None else f" {retry_after_s}"
+        line = f"refuse {host} {state.value}{retry}"
         await asyncio.gather(*(w.ask(line) for w in self.workers))
 
     async def stop(self) -> None:
@@ -296,12 +298,12 @@ class SlotChannel(asyncio.Protocol):
         self._proxy.slots_lost()
 
 
-def refusal_of(words: bytes) -> tuple[str, RouteState, int]:
+def refusal_of(words: bytes) -> tuple[str, RouteState, int | None]:
     """`I [STATE [RETRY]]` of a `refuse` line; what it leaves out or garbles is a fence's
-    page (gated, Retry-After 5), the page this line meant when it named only I."""
+    page (gated, the route's own Retry-After), what the line meant when it named only I."""
     instance, *rest = words.decode(errors="replace").split()
     state = RouteState.GATED
-    retry_after_s = 5
+    retry_after_s: int | None = None
     with contextlib.suppress(ValueError):
         if rest:
             state = RouteState(rest[0])
