@@ -114,11 +114,13 @@ def reads_current_tables(home: Home) -> bool:
     """Whether the router serving this home reads the table format this keelway
     publishes. One from before it (an upgrade kept it serving, `down --keep-apps`)
     would refuse the entries it does not know, leaving their hosts unrouted, so it is
-    replaced, without a gap, before anything is pushed to it. No answer: False."""
+    replaced, without a gap, before anything is pushed to it. No answer (a router too
+    busy or stopped to answer now): True, it is adopted as before; a handoff from it
+    could not succeed either, and the periodic pass catches it up once it answers."""
     try:
         return table_format_sync(home.router_socket, timeout_s=1.0) >= TABLE_FORMAT
     except RouterControlError:
-        return False
+        return True
 
 
 def _pidfile(home: Home) -> tuple[int, int] | None:
