@@ -189,8 +189,13 @@ class Parking(Part):
     def wake_soon(self, host: str, retry_now: bool = False) -> asyncio.Task[Woken]:
         """The wake of `host`, started now or joined if one is in flight. Checks that
         can refuse at once (a bad name, no such instance, a fence) raise here, before
-        any task exists. `retry_now` (an operator's wake): a running instance whose
-        services wait out a crash backoff is started now instead of left to it."""
+        any task exists. `host` may be an alias: its instance is woken, and a wake by
+        either name joins the one in flight (SPEC: an alias wakes as its primary host).
+        `retry_now` (an operator's wake): a running instance whose services wait out a
+        crash backoff is started now instead of left to it."""
+        claim = self.store.claim(host) if names.HOST.accepts(host) else None
+        if claim is not None and claim.alias:
+            host = claim.instance
         inst = self.instance(host)
         refuse_if_fenced(self.store, host, "wake")
         task = self._wakes.get(host)

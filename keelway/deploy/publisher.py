@@ -12,14 +12,23 @@ rest are pushed. The refusal is reported to the one instance it belongs to: a pu
 made for that instance raises `RouteRefused`, so its operation fails saying why, and
 every other instance's publishes go on.
 
-A web waiting out its crash backoff has its route gated; its Retry-After says when the
-retry is due (rounded up to a whole second), not the default.
+The router says what is true of each host (`page_state`, from records alone): a route
+the store gates is published `stopped` when its instance is stopped or being removed,
+`crashed` while its web waits out a crash backoff (Retry-After: when the retry is due,
+rounded up to a whole second), `no-release` when nothing was ever made ACTIVE in it, and
+`gated` otherwise (an import, a fence, a release that left it down). An instance with no
+route row (nothing deployed yet, or stopped before it ever ran) and its aliases are
+published `no-release` or `stopped`, never left to a 404 that says no site is there.
+Every entry of an alias names its instance (`instance`), so the router wakes, holds and
+counts it as that instance.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from keelway import failpoints, names
@@ -33,8 +42,8 @@ from keelway.router.client import (
     push_routes,
 )
 from keelway.store import Store
-from keelway.store.lifecycle import RouteState
-from keelway.store.records import Route
+from keelway.store.lifecycle import InstanceState, RouteState
+from keelway.store.records import Instance, Route
 
 log = logging.getLogger("keelway.publisher")
 
@@ -48,28 +57,81 @@ def router_state(state: RouteState) -> rt.RouteState:
     return rt.RouteState(state.value)
 
 
+@dataclass(frozen=True)
+class Standing:
+    """What the router's page for an instance depends on beyond its route rows."""
+
+    state: InstanceState
+    removing: bool = False
+    # Something was ever made ACTIVE in it (a release ran, or runs, or waits in a park).
+    deployed: bool = True
+    aliases: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, inst: Instance, deployed: bool, aliases: tuple[str, ...]) -> Standing:
+        return cls(inst.state, inst.removing is not None, deployed, aliases)
+
+
+def page_state(state: rt.RouteState, standing: Standing | None,
+               retry_in_s: float | None) -> rt.RouteState:
+    """What a route the store gates says (any other state is published as it is).
+    `retry_in_s`: the instance's web waits out a crash backoff, due in that long."""
+    if state is not rt.RouteState.GATED or standing is None:
+        return state
+    if standing.removing or standing.state is InstanceState.STOPPED:
+        return rt.RouteState.STOPPED
+    if retry_in_s is not None:
+        return rt.RouteState.CRASHED
+    if not standing.deployed:
+        return rt.RouteState.NO_RELEASE
+    return state
+
+
 def table_of(routes: list[Route], version: int,
-             retry_in_s: dict[str, float] | None = None,
+             retry_in_s: Mapping[str, float] | None = None,
+             standings: Mapping[str, Standing] | None = None,
              ) -> tuple[rt.RouteTable, dict[str, str]]:
     """The router's table for the store's route rows, and each row refused (by host,
     with the reason), which the table leaves out. `retry_in_s` maps an instance whose
-    web waits out a crash backoff to the seconds until its retry."""
+    web waits out a crash backoff to the seconds until its retry; `standings` says what
+    each instance is (without it, every row is published by its state alone, and
+    instances without rows get none)."""
+    retry_in_s = retry_in_s or {}
+    standings = standings or {}
     entries: dict[str, rt.Route] = {}
     refused: dict[str, str] = {}
+
+    def put(host: str, instance: str, state: rt.RouteState, upstream: str | None) -> None:
+        retry = retry_in_s.get(instance)
+        retry_after_s = RETRY_AFTER_S
+        if retry is not None and state in (rt.RouteState.GATED, rt.RouteState.CRASHED):
+            retry_after_s = max(1, math.ceil(retry))
+        try:
+            names.HOST.check(host)
+            entries[host] = rt.Route(state=state, upstream=upstream,
+                                     retry_after_s=retry_after_s,
+                                     instance=instance if instance != host else None)
+        except ValueError as exc:  # InvalidName, or a route that fails its own checks
+            refused[host] = str(exc)
+
+    routed: set[str] = set()
     for route in routes:
+        routed.add(route.instance)
         state = router_state(route.state)
         upstream = f"127.0.0.1:{route.port}" if route.port is not None else None
         if state is rt.RouteState.SERVING and upstream is None:
             state = rt.RouteState.GATED  # nothing to serve with: answer 503, never guess
-        retry_after_s = RETRY_AFTER_S
-        if state is rt.RouteState.GATED and retry_in_s and route.instance in retry_in_s:
-            retry_after_s = max(1, math.ceil(retry_in_s[route.instance]))
-        try:
-            names.HOST.check(route.host)
-            entries[route.host] = rt.Route(state=state, upstream=upstream,
-                                           retry_after_s=retry_after_s)
-        except ValueError as exc:  # InvalidName, or a route that fails its own checks
-            refused[route.host] = str(exc)
+        state = page_state(state, standings.get(route.instance),
+                           retry_in_s.get(route.instance))
+        put(route.host, route.instance, state, upstream)
+    for instance, standing in standings.items():
+        if instance in routed:
+            continue
+        state = page_state(rt.RouteState.GATED, standing, None)
+        if state is rt.RouteState.GATED:
+            continue  # deployed, and still no route (no web): no page to give
+        for host in (instance, *standing.aliases):
+            put(host, instance, state, None)
     return rt.RouteTable(version=version, routes=entries), refused
 
 
@@ -82,10 +144,20 @@ class Publisher:
 
     def _table(self, routes: list[Route], version: int,
                ) -> tuple[rt.RouteTable, dict[str, str]]:
-        now = self.store.clock.now()
-        retry_in_s = {r.instance: r.retry_at - now for r in self.store.pending_retries()
+        store = self.store
+        now = store.clock.now()
+        retry_in_s = {r.instance: r.retry_at - now for r in store.pending_retries()
                       if r.service == "web"}
-        return table_of(routes, version, retry_in_s)
+        deployed = {a.instance for a in store.list_active()}
+        aliases: dict[str, list[str]] = {}
+        for alias in store.list_aliases():
+            aliases.setdefault(alias.instance, []).append(alias.host)
+        standings = {
+            inst.host: Standing.of(inst, inst.host in deployed
+                                   or inst.pending_release is not None,
+                                   tuple(aliases.get(inst.host, ())))
+            for inst in store.list_instances()}
+        return table_of(routes, version, retry_in_s, standings)
 
     async def publish(self, instance: str | None = None) -> int:
         """Push the store's whole route table; returns the version the router applied.

@@ -130,7 +130,9 @@ class Recovery:
         self.store.add_event("backoff", f"{gen.service} restarts in {delay:g}s (crash "
                              f"{failures} in a row)", app=gen.app,
                              instance=gen.instance)
-        if gate:
+        if gate or gen.service == "web":
+            # Also when the route was gated already: its page says when the retry is due
+            # (Retry-After), and that just changed.
             try:
                 await self.publisher.publish()
             except OperationError as exc:

@@ -267,15 +267,28 @@ class Tenants(Part):
         idle = [host for host in hosts if not self.store.list_active(host)
                 and (inst := self.store.get_instance(host)) is not None
                 and inst.state is InstanceState.RUNNING]
-        if idle and self.store.list_releases(app):
+        released = bool(self.store.list_releases(app))
+        if idle and released:
             started = await self.deployer.start_new(app, idle, progress)
         if len(idle) < len(hosts):
             # Parked ones have parked routes: the router must hold their first request
             # and ask for the wake, not answer 404.
             await self.publisher.publish()
+        elif not released:
+            await self._publish_pages()
         failpoints.hit("adding.finish.before")
         self.store.finish_adding(hosts)
         return started
+
+    async def _publish_pages(self) -> None:
+        """Publish for hosts with no route row, whose router page only says "not deployed
+        yet" (keelway/deploy/publisher.py): nothing is routed by it, so a router that
+        cannot be told now learns it from the next publish (its restart pushes the
+        whole table) and the command does not fail for it."""
+        try:
+            await self.publisher.publish()
+        except OperationError as exc:
+            log.info("publishing the router's pages: %s", exc.message)
 
     async def _lay_down(self, app: str, hosts: list[str]) -> None:
         """One LAY_DOWN step for every host, journaled on the first. Crash inside: the
@@ -428,6 +441,8 @@ class Tenants(Part):
                 raise _taken(exc) from None
             if self.store.get_route(inst.host) is not None:
                 await self.publisher.publish(inst.host)
+            else:
+                await self._publish_pages()
         return found
 
     async def remove_aliases(self, host: str, aliases: Sequence[str]) -> list[Alias]:

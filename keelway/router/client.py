@@ -222,6 +222,12 @@ def ping_sync(sock_path: SocketPath, timeout_s: float = DEFAULT_TIMEOUT_S) -> in
     return reply.pid
 
 
+def table_format_sync(sock_path: SocketPath, timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
+    """The table format the router reads (route_table.TABLE_FORMAT); 1 for a router
+    from before formats were numbered, which does not say."""
+    return _call_sync(sock_path, Ping(), timeout_s).table_format or 1
+
+
 __all__ = [
     "Applied",
     "RouterControlError",
@@ -237,6 +243,7 @@ __all__ = [
     "push_table",
     "push_table_sync",
     "retire_over",
+    "table_format_sync",
     "take_listener",
 ]
 

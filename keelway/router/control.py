@@ -45,7 +45,7 @@ from keelway.router.control_wire import (
     request_decoder,
 )
 from keelway.router.proxy import Proxy
-from keelway.router.route_table import TableOffer, accept
+from keelway.router.route_table import TABLE_FORMAT, TableOffer, accept
 from keelway.router.table_file import save_table
 from keelway.router.workers import WorkerSet
 
@@ -129,7 +129,7 @@ class ControlServer:
             case GetTable():
                 return Reply(ok=True, table=self._proxy.routing.table)
             case Ping():
-                return Reply(ok=True, pid=os.getpid())
+                return Reply(ok=True, pid=os.getpid(), table_format=TABLE_FORMAT)
             case Handoff():
                 if self._listener is None:
                     return Reply(ok=False, error="this router has no listening socket to hand off")

@@ -6,7 +6,9 @@ definition. One request per line, one reply per line, in order:
     {"op":"set","table":{...}}  -> {"ok":true,"version":N}, plus "refused":{host:why}
                                    for entries refused alone (the rest apply)
     {"op":"get"}                -> {"ok":true,"table":{...}}
-    {"op":"ping"}               -> {"ok":true,"pid":PID}
+    {"op":"ping"}               -> {"ok":true,"pid":PID,"table_format":F}: F is the
+                                   table format it reads (route_table.TABLE_FORMAT;
+                                   absent from a router of format 1)
     {"op":"handoff"}            -> {"ok":true,"pid":PID} with the listening socket
                                    attached (SCM_RIGHTS) to that same reply line
     {"op":"inflight"}           -> {"ok":true,"inflight":{"127.0.0.1:PORT":N,...}}
@@ -75,6 +77,7 @@ class Reply(msgspec.Struct, frozen=True, omit_defaults=True):
     version: int | None = None
     table: RouteTable | None = None
     pid: int | None = None
+    table_format: int | None = None
     inflight: dict[str, int] | None = None
     activity: dict[str, HostActivity] | None = None
     refused: dict[str, str] | None = None

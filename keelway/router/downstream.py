@@ -360,7 +360,7 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
                 return ex
             if target.parked and (upgrade or method == b"CONNECT"):
                 proxy.want_wake(target)  # not held (cannot be), but it still wakes it
-            return self._local(ex, responses.unavailable(target.retry_after_s), close)
+            return self._local(ex, proxy.page_for(target), close)
         if method == b"CONNECT":
             return self._local(ex, BAD_REQUEST, True)
         pool = target.pool

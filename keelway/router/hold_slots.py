@@ -1,9 +1,10 @@
 """Hold slots: the router's bound on held requests, one count for all its workers.
 
 A worker holds a request only with a slot its main process granted (keelway/router/
-workers.py carries the asks), so the bound is per host and per router, however many
-workers the requests land in: at most `max_held_per_host` for one host and `max_held`
-in all. The main process serves no client when it has workers (server.py), so these
+workers.py carries the asks), so the bound is per instance (the "host" here is the
+instance's own name, whichever of its hosts the requests used) and per router, however
+many workers the requests land in: at most `max_held_per_host` for one instance and
+`max_held` in all. The main process serves no client when it has workers (server.py), so these
 counts are every held request of the router.
 
 Invariants: a holder's count of a host only grows by `take` and shrinks by `give_back`

@@ -17,6 +17,11 @@ Owns the swap of the route table and the lifetime of upstream pools. Invariants:
   closes the waiting connections without telling the application (no busy loop, but
   no word either): keeping clients out of the reserve makes that the last resort.
 
+Holding, waking and activity are per instance (`Target.instance`), whichever of its
+hosts a request named: one bound of held requests, one wake, one idle time for an
+instance and its aliases. A held request keeps its own host, so the table that releases
+it serves it by that host's route.
+
 Holding, in a worker (`slot_hook` set): a request is held only with a slot the main
 process granted (keelway/router/hold_slots.py), asked for when its head completes and
 answered in order on the worker's channel; until the answer it waits in `_asking`. A
@@ -40,7 +45,7 @@ from typing import Final
 from keelway.router import responses
 from keelway.router.downstream import ClientConnection
 from keelway.router.exchange import Exchange
-from keelway.router.route_table import Activity, RouteTable, Routing, Target
+from keelway.router.route_table import Activity, RouteState, RouteTable, Routing, Target
 from keelway.router.upstream import UpstreamPool
 
 log: Final = logging.getLogger("keelway.router")
@@ -113,8 +118,8 @@ class ProxyOptions:
     # at once in this process; past either bound they get 503 with Retry-After.
     hold_timeout_s: float = 30.0
     max_held: int = 1024
-    # And at most this many for one host, so a flood to one parked host leaves room
-    # for requests to the others.
+    # And at most this many for one instance (all its hosts), so a flood to one
+    # parked instance leaves room for requests to the others.
     max_held_per_host: int = 512
     upstream_connect_timeout_s: float = 5.0
     upstream_max_idle: int = 64
@@ -131,7 +136,7 @@ class Proxy:
 
     def __init__(self, table: RouteTable, options: ProxyOptions | None = None) -> None:
         self.options: Final = options or ProxyOptions()
-        # Per route host, across swaps: what `activity` reports.
+        # Per instance of the routes, across swaps: what `activity` reports.
         self._activity: dict[str, Activity] = {}
         self.routing = Routing(table)
         self._track(self.routing, time.monotonic())
@@ -139,24 +144,27 @@ class Proxy:
         self.draining = False
         self._pools: dict[str, UpstreamPool] = {}
         self._retiring: set[UpstreamPool] = set()
-        # Exchanges waiting on a holding route: its host and the monotonic deadline.
-        self._held: dict[Exchange, tuple[str, float]] = {}
+        # Exchanges waiting on a holding route: its host, its instance and the monotonic
+        # deadline; and how many are held per instance.
+        self._held: dict[Exchange, tuple[str, str, float]] = {}
         self._held_per_host: dict[str, int] = {}
-        # Called with a parked host's name when it needs waking (rate-limited per host
-        # by WAKE_NOTE_S); the router's main process wires it to its waker, a worker to
-        # its channel to the main process. After each swap, `swap_hook` runs.
+        # Called with a parked instance's name when it needs waking (rate-limited per
+        # instance by WAKE_NOTE_S); the router's main process wires it to its waker, a
+        # worker to its channel to the main process. After each swap, `swap_hook` runs.
         self.wake_hook: Callable[[str], None] | None = None
         self.swap_hook: Callable[[], None] | None = None
         self._wake_noted: dict[str, float] = {}
-        # In a worker: asks the main process for a hold slot of a host (True) or gives
-        # one back (False); None in a router of one process, which counts its own.
+        # In a worker: asks the main process for a hold slot of an instance (True) or
+        # gives one back (False); None in a router of one process, which counts its own.
         self.slot_hook: Callable[[str, bool], None] | None = None
         self._slots_lost = False
         # Asked for a slot, in the order asked (the answers come in that order), and
         # those of them still waiting (a client that left is dropped from the set only).
-        self._asking: deque[tuple[Exchange, str, float]] = deque()
+        self._asking: deque[tuple[Exchange, str, str, float]] = deque()
         self._asking_live: set[Exchange] = set()
-        self._wake_refused: dict[str, float] = {}
+        # Per instance whose wake the control plane refused: until when, and the page
+        # its requests get meanwhile (what the refusal said: fenced, crashed, ...).
+        self._wake_refused: dict[str, tuple[float, responses.Canned]] = {}
         self._hold_sweeper: asyncio.TimerHandle | None = None
         self._sweeper: asyncio.TimerHandle | None = None
         limit = open_files_limit()
@@ -180,89 +188,86 @@ class Proxy:
             pool = self._pools.pop(key)
             pool.retire()
             self._retiring.add(pool)
+        parked = routing.parked
         for marks in (self._wake_noted, self._wake_refused):
-            for host in [h for h in marks if not self._is_parked(h)]:
-                del marks[host]
+            for instance in [i for i in marks if i not in parked]:
+                del marks[instance]
         if self._held:
             self._release_held()
         if self.swap_hook is not None:
             self.swap_hook()
 
     def _track(self, routing: Routing, now: float) -> None:
-        """Give every host of `routing` its activity (kept if it had one), drop the
-        activity of hosts it does not name."""
+        """Give every instance of `routing` its activity (kept if it had one), drop the
+        activity of instances it does not name."""
         activity = self._activity
-        routes = routing.table.routes
-        for host in routes:
-            if host not in activity:
-                activity[host] = Activity(now)
-        if len(activity) > len(routes):
-            for host in [h for h in activity if h not in routes]:
-                del activity[host]
+        instances = routing.instances
+        for instance in instances:
+            if instance not in activity:
+                activity[instance] = Activity(now)
+        if len(activity) > len(instances):
+            for instance in [i for i in activity if i not in instances]:
+                del activity[instance]
 
     def _fold_hits(self, routing: Routing) -> None:
         activity = self._activity
         for target in routing.by_host.values():
             if target.hit:
                 target.hit = False
-                found = activity.get(target.host)
+                found = activity.get(target.instance)
                 if found is not None:
                     found.pending = True
-
-    def _is_parked(self, host: str) -> bool:
-        target = self.routing.by_host.get(host.encode())
-        return target is not None and target.parked
 
     # -- holding ------------------------------------------------------------------------
 
     def hold(self, ex: Exchange, target: Target) -> bool:
         """Park `ex` until a table decides its route; False when already full (or a
-        wake of its parked host was just refused). A parked host is asked awake. In a
-        worker it waits for its slot first (`granted`)."""
+        wake of its parked instance was just refused). A parked instance is asked awake.
+        In a worker it waits for its slot first (`granted`)."""
         now = time.monotonic()
-        host = target.host
+        instance = target.instance
         if target.parked and not self.want_wake(target, now):
             return False
         options = self.options
         if len(self._held) + len(self._asking_live) >= options.max_held:
             return False
-        if self._held_per_host.get(host, 0) >= options.max_held_per_host:
+        if self._held_per_host.get(instance, 0) >= options.max_held_per_host:
             return False
         deadline = now + options.hold_timeout_s
         hook = self.slot_hook
         if hook is None:
-            self._add_held(ex, host, deadline)
+            self._add_held(ex, target.host, instance, deadline)
             return True
         if self._slots_lost:
             return False  # no main process to grant one: 503 now
-        self._asking.append((ex, host, deadline))
+        self._asking.append((ex, target.host, instance, deadline))
         self._asking_live.add(ex)
-        hook(host, True)
+        hook(instance, True)
         return True
 
     def granted(self, ok: bool) -> None:
         """The main process's answer to the oldest slot asked for."""
         if not self._asking:
             return  # answers to asks made before a `slots_lost` (none are left)
-        ex, host, deadline = self._asking.popleft()
+        ex, host, instance, deadline = self._asking.popleft()
         if ex not in self._asking_live:  # its client left, or it was answered already
             if ok and self.slot_hook is not None:
-                self.slot_hook(host, False)
+                self.slot_hook(instance, False)
             return
         self._asking_live.discard(ex)
         if not ok:
             ex.answer_instead(self._unavailable(host))
             return
-        self._add_held(ex, host, deadline)
+        self._add_held(ex, host, instance, deadline)
         # The table may have changed, or the wake been refused, while it asked.
-        refused_until = self._wake_refused.get(host)
-        if refused_until is not None and time.monotonic() < refused_until:
-            self._drop_held(ex, host)
-            ex.answer_instead(self._unavailable(host))
+        refused = self._wake_refused.get(instance)
+        if refused is not None and time.monotonic() < refused[0]:
+            self._drop_held(ex, instance)
+            ex.answer_instead(refused[1])
             return
         target = self.routing.by_host.get(host.encode())
         if target is None or not target.holding:
-            self._settle(ex, host, target)
+            self._settle(ex, instance, target)
 
     def slots_lost(self) -> None:
         """The channel to the main process closed: nobody grants or releases any more.
@@ -274,121 +279,144 @@ class Proxy:
         """Answer every held or asking request 503 + Retry-After now (a drain: no table
         will come to release them). Returns how many were answered."""
         answered = 0
-        asking = [(ex, host) for ex, host, _ in self._asking if ex in self._asking_live]
+        asking = [(ex, host) for ex, host, _, _ in self._asking if ex in self._asking_live]
         self._asking_live.clear()
         for ex, host in asking:
             ex.answer_instead(self._unavailable(host))
             answered += 1
-        for ex, (host, _deadline) in list(self._held.items()):
-            self._drop_held(ex, host)
+        for ex, (host, instance, _deadline) in list(self._held.items()):
+            self._drop_held(ex, instance)
             ex.answer_instead(self._unavailable(host))
             answered += 1
         return answered
 
-    def _add_held(self, ex: Exchange, host: str, deadline: float) -> None:
-        self._held_per_host[host] = self._held_per_host.get(host, 0) + 1
-        self._held[ex] = (host, deadline)
+    def _add_held(self, ex: Exchange, host: str, instance: str, deadline: float) -> None:
+        self._held_per_host[instance] = self._held_per_host.get(instance, 0) + 1
+        self._held[ex] = (host, instance, deadline)
         if self._hold_sweeper is None:
             self._hold_sweeper = asyncio.get_running_loop().call_later(
                 HOLD_SWEEP_S, self._sweep_held)
 
     def _unavailable(self, host: str) -> responses.Canned:
+        """The page for a request of `host` that cannot wait any longer: its route's
+        own (busy, while its route still holds)."""
         target = self.routing.by_host.get(host.encode())
-        return responses.unavailable(target.retry_after_s if target is not None else 5)
+        if target is None:
+            return responses.unavailable(5)
+        return self.page_for(target)
 
     def want_wake(self, target: Target, now: float | None = None) -> bool:
-        """Note that parked `target` has a request waiting (or turned away: an upgrade,
-        or one past the bounds): the waker is told, at most every WAKE_NOTE_S. False
-        while a refusal of its wake holds (its requests get 503 at once)."""
+        """Note that parked `target`'s instance has a request waiting (or turned away:
+        an upgrade, or one past the bounds): the waker is told, at most every
+        WAKE_NOTE_S. False while a refusal of its wake holds (its requests get 503 at
+        once)."""
         if now is None:
             now = time.monotonic()
-        host = target.host
-        refused_until = self._wake_refused.get(host)
-        if refused_until is not None:
-            if now < refused_until:
+        instance = target.instance
+        refused = self._wake_refused.get(instance)
+        if refused is not None:
+            if now < refused[0]:
                 return False
-            del self._wake_refused[host]
-        noted = self._wake_noted.get(host)
+            del self._wake_refused[instance]
+        noted = self._wake_noted.get(instance)
         if noted is None or now - noted >= WAKE_NOTE_S:
-            self._wake_noted[host] = now
+            self._wake_noted[instance] = now
             hook = self.wake_hook
             if hook is not None:
-                hook(host)
+                hook(instance)
         return True
 
-    def refuse_wake(self, host: str) -> int:
-        """The control plane refused to wake `host`: its held requests get 503 now, and
-        new ones for WAKE_REFUSED_HOLDOFF_S. Returns how many were answered."""
-        self._wake_refused[host] = time.monotonic() + WAKE_REFUSED_HOLDOFF_S
-        self._wake_noted.pop(host, None)
+    def refuse_wake(self, instance: str, state: RouteState = RouteState.GATED,
+                    retry_after_s: int | None = None) -> int:
+        """The control plane refused to wake `instance`: its held requests (through any
+        of its hosts) get 503 now, and new ones for WAKE_REFUSED_HOLDOFF_S, with the
+        page of `state` (what the refusal means: `gated` for a fence, `crashed` for a
+        crash backoff, due in `retry_after_s`; None: the route's own Retry-After).
+        Returns how many were answered."""
+        if retry_after_s is None:
+            own = self.routing.by_host.get(instance.encode())
+            retry_after_s = own.retry_after_s if own is not None else 5
+        page = responses.refusal(state, retry_after_s)
+        self._wake_refused[instance] = (time.monotonic() + WAKE_REFUSED_HOLDOFF_S, page)
+        self._wake_noted.pop(instance, None)
         answered = 0
-        for ex, (held_host, _deadline) in list(self._held.items()):
-            if held_host == host:
-                self._drop_held(ex, held_host)
-                ex.answer_instead(self._unavailable(host))
+        for ex, (_host, held_instance, _deadline) in list(self._held.items()):
+            if held_instance == instance:
+                self._drop_held(ex, instance)
+                ex.answer_instead(page)
                 answered += 1
         return answered
 
-    def _drop_held(self, ex: Exchange, host: str) -> None:
+    def page_for(self, target: Target) -> responses.Canned:
+        """What a request of `target` gets when it is neither proxied nor held: its
+        route's page, or for a parked one whose wake was just refused, the refusal's."""
+        if target.parked:
+            refused = self._wake_refused.get(target.instance)
+            if refused is not None and time.monotonic() < refused[0]:
+                return refused[1]
+        return responses.refusal(target.state, target.retry_after_s)
+
+    def _drop_held(self, ex: Exchange, instance: str) -> None:
         del self._held[ex]
-        left = self._held_per_host.get(host, 1) - 1
+        left = self._held_per_host.get(instance, 1) - 1
         if left > 0:
-            self._held_per_host[host] = left
+            self._held_per_host[instance] = left
         else:
-            self._held_per_host.pop(host, None)
+            self._held_per_host.pop(instance, None)
         if self.slot_hook is not None and not self._slots_lost:
-            self.slot_hook(host, False)
+            self.slot_hook(instance, False)
 
     def held_counts(self) -> dict[str, int]:
-        """Requests held per host in this process (tests, and the hostile bounds)."""
+        """Requests held per instance in this process (tests, and the hostile bounds)."""
         return dict(self._held_per_host)
 
     def unhold(self, ex: Exchange) -> None:
         found = self._held.get(ex)
         if found is not None:
-            self._drop_held(ex, found[0])
+            self._drop_held(ex, found[1])
         else:
             self._asking_live.discard(ex)
 
     def _release_held(self) -> None:
         """A new table: resume what it serves, answer what it refuses, keep the rest."""
         by_host = self.routing.by_host
-        for ex, (host, _deadline) in list(self._held.items()):
+        for ex, (host, instance, _deadline) in list(self._held.items()):
             target = by_host.get(host.encode())
             if target is not None and target.holding:
                 continue
-            self._settle(ex, host, target)
+            self._settle(ex, instance, target)
 
-    def _settle(self, ex: Exchange, host: str, target: Target | None) -> None:
+    def _settle(self, ex: Exchange, instance: str, target: Target | None) -> None:
         """Held `ex`'s route no longer holds: serve it by `target`, or answer it."""
-        self._drop_held(ex, host)
+        self._drop_held(ex, instance)
         if target is None:
             ex.answer_instead(responses.NOT_FOUND)
         elif target.proxied:
             ex.resume(self.pool_for(target))
         else:
-            ex.answer_instead(responses.unavailable(target.retry_after_s))
+            ex.answer_instead(responses.refusal(target.state, target.retry_after_s))
 
     def _sweep_held(self) -> None:
         """Answer what waited too long; let go of what its client gave up on, so that a
         client that left does not keep a place from one that waits."""
         self._hold_sweeper = None
         now = time.monotonic()
-        for ex, (host, deadline) in list(self._held.items()):
+        for ex, (host, instance, deadline) in list(self._held.items()):
             if deadline <= now:
-                self._drop_held(ex, host)
+                self._drop_held(ex, instance)
                 ex.answer_instead(self._unavailable(host))
             elif ex.client.peer_gone():
-                self._drop_held(ex, host)
+                self._drop_held(ex, instance)
                 ex.client.close()
         if self._held:
             self._hold_sweeper = asyncio.get_running_loop().call_later(
                 HOLD_SWEEP_S, self._sweep_held)
 
     def activity(self) -> dict[str, tuple[float, int]]:
-        """Per route host: seconds since its last request or open exchange, as far as
-        this process can tell (see Activity.sample), and its exchanges open now (a
-        connection's current one: a response still streaming, a tunnel, a held one)."""
+        """Per instance of the routes (its primary host), through any of its hosts:
+        seconds since its last request or open exchange, as far as this process can
+        tell (see Activity.sample), and its exchanges open now (a connection's current
+        one: a response still streaming, a tunnel, a held one)."""
         self._fold_hits(self.routing)
         open_now: dict[str, int] = {}
         for conn in self.connections:
@@ -396,14 +424,14 @@ class Proxy:
             if ex is not None:
                 target = ex.target
                 if target is not None:
-                    open_now[target.host] = open_now.get(target.host, 0) + 1
+                    open_now[target.instance] = open_now.get(target.instance, 0) + 1
         now = time.monotonic()
         report: dict[str, tuple[float, int]] = {}
-        for host, found in self._activity.items():
-            n = open_now.pop(host, 0)
-            report[host] = (found.sample(now, n), n)
-        for host, n in open_now.items():  # a tunnel outliving its route
-            report[host] = (0.0, n)
+        for instance, found in self._activity.items():
+            n = open_now.pop(instance, 0)
+            report[instance] = (found.sample(now, n), n)
+        for instance, n in open_now.items():  # a tunnel outliving its route
+            report[instance] = (0.0, n)
         return report
 
     def inflight(self) -> dict[str, int]:

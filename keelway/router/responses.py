@@ -4,14 +4,21 @@ Invariant: no body or header here names the software, its language, a path or an
 upstream address — a visitor learns the status and a sentence, nothing about internals.
 Refusals of a malformed or over-limit request (400, 408, 413, 431) always carry
 `Connection: close`: the connection's framing can no longer be trusted.
+
+A route that does not serve answers the page of its state (`refusal`), which says what
+is true: "busy for a moment" only while requests are held for a wake or a hold-mode
+swap; "restarting" (Retry-After: until the crash backoff's retry) for a crashed web;
+"stopped", "not deployed yet" and "down for maintenance" (an import or a fence) for the
+rest. Only a page whose wait is known carries Retry-After.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Final
+from typing import Final, assert_never
 
 from keelway.router.headers import status_line
+from keelway.router.route_table import RouteState
 
 
 class Canned:
@@ -55,14 +62,44 @@ GATEWAY_TIMEOUT: Final = Canned(
 )
 
 
+_BUSY: Final = "503 Service Unavailable\n\nThe site is busy for a moment. Try again soon.\n"
+_MAINTENANCE: Final = ("503 Service Unavailable\n\nThe site is down for maintenance. "
+                       "Try again soon.\n")
+_RESTARTING: Final = ("503 Service Unavailable\n\nThe site is restarting. "
+                      "Try again in a moment.\n")
+STOPPED: Final = Canned(503, "503 Service Unavailable\n\nThe site is stopped.\n")
+NOT_DEPLOYED: Final = Canned(503, "503 Service Unavailable\n\nThe site is not deployed "
+                                  "yet.\n")
+
+
 @functools.lru_cache(maxsize=64)
+def _with_retry(text: str, retry_after_s: int) -> Canned:
+    return Canned(503, text, b"Retry-After: %d\r\n" % retry_after_s)
+
+
 def unavailable(retry_after_s: int) -> Canned:
-    """503 with Retry-After, cached per distinct delay (tables use a handful)."""
-    return Canned(
-        503,
-        "503 Service Unavailable\n\nThe site is busy for a moment. Try again soon.\n",
-        b"Retry-After: %d\r\n" % retry_after_s,
-    )
+    """503 "busy for a moment" with Retry-After, cached per distinct delay (tables use
+    a handful): what a held request gets when it can wait no longer."""
+    return _with_retry(_BUSY, retry_after_s)
+
+
+def refusal(state: RouteState, retry_after_s: int) -> Canned:
+    """The page a request gets from a route in `state` that does not serve it now."""
+    match state:
+        case RouteState.STOPPED:
+            return STOPPED
+        case RouteState.NO_RELEASE:
+            return NOT_DEPLOYED
+        case RouteState.CRASHED:
+            return _with_retry(_RESTARTING, retry_after_s)
+        case RouteState.GATED:
+            return _with_retry(_MAINTENANCE, retry_after_s)
+        case (RouteState.HOLDING | RouteState.PARKED | RouteState.SERVING
+              | RouteState.DRAINING):
+            # A proxied state's only refusal is a request that could not be held.
+            return _with_retry(_BUSY, retry_after_s)
+        case _:
+            assert_never(state)
 
 
 # Out of file descriptors: connections come and go by the second, so try again soon.

@@ -12,7 +12,16 @@ a request's Host header leads to. Invariants:
 - a table is never mutated after construction; the router swaps a whole `Routing` in one
   attribute assignment, so a request sees either the old table or the new one, never a mix;
 - host keys are lowercase names without a port; `host_key` maps any Host header onto that
-  form, so matching is case-insensitive and ignores the port.
+  form, so matching is case-insensitive and ignores the port;
+- a route names the instance it serves (`instance`; absent: the route's own host, as a
+  primary host's route and every table of an older keelway have it), and the router
+  wakes, holds and counts activity per instance, whichever of its hosts a request used.
+
+The format grows only by optional fields and new states, each entry judged alone, so a
+router reads every table an older keelway wrote. A router older than a table's format
+would refuse the entries it does not know: `TABLE_FORMAT` says which format a router
+reads (its `ping` answers it), and the control plane replaces an older router before it
+pushes to it (keelway/runtime/router_supervisor.py).
 """
 
 from __future__ import annotations
@@ -28,15 +37,23 @@ if TYPE_CHECKING:
     from keelway.router.upstream import UpstreamPool
 
 
+# The table format this router reads: 1 had no `instance` and no `stopped`,
+# `no-release` or `crashed` state.
+TABLE_FORMAT: Final = 2
+
+
 class RouteState(enum.Enum):
     """What the router does with a request for one host.
 
-    `serving` proxies to the upstream; `gated` answers 503 + Retry-After. `holding`
-    (requests wait, bounded, for the next table); `parked` (the instance is scaled to
-    zero) holds exactly like `holding` and also asks the control plane to wake it
-    (keelway/router/waker.py); `draining` (in-flight requests finish, new ones go to the
-    successor) proxies like `serving`: the successor is simply the upstream the newest
-    table names.
+    `serving` proxies to the upstream; `gated` answers 503 + Retry-After (an import or
+    a fence holds it). `holding` (requests wait, bounded, for the next table: a
+    hold-mode swap); `parked` (the instance is scaled to zero) holds exactly like
+    `holding` and also asks the control plane to wake it (keelway/router/waker.py);
+    `draining` (in-flight requests finish, new ones go to the successor) proxies like
+    `serving`: the successor is simply the upstream the newest table names. `stopped`
+    (its user stopped it), `no-release` (nothing deployed to it yet) and `crashed` (its
+    web waits out a crash backoff; Retry-After: until the retry) answer 503 at once,
+    each with its own page (keelway/router/responses.py).
     """
 
     SERVING = "serving"
@@ -44,6 +61,9 @@ class RouteState(enum.Enum):
     HOLDING = "holding"
     DRAINING = "draining"
     PARKED = "parked"
+    STOPPED = "stopped"
+    NO_RELEASE = "no-release"
+    CRASHED = "crashed"
 
 
 class Action(enum.Enum):
@@ -58,7 +78,8 @@ def action_for(state: RouteState) -> Action:
     match state:
         case RouteState.SERVING | RouteState.DRAINING:
             return Action.PROXY
-        case RouteState.GATED | RouteState.HOLDING | RouteState.PARKED:
+        case (RouteState.GATED | RouteState.HOLDING | RouteState.PARKED
+              | RouteState.STOPPED | RouteState.NO_RELEASE | RouteState.CRASHED):
             return Action.UNAVAILABLE
         case _:
             assert_never(state)
@@ -83,14 +104,20 @@ def parse_upstream(address: str) -> tuple[str, int]:
     return host, port
 
 
-class Route(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """One host's route. `upstream` is required when the state proxies."""
+class Route(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """One host's route. `upstream` is required when the state proxies. `instance` is
+    the instance the host belongs to when that is another host (an alias); fields at
+    their defaults are left out of the encoding, so a table that uses nothing new reads
+    in a router of the format before."""
 
     state: RouteState
     upstream: str | None = None
     retry_after_s: NonNegative = 5
+    instance: str | None = None
 
     def __post_init__(self) -> None:
+        if self.instance is not None:
+            names.HOST.check(self.instance)
         if action_for(self.state) is Action.PROXY:
             if self.upstream is None:
                 raise ValueError(f"a {self.state.value} route needs an upstream")
@@ -188,8 +215,9 @@ def host_key(raw: bytes) -> bytes:
 
 
 class Activity:
-    """One host's traffic in this process, kept across table swaps by the proxy. The
-    hot path only marks the host's `Target` (`hit`): no clock is read per request.
+    """One instance's traffic in this process (through any of its hosts), kept across
+    table swaps by the proxy. The hot path only marks the host's `Target` (`hit`): no
+    clock is read per request.
     `sample` folds the marks into an idle time on the caller's clock, so the idle time
     is as fine as the interval between samples (the activity op's callers) and never
     longer than the truth: a mark since the last sample means "active now"."""
@@ -211,11 +239,14 @@ class Activity:
 class Target:
     """A compiled route: what the hot path needs, precomputed once per table."""
 
-    __slots__ = ("hit", "holding", "host", "parked", "pool", "proxied",
-                 "retry_after_s", "upstream_host", "upstream_key", "upstream_port")
+    __slots__ = ("hit", "holding", "host", "instance", "parked", "pool", "proxied",
+                 "retry_after_s", "state", "upstream_host", "upstream_key", "upstream_port")
 
     def __init__(self, host: str, route: Route) -> None:
         self.host: Final = host
+        # What is woken, held and counted: the instance, whichever of its hosts this is.
+        self.instance: Final = route.instance or host
+        self.state: Final = route.state
         # A request came for this host since the proxy last looked (Proxy.activity).
         self.hit = False
         self.proxied: Final = action_for(route.state) is Action.PROXY
@@ -236,7 +267,7 @@ class Target:
 class Routing:
     """A table compiled for lookup by raw Host header bytes. Immutable after init."""
 
-    __slots__ = ("by_host", "table")
+    __slots__ = ("by_host", "instances", "parked", "table")
 
     def __init__(self, table: RouteTable) -> None:
         self.table: Final = table
@@ -244,6 +275,10 @@ class Routing:
         # lowercase name (the common case) finds its target with one dict lookup.
         self.by_host: Final = {host.encode(): Target(host, r)
                                for host, r in table.routes.items()}
+        targets = self.by_host.values()
+        self.instances: Final = frozenset(t.instance for t in targets)
+        # Instances with a parked route (any of their hosts): the ones a request wakes.
+        self.parked: Final = frozenset(t.instance for t in targets if t.parked)
 
     def lookup(self, raw_host: bytes) -> Target | None:
         """The target for a Host header value, or None when no route names that host."""

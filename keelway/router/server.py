@@ -33,7 +33,7 @@ from keelway.router.control import ControlServer
 from keelway.router.hold_slots import HoldSlots
 from keelway.router.listen import LISTEN_BACKLOG, bind_tcp
 from keelway.router.proxy import Proxy, ProxyOptions
-from keelway.router.route_table import EMPTY_TABLE, RouteTable
+from keelway.router.route_table import EMPTY_TABLE, RouteState, RouteTable
 from keelway.router.table_file import TableFileError, load_table
 from keelway.router.waker import Waker
 from keelway.router.workers import SlotChannel, WorkerSet, serve_channel
@@ -217,9 +217,10 @@ async def serve(config: RouterConfig, sock: socket.socket,
     waker: Waker | None = None
     workers: WorkerSet | None = None
 
-    async def refuse_in_workers(host: str) -> None:
+    async def refuse_in_workers(host: str, state: RouteState,
+                                retry_after_s: int | None) -> None:
         if workers is not None:
-            await workers.refuse(host)
+            await workers.refuse(host, state, retry_after_s)
 
     if config.wake_socket is not None:
         waker = Waker(proxy, config.wake_socket, refuse_in_workers)

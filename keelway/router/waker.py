@@ -1,17 +1,21 @@
 """The router's half of a wake: ask the control plane to wake a parked instance.
 
-One `Waker` per router, in its main process; every worker's notes of a parked host with
-requests waiting come to it (keelway/router/workers.py), so a router has at most one
-wake request per instance open at a time, however many requests and workers wait.
+One `Waker` per router, in its main process; every worker's notes of a parked instance
+with requests waiting come to it (keelway/router/workers.py), so a router has at most one
+wake request per instance open at a time, however many requests and workers wait, and
+through however many of its hosts (an alias's route names its instance: what is asked
+awake is always the instance, by its own name, never an alias the API does not wake).
 
-The request is `POST /v1/instances/HOST/wake` with body `{}`, raw HTTP/1.1 over the
+The request is `POST /v1/instances/INSTANCE/wake` with body `{}`, raw HTTP/1.1 over the
 control plane's API unix socket (`--wake-socket`): the router imports nothing of the
 control plane and needs no HTTP client for one line. Its answer:
 
 - 2xx: accepted, nothing more. The held requests are released by the table that names
   the route `serving` (Proxy.swap), never by this answer or by a timer;
-- 4xx or 503: refused (fenced, unknown host): the held requests get 503 + Retry-After
-  now, and new ones for WAKE_REFUSED_HOLDOFF_S (keelway/router/proxy.py);
+- 4xx or 503: refused (fenced, unknown host, a crash backoff): the held requests get
+  503 now, and new ones for WAKE_REFUSED_HOLDOFF_S (keelway/router/proxy.py), with the
+  page of what the refusal means (`refusal_page`): a 503 is a crash backoff
+  ("restarting", with the answer's own Retry-After), anything else "maintenance";
 - no answer (socket missing, connection refused or cut, any other status): the control
   plane is down or restarting; asked again every WAKE_RETRY_S.
 
@@ -34,18 +38,29 @@ from pathlib import Path
 from typing import Final, assert_never
 
 from keelway.router.proxy import WAKE_NOTE_S, WAKE_REFUSED_HOLDOFF_S, Proxy
+from keelway.router.route_table import RouteState
 
 log: Final = logging.getLogger("keelway.router")
 
 WAKE_RETRY_S: Final = 0.1
 WAKE_REASK_S: Final = 5.0
 _STATUS_LINE_MAX: Final = 1024
+_HEAD_LINES_MAX: Final = 64
 
 
 class Outcome(enum.Enum):
     ACCEPTED = "accepted"
     REFUSED = "refused"
     UNREACHABLE = "unreachable"
+
+
+def refusal_page(status: int, retry_after_s: int | None) -> tuple[RouteState, int | None]:
+    """The page state and Retry-After (None: the route's own) for the requests of a
+    refused wake: the API answers 503 only for a crash backoff (with Retry-After: until
+    the retry), 409 for a fence, 404 for an instance it no longer has."""
+    if status == 503:
+        return RouteState.CRASHED, retry_after_s
+    return RouteState.GATED, None
 
 
 def wake_request(host: str) -> bytes:
@@ -67,8 +82,10 @@ def outcome_of(status_line: bytes) -> tuple[Outcome, int]:
     return Outcome.UNREACHABLE, status
 
 
-async def post_wake(socket_path: Path, host: str, timeout_s: float) -> tuple[Outcome, int]:
-    """One wake request and the status of its answer (0: none)."""
+async def post_wake(socket_path: Path, host: str, timeout_s: float,
+                    ) -> tuple[Outcome, int, int | None]:
+    """One wake request: the outcome, the status of its answer (0: none) and its
+    Retry-After in seconds, if it said one."""
     writer: asyncio.StreamWriter | None = None
     try:
         async with asyncio.timeout(max(timeout_s, 0.01)):
@@ -76,9 +93,19 @@ async def post_wake(socket_path: Path, host: str, timeout_s: float) -> tuple[Out
                 str(socket_path), limit=_STATUS_LINE_MAX)
             writer.write(wake_request(host))
             await writer.drain()
-            return outcome_of(await reader.readline())
+            outcome, status = outcome_of(await reader.readline())
+            retry_after_s = None
+            if outcome is Outcome.REFUSED:
+                for _ in range(_HEAD_LINES_MAX):
+                    line = await reader.readline()
+                    name, _, value = line.partition(b":")
+                    if not line.strip():
+                        break
+                    if name.strip().lower() == b"retry-after" and value.strip().isdigit():
+                        retry_after_s = int(value.strip())
+            return outcome, status, retry_after_s
     except (OSError, TimeoutError, ValueError):
-        return Outcome.UNREACHABLE, 0
+        return Outcome.UNREACHABLE, 0, None
     finally:
         if writer is not None:
             writer.close()
@@ -96,10 +123,12 @@ def socket_identity(path: Path) -> tuple[int, int, int] | None:
 
 
 class Waker:
-    """Wakes parked hosts of `proxy`'s table, one request at a time per host."""
+    """Wakes parked instances of `proxy`'s table, one request at a time per instance
+    (the hosts it is given are instances' own names: `Target.instance`)."""
 
     def __init__(self, proxy: Proxy, socket_path: Path,
-                 refuse_elsewhere: Callable[[str], Awaitable[None]] | None = None) -> None:
+                 refuse_elsewhere: Callable[[str, RouteState, int | None], Awaitable[None]]
+                 | None = None) -> None:
         self._proxy = proxy
         self._socket_path = socket_path
         self._refuse_elsewhere = refuse_elsewhere
@@ -145,9 +174,8 @@ class Waker:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    def _parked(self, host: str) -> bool:
-        target = self._proxy.routing.by_host.get(host.encode())
-        return target is not None and target.parked
+    def _parked(self, instance: str) -> bool:
+        return instance in self._proxy.routing.parked
 
     async def _wake(self, host: str) -> None:
         try:
@@ -176,7 +204,8 @@ class Waker:
                 identity = socket_identity(self._socket_path)
                 changed.clear()
                 self.posts[host] = self.posts.get(host, 0) + 1
-                outcome, status = await post_wake(self._socket_path, host, until - now)
+                outcome, status, retry_after_s = await post_wake(
+                    self._socket_path, host, until - now)
                 match outcome:
                     case Outcome.ACCEPTED:
                         if unreachable_since is not None:
@@ -191,9 +220,10 @@ class Waker:
                                     "its requests get 503", host, status)
                         self._refused_until[host] = (self._loop.time()
                                                      + WAKE_REFUSED_HOLDOFF_S)
-                        self._proxy.refuse_wake(host)
+                        page, page_retry_s = refusal_page(status, retry_after_s)
+                        self._proxy.refuse_wake(host, page, page_retry_s)
                         if self._refuse_elsewhere is not None:
-                            await self._refuse_elsewhere(host)
+                            await self._refuse_elsewhere(host, page, page_retry_s)
                         return
                     case Outcome.UNREACHABLE:
                         if unreachable_since is None:

@@ -10,22 +10,25 @@ accepts); then, one line each way:
 
     reload   -> ok V        the worker re-read the table file and serves version V
     inflight -> {...}       its requests in flight per upstream, as JSON
-    activity -> {...}       per route host [idle_s, open], as JSON (Proxy.activity)
-    refuse H -> ok N        the control plane refused to wake parked host H: the
-                            worker answered its N held requests for H with 503
+    activity -> {...}       per instance [idle_s, open], as JSON (Proxy.activity)
+    refuse I S R -> ok N    the control plane refused to wake parked instance I: the
+                            worker answered its N held requests for I with 503 and
+                            the page of route state S, Retry-After R (both optional:
+                            a fence's page, the route's own Retry-After)
     stop                    drain and exit (no reply; the parent reaps it)
 
-A second socketpair carries the worker's asks, one line each:
+A second socketpair carries the worker's asks, one line each, each naming an instance
+(its primary host, whichever of its hosts the requests used: `Target.instance`):
 
-    wake HOST               a parked host has requests waiting in that worker
+    wake I                  a parked instance has requests waiting in that worker
                             (Proxy.want_wake rate-limits it); no reply
-    hold HOST  -> 1 | 0     a hold slot for one request of HOST (hold_slots.py),
+    hold I     -> 1 | 0     a hold slot for one request of I (hold_slots.py),
                             granted or not; answered in the order asked
-    unhold HOST             a held request of HOST ended: its slot is free; no reply
+    unhold I                a held request of I ended: its slot is free; no reply
 
 The parent's waker dedupes the wake notes, so a router sends one wake at a time per
 instance however many workers hold requests for it; its HoldSlots bound the held
-requests per host across the workers.
+requests per instance across the workers.
 
 Rules: a table push is acknowledged only once every worker serves it, so a deploy never
 stops a process some worker still routes to. A worker whose channel closes (its parent
@@ -59,6 +62,7 @@ from typing import Final, cast
 from keelway import names
 from keelway.router.hold_slots import HoldSlots
 from keelway.router.proxy import Proxy
+from keelway.router.route_table import RouteState
 from keelway.router.table_file import TableFileError, load_table
 
 log: Final = logging.getLogger("keelway.router")
@@ -236,9 +240,12 @@ class WorkerSet:
                         min(mine[0], float(idle_s)), mine[1] + int(n))
         return seen
 
-    async def refuse(self, host: str) -> None:
-        """Every worker answers its held requests for `host` with 503 (a refused wake)."""
-        await asyncio.gather(*(w.ask(f"refuse {host}") for w in self.workers))
+    async def refuse(self, host: str, state: RouteState, retry_after_s: int | None) -> None:
+        """Every worker answers its held requests for `host` with 503 and the page of
+        `state` (a refused wake); Retry-After `retry_after_s`, or the route's own."""
+        retry = "" if retry_after_s is None else f" {retry_after_s}"
+        line = f"refuse {host} {state.value}{retry}"
+        await asyncio.gather(*(w.ask(line) for w in self.workers))
 
     async def stop(self) -> None:
         self._stopping = True
@@ -291,6 +298,20 @@ class SlotChannel(asyncio.Protocol):
         self._proxy.slots_lost()
 
 
+def refusal_of(words: bytes) -> tuple[str, RouteState, int | None]:
+    """`I [STATE [RETRY]]` of a `refuse` line; what it leaves out or garbles is a fence's
+    page (gated, the route's own Retry-After), what the line meant when it named only I."""
+    instance, *rest = words.decode(errors="replace").split()
+    state = RouteState.GATED
+    retry_after_s: int | None = None
+    with contextlib.suppress(ValueError):
+        if rest:
+            state = RouteState(rest[0])
+        if len(rest) > 1:
+            retry_after_s = max(0, int(rest[1]))
+    return instance, state, retry_after_s
+
+
 async def serve_channel(channel_fd: int, proxy: Proxy, state_path: Path | None,
                         stop: asyncio.Event) -> None:
     """A worker's side of its channel: answer the parent until told to stop or orphaned."""
@@ -320,7 +341,7 @@ async def serve_channel(channel_fd: int, proxy: Proxy, state_path: Path | None,
             elif line == b"activity":
                 writer.write(json.dumps(proxy.activity()).encode() + b"\n")
             elif line.startswith(b"refuse "):
-                answered = proxy.refuse_wake(line[len(b"refuse "):].decode())
+                answered = proxy.refuse_wake(*refusal_of(line[len(b"refuse "):]))
                 writer.write(f"ok {answered}\n".encode())
             await writer.drain()
     finally:

@@ -35,8 +35,14 @@ from keelway import failpoints
 from keelway.clock import Clock
 from keelway.durable import write_atomic
 from keelway.home import Home
-from keelway.router.client import RouterControlError, ping_sync, take_listener
+from keelway.router.client import (
+    RouterControlError,
+    ping_sync,
+    table_format_sync,
+    take_listener,
+)
 from keelway.router.listen import bind_tcp
+from keelway.router.route_table import TABLE_FORMAT
 from keelway.runtime import process
 
 failpoints.declare(
@@ -102,6 +108,19 @@ def running_router(home: Home) -> RouterHandle | None:
     if recorded is not None and process.is_alive(*recorded):
         return RouterHandle(*recorded, adopted=True)
     return None
+
+
+def reads_current_tables(home: Home) -> bool:
+    """Whether the router serving this home reads the table format this keelway
+    publishes. One from before it (an upgrade kept it serving, `down --keep-apps`)
+    would refuse the entries it does not know, leaving their hosts unrouted, so it is
+    replaced, without a gap, before anything is pushed to it. No answer (a router too
+    busy or stopped to answer now): True, it is adopted as before; a handoff from it
+    could not succeed either, and the periodic pass catches it up once it answers."""
+    try:
+        return table_format_sync(home.router_socket, timeout_s=1.0) >= TABLE_FORMAT
+    except RouterControlError:
+        return True
 
 
 def _pidfile(home: Home) -> tuple[int, int] | None:

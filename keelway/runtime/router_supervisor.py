@@ -139,8 +139,9 @@ class RouterSupervisor:
     async def boot(cls, home: Home, addr: str, settings: RouterSettings,
                    clock: Clock) -> RouterSupervisor:
         """The router for this home, serving `addr` with `settings`: the running one,
-        adopted, if it matches; restarted without a gap if only its settings differ;
-        else (a new address, or none running) a new one on a socket bound here.
+        adopted, if it matches; restarted without a gap if only its settings differ or
+        it reads an older route table format (an upgrade kept it serving); else (a new
+        address, or none running) a new one on a socket bound here.
 
         Raises RouterPortBusy (someone else has the port), RouterStartFailed,
         RouterRestartFailed, or OSError/ValueError for an address we cannot bind."""
@@ -152,10 +153,13 @@ class RouterSupervisor:
                 recorded = router.recorded_settings(home)
                 if recorded is not None and recorded[0] == addr:
                     listener = await asyncio.to_thread(router.borrow_listener, home)
-                    if recorded[1] == settings:
+                    current = await asyncio.to_thread(router.reads_current_tables, home)
+                    if recorded[1] == settings and current:
                         log.info("adopted the running router (pid %s)", running.pid)
                         return cls(home, addr, settings, clock, running, listener)
-                    log.info("restarting the router (pid %s) with new settings", running.pid)
+                    log.info("restarting the router (pid %s) with %s", running.pid,
+                             "new settings" if current else "this keelway's code: it "
+                             "reads an older route table format")
                     try:
                         handle = await router.restart(home, running, clock, settings, addr)
                     except RouterRestartFailed:

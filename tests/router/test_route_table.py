@@ -90,3 +90,56 @@ def test_invalid_tables_are_refused_with_a_reason(bad: bytes) -> None:
 def test_a_table_cannot_be_constructed_invalid_either() -> None:
     with pytest.raises(ValueError, match="needs an upstream"):
         Route(RouteState.SERVING)
+
+
+class _RouteOfFormat1(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A route as a router of table format 1 decoded it: no `instance`, five states."""
+
+    state: str
+    upstream: str | None = None
+    retry_after_s: int = 5
+
+    def __post_init__(self) -> None:
+        if self.state not in ("serving", "gated", "holding", "draining", "parked"):
+            raise ValueError(f"unknown state {self.state}")
+
+
+def test_a_table_of_the_format_before_reads_with_each_host_its_own_instance() -> None:
+    table = decode_table(
+        b'{"version": 3, "routes": {"blog.test": {"state": "parked", "retry_after_s": 5},'
+        b' "www.blog.test": {"state": "parked", "retry_after_s": 5}}}')
+    routing = Routing(table)
+    assert {t.host: t.instance for t in routing.by_host.values()} == {
+        "blog.test": "blog.test", "www.blog.test": "www.blog.test"}
+    assert routing.parked == {"blog.test", "www.blog.test"}
+
+
+def test_an_alias_route_names_its_instance_and_wakes_and_counts_as_it() -> None:
+    table = RouteTable(version=1, routes={
+        "blog.test": Route(RouteState.PARKED),
+        "www.blog.test": Route(RouteState.PARKED, instance="blog.test")})
+    assert decode_table(encode_table(table)) == table
+    routing = Routing(table)
+    assert routing.instances == routing.parked == {"blog.test"}
+    assert routing.lookup(b"WWW.blog.test:8080").instance == "blog.test"  # type: ignore[union-attr]
+    with pytest.raises(msgspec.DecodeError):
+        decode_table(b'{"version": 1, "routes": {"www.blog.test": {"state": "parked",'
+                     b' "instance": "Blog_Test"}}}')
+
+
+def test_a_table_that_uses_nothing_new_is_read_by_a_router_of_the_format_before() -> None:
+    table = RouteTable(version=1, routes={
+        "a.test": Route(RouteState.SERVING, "127.0.0.1:1"),
+        "b.test": Route(RouteState.GATED, retry_after_s=9),
+        "c.test": Route(RouteState.PARKED)})
+    old = msgspec.json.decode(encode_table(table), type=dict[str, object])
+    routes = msgspec.convert(old["routes"], dict[str, _RouteOfFormat1])
+    assert {h: r.state for h, r in routes.items()} == {
+        "a.test": "serving", "b.test": "gated", "c.test": "parked"}
+
+
+@pytest.mark.parametrize("state", [RouteState.STOPPED, RouteState.NO_RELEASE,
+                                   RouteState.CRASHED])
+def test_the_states_of_format_2_answer_at_once_and_hold_nothing(state: RouteState) -> None:
+    target = Routing(RouteTable(version=1, routes={"a.test": Route(state)})).lookup(b"a.test")
+    assert target is not None and not target.proxied and not target.holding

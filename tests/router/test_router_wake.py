@@ -562,3 +562,53 @@ def test_the_wake_request_is_a_post_of_an_empty_object() -> None:
     assert wake_request("blog.test") == (
         b"POST /v1/instances/blog.test/wake HTTP/1.1\r\nHost: keelway\r\n"
         b"Content-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+
+
+ALIAS = "www.blog.test"
+
+
+@pytest.mark.slow
+def test_requests_to_an_alias_of_a_parked_instance_wake_the_instance_by_its_own_name(
+    start_router: type[RouterProcess], wide_upstream: Upstream, api_sock: Path
+) -> None:
+    cp = FakeControlPlane(api_sock)
+    try:
+        router = start_parked(start_router, api_sock)
+        router.push(2, {HOST: parked(), ALIAS: Route(state=RouteState.PARKED,
+                                                     retry_after_s=7, instance=HOST)})
+        by_alias = GET.replace(HOST.encode(), ALIAS.encode())
+        replies, threads = fetch_all(router.port, 10, by_alias)
+        more, more_threads = fetch_all(router.port, 10)
+        # Held, counted and woken as the instance, whichever host they named.
+        wait_for(lambda: open_of(router) == 20)
+        assert ALIAS not in activity_sync(router.control)
+        assert cp.wakes == [f"POST /v1/instances/{HOST}/wake HTTP/1.1"]
+        push_table_sync(router.control, RouteTable(version=3, routes={
+            HOST: Route(state=RouteState.SERVING, upstream=wide_upstream.address),
+            ALIAS: Route(state=RouteState.SERVING, upstream=wide_upstream.address,
+                         instance=HOST)}))
+        for thread in threads + more_threads:
+            thread.join(10)
+        assert all(r.startswith(b"HTTP/1.1 200 ") for r in replies + more), replies + more
+    finally:
+        cp.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("status", "page"), [(409, b"down for maintenance"),
+                                              (503, b"restarting")])
+def test_a_refused_wake_answers_an_alias_with_the_page_of_the_refusal(
+    start_router: type[RouterProcess], api_sock: Path, status: int, page: bytes
+) -> None:
+    cp = FakeControlPlane(api_sock, status=status)
+    try:
+        router = start_parked(start_router, api_sock, hold_s=10.0)
+        router.push(2, {HOST: parked(), ALIAS: Route(state=RouteState.PARKED,
+                                                     retry_after_s=7, instance=HOST)})
+        started = time.monotonic()
+        reply = fetch(router.port, GET.replace(HOST.encode(), ALIAS.encode()))
+        assert answered_503(reply) and page in reply and b"busy" not in reply, reply
+        assert time.monotonic() - started < 2.0
+        assert cp.wakes == [f"POST /v1/instances/{HOST}/wake HTTP/1.1"]
+    finally:
+        cp.stop()
