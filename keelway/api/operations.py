@@ -20,10 +20,12 @@ from aiohttp import web
 
 from keelway.api import bodies
 from keelway.api.http import app_name, error_response, log, read_body, send_line
+from keelway.builds import cache as deps_cache
 from keelway.builds import gc as builds_gc
 from keelway.builds.errors import BuildError
 from keelway.builds.manifest import Mode
 from keelway.builds.stage import stage
+from keelway.deploy import targets
 from keelway.deploy.deployer import Deployer, InstanceResult
 from keelway.deploy.errors import OperationError, UserError
 from keelway.deploy.outcome import Progress
@@ -121,6 +123,7 @@ class Operations:
                 stage, source, builds_dir=self.home.builds_dir, app=body.app, ref=body.ref,
                 git=body.git, progress=progress,
                 builder=self.deployer.supervisor.identities.builder(body.app),
+                cache=deps_cache.for_home(self.home.root),
             )
             progress(f"build {staged.digest[:12]} " + ("reused" if staged.reused else "staged"))
             results = await self.deployer.deploy(body.app, staged.digest, staged.path,
@@ -262,21 +265,42 @@ class Operations:
 
     async def gc(self, request: web.Request) -> web.Response:
         body: bodies.GcBody = await read_body(request, bodies.GcBody)
+        newest = {}
+        for record in self.store.list_apps():
+            releases = self.store.list_releases(record.name)
+            if releases:
+                newest[record.name] = targets.build_path(self.store, record.name,
+                                                         releases[0].build_digest)
+        keep = await asyncio.to_thread(builds_gc.releases_keep, newest)
         async with self._gc_lock:
-            pinned = self.store.pinned_builds() | {
+            pinned = self.store.pinned_builds(keep) | {
                 (app, digest) for app, digest in builds_gc.staged_builds(self.home.builds_dir)
                 if app in self._deploying
             }
+            doomed = [build for build in builds_gc.staged_builds(self.home.builds_dir)
+                      if build not in pinned]
+            sizes = await asyncio.to_thread(builds_gc.freed_bytes, self.home.builds_dir,
+                                            doomed)
             removed = await asyncio.to_thread(builds_gc.collect, self.home.builds_dir, pinned,
                                               dry_run=body.dry_run)
             if not body.dry_run:
                 for app, digest in removed:
                     self.store.forget_build(app, digest)
+            # after the builds: an entry is unused once no build links its files
+            cached = await asyncio.to_thread(builds_gc.collect_cache,
+                                             deps_cache.for_home(self.home.root),
+                                             dry_run=body.dry_run)
         # Snapshots beyond each instance's `[data] keep` (keelway/deploy/restore.py).
         pruned = await self.snapshots.prune_all(body.dry_run) if self.snapshots else []
         # Copies restores kept, past their retention (keelway/data/kept.py).
         aged = await self.snapshots.prune_kept(body.dry_run) if self.snapshots else []
-        return web.json_response({"removed": [{"app": a, "digest": d} for a, d in removed],
+        freed = sum(sizes.get(build, 0) for build in removed) + sum(b for _k, b in cached)
+        return web.json_response({"removed": [{"app": a, "digest": d,
+                                               "freed_bytes": sizes.get((a, d), 0)}
+                                              for a, d in removed],
+                                  "cache_removed": [{"key": k, "freed_bytes": b}
+                                                    for k, b in cached],
+                                  "freed_bytes": freed,
                                   "snapshots_removed": [{"instance": h, "id": i}
                                                         for h, i in pruned],
                                   "kept_removed": [{"instance": h, "id": i} for h, i in aged],

@@ -267,7 +267,9 @@ cli.command("start")(_instance_command("start"))
 @json_option
 @api_call
 def gc(dry_run: bool, as_json: bool) -> None:
-    """Remove staged builds that no release or process names, each instance's
+    """Remove staged builds that no kept release (`[releases] keep`, default 10; the
+    ACTIVE and last good ones always) or process names, the dependency cache entries no
+    build uses, each instance's
     snapshots beyond its `[data] keep`, and the copies restores kept, once past their
     retention (7 days unless KEELWAY_KEEP_REPLACED_DAYS says otherwise)."""
     data = client(None).request("POST", "/v1/gc", {"dry_run": dry_run})
@@ -277,12 +279,31 @@ def gc(dry_run: bool, as_json: bool) -> None:
     verb = "would remove" if dry_run else "removed"
     snapshots = data.get("snapshots_removed", [])
     aged = data.get("kept_removed", [])
-    if not data["removed"] and not snapshots and not aged:
+    cached = data.get("cache_removed", [])
+    if not data["removed"] and not snapshots and not aged and not cached:
         click.echo("nothing to remove")
     for item in data["removed"]:
-        click.echo(f"{verb} {item['app']} build {item['digest'][:12]}")
+        click.echo(f"{verb} {item['app']} build {item['digest'][:12]} "
+                   f"({_size(item.get('freed_bytes', 0))})")
+    for item in cached:
+        click.echo(f"{verb} dependency cache entry {item['key'][:12]} "
+                   f"({_size(item['freed_bytes'])})")
     for item in snapshots:
         click.echo(f"{verb} snapshot {item['id']} of {item['instance']}")
     for item in aged:
         click.echo(f"{verb} kept copy {item['id']} of {item['instance']}")
+    if data.get("freed_bytes"):
+        click.echo(f"{'would free' if dry_run else 'freed'} {_size(data['freed_bytes'])} "
+                   f"in {len(data['removed'])} builds and {len(cached)} cache entries")
+
+
+def _size(count: int) -> str:
+    if count < 1024:
+        return f"{count} bytes"
+    value = count / 1024
+    for unit in ("KB", "MB"):
+        if value < 1024:
+            return f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GB"
 
