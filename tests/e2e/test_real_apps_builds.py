@@ -1,0 +1,113 @@
+"""Real apps nobody wrote for keelway deploy on the first try, with no [build] command:
+a Django site (requirements.txt, a `release` that migrates KEELWAY_DB, gunicorn) and an
+Express app with a lockfile and no Procfile. A code-only redeploy reuses the installed
+dependencies from the cache.
+
+Every test here shares one dependency cache (KEELWAY_BUILD_CACHE), so the suite installs
+each dependency set from the registries once."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from keelway.builds.cache import CACHE_ENV
+from tests.e2e.harness import Keelway
+
+pytestmark = pytest.mark.slow
+
+APPS = Path(__file__).resolve().parent / "apps"
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("deps-cache")
+
+
+@pytest.fixture(autouse=True)
+def _cache_env(shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv(CACHE_ENV, str(shared_cache))
+    yield
+
+
+def _copy(name: str, dest: Path) -> Path:
+    app = dest / name
+    shutil.copytree(APPS / name, app, ignore=shutil.ignore_patterns("__pycache__",
+                                                                   "node_modules"))
+    return app
+
+
+def _deploy(kw: Keelway, app: str, source: Path, *hosts: str) -> tuple[float, str]:
+    started = time.monotonic()
+    args = [a for host in hosts for a in ("--host", host)]
+    result = kw.ok("deploy", app, str(source), *args, timeout_s=300)
+    return time.monotonic() - started, result.err
+
+
+def test_a_django_site_deploys_first_try_migrating_its_instance_database(
+        kw: Keelway, tmp_path: Path) -> None:
+    kw.up()
+    site = _copy("django_site", tmp_path)
+    _took, progress = _deploy(kw, "site", site, "site.test")
+    assert "creating a virtualenv" in progress or "dependency cache: reusing" in progress
+    status, body, _ = kw.get("site.test")
+    assert status == 200, body
+    assert body == b"notes: 1 in v1\n"  # the table exists: `release` ran migrate
+    assert kw.get("site.test")[1] == b"notes: 2 in v1\n"
+
+
+def test_a_code_only_redeploy_reuses_the_cached_dependencies(
+        kw: Keelway, tmp_path: Path) -> None:
+    kw.up()
+    site = _copy("django_site", tmp_path)
+    _deploy(kw, "site", site, "site.test")
+    views = site / "notes" / "views.py"
+    views.write_text(views.read_text().replace('GREETING = "notes"', 'GREETING = "memos"'))
+    took, progress = _deploy(kw, "site", site)
+    assert "dependency cache: reusing .venv" in progress, progress
+    assert "pip install" not in progress and "creating a virtualenv" not in progress
+    status, body, _ = kw.get("site.test")
+    assert (status, body) == (200, b"memos: 1 in v2\n")
+    # the two builds share the installed files rather than holding a copy each
+    builds = sorted((kw.home / "builds" / "site").iterdir())
+    django_init = [b / ".venv/lib/python3.11/site-packages/django/__init__.py"
+                   for b in builds if not b.name.startswith(".")]
+    assert len(django_init) == 2
+    assert os.stat(django_init[0]).st_ino == os.stat(django_init[1]).st_ino
+    # well inside the redeploy target: no install, boot and a 1 s settle
+    assert took < 30, f"the code-only redeploy took {took:.1f} s"
+
+
+def test_an_express_app_with_a_lockfile_and_no_procfile_deploys_first_try(
+        kw: Keelway, tmp_path: Path) -> None:
+    kw.up()
+    app = _copy("node_lockfile", tmp_path)
+    _took, progress = _deploy(kw, "express", app, "express.test")
+    assert "npm ci" in progress or "dependency cache: reusing node_modules" in progress
+    status, body, _ = kw.get("express.test")
+    assert (status, body) == (200, b"express on express.test (v1)\n")
+    server = app / "server.js"
+    server.write_text(server.read_text().replace('greeting = "express"',
+                                                 'greeting = "still express"'))
+    _took, progress = _deploy(kw, "express", app)
+    assert "dependency cache: reusing node_modules" in progress, progress
+    assert kw.get("express.test")[1] == b"still express on express.test (v2)\n"
+
+
+def test_an_engines_node_the_box_lacks_is_refused_before_any_install(
+        kw: Keelway, tmp_path: Path) -> None:
+    kw.up()
+    app = _copy("node_lockfile", tmp_path)
+    package = app / "package.json"
+    package.write_text(package.read_text().replace('">=18"', '">=99"'))
+    result = kw.run("deploy", "express", str(app), "--host", "express.test", "--json")
+    assert result.code != 0
+    error = result.json()["error"]
+    assert "engines.node asks for '>=99'" in error["message"]
+    assert "this box has node" in error["message"]
+    assert kw.ok("apps", "--json").json().get("apps", []) == []
