@@ -22,7 +22,7 @@ from keelway.api import bodies
 from keelway.api.http import app_name, error_response, log, read_body, send_line
 from keelway.builds import cache as deps_cache
 from keelway.builds import gc as builds_gc
-from keelway.builds.errors import BuildError
+from keelway.builds.errors import BuildCommandError, BuildError
 from keelway.builds.manifest import Mode
 from keelway.builds.stage import stage
 from keelway.deploy import targets
@@ -65,8 +65,11 @@ def _final_event(task: asyncio.Task[dict[str, Any]]) -> dict[str, Any]:
     try:
         result = task.result()
     except BuildError as exc:
+        # `message` carries the failed step's last lines for a client that did not
+        # show the progress; `summary` is the line alone, for one that streamed them.
+        summary = exc.summary if isinstance(exc, BuildCommandError) else str(exc)
         return {"event": "error", "error": {
-            "code": "build-failed", "message": str(exc),
+            "code": "build-failed", "message": str(exc), "summary": summary,
             "hint": "fix the app and deploy again; nothing was changed"}}
     except OperationError as exc:
         return {"event": "error", "error": {

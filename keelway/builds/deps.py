@@ -120,7 +120,7 @@ def install_python(ctx: Context, python: toolchain.Python) -> None:
     if (tree / UV_LOCK).is_file():
         kind, inputs = "uv", _digest_files(tree, [UV_LOCK, PYPROJECT])
     elif (tree / REQUIREMENTS).is_file():
-        kind, inputs = "pip-requirements", _requirements_inputs(tree)
+        kind, inputs = "pip-requirements", requirements_inputs(tree)
     else:
         kind, inputs = "pip-project", json.dumps(project_dependencies(tree))
     key = None if inputs is None else ctx.key(kind, inputs=inputs,
@@ -194,7 +194,7 @@ def project_dependencies(tree: Path) -> list[str]:
     return list(wanted)
 
 
-def _requirements_inputs(tree: Path) -> str | None:
+def requirements_inputs(tree: Path) -> str | None:
     """The bytes requirements.txt installs from, with every file it includes (-r, -c);
     None when a requirement is a local path, which the key cannot cover."""
     seen: dict[str, str] = {}

@@ -15,18 +15,22 @@ from keelway.cli.output import EXIT_LOST, emit_json, fail, fail_json
 
 def run_operation(path: str, body: dict[str, Any], as_json: bool, what: str,
                   app: str) -> dict[str, Any]:
-    """POST a streaming operation: progress lines to stderr, then its result or error."""
+    """POST a streaming operation: progress lines to stderr, then its result or error.
+    A failed build's output is shown once: streamed, or in the error when nothing was."""
+    streamed = False
     for item in client(None).stream("POST", path, body):
         if item["event"] == "progress":
             if not as_json:
                 click.echo(f"-> {item['message']}", err=True)
+                streamed = True
         elif item["event"] == "error":
             err = item["error"]
             if item.get("replayed") and not as_json:
                 click.echo("(replayed: this key already ran)", err=True)
             if as_json:
                 fail_json(err["code"], err["message"], err.get("hint"))
-            fail(err["message"], err.get("hint"))
+            fail(err["summary"] if streamed and "summary" in err else err["message"],
+                 err.get("hint"))
         elif item["event"] == "result":
             result: dict[str, Any] = item["result"]
             if as_json:
