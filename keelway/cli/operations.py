@@ -297,8 +297,10 @@ def gc(dry_run: bool, as_json: bool) -> None:
     for item in aged:
         click.echo(f"{verb} kept copy {item['id']} of {item['instance']}")
     if data.get("freed_bytes"):
+        builds, entries = len(data["removed"]), len(cached)
         click.echo(f"{'would free' if dry_run else 'freed'} {_size(data['freed_bytes'])} "
-                   f"in {len(data['removed'])} builds and {len(cached)} cache entries")
+                   f"in {builds} build{'' if builds == 1 else 's'} and {entries} cache "
+                   f"entr{'y' if entries == 1 else 'ies'}")
 
 
 def _size(count: int) -> str:

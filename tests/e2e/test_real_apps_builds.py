@@ -111,3 +111,46 @@ def test_an_engines_node_the_box_lacks_is_refused_before_any_install(
     assert "engines.node asks for '>=99'" in error["message"]
     assert "this box has node" in error["message"]
     assert kw.ok("apps", "--json").json().get("apps", []) == []
+
+
+def _tiny(root: Path, toml: str) -> Path:
+    app = root / "tiny"
+    app.mkdir(exist_ok=True)
+    (app / "Procfile").write_text("web: python3 -m http.server $PORT --bind 127.0.0.1\n")
+    (app / "keelway.toml").write_text(toml)
+    return app
+
+
+def test_gc_frees_the_builds_of_releases_beyond_keep_and_says_how_much(
+        kw: Keelway, tmp_path: Path) -> None:
+    kw.replicate = False  # a replicator's generation pins the build it started with
+    kw.up()
+    app = _tiny(tmp_path, '[releases]\nkeep = 1\n[services.web]\nsettle = "0.2s"\n')
+    digests = []
+    for n in range(4):
+        (app / "page.txt").write_text(f"version {n}\n" * 20_000)
+        digests.append(kw.ok("deploy", "tiny", str(app), "--host", "tiny.test",
+                             "--json").json()["build"])
+    dry = kw.ok("gc", "--dry-run", "--json").json()
+    assert sorted(b["digest"] for b in dry["removed"]) == sorted(digests[:2])
+    assert (kw.home / "builds" / "tiny" / digests[0]).is_dir()  # a dry run removes nothing
+    human = kw.ok("gc").out
+    # v4 is kept (keep = 1) and v3 as the good build a failed deploy of v4 falls back to
+    assert f"removed tiny build {digests[0][:12]}" in human
+    assert "freed " in human and " in 2 builds" in human
+    assert sorted(p.name for p in (kw.home / "builds" / "tiny").iterdir()
+                  if not p.name.startswith(".")) == sorted(digests[2:])
+    assert kw.ok("gc", "--json").json()["freed_bytes"] == 0
+    assert kw.get("tiny.test", "/page.txt")[1].startswith(b"version 3\n")
+
+
+def test_a_failed_build_shows_its_output_once(kw: Keelway, tmp_path: Path) -> None:
+    kw.up()
+    # the command's text is not its output, which the progress streams once
+    app = _tiny(tmp_path, '[build]\ncommand = "echo the-build-\'\'broke; exit 3"\n')
+    human = kw.run("deploy", "tiny", str(app), "--host", "tiny.test")
+    assert human.code != 0
+    assert human.err.count("the-build-broke") == 1, human.err
+    assert "the [build] command failed with exit code 3" in human.err
+    as_json = kw.run("deploy", "tiny", str(app), "--host", "tiny.test", "--json")
+    assert "the-build-broke" in as_json.json()["error"]["message"]  # no progress shown there
