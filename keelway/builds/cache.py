@@ -104,19 +104,21 @@ class DepsCache:
         Raises CacheUnusable (with `dest` removed) when links cannot cross to `dest` or
         a gc removed the entry meanwhile."""
         linked = 0
+        source_root = str(entry.tree)
         try:
-            for directory, dirs, files in os.walk(entry.tree):
-                rel = Path(directory).relative_to(entry.tree)
-                target_dir = dest / rel
-                target_dir.mkdir(mode=0o700)
+            for directory, dirs, files in os.walk(source_root):
+                target_dir = os.path.normpath(
+                    os.path.join(dest, os.path.relpath(directory, source_root)))
+                os.mkdir(target_dir, 0o700)
                 for name in (*dirs, *files):
-                    source = Path(directory) / name
-                    if source.is_symlink():
-                        os.symlink(os.readlink(source), target_dir / name)
+                    source = os.path.join(directory, name)
+                    target = os.path.join(target_dir, name)
+                    if os.path.islink(source):
+                        os.symlink(os.readlink(source), target)
                         if name in dirs:
                             dirs.remove(name)  # os.walk does not follow it anyway
                     elif name in files:
-                        os.link(source, target_dir / name, follow_symlinks=False)
+                        os.link(source, target, follow_symlinks=False)
                         linked += 1
         except OSError as exc:
             remove_tree(dest)
@@ -140,16 +142,18 @@ class DepsCache:
         tmp = temp_path(self.root / key)
         try:
             tmp.mkdir(mode=0o700)
-            for directory, dirs, files in os.walk(tree):
-                rel = Path(directory).relative_to(tree)
-                (tmp / TREE / rel).mkdir(mode=0o700)
+            tree_root, copy_root = str(tree), str(tmp / TREE)
+            for directory, dirs, files in os.walk(tree_root):
+                copy_dir = os.path.normpath(
+                    os.path.join(copy_root, os.path.relpath(directory, tree_root)))
+                os.mkdir(copy_dir, 0o700)
                 for name in (*dirs, *files):
-                    source = Path(directory) / name
-                    if source.is_symlink():
-                        os.symlink(os.readlink(source), tmp / TREE / rel / name)
+                    source = os.path.join(directory, name)
+                    if os.path.islink(source):
+                        os.symlink(os.readlink(source), os.path.join(copy_dir, name))
                     elif name in files:
                         _freeze(source, owner_gid)
-                        os.link(source, tmp / TREE / rel / name, follow_symlinks=False)
+                        os.link(source, os.path.join(copy_dir, name), follow_symlinks=False)
             (tmp / ENTRY_META).write_text(json.dumps({"origin": str(tree), "what": what}))
             fsync_tree(tmp)
             failpoints.hit("cache.publish.before")
@@ -217,8 +221,8 @@ def _linked(path: Path) -> bool:
     return stat.S_ISREG(info.st_mode) and info.st_nlink > 1
 
 
-def _freeze(path: Path, owner_gid: int | None) -> None:
-    info = path.lstat()
+def _freeze(path: str, owner_gid: int | None) -> None:
+    info = os.lstat(path)
     mode = stat.S_IMODE(info.st_mode) & ~_WRITE_BITS
     if owner_gid is not None:
         os.chown(path, 0, owner_gid, follow_symlinks=False)

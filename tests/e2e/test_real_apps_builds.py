@@ -49,7 +49,7 @@ def _deploy(kw: Keelway, app: str, source: Path, *hosts: str) -> tuple[float, st
     return time.monotonic() - started, result.err
 
 
-def test_a_django_site_deploys_first_try_migrating_its_instance_database(
+def test_a_django_site_deploys_first_try_and_a_code_only_redeploy_reuses_its_dependencies(
         kw: Keelway, tmp_path: Path) -> None:
     kw.up()
     site = _copy("django_site", tmp_path)
@@ -60,26 +60,20 @@ def test_a_django_site_deploys_first_try_migrating_its_instance_database(
     assert body == b"notes: 1 in v1\n"  # the table exists: `release` ran migrate
     assert kw.get("site.test")[1] == b"notes: 2 in v1\n"
 
-
-def test_a_code_only_redeploy_reuses_the_cached_dependencies(
-        kw: Keelway, tmp_path: Path) -> None:
-    kw.up()
-    site = _copy("django_site", tmp_path)
-    _deploy(kw, "site", site, "site.test")
     views = site / "notes" / "views.py"
     views.write_text(views.read_text().replace('GREETING = "notes"', 'GREETING = "memos"'))
     took, progress = _deploy(kw, "site", site)
     assert "dependency cache: reusing .venv" in progress, progress
     assert "pip install" not in progress and "creating a virtualenv" not in progress
     status, body, _ = kw.get("site.test")
-    assert (status, body) == (200, b"memos: 1 in v2\n")
+    assert (status, body) == (200, b"memos: 3 in v2\n")  # the same database, migrated
     # the two builds share the installed files rather than holding a copy each
     builds = sorted((kw.home / "builds" / "site").iterdir())
     django_init = [b / ".venv/lib/python3.11/site-packages/django/__init__.py"
                    for b in builds if not b.name.startswith(".")]
     assert len(django_init) == 2
     assert os.stat(django_init[0]).st_ino == os.stat(django_init[1]).st_ino
-    # well inside the redeploy target: no install, boot and a 1 s settle
+    # no install: staging, the release command, boot and a 1 s settle
     assert took < 30, f"the code-only redeploy took {took:.1f} s"
 
 
@@ -91,12 +85,7 @@ def test_an_express_app_with_a_lockfile_and_no_procfile_deploys_first_try(
     assert "npm ci" in progress or "dependency cache: reusing node_modules" in progress
     status, body, _ = kw.get("express.test")
     assert (status, body) == (200, b"express on express.test (v1)\n")
-    server = app / "server.js"
-    server.write_text(server.read_text().replace('greeting = "express"',
-                                                 'greeting = "still express"'))
-    _took, progress = _deploy(kw, "express", app)
-    assert "dependency cache: reusing node_modules" in progress, progress
-    assert kw.get("express.test")[1] == b"still express on express.test (v2)\n"
+    # its code-only redeploy: the test with a uid per tenant below
 
 
 def test_an_engines_node_the_box_lacks_is_refused_before_any_install(
@@ -154,3 +143,25 @@ def test_a_failed_build_shows_its_output_once(kw: Keelway, tmp_path: Path) -> No
     assert "the [build] command failed with exit code 3" in human.err
     as_json = kw.run("deploy", "tiny", str(app), "--host", "tiny.test", "--json")
     assert "the-build-broke" in as_json.json()["error"]["message"]  # no progress shown there
+
+
+def test_with_a_uid_per_tenant_the_shared_files_are_readable_by_the_app_and_writable_by_none(
+        kw_root: Keelway, tmp_path: Path) -> None:
+    kw = kw_root
+    kw.up()
+    app = _copy("node_lockfile", tmp_path)
+    kw.ok("deploy", "express", str(app), "--host", "express.test", timeout_s=300)
+    server = app / "server.js"
+    server.write_text(server.read_text().replace('greeting = "express"',
+                                                 'greeting = "tenant express"'))
+    progress = kw.ok("deploy", "express", str(app), timeout_s=300).err
+    assert "dependency cache: reusing node_modules" in progress, progress
+    assert kw.get("express.test")[1] == b"tenant express on express.test (v2)\n"
+    builds = [b for b in (kw.home / "builds" / "express").iterdir()
+              if not b.name.startswith(".")]
+    infos = [os.stat(b / "node_modules" / "express" / "package.json") for b in builds]
+    assert len({i.st_ino for i in infos}) == 1  # one inode, two builds
+    (info,) = {(i.st_uid, i.st_gid, i.st_mode & 0o777) for i in infos}
+    uid, gid, mode = info
+    assert uid == 0 and gid != 0  # root's, the app's group's
+    assert mode == 0o440  # the group reads; nobody writes; others see nothing
