@@ -49,6 +49,7 @@ def _deploy(kw: Keelway, app: str, source: Path, *hosts: str) -> tuple[float, st
     return time.monotonic() - started, result.err
 
 
+@pytest.mark.timeout(300)  # its first deploy installs Django and gunicorn from PyPI
 def test_a_django_site_deploys_first_try_and_a_code_only_redeploy_reuses_its_dependencies(
         kw: Keelway, tmp_path: Path) -> None:
     kw.up()
@@ -77,6 +78,7 @@ def test_a_django_site_deploys_first_try_and_a_code_only_redeploy_reuses_its_dep
     assert took < 30, f"the code-only redeploy took {took:.1f} s"
 
 
+@pytest.mark.timeout(300)  # installs express from npm
 def test_an_express_app_with_a_lockfile_and_no_procfile_deploys_first_try(
         kw: Keelway, tmp_path: Path) -> None:
     kw.up()
@@ -145,6 +147,7 @@ def test_a_failed_build_shows_its_output_once(kw: Keelway, tmp_path: Path) -> No
     assert "the-build-broke" in as_json.json()["error"]["message"]  # no progress shown there
 
 
+@pytest.mark.timeout(300)  # installs express from npm
 def test_with_a_uid_per_tenant_the_shared_files_are_readable_by_the_app_and_writable_by_none(
         kw_root: Keelway, tmp_path: Path) -> None:
     kw = kw_root
