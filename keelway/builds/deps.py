@@ -191,6 +191,10 @@ def project_dependencies(tree: Path) -> list[str]:
     if not isinstance(wanted, list) or not all(isinstance(d, str) for d in wanted):
         raise BuildInputError(f"{PYPROJECT} [project] dependencies must be a list of "
                               "requirement strings")
+    for item in wanted:
+        if item.strip().startswith("-"):  # pip would read it as an option
+            raise BuildInputError(f"{PYPROJECT} [project] dependencies: {item!r} is not a "
+                                  "requirement (PEP 508), it looks like a pip option")
     return list(wanted)
 
 
