@@ -9,15 +9,16 @@ Rules:
   Names follow keelway/names.py's SERVICE rule and are unique. `release` is the one-shot
   release command, not a service; `run` is reserved for one-off processes (`keelway
   run`). A `web` process is required: keelway routes HTTP to it.
-- No Procfile but a package.json with a `start` script: `web: npm start`.
-- keelway.toml holds `[build] command`, `[releases] keep` (releases kept per app, at
-  least 1, default 10), `[services.<name>]` tables with `mode`,
+- keelway.toml holds `[build] command`, `[services.<name>]` tables with `mode`,
   `health`, `settle`, `stop_grace`, `idle`, and `[data]` with `snapshot_every` (a
   duration; none: no scheduled snapshots) and `keep` (snapshots kept per instance, at
   least 1, default 24). Unknown keys and services not in the
   Procfile are errors, so a typo never silently falls back to a default.
 - Every problem raises `ManifestError` with a message naming the file (and line, where
   there is one) and what to change. Validation never uses `assert`.
+- No Procfile but a package.json with a `start` script: the web is `npm start`, as
+  Heroku's Node buildpack has it. `[releases] keep` (at least 1, default 10) is how many
+  of an app's newest releases keep their builds from gc.
 """
 
 from __future__ import annotations
