@@ -25,7 +25,6 @@ from keelway.builds import gc as builds_gc
 from keelway.builds.errors import BuildCommandError, BuildError
 from keelway.builds.manifest import Mode
 from keelway.builds.stage import stage
-from keelway.deploy import targets
 from keelway.deploy.deployer import Deployer, InstanceResult
 from keelway.deploy.errors import OperationError, UserError
 from keelway.deploy.outcome import Progress
@@ -268,12 +267,13 @@ class Operations:
 
     async def gc(self, request: web.Request) -> web.Response:
         body: bodies.GcBody = await read_body(request, bodies.GcBody)
-        newest = {}
+        # each app's [releases] keep, from its newest release's build
+        paths = {(b.app, b.digest): Path(b.path) for b in self.store.list_builds()}
+        newest: dict[str, Path | None] = {}
         for record in self.store.list_apps():
             releases = self.store.list_releases(record.name)
             if releases:
-                newest[record.name] = targets.build_path(self.store, record.name,
-                                                         releases[0].build_digest)
+                newest[record.name] = paths.get((record.name, releases[0].build_digest))
         keep = await asyncio.to_thread(builds_gc.releases_keep, newest)
         async with self._gc_lock:
             pinned = self.store.pinned_builds(keep) | {
