@@ -6,7 +6,7 @@ import json
 import sqlite3
 from collections.abc import Mapping
 
-from keelway.journal import Cause
+from keelway.journal import REPLICA, Cause
 from keelway.store import identities
 from keelway.store.base import Conflict, NotFound, StoreBase
 from keelway.store.hosts import refuse_claimed
@@ -138,13 +138,16 @@ class Catalog(StoreBase):
         two newest releases on a good build (a fallback skips the build being deployed,
         so the one before must stay), of a release deferred to a parked instance, of
         every generation ACTIVE names (a parked instance's too) and of any generation
-        not gone (in-flight attempts)."""
+        not gone (in-flight attempts). A replicator's generation pins nothing: it runs
+        keelway's own program in the data dir, and carries its web's build as a label
+        only, which after a redeploy would pin the first build for as long as it runs."""
         pinned = {(r[0], r[1]) for r in self._all(
             "SELECT app, build_digest FROM generations WHERE state != 'gone' "
+            "AND service != ? "
             "UNION SELECT g.app, g.build_digest FROM active a "
             "JOIN generations g ON g.id = a.generation_id "
             "UNION SELECT r.app, r.build_digest FROM instances i "
-            "JOIN releases r ON r.app = i.app AND r.number = i.pending_release")}
+            "JOIN releases r ON r.app = i.app AND r.number = i.pending_release", REPLICA)}
         good = {(r[0], r[1]) for r in self._all(
             "SELECT app, digest FROM builds WHERE good = 1")}
         seen: dict[str, int] = {}

@@ -114,8 +114,7 @@ def _tiny(root: Path, toml: str) -> Path:
 
 def test_gc_frees_the_builds_of_releases_beyond_keep_and_says_how_much(
         kw: Keelway, tmp_path: Path) -> None:
-    kw.replicate = False  # a replicator's generation pins the build it started with
-    kw.up()
+    kw.up()  # with a replicator, whose generation names the first build it ran beside
     app = _tiny(tmp_path, '[releases]\nkeep = 1\n[services.web]\nsettle = "0.2s"\n')
     digests = []
     for n in range(4):

@@ -4,7 +4,7 @@ for it."""
 
 from __future__ import annotations
 
-from keelway.journal import Cause
+from keelway.journal import REPLICA, Cause
 from keelway.store import Store
 
 
@@ -51,3 +51,10 @@ def test_a_release_deferred_to_a_parked_instance_stays_pinned(store: Store) -> N
     store.defer_release("a.test", schedule_rev=inst.schedule_rev, number=1,
                         cause=Cause.RELEASE, release=None)
     assert store.pinned_builds({"blog": 1}) == {("blog", _digest(3)), ("blog", _digest(1))}
+
+
+def test_a_replicator_running_since_the_first_release_pins_no_build(store: Store) -> None:
+    _releases(store, 3)
+    store.plan_generation(app="blog", instance="a.test", service=REPLICA, release=1,
+                          build_digest=_digest(1), op_id=None, port=None)
+    assert store.pinned_builds({"blog": 1}) == {("blog", _digest(3))}
