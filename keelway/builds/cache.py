@@ -134,7 +134,8 @@ class DepsCache:
         """Keep `tree` (an installed venv or node_modules inside a build being staged) as
         the entry `key`. Its files become read-only and, with `owner_gid`, root's and that
         group's: the build shares the same inodes. False when an entry of that key
-        already exists (another build published it first) or links cannot cross."""
+        already exists (another build published it first); CacheUnusable, with nothing
+        left behind, when links cannot cross from the build to the cache."""
         if self.lookup(key) is not None:
             return False
         self.root.parent.mkdir(mode=0o700, exist_ok=True)
@@ -169,7 +170,8 @@ class DepsCache:
         except OSError as exc:
             remove_tree(tmp)
             if exc.errno == errno.EXDEV:
-                return False
+                raise CacheUnusable(f"the cache {self.root} is on another filesystem "
+                                    "than the builds") from exc
             raise
         return True
 

@@ -359,8 +359,11 @@ def _publish(ctx: Context, key: str, tree: Path, what: str) -> None:
     if ctx.cache is None:
         return
     gid = None if ctx.builder is None else ctx.builder.gid
-    if ctx.cache.publish(key, tree, what=what, owner_gid=gid):
-        ctx.progress(f"dependency cache: kept {what} as {key[:12]}")
+    try:
+        if ctx.cache.publish(key, tree, what=what, owner_gid=gid):
+            ctx.progress(f"dependency cache: kept {what} as {key[:12]}")
+    except CacheUnusable as exc:
+        ctx.progress(f"dependency cache: {exc}; {what} not kept")
 
 
 def _digest_files(tree: Path, names: list[str]) -> str | None:

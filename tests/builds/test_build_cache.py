@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import pytest
 
 from keelway.builds import deps
 from keelway.builds import gc as builds_gc
-from keelway.builds.cache import ENTRY_META, DepsCache
+from keelway.builds.cache import ENTRY_META, CacheUnusable, DepsCache
 from keelway.builds.stage import stage
 from keelway.durable import TEMP_PREFIX, temp_path
 from keelway.identity import Identity
@@ -122,3 +124,29 @@ def test_gc_removes_cache_entries_no_build_links_and_keeps_used_ones(
     (removed,) = builds_gc.collect_cache(cache)
     assert removed[1] > 1_000_000  # a venv with pip in it
     assert list(cache.root.iterdir()) == []
+
+
+def test_a_cache_on_another_filesystem_is_not_used_and_leaves_nothing_behind(
+        tmp_path: Path) -> None:
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("no second filesystem to put the cache on")
+    other = Path(tempfile.mkdtemp(dir=shm))
+    try:
+        cache = DepsCache(other / "cache")
+        tree = tmp_path / "venv"
+        tree.mkdir()
+        (tree / "mod.py").write_text("A = 1\n")
+        with pytest.raises(CacheUnusable, match="another filesystem"):
+            cache.publish("k" * 64, tree, what="venv", owner_gid=None)
+        assert list(cache.root.iterdir()) == []  # no half-written entry
+        (cache.root / ("e" * 64) / "tree").mkdir(parents=True)
+        (cache.root / ("e" * 64) / "tree" / "mod.py").write_text("A = 1\n")
+        (cache.root / ("e" * 64) / ENTRY_META).write_text('{"origin": "/x"}')
+        entry = cache.lookup("e" * 64)
+        assert entry is not None
+        with pytest.raises(CacheUnusable, match="another filesystem"):
+            cache.link_into(entry, tmp_path / "dest")
+        assert not (tmp_path / "dest").exists()
+    finally:
+        shutil.rmtree(other)
