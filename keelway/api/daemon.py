@@ -39,6 +39,7 @@ from aiohttp import web
 from keelway.activator.sweep import Sweep
 from keelway.api.run_server import RunServer
 from keelway.api.server import Api
+from keelway.builds import cache as deps_cache
 from keelway.builds.manifest import REPLICA
 from keelway.builds.stage import stage, sweep
 from keelway.clock import Clock, SystemClock
@@ -236,6 +237,8 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     router = await _boot_router(home, http_addr, settings)
     http_port = router_process.parse_addr(http_addr)[1]
     sweep(home.builds_dir)
+    if (cache := deps_cache.for_home(home.root)) is not None:
+        cache.sweep()
     for directory in (home.router_dir, home.root / "env", home.root / "current"):
         sweep_temp(directory)
     store = SqliteStore(home.store_path, clock)

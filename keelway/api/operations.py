@@ -20,8 +20,9 @@ from aiohttp import web
 
 from keelway.api import bodies
 from keelway.api.http import app_name, error_response, log, read_body, send_line
+from keelway.builds import cache as deps_cache
 from keelway.builds import gc as builds_gc
-from keelway.builds.errors import BuildError
+from keelway.builds.errors import BuildCommandError, BuildError
 from keelway.builds.manifest import Mode
 from keelway.builds.stage import StagedBuild, stage
 from keelway.deploy.deployer import Deployer, InstanceResult
@@ -81,8 +82,11 @@ def _final_event(task: asyncio.Task[dict[str, Any]]) -> dict[str, Any]:
     try:
         result = task.result()
     except BuildError as exc:
+        # `message` carries the failed step's last lines for a client that did not
+        # show the progress; `summary` is the line alone, for one that streamed them.
+        summary = exc.summary if isinstance(exc, BuildCommandError) else str(exc)
         return {"event": "error", "error": {
-            "code": "build-failed", "message": str(exc),
+            "code": "build-failed", "message": str(exc), "summary": summary,
             "hint": "fix the app and deploy again; nothing was changed"}}
     except OperationError as exc:
         return {"event": "error", "error": {
@@ -139,6 +143,7 @@ class Operations:
                 stage, source, builds_dir=self.home.builds_dir, app=body.app, ref=body.ref,
                 git=body.git, progress=progress,
                 builder=self.deployer.supervisor.identities.builder(body.app),
+                cache=deps_cache.for_home(self.home.root),
             )
             progress(f"build {staged.digest[:12]} " + ("reused" if staged.reused else "staged"))
             origin = await asyncio.to_thread(_source_of, source, staged, body.ref)
@@ -282,21 +287,43 @@ class Operations:
 
     async def gc(self, request: web.Request) -> web.Response:
         body: bodies.GcBody = await read_body(request, bodies.GcBody)
+        # each app's [releases] keep, from its newest release's build
+        paths = {(b.app, b.digest): Path(b.path) for b in self.store.list_builds()}
+        newest: dict[str, Path | None] = {}
+        for record in self.store.list_apps():
+            releases = self.store.list_releases(record.name)
+            if releases:
+                newest[record.name] = paths.get((record.name, releases[0].build_digest))
+        keep = await asyncio.to_thread(builds_gc.releases_keep, newest)
         async with self._gc_lock:
-            pinned = self.store.pinned_builds() | {
+            pinned = self.store.pinned_builds(keep) | {
                 (app, digest) for app, digest in builds_gc.staged_builds(self.home.builds_dir)
                 if app in self._deploying
             }
+            doomed = [build for build in builds_gc.staged_builds(self.home.builds_dir)
+                      if build not in pinned]
+            sizes = await asyncio.to_thread(builds_gc.freed_bytes, self.home.builds_dir,
+                                            doomed)
             removed = await asyncio.to_thread(builds_gc.collect, self.home.builds_dir, pinned,
                                               dry_run=body.dry_run)
             if not body.dry_run:
                 for app, digest in removed:
                     self.store.forget_build(app, digest)
+            # after the builds: an entry is unused once no build links its files
+            cached = await asyncio.to_thread(builds_gc.collect_cache,
+                                             deps_cache.for_home(self.home.root),
+                                             dry_run=body.dry_run)
         # Snapshots beyond each instance's `[data] keep` (keelway/deploy/restore.py).
         pruned = await self.snapshots.prune_all(body.dry_run) if self.snapshots else []
         # Copies restores kept, past their retention (keelway/data/kept.py).
         aged = await self.snapshots.prune_kept(body.dry_run) if self.snapshots else []
-        return web.json_response({"removed": [{"app": a, "digest": d} for a, d in removed],
+        freed = sum(sizes.get(build, 0) for build in removed) + sum(b for _k, b in cached)
+        return web.json_response({"removed": [{"app": a, "digest": d,
+                                               "freed_bytes": sizes.get((a, d), 0)}
+                                              for a, d in removed],
+                                  "cache_removed": [{"key": k, "freed_bytes": b}
+                                                    for k, b in cached],
+                                  "freed_bytes": freed,
                                   "snapshots_removed": [{"instance": h, "id": i}
                                                         for h, i in pruned],
                                   "kept_removed": [{"instance": h, "id": i} for h, i in aged],

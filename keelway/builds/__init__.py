@@ -8,8 +8,11 @@ Modules, lowest first (each imports only those above it, plus keelway.durable):
     extract     safe tar extraction
     tree        copy, digest, seal, flush and remove a staged tree
     build_step  run one build step in its own process group, logged
+    toolchain   the Pythons and the node this box has; .python-version, engines.node
+    cache       installed dependencies by key, shared with builds by hard links
+    deps        detect an app's dependencies and install them (or link them from cache)
     stage       directory | tarball | git ref -> builds/<app>/<digest>/, and sweep()
-    gc          remove staged builds nothing pins
+    gc          remove staged builds nothing pins, and unused cache entries
 """
 
 from keelway.builds.errors import (

@@ -43,11 +43,15 @@ class UnsafeArchiveError(BuildInputError):
 
 
 class BuildCommandError(BuildError):
-    """A build step exited non-zero or timed out; `tail` holds its last output lines."""
+    """A build step exited non-zero or timed out; `tail` holds its last output lines.
+
+    `str()` is the summary and the tail, for a reader who did not see the step's output
+    stream by; `summary` alone is for one who did (the CLI shows each line once)."""
 
     def __init__(self, message: str, tail: list[str]) -> None:
         shown = "\n".join(f"  | {line}" for line in tail)
         super().__init__(f"{message}\n{shown}" if tail else message)
+        self.summary = message
         self.tail = tail
 
 

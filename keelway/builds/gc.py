@@ -20,6 +20,9 @@ import os
 import tempfile
 from pathlib import Path
 
+from keelway.builds.cache import DepsCache, unshared_bytes
+from keelway.builds.errors import BuildError
+from keelway.builds.manifest import DEFAULT_KEEP_RELEASES, load_manifest
 from keelway.builds.stage import DIGEST_RE
 from keelway.builds.tree import remove_tree
 from keelway.durable import TEMP_PREFIX, fsync_dir
@@ -55,6 +58,37 @@ def collect(
     for app, digest in doomed:
         _remove_build(Path(builds_dir) / app, digest)
     return doomed
+
+
+def freed_bytes(builds_dir: Path, builds: list[tuple[str, str]]) -> dict[tuple[str, str], int]:
+    """What removing each build frees: its files no other build or cache entry links."""
+    return {(app, digest): unshared_bytes(Path(builds_dir) / app / digest)
+            for app, digest in builds}
+
+
+def releases_keep(build_paths: dict[str, Path | None]) -> dict[str, int]:
+    """Each app's `[releases] keep`, from the keelway.toml of its newest release's build
+    (the default when that build is gone or its manifest no longer reads)."""
+    keep = {}
+    for app, path in build_paths.items():
+        try:
+            keep[app] = (load_manifest(path).releases_keep if path is not None
+                         else DEFAULT_KEEP_RELEASES)
+        except (OSError, BuildError):
+            keep[app] = DEFAULT_KEEP_RELEASES
+    return keep
+
+
+def collect_cache(cache: DepsCache | None, *, dry_run: bool = False) -> list[tuple[str, int]]:
+    """Remove the dependency cache entries no staged build shares a file with; returns
+    (key, bytes freed) of each. A later build of such a key installs it again."""
+    if cache is None:
+        return []
+    found = []
+    for entry in cache.unused():
+        freed = unshared_bytes(entry) if dry_run else cache.remove(entry)
+        found.append((entry.name, freed))
+    return found
 
 
 def _remove_build(app_dir: Path, digest: str) -> None:

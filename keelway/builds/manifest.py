@@ -17,6 +17,9 @@ Rules:
   Procfile are errors, so a typo never silently falls back to a default.
 - Every problem raises `ManifestError` with a message naming the file (and line, where
   there is one) and what to change. Validation never uses `assert`.
+- No Procfile but a package.json with a `start` script: the web is `npm start`, as
+  Heroku's Node buildpack has it. `[releases] keep` (at least 1, default 10) is how many
+  of an app's newest releases keep their builds from gc.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ DEFAULT_READY_TIMEOUT_S = 60.0
 DEFAULT_SETTLE_S = 10.0
 DEFAULT_STOP_GRACE_S = 10.0
 DEFAULT_KEEP_SNAPSHOTS = 24
+DEFAULT_KEEP_RELEASES = 10
 
 _DURATION_RE = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h))+")
 _DURATION_PART_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
@@ -91,6 +95,8 @@ class Manifest:
     release_command: str | None = None
     build_command: str | None = None
     data: DataSpec = DataSpec()
+    # releases kept per app, their builds pinned (gc: keelway/store/catalog.py)
+    releases_keep: int = DEFAULT_KEEP_RELEASES
 
 
 # keelway.toml as written by the user; turned into ServiceSpecs by `_apply`.
@@ -112,10 +118,15 @@ class _DataTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     keep: int | None = None
 
 
+class _ReleasesTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    keep: int | None = None
+
+
 class _ConfigFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     build: _BuildTable | None = None
     services: dict[str, dict[str, object]] = {}
     data: _DataTable | None = None
+    releases: _ReleasesTable | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +134,7 @@ class _Config:
     build_command: str | None = None
     services: dict[str, _ServiceTable] = field(default_factory=dict)
     data: _DataTable | None = None
+    releases_keep: int | None = None
 
 
 def load_manifest(directory: Path) -> Manifest:
@@ -132,17 +144,31 @@ def load_manifest(directory: Path) -> Manifest:
     """
     directory = Path(directory)
     procfile = directory / PROCFILE
-    if not procfile.is_file():
+    if procfile.is_file():
+        commands = parse_procfile(_read_text(procfile))
+    elif (start := _npm_start(directory)) is not None:
+        commands = {WEB: start}  # as Heroku's Node buildpack: `npm start` is the web
+    else:
         raise ManifestError(
             f"no {PROCFILE} at the top of the app: add one with a line like "
             "`web: python -m myapp` (the web process listens on 127.0.0.1:$PORT)"
         )
-    commands = parse_procfile(_read_text(procfile))
     config_path = directory / CONFIG_FILE
     config = _Config()
     if config_path.is_file():
         config = _parse_config(config_path.read_bytes())
     return _apply(commands, config)
+
+
+def _npm_start(directory: Path) -> str | None:
+    """`npm start` when package.json has a `start` script, for an app with no Procfile."""
+    try:
+        package = msgspec.json.decode((directory / "package.json").read_bytes())
+    except (OSError, msgspec.DecodeError):
+        return None  # no package.json, or one the build's install step will refuse
+    scripts = package.get("scripts") if isinstance(package, dict) else None
+    start = scripts.get("start") if isinstance(scripts, dict) else None
+    return "npm start" if isinstance(start, str) and start.strip() else None
 
 
 def _read_text(path: Path) -> str:
@@ -199,7 +225,7 @@ def _parse_config(data: bytes) -> _Config:
         except msgspec.ValidationError as exc:
             raise ManifestError(f"{CONFIG_FILE} [services.{name}]{_where(str(exc))}") from exc
     return _Config(build_command=top.build.command if top.build else None, services=services,
-                   data=top.data)
+                   data=top.data, releases_keep=top.releases.keep if top.releases else None)
 
 
 def _where(message: str, *, tables: bool = False) -> str:
@@ -270,7 +296,17 @@ def _apply(commands: dict[str, str], config: _Config) -> Manifest:
         release_command=commands.get(RELEASE),
         build_command=build_command,
         data=_data(config.data),
+        releases_keep=_releases_keep(config.releases_keep),
     )
+
+
+def _releases_keep(keep: int | None) -> int:
+    if keep is None:
+        return DEFAULT_KEEP_RELEASES
+    if keep < 1:
+        raise ManifestError(f"{CONFIG_FILE} [releases] keep: {keep} must be at least 1 (the "
+                            "current release is always kept)")
+    return keep
 
 
 def _data(table: _DataTable | None) -> DataSpec:

@@ -3,8 +3,9 @@
 Owns the layout of `builds_dir`:
 
     builds/<app>/<digest>/        a complete, sealed build: source + build outputs
-                                  (`.venv/` when the app has requirements.txt, anything
-                                  the [build] command wrote, `.keelway-build.log`)
+                                  (`.venv/`, `node_modules/` as keelway/builds/deps.py
+                                  detects them, anything the [build] command wrote,
+                                  `.keelway-build.log`)
     builds/<app>/.tmp-<random>/   a staging in progress, or a crash's leftover
     builds/<app>/.tmp-<random>.tar  a git export in progress, or a crash's leftover
 
@@ -33,9 +34,7 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 import subprocess
-import sys
 import tarfile
 import tempfile
 from collections.abc import Callable
@@ -45,7 +44,9 @@ from pathlib import Path
 from typing import IO, assert_never
 
 from keelway import identity, names
-from keelway.builds.build_step import BUILD_TIMEOUT_S, build_env, run_step
+from keelway.builds import deps
+from keelway.builds.build_step import BUILD_TIMEOUT_S, build_env
+from keelway.builds.cache import DepsCache
 from keelway.builds.errors import BuildError, SourceError, StagingError
 from keelway.builds.extract import safe_extract_tar
 from keelway.builds.manifest import Manifest, load_manifest
@@ -63,8 +64,8 @@ from keelway.identity import Identity
 Progress = Callable[[str], None]
 
 DIGEST_RE = re.compile(r"[0-9a-f]{64}")
-VENV_DIR = ".venv"
-REQUIREMENTS = "requirements.txt"
+VENV_DIR = deps.VENV_DIR
+REQUIREMENTS = deps.REQUIREMENTS
 _GIT_ENV_DROPPED = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY")
 
 
@@ -99,11 +100,14 @@ def stage(
     progress: Progress = _no_progress,
     build_timeout_s: float = BUILD_TIMEOUT_S,
     builder: Identity | None = None,
+    cache: DepsCache | None = None,
 ) -> StagedBuild:
     """Stage `source` as a build of `app` and return it, built and sealed. With a
     `builder` (keelway/identity.py) the build steps run as it, in a tree it owns until
     the seal, and the sealed build is root's, readable by the builder's group alone.
 
+    With a `cache` (keelway/builds/cache.py), dependencies whose key matches an entry
+    are linked from it, and those installed here are kept in it.
     `git=True` or a `ref` exports that commit (default HEAD) of the repository at
     `source`; otherwise a directory is copied and a file must be a tar archive.
     Raises a BuildError subclass (ManifestError, SourceError, UnsafeArchiveError,
@@ -131,7 +135,7 @@ def stage(
     try:
         return _stage_into(
             tmp, source, kind, app=app, ref=ref, progress=progress,
-            build_timeout_s=build_timeout_s, builder=builder,
+            build_timeout_s=build_timeout_s, builder=builder, cache=cache,
         )
     except BuildError:
         remove_tree(tmp)
@@ -175,6 +179,7 @@ def _stage_into(
     progress: Progress,
     build_timeout_s: float,
     builder: Identity | None,
+    cache: DepsCache | None,
 ) -> StagedBuild:
     app_dir = tmp.parent
     progress(f"staging {app} from {kind.value} {source}")
@@ -204,7 +209,7 @@ def _stage_into(
         identity.own_tree(tmp, builder)  # its steps write there, and nowhere else
     _build(
         tmp, final, manifest, app=app, digest=digest, progress=progress,
-        timeout_s=build_timeout_s, builder=builder,
+        timeout_s=build_timeout_s, builder=builder, cache=cache,
     )
     progress("sealing the build")
     seal(tmp)
@@ -289,113 +294,37 @@ def _build(
     progress: Progress,
     timeout_s: float,
     builder: Identity | None = None,
+    cache: DepsCache | None = None,
 ) -> None:
-    """Run the build steps in `tmp`: a venv for requirements.txt, then [build] command."""
-    venv = tmp / VENV_DIR
-    requirements = tmp / REQUIREMENTS
-    has_venv = requirements.is_file()
-    env = build_env(tmp, venv if has_venv else None, app=app, digest=digest)
+    """Run the build steps in `tmp`: the dependencies keelway/builds/deps.py detects
+    (from the cache when their key matches), then the [build] command."""
+    python = deps.check(tmp, tenants_reach=builder is not None, progress=progress)
+    venv = tmp / deps.VENV_DIR
+    env = build_env(tmp, venv if python is not None else None, app=app, digest=digest)
     if builder is not None:
         env["HOME"] = str(tmp)  # root's home is not the builder's to write
+    # Tools' own caches (npm's, uv's) go outside the tree, so none is sealed into the
+    # build; a crash leaves it as a `.tmp-` entry of builds/<app> for `sweep`.
+    scratch = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=tmp.parent))
+    if builder is not None:
+        os.chown(scratch, builder.uid, builder.gid)
     log_fd = os.open(tmp / BUILD_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    with os.fdopen(log_fd, "ab") as log:
-        if has_venv:
-            progress("creating a virtualenv for requirements.txt")
-            run_step(
-                [_venv_python(builder), "-m", "venv", str(venv)],
-                what="create the virtualenv",
-                cwd=tmp,
-                env=env,
-                log=log,
-                progress=progress,
-                timeout_s=timeout_s,
-                builder=builder,
-            )
-            if _lists_requirements(requirements):
-                progress("installing requirements")
-                run_step(
-                    [
-                        str(venv / "bin" / "python"),
-                        "-m",
-                        "pip",
-                        "install",
-                        "--disable-pip-version-check",
-                        "--no-input",
-                        "-r",
-                        REQUIREMENTS,
-                    ],
-                    what="pip install -r requirements.txt",
-                    cwd=tmp,
-                    env=env,
-                    log=log,
-                    progress=progress,
-                    timeout_s=timeout_s,
-                    builder=builder,
-                )
-            else:
-                progress("requirements.txt lists nothing to install")
-        if manifest.build_command is not None:
-            progress(f"running the build command: {manifest.build_command}")
-            run_step(
-                ["sh", "-c", manifest.build_command],
-                what="the [build] command",
-                cwd=tmp,
-                env=env,
-                log=log,
-                progress=progress,
-                timeout_s=timeout_s,
-                builder=builder,
-            )
-    if has_venv:
-        _relocate_venv(venv, tmp, final)
-
-
-def _venv_python(builder: Identity | None) -> str:
-    """The Python a build's venv is made with: keelway's own, unless the builder (and so
-    the instances, which run the venv's links to it) cannot reach it, as with a Python
-    under /root; then the first `python3` on PATH that every uid can run."""
-    if builder is None or identity.reachable(Path(sys.executable).resolve().parent):
-        return sys.executable
-    for entry in os.environ.get("PATH", os.defpath).split(os.pathsep):
-        candidate = Path(entry) / "python3"
-        real = candidate.resolve()
-        if (real.is_file() and real.stat().st_mode & stat.S_IXOTH
-                and identity.reachable(real.parent)):
-            return str(candidate)
-    raise StagingError(
-        "no python3 that a tenant's uid can run was found on PATH (keelway's own "
-        f"{sys.executable} is not reachable by other users): install python3 for all "
-        "users, or run keelway from a Python other users can reach")
-
-
-def _lists_requirements(path: Path) -> bool:
-    """False when requirements.txt holds only blank lines and comments (nothing to run)."""
-    for line in path.read_text(errors="replace").splitlines():
-        if line.strip() and not line.strip().startswith("#"):
-            return True
-    return False
-
-
-def _relocate_venv(venv: Path, tmp: Path, final: Path) -> None:
-    """Point the venv's scripts at the final build path instead of the temp one.
-
-    Scripts pip writes carry `#!<tmp>/.venv/bin/python`, which stops existing at the
-    rename. Text files in `.venv/bin` and `pyvenv.cfg` are rewritten here, in the temp
-    dir, before the tree is sealed.
-    """
-    old, new = os.fsencode(str(tmp)) + b"/", os.fsencode(str(final)) + b"/"
-    candidates = [venv / "pyvenv.cfg"]
-    bin_dir = venv / "bin"
-    if bin_dir.is_dir():
-        candidates += sorted(bin_dir.iterdir())
-    for path in candidates:
-        if path.is_symlink() or not path.is_file():
-            continue
-        data = path.read_bytes()
-        if old in data and b"\0" not in data:
-            mode = path.stat().st_mode
-            path.write_bytes(data.replace(old, new))
-            os.chmod(path, mode)
+    try:
+        with os.fdopen(log_fd, "ab") as log:
+            ctx = deps.Context(tree=tmp, env=env, log=log, progress=progress,
+                               timeout_s=timeout_s, builder=builder, cache=cache, app=app,
+                               scratch=scratch)
+            if python is not None:
+                deps.install_python(ctx, python)
+            if deps.wants_node(tmp):
+                deps.install_node(ctx, run_build_script=manifest.build_command is None)
+            if manifest.build_command is not None:
+                progress(f"running the build command: {manifest.build_command}")
+                ctx.step(["sh", "-c", manifest.build_command], "the [build] command")
+    finally:
+        remove_tree(scratch)
+    if python is not None:
+        deps.relocate_venv(venv, tmp, final)
 
 
 def sweep(builds_dir: Path) -> list[Path]:

@@ -19,12 +19,14 @@ Invariants:
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import shutil
 import stat
 import struct
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from keelway.builds.errors import SourceError
@@ -154,16 +156,35 @@ def _kind(path: Path) -> str:
 
 
 def seal(root: Path) -> None:
-    """Clear every write bit in the tree (files and directories; symlinks have none)."""
-    for _rel, path in [(Path(), root), *_walk_all(root)]:
-        info = path.lstat()
-        if not stat.S_ISLNK(info.st_mode):
-            os.chmod(path, stat.S_IMODE(info.st_mode) & ~_WRITE_BITS)
+    """Clear every write bit in the tree (files and directories; symlinks have none).
+    A file with none already (one the dependency cache shares) is left untouched."""
+    for directory, dirs, files in os.walk(root):
+        for name in (*dirs, *files):
+            path = os.path.join(directory, name)
+            info = os.lstat(path)
+            if not stat.S_ISLNK(info.st_mode) and info.st_mode & _WRITE_BITS:
+                os.chmod(path, stat.S_IMODE(info.st_mode) & ~_WRITE_BITS)
+    info = os.lstat(root)
+    os.chmod(root, stat.S_IMODE(info.st_mode) & ~_WRITE_BITS)
 
 
 def fsync_tree(root: Path) -> None:
     """Flush every file and directory of `root`, so a rename after it names only data
-    that is on disk (a crash after the rename never shows a torn build)."""
+    that is on disk (a crash after the rename never shows a torn build).
+
+    On Linux, one syncfs(2) of the filesystem that holds `root`: a build of a few
+    thousand files (a Django venv: ~9,000 entries) took 15 s of fsyncs on a busy box,
+    since a hard link dirties each linked inode and every fsync then commits the
+    journal; syncfs commits it once. Elsewhere, each file and directory in turn."""
+    if _syncfs is not None:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            if _syncfs(fd) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, os.strerror(err), str(root))
+        finally:
+            os.close(fd)
+        return
     for _rel, path in _walk_all(root):
         info = path.lstat()
         if stat.S_ISREG(info.st_mode):
@@ -175,6 +196,20 @@ def fsync_tree(root: Path) -> None:
         elif stat.S_ISDIR(info.st_mode):
             fsync_dir(path)
     fsync_dir(root)
+
+
+def _find_syncfs() -> Callable[[int], int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        function: Callable[[int], int] = libc.syncfs
+    except (OSError, AttributeError):
+        return None
+    return function
+
+
+_syncfs = _find_syncfs()
 
 
 def remove_tree(path: Path) -> None:

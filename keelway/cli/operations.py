@@ -15,18 +15,22 @@ from keelway.cli.output import EXIT_LOST, emit_json, fail, fail_json, shown_valu
 
 def run_operation(path: str, body: dict[str, Any], as_json: bool, what: str,
                   app: str) -> dict[str, Any]:
-    """POST a streaming operation: progress lines to stderr, then its result or error."""
+    """POST a streaming operation: progress lines to stderr, then its result or error.
+    A failed build's output is shown once: streamed, or in the error when nothing was."""
+    streamed = False
     for item in client(None).stream("POST", path, body):
         if item["event"] == "progress":
             if not as_json:
                 click.echo(f"-> {item['message']}", err=True)
+                streamed = True
         elif item["event"] == "error":
             err = item["error"]
             if item.get("replayed") and not as_json:
                 click.echo("(replayed: this key already ran)", err=True)
             if as_json:
                 fail_json(err["code"], err["message"], err.get("hint"))
-            fail(err["message"], err.get("hint"))
+            fail(err["summary"] if streamed and "summary" in err else err["message"],
+                 err.get("hint"))
         elif item["event"] == "result":
             result: dict[str, Any] = item["result"]
             if as_json:
@@ -271,7 +275,9 @@ cli.command("start")(_instance_command("start"))
 @json_option
 @api_call
 def gc(dry_run: bool, as_json: bool) -> None:
-    """Remove staged builds that no release or process names, each instance's
+    """Remove staged builds that no kept release (`[releases] keep`, default 10; the
+    ACTIVE and last good ones always) or process names, the dependency cache entries no
+    build uses, each instance's
     snapshots beyond its `[data] keep`, and the copies restores kept, once past their
     retention (7 days unless KEELWAY_KEEP_REPLACED_DAYS says otherwise)."""
     data = client(None).request("POST", "/v1/gc", {"dry_run": dry_run})
@@ -281,12 +287,33 @@ def gc(dry_run: bool, as_json: bool) -> None:
     verb = "would remove" if dry_run else "removed"
     snapshots = data.get("snapshots_removed", [])
     aged = data.get("kept_removed", [])
-    if not data["removed"] and not snapshots and not aged:
+    cached = data.get("cache_removed", [])
+    if not data["removed"] and not snapshots and not aged and not cached:
         click.echo("nothing to remove")
     for item in data["removed"]:
-        click.echo(f"{verb} {item['app']} build {item['digest'][:12]}")
+        click.echo(f"{verb} {item['app']} build {item['digest'][:12]} "
+                   f"({_size(item.get('freed_bytes', 0))})")
+    for item in cached:
+        click.echo(f"{verb} dependency cache entry {item['key'][:12]} "
+                   f"({_size(item['freed_bytes'])})")
     for item in snapshots:
         click.echo(f"{verb} snapshot {item['id']} of {item['instance']}")
     for item in aged:
         click.echo(f"{verb} kept copy {item['id']} of {item['instance']}")
+    if data.get("freed_bytes"):
+        builds, entries = len(data["removed"]), len(cached)
+        click.echo(f"{'would free' if dry_run else 'freed'} {_size(data['freed_bytes'])} "
+                   f"in {builds} build{'' if builds == 1 else 's'} and {entries} cache "
+                   f"entr{'y' if entries == 1 else 'ies'}")
+
+
+def _size(count: int) -> str:
+    if count < 1024:
+        return f"{count} bytes"
+    value = count / 1024
+    for unit in ("KB", "MB"):
+        if value < 1024:
+            return f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GB"
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Mapping
 
-from keelway.journal import Cause
+from keelway.journal import REPLICA, Cause
 from keelway.store import identities
 from keelway.store.base import Conflict, NotFound, StoreBase
 from keelway.store.hosts import refuse_claimed
@@ -133,13 +134,37 @@ class Catalog(StoreBase):
         with self.tx() as c:
             c.execute("DELETE FROM builds WHERE app=? AND digest=?", (app, digest))
 
-    def pinned_builds(self) -> set[tuple[str, str]]:
-        """Builds that gc must keep: named by a release, or by any generation not gone."""
-        rows = self._all(
-            "SELECT app, build_digest FROM releases "
-            "UNION SELECT app, build_digest FROM generations WHERE state != 'gone'"
-        )
-        return {(r[0], r[1]) for r in rows}
+    def pinned_builds(self, keep: Mapping[str, int] | None = None) -> set[tuple[str, str]]:
+        """Builds that gc must keep. With no `keep`: every one a release names. With
+        `keep` (releases kept per app, from each app's `[releases] keep`): the builds of
+        an app's newest `keep[app]` releases (every release of an app not in it), of its
+        two newest releases on a good build (a fallback skips the build being deployed,
+        so the one before must stay), of a release deferred to a parked instance, of
+        every generation ACTIVE names (a parked instance's too) and of any generation
+        not gone (in-flight attempts). A replicator's generation pins nothing: it runs
+        keelway's own program in the data dir, and carries its web's build as a label
+        only, which after a redeploy would pin the first build for as long as it runs."""
+        pinned = {(r[0], r[1]) for r in self._all(
+            "SELECT app, build_digest FROM generations WHERE state != 'gone' "
+            "AND service != ? "
+            "UNION SELECT g.app, g.build_digest FROM active a "
+            "JOIN generations g ON g.id = a.generation_id "
+            "UNION SELECT r.app, r.build_digest FROM instances i "
+            "JOIN releases r ON r.app = i.app AND r.number = i.pending_release", REPLICA)}
+        good = {(r[0], r[1]) for r in self._all(
+            "SELECT app, digest FROM builds WHERE good = 1")}
+        seen: dict[str, int] = {}
+        good_seen: dict[str, set[str]] = {}
+        for app, digest in self._all(
+                "SELECT app, build_digest FROM releases ORDER BY app, number DESC"):
+            seen[app] = seen.get(app, 0) + 1
+            if keep is None or app not in keep or seen[app] <= keep[app]:
+                pinned.add((app, digest))
+            goods = good_seen.setdefault(app, set())
+            if (app, digest) in good and len(goods) < 2:
+                goods.add(digest)
+                pinned.add((app, digest))
+        return pinned
 
     def create_release(
         self, app: str, build_digest: str, config: dict[str, str], description: str

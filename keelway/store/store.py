@@ -266,8 +266,10 @@ class Store(Protocol):
 
     def forget_build(self, app: str, digest: str) -> None: ...
 
-    def pinned_builds(self) -> set[tuple[str, str]]:
-        """Builds that gc must keep: named by a release, or by any generation not gone."""
+    def pinned_builds(self, keep: Mapping[str, int] | None = None) -> set[tuple[str, str]]:
+        """Builds that gc must keep: those of releases (with `keep`, each app's newest
+        `keep[app]`, its last good ones and the deferred ones), of ACTIVE and of every
+        generation not gone."""
         ...
 
     def create_release(self, app: str, build_digest: str, config: dict[str, str],

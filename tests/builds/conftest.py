@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from keelway.builds.cache import DepsCache
+
 WEB_PROCFILE = "web: python -m http.server $PORT\n"
 
 
@@ -66,3 +68,9 @@ def git() -> Callable[..., str]:
         return result.stdout.strip()
 
     return run
+
+
+@pytest.fixture(scope="session")
+def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> DepsCache:
+    """One dependency cache for every builds test: a venv of the same key is made once."""
+    return DepsCache(tmp_path_factory.mktemp("deps-cache"))

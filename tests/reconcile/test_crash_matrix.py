@@ -535,6 +535,30 @@ ROLLED_FORWARD: dict[str, Callable[[Home], bool]] = {
     "destroy": lambda h: _hosts(h) == set() and _get(h.port, "www.one.test") == 404
     and not (h.root / "data" / "one.test").exists(),
 }
+
+
+def _deploy_with_requirements(h: Home) -> None:
+    """A deploy whose build makes a venv (its requirements.txt lists nothing, so no
+    registry is asked), kept as an entry of the home's dependency cache."""
+    app = h.app_a.parent / "deps"
+    if not app.exists():
+        shutil.copytree(h.app_a, app)
+        (app / "requirements.txt").write_text("# nothing to install\n")
+    h.ok("deploy", "hello", str(app))
+
+
+def _no_half_cache_entry(h: Home) -> bool:
+    cache = h.root / "cache" / "deps"
+    return not cache.exists() or not any(p.name.startswith(".tmp-") for p in cache.iterdir())
+
+
+# The publish of a dependency cache entry (keelway/builds/cache.py): a crash before its
+# rename leaves a temp that boot sweeps and no lookup reads. Only its own points are
+# crashed here (ONLY): the deploy that follows the staging is the "deploy" scenario's.
+SCENARIOS["deploy-deps"] = ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host",
+                                            "one.test")], _deploy_with_requirements)
+ONLY: dict[str, str] = {"deploy-deps": "cache."}
+ROLLED_FORWARD["deploy-deps"] = _no_half_cache_entry
 # Scenarios whose every generation of a hold-mode service is checked for overlap in time,
 # not only at the end: the one before must be recorded gone before the next is planned.
 HOLD_CHECKED = {"park", "wake", "wake-release"}
@@ -629,7 +653,8 @@ def _trace(name: str) -> tuple[list[str], int]:
         hits = trace.read_text().splitlines()
     finally:
         _cleanup(home)
-    return _points(hits, before)
+    points, total = _points(hits, before)
+    return [p for p in points if p.startswith(ONLY.get(name, ""))], total
 
 
 def _crash_in_operation(home: Home, name: str, point: str) -> bool:
