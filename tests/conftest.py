@@ -54,3 +54,11 @@ def kw_root() -> Iterator[Keelway]:
     finally:
         keelway.teardown()
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def deps_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One dependency cache (KEELWAY_BUILD_CACHE) for every test that builds a real app
+    from the package registries, so the suite installs each dependency set once."""
+    # On the homes' filesystem (a build hard-links its files from the cache).
+    return tmp_path_factory.mktemp("deps-cache")

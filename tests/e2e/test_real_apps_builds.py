@@ -24,14 +24,9 @@ pytestmark = pytest.mark.slow
 APPS = Path(__file__).resolve().parent / "apps"
 
 
-@pytest.fixture(scope="module")
-def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("deps-cache")
-
-
 @pytest.fixture(autouse=True)
-def _cache_env(shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv(CACHE_ENV, str(shared_cache))
+def _cache_env(deps_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv(CACHE_ENV, str(deps_cache))
     yield
 
 

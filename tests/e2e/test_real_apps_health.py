@@ -15,11 +15,17 @@ from typing import Any
 import pytest
 
 from keelway.app_path import SYSTEM_PATH
+from keelway.builds.cache import CACHE_ENV
 from tests.e2e.harness import Keelway
 
 pytestmark = pytest.mark.slow
 
 APPS = Path(__file__).resolve().parent / "apps"
+
+
+@pytest.fixture(autouse=True)
+def _cache_env(deps_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(CACHE_ENV, str(deps_cache))  # one install of gunicorn for the suite
 
 
 def _fixture(name: str, tmp_path: Path) -> Path:
@@ -67,7 +73,8 @@ def test_a_gunicorn_app_whose_every_path_answers_500_is_refused_with_the_500_in_
     assert op["state"] == "failed" and said in op["error"]
     events = kw.ok("events", "broken", "--json").json()["events"]
     assert any(said in e["message"] for e in events), events
-    assert kw.get("broken.test")[0] == 404  # never routed
+    status, body, _ = kw.get("broken.test")  # never routed to its web
+    assert status == 503 and b"not deployed yet" in body, body
     dump = kw.store_dump()
     assert dump["releases"] == [] and dump["active"] == [] and dump["port_claims"] == []
 
