@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 import signal
 import subprocess
 import sys
@@ -60,9 +61,14 @@ def test_logs_follow_prints_new_lines_as_they_come(kw: Keelway) -> None:
         env=kw.env(), stdout=subprocess.PIPE, text=True, start_new_session=True,
     )
     try:
-        time.sleep(0.5)
-        kw.get("one.test", "/followed-path")
         assert follower.stdout is not None
+        # A request until the follower shows one: it follows from its own start (-n 0),
+        # which on a loaded box can come after the first request's line was written.
+        deadline = time.monotonic() + 60
+        while not select.select([follower.stdout], [], [], 0)[0]:
+            assert time.monotonic() < deadline, "logs -f printed no line"
+            kw.get("one.test", "/followed-path")
+            select.select([follower.stdout], [], [], 1.0)
         line = follower.stdout.readline()
         assert "one.test web." in line and "/followed-path" in line
     finally:

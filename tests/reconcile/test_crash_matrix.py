@@ -63,6 +63,13 @@ class Home:
     app_b: Path
     # Database replication runs only in the scenarios that are about it (REPLICATED).
     replicate: bool = False
+    # One router process (it serves itself, no workers) but in the scenarios about the
+    # router (ROUTER_SCENARIOS), which run the product's default: what the rest checks is
+    # the control plane's, and the same for any count of workers (the publish, the pid
+    # file, one router per home), and two workers are two more processes to start and
+    # kill at each point. Every `up` of a home passes the same count: a different one
+    # would have the next boot restart the router (keelway/runtime/router_supervisor.py).
+    router_workers: int | None = 1
 
     def env(self, **extra: str) -> dict[str, str]:
         return {**os.environ, "KEELWAY_HOME": str(self.root),
@@ -74,9 +81,13 @@ class Home:
                               env=env or self.env(), capture_output=True, text=True,
                               timeout=timeout_s, stdin=subprocess.DEVNULL)
 
+    def up_args(self) -> list[str]:
+        workers = [] if self.router_workers is None else [
+            "--router-workers", str(self.router_workers)]
+        return ["up", "-d", "--http", f"127.0.0.1:{self.port}", "--json", *workers]
+
     def up(self, **extra: str) -> int:
-        done = self.cli("up", "-d", "--http", f"127.0.0.1:{self.port}", "--json",
-                        env=self.env(**extra))
+        done = self.cli(*self.up_args(), env=self.env(**extra))
         assert done.returncode == 0, f"{done.stdout}{done.stderr}\n{self.logs()}"
         return int(json.loads(done.stdout)["pid"])
 
@@ -414,6 +425,13 @@ SCENARIOS: dict[str, tuple[list[Step], Step]] = {
 }
 REPLICATED = {"park-replicated", "restore-replica", "seed-import", "seed-rollback",
               "snapshot", "restore", "forget-kept"}
+# The scenarios about the router itself, which run it as the product does (Home).
+ROUTER_SCENARIOS = {"router-restart", "router-respawn"}
+
+
+def _for_scenario(home: Home, name: str) -> None:
+    home.replicate = name in REPLICATED
+    home.router_workers = None if name in ROUTER_SCENARIOS else 1
 
 
 def _visit(h: Home, host: str) -> None:
@@ -642,7 +660,7 @@ def _trace(name: str) -> tuple[list[str], int]:
     and how many it passed (see `_points`)."""
     baseline, operation = SCENARIOS[name]
     home = _fresh()
-    home.replicate = name in REPLICATED
+    _for_scenario(home, name)
     trace = home.root.parent / "trace"
     try:
         home.up(KEELWAY_FAILPOINTS_TRACE=str(trace))
@@ -661,7 +679,7 @@ def _crash_in_operation(home: Home, name: str, point: str) -> bool:
     """Run scenario `name` on `home` with the daemon armed to die at `point`; whether
     it died there."""
     baseline, operation = SCENARIOS[name]
-    home.replicate = name in REPLICATED
+    _for_scenario(home, name)
     arm = home.root.parent / "arm"
     pid = home.up(KEELWAY_FAILPOINTS_ARM=str(arm))
     for step in baseline:
@@ -784,7 +802,7 @@ def _crash_in_boot(first: str, point: str) -> list[str]:
     home = _fresh()
     try:
         assert _crash_in_operation(home, RECOVERY_SCENARIO, first)
-        home.cli("up", "-d", "--http", f"127.0.0.1:{home.port}", "--json",
+        home.cli(*home.up_args(),
                  env=home.env(KEELWAY_FAILPOINTS=point))  # fails: the daemon dies booting
         pid = int((home.root / "keelway.lock").read_text().strip())
         if not gone(pid, timeout_s=10):
