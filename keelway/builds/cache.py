@@ -36,7 +36,7 @@ import hashlib
 import json
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,23 +103,8 @@ class DepsCache:
         anew, files hard-linked, symlinks copied. Returns the number of files linked.
         Raises CacheUnusable (with `dest` removed) when links cannot cross to `dest` or
         a gc removed the entry meanwhile."""
-        linked = 0
-        source_root = str(entry.tree)
         try:
-            for directory, dirs, files in os.walk(source_root):
-                target_dir = os.path.normpath(
-                    os.path.join(dest, os.path.relpath(directory, source_root)))
-                os.mkdir(target_dir, 0o700)
-                for name in (*dirs, *files):
-                    source = os.path.join(directory, name)
-                    target = os.path.join(target_dir, name)
-                    if os.path.islink(source):
-                        os.symlink(os.readlink(source), target)
-                        if name in dirs:
-                            dirs.remove(name)  # os.walk does not follow it anyway
-                    elif name in files:
-                        os.link(source, target, follow_symlinks=False)
-                        linked += 1
+            linked = _link_tree(entry.tree, dest)
         except OSError as exc:
             remove_tree(dest)
             if exc.errno == errno.EXDEV:
@@ -143,18 +128,7 @@ class DepsCache:
         tmp = temp_path(self.root / key)
         try:
             tmp.mkdir(mode=0o700)
-            tree_root, copy_root = str(tree), str(tmp / TREE)
-            for directory, dirs, files in os.walk(tree_root):
-                copy_dir = os.path.normpath(
-                    os.path.join(copy_root, os.path.relpath(directory, tree_root)))
-                os.mkdir(copy_dir, 0o700)
-                for name in (*dirs, *files):
-                    source = os.path.join(directory, name)
-                    if os.path.islink(source):
-                        os.symlink(os.readlink(source), os.path.join(copy_dir, name))
-                    elif name in files:
-                        _freeze(source, owner_gid)
-                        os.link(source, os.path.join(copy_dir, name), follow_symlinks=False)
+            _link_tree(tree, tmp / TREE, before_link=lambda f: _freeze(f, owner_gid))
             (tmp / ENTRY_META).write_text(json.dumps({"origin": str(tree), "what": what}))
             fsync_tree(tmp)
             failpoints.hit("cache.publish.before")
@@ -221,6 +195,33 @@ class DepsCache:
 def _linked(path: Path) -> bool:
     info = path.lstat()
     return stat.S_ISREG(info.st_mode) and info.st_nlink > 1
+
+
+def _link_tree(source: Path, dest: Path,
+               before_link: Callable[[str], None] | None = None) -> int:
+    """`source`'s tree laid down at `dest` (which must not exist): directories made anew
+    (0700), files hard-linked (`before_link` called on each source file first), symlinks
+    copied as symlinks, never followed. Returns the number of files linked. One walk for
+    a publish (build -> entry) and a hit (entry -> build), so both share inodes alike."""
+    linked = 0
+    source_root = str(source)
+    for directory, dirs, files in os.walk(source_root):
+        target_dir = os.path.normpath(
+            os.path.join(dest, os.path.relpath(directory, source_root)))
+        os.mkdir(target_dir, 0o700)
+        for name in (*dirs, *files):
+            path = os.path.join(directory, name)
+            target = os.path.join(target_dir, name)
+            if os.path.islink(path):
+                os.symlink(os.readlink(path), target)
+                if name in dirs:
+                    dirs.remove(name)  # os.walk does not follow it anyway
+            elif name in files:
+                if before_link is not None:
+                    before_link(path)
+                os.link(path, target, follow_symlinks=False)
+                linked += 1
+    return linked
 
 
 def _freeze(path: str, owner_gid: int | None) -> None:
