@@ -21,7 +21,6 @@ SQL instead of one.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 from keelway.journal import Cause, Inhibition
 from keelway.store.base import NotFound, StaleSchedule
@@ -204,11 +203,3 @@ class SqliteStore(Catalog, Journal, Processes, Fences, Tenancy, Seeds, Identitie
                 self.set_route(inst.host, inst.host, RouteState.PARKED, None, None,
                                expected=route)
         return parked
-
-    def dump(self) -> dict[str, list[dict[str, Any]]]:
-        """Every row of every table except events and the journal: what tests compare."""
-        out: dict[str, list[dict[str, Any]]] = {}
-        for table in ("apps", "instances", "builds", "releases", "active", "inhibitions",
-                      "port_claims", "routes", "fences", "aliases"):
-            out[table] = [dict(r) for r in self._all(f"SELECT * FROM {table} ORDER BY 1, 2")]
-        return out

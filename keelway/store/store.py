@@ -25,7 +25,7 @@ Rules every implementation keeps:
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from keelway.clock import Clock
 from keelway.journal import Cause, Inhibition, OpKind, StepKind
@@ -69,10 +69,6 @@ class Store(Protocol):
     clock: Clock
 
     def close(self) -> None: ...
-
-    def dump(self) -> dict[str, list[dict[str, Any]]]:
-        """Every row of every table except events and the journal: what tests compare."""
-        ...
 
     def next_route_table_version(self, at_least: int = 0) -> int:
         """Bump and return the route table version: it only grows (never below

@@ -25,6 +25,7 @@ from keelway.home import Home
 from keelway.runtime.environment import INSTANCE_KEY, read_env_file
 from keelway.store import SqliteStore
 from keelway.store.seeds import ImportState, SeedState
+from keelway.testing.dump import dump
 from tests.deploy.wiring import wired
 from tests.disk import mounted_tmpfs
 
@@ -201,11 +202,11 @@ def test_a_snapshot_id_two_instances_hold_is_refused_unless_its_instance_is_name
         target = home.objects_dir / key.replace(OTHER, "third.shop.test", 1)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes((home.objects_dir / key).read_bytes())
-    before = store.dump()
+    before = dump(store)
     with pytest.raises(UserError, match=r"third\.shop\.test") as refused:
         asyncio.run(deploy.seeding.import_seed(HOST, SnapshotSource(None, snap)))
     assert f"{OTHER}/{snap}" in (refused.value.hint or "")
-    assert store.dump() == before
+    assert dump(store) == before
     report = asyncio.run(deploy.seeding.import_seed(HOST, SnapshotSource(OTHER, snap)))
     assert report.outcome is SeedOutcome.IMPORTED
     assert _rows(home.seed_db_path(HOST)) == ["other"]
@@ -220,10 +221,10 @@ def test_a_damaged_snapshot_is_refused_at_import_with_nothing_changed(
     data = bytearray(stored.read_bytes())
     data[-100:] = b"\x5a" * 100
     stored.write_bytes(bytes(data))
-    before, sums = store.dump(), _sums(home, HOST)
+    before, sums = dump(store), _sums(home, HOST)
     with pytest.raises(UserError, match=r"seed refused: snapshot .* failed verification"):
         asyncio.run(deploy.seeding.import_seed(HOST, SnapshotSource(None, snap)))
-    assert store.dump() == before and _sums(home, HOST) == sums
+    assert dump(store) == before and _sums(home, HOST) == sums
     assert store.list_imports() == [] and not any(home.seeds_dir.iterdir())
     assert not home.seed_db_path(HOST).exists()
     with pytest.raises(UserError, match="no snapshot"):
@@ -238,10 +239,10 @@ def test_a_damaged_seed_is_refused_at_import_with_nothing_changed(
     data = bytearray(bad.read_bytes())
     data[4096:8192] = b"\x5a" * 4096  # a whole page of garbage
     bad.write_bytes(bytes(data))
-    before, sums = store.dump(), _sums(home, HOST)
+    before, sums = dump(store), _sums(home, HOST)
     with pytest.raises(UserError, match="seed refused"):
         asyncio.run(deploy.seeding.import_seed(HOST, bad))
-    assert store.dump() == before and _sums(home, HOST) == sums
+    assert dump(store) == before and _sums(home, HOST) == sums
     assert store.list_imports() == [] and not home.seeds_dir.exists()
     assert store.list_operations("shop", HOST)[0].kind.value != "seed-import"
 
@@ -319,10 +320,10 @@ def test_an_unknown_journal_state_is_left_alone_and_reported(
     deploy, store, home = parts
     asyncio.run(deploy.seeding.import_seed(HOST, _seed_file(tmp_path, ["s"])))
     store._conn.execute("UPDATE seed_imports SET state='frobbed' WHERE instance=?", (HOST,))
-    before = store.dump()
+    before = dump(store)
     report = asyncio.run(deploy.seeding.rollback(HOST))
     assert report.outcome is SeedOutcome.UNKNOWN_STATE and "frobbed" in (report.reason or "")
-    assert store.dump() == before and home.seed_db_path(HOST).exists()
+    assert dump(store) == before and home.seed_db_path(HOST).exists()
     assert [r.outcome for r in asyncio.run(deploy.seeding.resume())] == [
         SeedOutcome.UNKNOWN_STATE]
 
@@ -330,16 +331,16 @@ def test_an_unknown_journal_state_is_left_alone_and_reported(
 def test_dry_runs_change_nothing(parts: tuple[DeployParts, SqliteStore, Home],
                                  tmp_path: Path) -> None:
     deploy, store, home = parts
-    before = store.dump()
+    before = dump(store)
     plan = asyncio.run(deploy.seeding.import_seed(HOST, _seed_file(tmp_path, ["s"]),
                                                   dry_run=True))
     assert plan.outcome is SeedOutcome.DRY_RUN and plan.plan
-    assert store.dump() == before and not home.seeds_dir.exists()
+    assert dump(store) == before and not home.seeds_dir.exists()
     asyncio.run(deploy.seeding.import_seed(HOST, _seed_file(tmp_path, ["s"])))
-    before = store.dump()
+    before = dump(store)
     plan = asyncio.run(deploy.seeding.rollback(HOST, dry_run=True))
     assert plan.outcome is SeedOutcome.DRY_RUN and len(plan.plan) == 8
-    assert store.dump() == before
+    assert dump(store) == before
 
 
 def test_a_second_import_waits_for_the_first_to_roll_back(
@@ -450,11 +451,11 @@ def _refused(deploy: DeployParts, store: SqliteStore, home: Home, seed: Path,
              match: str, **options: bool) -> None:
     """Importing `seed` (and its dry run) is refused, saying `match`, with nothing
     changed: no store row, no file of the instance, no copy."""
-    before, sums = store.dump(), _sums(home, HOST)
+    before, sums = dump(store), _sums(home, HOST)
     for dry_run in (True, False):
         with pytest.raises(UserError, match=match):
             asyncio.run(deploy.seeding.import_seed(HOST, seed, dry_run=dry_run, **options))
-    assert store.dump() == before and _sums(home, HOST) == sums
+    assert dump(store) == before and _sums(home, HOST) == sums
     assert store.list_imports() == [] and not home.seed_db_path(HOST).parent.exists()
     assert not home.seeds_dir.exists() or list(home.seeds_dir.iterdir()) == []
 

@@ -16,6 +16,7 @@ from keelway.runtime.environment import INSTANCE_KEY, read_env_file
 from keelway.store import SqliteStore
 from keelway.store.instance_db import is_empty_wal
 from keelway.store.lifecycle import OpState, Removal, StepState
+from keelway.testing.dump import dump
 from tests.deploy.wiring import wired
 
 
@@ -45,7 +46,7 @@ def test_bad_input_is_refused_before_any_record_or_file(
         parts: tuple[Tenants, SqliteStore, Home]) -> None:
     tenants, store, home = parts
     tenants.create_app("shop")
-    before = store.dump()
+    before = dump(store)
     for hosts, config in ((["ok.test", "Nope"], {}), (["ok.test", "ok.test"], {}),
                           (["ok.test"], {"PORT": "1"}), (["ok.test"], {"bad name": "1"}),
                           ([], {})):
@@ -53,7 +54,7 @@ def test_bad_input_is_refused_before_any_record_or_file(
             asyncio.run(tenants.add_instances("shop", hosts, config))
     with pytest.raises(NotFoundError):
         asyncio.run(tenants.add_instances("nope", ["ok.test"], {}))
-    assert store.dump() == before
+    assert dump(store) == before
     assert list((home.root / "data").iterdir()) == []
 
 

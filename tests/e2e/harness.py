@@ -18,6 +18,7 @@ from typing import Any
 from keelway.runtime import process
 from keelway.runtime.tree import ProcessTrees
 from keelway.store import SqliteStore
+from keelway.testing.dump import dump
 from tests.invariants import router_processes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,7 +87,7 @@ class Keelway:
     def store_dump(self) -> dict[str, Any]:
         store = SqliteStore(self.home / "keelway.db")
         try:
-            return store.dump()
+            return dump(store)
         finally:
             store.close()
 

@@ -28,6 +28,7 @@ from keelway.store.lifecycle import (
 )
 from keelway.store.records import CrashRetry, Generation, ReleaseDraft
 from keelway.testing.clock import FakeClock
+from keelway.testing.dump import dump
 
 OpenStore = Callable[[], Store]
 DIGEST = "d" * 64
@@ -84,7 +85,7 @@ def _fresh(store: Store, gen: Generation) -> Generation:
 
 def _everything(store: Store) -> tuple[Any, ...]:
     """What an error must leave as it was."""
-    return (store.dump(), store.live_generations(), store.list_releases("blog"),
+    return (dump(store), store.live_generations(), store.list_releases("blog"),
             store.pending_retries(), store.list_apps())
 
 
@@ -92,10 +93,10 @@ def _everything(store: Store) -> tuple[Any, ...]:
 
 def test_ensuring_an_app_or_an_instance_twice_changes_nothing(store: Store) -> None:
     _instance(store)
-    before = store.dump()
+    before = dump(store)
     assert store.ensure_app("blog") == store.get_app("blog")
     assert store.ensure_instance("a.test", "blog") == store.get_instance("a.test")
-    assert store.dump() == before
+    assert dump(store) == before
 
 
 def test_a_stale_app_or_instance_loses_its_compare_and_swap_and_writes_nothing(
@@ -106,12 +107,12 @@ def test_a_stale_app_or_instance_loses_its_compare_and_swap_and_writes_nothing(
     assert app is not None and inst is not None
     store.set_app_config(app, {"A": "1"})
     store.set_instance_state(inst, InstanceState.STOPPED)
-    before = store.dump()
+    before = dump(store)
     with pytest.raises(Conflict):
         store.set_app_config(app, {"A": "2"})
     with pytest.raises(Conflict):
         store.set_instance_state(inst, InstanceState.DOWN, "why")
-    assert store.dump() == before
+    assert dump(store) == before
 
 
 def test_the_schedule_revision_only_grows_and_names_an_instance(store: Store) -> None:
@@ -483,10 +484,10 @@ def test_taking_an_instance_out_of_service_gates_its_route_in_the_same_write(
 
 
 def test_taking_an_unknown_instance_out_of_service_changes_nothing(store: Store) -> None:
-    before = store.dump()
+    before = dump(store)
     with pytest.raises(NotFound):
         store.take_out_of_service("nobody.test", InstanceState.STOPPED)
-    assert store.dump() == before
+    assert dump(store) == before
 
 
 def test_a_duplicate_idempotency_key_is_a_conflict_and_writes_nothing(store: Store) -> None:

@@ -10,6 +10,7 @@ from keelway.store import Conflict, SqliteStore
 from keelway.store.lifecycle import InstanceState, RouteState
 from keelway.store.seeds import ImportState, SeedState
 from keelway.testing.clock import FakeClock
+from keelway.testing.dump import dump
 
 HOST = "a.test"
 SEED = "seed-0123456789abcdef"
@@ -40,10 +41,10 @@ def test_begin_import_journals_and_closes_the_gate_in_one_write(store: SqliteSto
 def test_a_second_import_is_refused_by_the_gate_with_nothing_written(
         store: SqliteStore) -> None:
     store.begin_import(HOST, SEED, env_before={}, sha256="ab")
-    before = store.dump()
+    before = dump(store)
     with pytest.raises(Conflict):
         store.begin_import(HOST, "seed-1111111111111111", env_before={}, sha256="cd")
-    assert store.dump() == before
+    assert dump(store) == before
 
 
 def test_fence_generations_are_stored_with_the_bump_and_kept_while_held(
@@ -87,10 +88,10 @@ def test_the_route_restore_refuses_a_row_that_is_not_the_import_s(
     store.close_import_gate(HOST, SEED)
     store._conn.execute("UPDATE routes SET seed='seed-2222222222222222' WHERE host=?",
                         (HOST,))
-    before = store.dump()
+    before = dump(store)
     with pytest.raises(Conflict):
         store.restore_import_route(HOST, SEED)
-    assert store.dump() == before
+    assert dump(store) == before
 
 
 def test_the_record_moves_by_compare_and_swap_on_its_seed(store: SqliteStore) -> None:

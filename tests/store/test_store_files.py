@@ -11,6 +11,7 @@ import pytest
 
 from keelway.store import SqliteStore
 from keelway.store.base import DiskFull
+from keelway.testing.dump import dump
 from tests.disk import fill, mounted_tmpfs
 
 
@@ -66,11 +67,11 @@ def test_a_write_that_meets_a_full_disk_is_rolled_back_whole_and_works_once_ther
     store = SqliteStore(small_disk / "keelway.db")
     try:
         store.ensure_app("blog")
-        before = (store.dump(), _keys(store))
+        before = (dump(store), _keys(store))
         filler = fill(small_disk)
         with pytest.raises(DiskFull, match="the disk is full"):
             _write_big(store, "big")
-        assert (store.dump(), _keys(store)) == before
+        assert (dump(store), _keys(store)) == before
         filler.unlink()
         _write_big(store, "big")  # the same connection, nothing reopened
         store.ensure_app("news")
