@@ -46,7 +46,7 @@ class OpKind(enum.StrEnum):
     # `apps destroy`: every instance removed, then the app's builds and records.
     DESTROY = "destroy"
     # `seed import` / `seed rollback` (keelway/deploy/seeding.py): the import journal
-    # (keelway/store/seeds.py) is what convergence of these reads, not their steps.
+    # (keelway/store/imports.py) is what convergence of these reads, not their steps.
     SEED_IMPORT = "seed-import"
     SEED_ROLLBACK = "seed-rollback"
     # `db restore`: an instance's database replaced by a verified snapshot.

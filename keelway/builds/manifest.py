@@ -95,7 +95,7 @@ class Manifest:
     release_command: str | None = None
     build_command: str | None = None
     data: DataSpec = DataSpec()
-    # releases kept per app, their builds pinned (gc: keelway/store/catalog.py)
+    # releases kept per app, their builds pinned (gc: keelway/store/builds.py)
     releases_keep: int = DEFAULT_KEEP_RELEASES
 
 

@@ -55,8 +55,8 @@ from keelway.home import Home
 from keelway.runtime import process
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
+from keelway.store.imports import ImportState
 from keelway.store.records import Generation
-from keelway.store.seeds import ImportState
 
 failpoints.declare("replica.spawn.before", "replica.spawn.after", "replica.sync.before",
                    "replica.sync.after")

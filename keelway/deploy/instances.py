@@ -17,6 +17,7 @@ from typing import assert_never
 
 from keelway import failpoints
 from keelway.builds.manifest import Manifest, Mode, ServiceKind, ServiceSpec, load_manifest
+from keelway.data.instance_db import lay_down_db
 from keelway.deploy.steps import Done, Failed, Steps
 from keelway.home import Home
 from keelway.journal import StepKind
@@ -25,7 +26,6 @@ from keelway.runtime.notify import NotifyListener
 from keelway.runtime.ports import pick_free_port
 from keelway.runtime.supervisor import ReadyOutcome, Supervisor
 from keelway.store import Store
-from keelway.store.instance_db import lay_down_db
 from keelway.store.lifecycle import GenState
 from keelway.store.records import Generation
 

@@ -1,6 +1,6 @@
 """Seed import and its rollback (SPEC §4 Seed import): operations under the instance lock,
 every effect a journaled step with failpoints around it (keelway/deploy/steps.py), the
-import journal (keelway/store/seeds.py) the one record that says where an import stands.
+import journal (keelway/store/imports.py) the one record that says where an import stands.
 
 Refused before anything changes: a seed that fails verification, an empty one (no
 tables, or 0 bytes: unless `allow_empty`), one whose views or triggers name what its
@@ -74,9 +74,7 @@ from keelway.journal import OpKind, StepKind
 from keelway.reconcile.plan import Pass
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Conflict, Store
-from keelway.store.lifecycle import RouteState
-from keelway.store.records import Instance, Operation
-from keelway.store.seeds import (
+from keelway.store.imports import (
     ABANDONED,
     ImportJournal,
     ImportState,
@@ -84,6 +82,8 @@ from keelway.store.seeds import (
     SeedState,
     record_key,
 )
+from keelway.store.lifecycle import RouteState
+from keelway.store.records import Instance, Operation
 
 log = logging.getLogger("keelway.seeding")
 

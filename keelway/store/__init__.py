@@ -1,7 +1,16 @@
-"""Durable records: schema, lifecycles, the `Store` protocol and its SQLite store."""
+"""Durable records: schema, lifecycles, the `Store` protocols and their SQLite store."""
 
+from keelway.store.errors import (
+    Conflict,
+    DiskFull,
+    IllegalTransition,
+    NotFound,
+    StaleOwner,
+    StaleSchedule,
+    StoreError,
+)
 from keelway.store.sqlite import SqliteStore
-from keelway.store.store import Conflict, DiskFull, NotFound, StaleSchedule, Store, StoreError
+from keelway.store.store import Store
 
-__all__ = ["Conflict", "DiskFull", "NotFound", "SqliteStore", "StaleSchedule", "Store",
-           "StoreError"]
+__all__ = ["Conflict", "DiskFull", "IllegalTransition", "NotFound", "SqliteStore",
+           "StaleOwner", "StaleSchedule", "Store", "StoreError"]

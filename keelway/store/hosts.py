@@ -3,7 +3,7 @@ connection, so that every write that gives a host a meaning (in any part of the 
 checks the rule inside its own transaction.
 
 The rule (`claim_of`): a host names exactly one thing, either one instance (its primary
-host) or one alias of one instance. `add_instances`, `add_aliases` and the catalog's
+host) or one alias of one instance. `add_instances`, `add_aliases` and the instances'
 `ensure_instance` (which a deploy uses) check it, so two writers can never give one host
 two meanings.
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 
-from keelway.store.base import Conflict
+from keelway.store.errors import Conflict
 
 
 class HostTaken(Conflict):

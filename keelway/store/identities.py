@@ -11,8 +11,6 @@ import enum
 import sqlite3
 from collections.abc import Iterable
 
-from keelway.store.base import StoreBase
-
 
 class IdSpace(enum.StrEnum):
     UID = "uid"   # names: "instance:HOST", "build:APP"
@@ -36,18 +34,3 @@ def app_names(app: str) -> tuple[list[str], list[str]]:
 
 def instance_name(host: str) -> str:
     return f"instance:{host}"
-
-
-class Identities(StoreBase):
-    def identity_number(self, space: IdSpace, name: str) -> int:
-        """The number of `name` in `space`. Apps and instances are written with theirs;
-        a name a store from before identities holds gets its number at this first ask."""
-        row = self._one("SELECT n FROM identities WHERE space=? AND name=?", space.value, name)
-        if row is not None:
-            return int(row["n"])
-        with self.tx() as c:
-            allocate(c, space, [name])
-            row = self._one("SELECT n FROM identities WHERE space=? AND name=?",
-                            space.value, name)
-        assert row is not None
-        return int(row["n"])

@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import enum
 
+from keelway.store.errors import IllegalTransition
+
+__all__ = ["GenState", "IllegalTransition", "InstanceState", "OpState", "Removal",
+           "RequestState", "RouteState", "StepState", "check"]
+
 
 class OpState(enum.StrEnum):
     RUNNING = "running"
@@ -68,10 +73,6 @@ class RequestState(enum.StrEnum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
-
-
-class IllegalTransition(Exception):
-    """A bug: code tried to move a record to a state its lifecycle forbids."""
 
 
 _OP: dict[OpState, frozenset[OpState]] = {

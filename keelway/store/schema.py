@@ -222,7 +222,7 @@ MIGRATIONS: list[str] = [
     # down and it has been started (boot redoes an unfinished add); `removing` and an
     # app's `destroying` say an interrupted removal is to be carried on, and whether it
     # purges the data ('keep-data' | 'purge-data'). Aliases: more hosts of one instance;
-    # a host is either one instance's primary or one alias (keelway/store/tenancy.py).
+    # a host is either one instance's primary or one alias (keelway/store/hosts.py).
     """
     ALTER TABLE instances ADD COLUMN config TEXT NOT NULL DEFAULT '{}';
     ALTER TABLE instances ADD COLUMN adding INTEGER NOT NULL DEFAULT 0;
@@ -243,7 +243,7 @@ MIGRATIONS: list[str] = [
     ALTER TABLE instances ADD COLUMN pending_release INTEGER;
     ALTER TABLE instances ADD COLUMN pending_cause TEXT;
     """,
-    # 7: seed imports (SPEC §4 Data, Seed import; keelway/store/seeds.py). One journal
+    # 7: seed imports (SPEC §4 Data, Seed import; keelway/store/imports.py). One journal
     # row per instance while an import of it is in effect or being undone: it is the
     # import gate (no second import while it exists) and all the rollback reads. The
     # route row the import swapped in carries `seed` (the import's row is the one that

@@ -1,20 +1,31 @@
-"""The `Store` protocol: the intents every keelway store speaks, and the rules they keep.
+"""The store's protocols: one per noun, and `Store`, which holds one of each and the
+intents that span nouns. The rules every implementation keeps are here.
 
 Every module outside this package holds a `Store`, never an implementation, so the
-SQLite store (keelway/store/sqlite.py) and a later PostgreSQL one are interchangeable;
-tests/store/test_contract.py is the one suite both must pass.
+SQLite store (keelway/store/sqlite.py), the in-memory one (keelway/testing) and a later
+PostgreSQL one are interchangeable; tests/store/contract/ is the one suite all pass,
+every method of every protocol exercised there (tests/store/contract/test_coverage.py).
+
+A caller names the noun: `store.apps.get_app(name)`, `store.generations.set_active(...)`;
+a write that spans nouns is an intent of `Store` itself (`store.install(...)`).
 
 Rules every implementation keeps:
 - Each write is one transaction that keeps one invariant; it happens whole or not at
-  all, and an error (a `StoreError`, an `IllegalTransition`) leaves nothing changed.
-  No caller opens a transaction: an effect that needs several rows written together
-  is an intent here (`install`, `fall_back`, `activate_and_route`, `record_crash`).
+  all, and an error leaves nothing changed. No caller opens a transaction: an effect
+  that needs several rows written together is an intent (`install`, `fall_back`,
+  `activate_and_route`, `record_crash`, ...).
+- Errors are keelway's: every failure is a `StoreError` of one of the kinds in
+  keelway/store/errors.py (`NotFound`, `Conflict` and its `StaleSchedule` and
+  `HostTaken`, `IllegalTransition`, `StaleOwner`, `DiskFull`), never the driver's.
 - A write of a mutable record takes the record (or its version) the caller read and
   compares and swaps on `version`: a lost race raises `Conflict` and writes nothing.
   `install` compares the instance's schedule revision instead (`StaleSchedule`).
   Writes of observed facts (`record_gone`: a process proven dead; `add_warnings`,
   which merges) read and write inside their own transaction: they must land whatever
   version the caller saw.
+- Every write carries the owner token the store was opened with and is refused
+  (`StaleOwner`, nothing written) once another owner has taken the store's lease: the
+  seam a fleet's lease uses. One box has one fixed token.
 - Lifecycle moves are checked where they are written (keelway.store.lifecycle).
 - A generation's port claim is written with the generation and released with the
   record that proves it gone: a claim never outlives the proof its process is dead.
@@ -25,13 +36,22 @@ Rules every implementation keeps:
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from keelway.clock import Clock
 from keelway.journal import Cause, Inhibition, OpKind, StepKind
-from keelway.store.base import Conflict, DiskFull, NotFound, StaleSchedule, StoreError
+from keelway.store.errors import (
+    Conflict,
+    DiskFull,
+    IllegalTransition,
+    NotFound,
+    StaleOwner,
+    StaleSchedule,
+    StoreError,
+)
 from keelway.store.hosts import Claim
 from keelway.store.identities import IdSpace
+from keelway.store.imports import ImportJournal, RowAt, SeedRecord, SeedState
 from keelway.store.lifecycle import (
     GenState,
     InstanceState,
@@ -60,22 +80,15 @@ from keelway.store.records import (
     Route,
     Step,
 )
-from keelway.store.seeds import ImportJournal, RowAt, SeedRecord, SeedState
 
-__all__ = ["Conflict", "DiskFull", "NotFound", "StaleSchedule", "Store", "StoreError"]
+__all__ = ["NOUNS", "AppStore", "BoxLocalStore", "BuildStore", "Conflict", "DiskFull",
+           "GenerationStore", "IllegalTransition", "ImportStore", "InstanceStore", "NotFound",
+           "OperationStore", "RouteStore", "StaleOwner", "StaleSchedule", "Store",
+           "StoreError"]
 
 
-class Store(Protocol):
-    clock: Clock
-
-    def close(self) -> None: ...
-
-    def next_route_table_version(self, at_least: int = 0) -> int:
-        """Bump and return the route table version: it only grows (never below
-        `at_least` + 1)."""
-        ...
-
-    # -- apps and instances ------------------------------------------------------------
+class AppStore(Protocol):
+    """Apps and their config: created, destroyed, forgotten."""
 
     def get_app(self, name: str) -> App | None: ...
 
@@ -88,6 +101,25 @@ class Store(Protocol):
     def set_app_config(self, app: App, config: dict[str, str]) -> App:
         """Compare-and-swap on `app.version`."""
         ...
+
+    def create_app(self, name: str) -> App:
+        """A new app; `Conflict` if the name is taken."""
+        ...
+
+    def mark_destroying(self, name: str, removal: Removal) -> None:
+        """The durable intent of a destroy, before its first effect (a purge stays)."""
+        ...
+
+    def destroying_apps(self) -> list[App]: ...
+
+    def forget_app(self, name: str) -> None:
+        """Delete the app's releases, builds and row; `Conflict` while it has instances.
+        Journal, events and idempotency keys stay."""
+        ...
+
+
+class InstanceStore(Protocol):
+    """Instances and their domains (aliases), fences and identity numbers."""
 
     def get_instance(self, host: str) -> Instance | None: ...
 
@@ -105,104 +137,6 @@ class Store(Protocol):
     def bump_schedule(self, host: str) -> int:
         """Advance the instance's schedule revision; attempts holding an older one are
         stale. `NotFound` if there is no such instance."""
-        ...
-
-    def park(self, inst: Instance) -> Instance:
-        """The instance PARKED and its route `parked` (no upstream) in one write;
-        compare-and-swap on `inst.version`, the move checked."""
-        ...
-
-    # -- fences ------------------------------------------------------------------------
-
-    def get_fence(self, instance: str) -> Fence | None: ...
-
-    def fenced(self, instance: str) -> bool:
-        """Whether a fence is held on `instance` now."""
-        ...
-
-    def fence(self, instance: str, reason: str | None) -> Fence:
-        """A new, held fence generation (one more than any before); `NotFound` if there
-        is no such instance."""
-        ...
-
-    def unfence(self, instance: str, generation: int) -> tuple[Fence | None, bool]:
-        """Lift the fence if `generation` is the held one; (the fence now, whether this
-        lifted it). A stale generation changes nothing."""
-        ...
-
-    # -- seed imports (keelway/store/seeds.py: the journal is the import gate) ----------
-
-    def get_import(self, instance: str) -> ImportJournal | None: ...
-
-    def list_imports(self) -> list[ImportJournal]: ...
-
-    def row_at(self, host: str) -> RowAt | None:
-        """The host's primary route row: its state and the seed it names, if any."""
-        ...
-
-    def seed_record(self, host: str) -> SeedRecord | None: ...
-
-    def begin_import(self, instance: str, seed: str, *, env_before: dict[str, str | None],
-                     sha256: str) -> ImportJournal:
-        """The journal row (IMPORTING) and the gate closed (the host's row gated and
-        named the import's, the instance STOPPED, the record naming the seed), in one
-        write; `Conflict` while an import is journaled at the host."""
-        ...
-
-    def fence_import(self, instance: str, seed: str) -> ImportJournal:
-        """The journal's fence generation held (a new one bumped and stored if not)."""
-        ...
-
-    def open_import_gate(self, instance: str, seed: str) -> ImportJournal:
-        """IMPORTING -> SWAPPED, the record imported, the instance reinstated."""
-        ...
-
-    def close_import_gate(self, instance: str, seed: str) -> ImportJournal:
-        """Rollback step 1: ROLLING_BACK under a new fence generation, the import's row
-        gated, the record aborted, in one write."""
-        ...
-
-    def restore_import_route(self, instance: str, seed: str) -> ImportJournal:
-        """Rollback step 4: the original route back and CLEANUP_PENDING in one write;
-        `Conflict` while the row at the host is not the import's."""
-        ...
-
-    def delete_import(self, instance: str, seed: str) -> bool:
-        """Rollback step 7: the row gone if it names `seed` in CLEANUP_PENDING."""
-        ...
-
-    def cas_seed_record(self, record: str, seed: str, expected: frozenset[SeedState],
-                        state: SeedState) -> bool:
-        """The record to `state` only if it names `seed` in one of `expected`."""
-        ...
-
-    # -- identities: the numbers of tenant uids and app groups -------------------------
-
-    def identity_number(self, space: IdSpace, name: str) -> int:
-        """The number of `name` in `space`, allocated once and never given to another
-        name (keelway/store/identities.py)."""
-        ...
-
-    # -- tenancy: apps created and destroyed, instances added and removed, aliases -----
-    # A host names one thing (an instance or an alias): keelway/store/hosts.py.
-
-    def claim(self, host: str) -> Claim | None:
-        """What `host` names now, if anything."""
-        ...
-
-    def create_app(self, name: str) -> App:
-        """A new app; `Conflict` if the name is taken."""
-        ...
-
-    def mark_destroying(self, name: str, removal: Removal) -> None:
-        """The durable intent of a destroy, before its first effect (a purge stays)."""
-        ...
-
-    def destroying_apps(self) -> list[App]: ...
-
-    def forget_app(self, name: str) -> None:
-        """Delete the app's releases, builds and row; `Conflict` while it has instances.
-        Journal, events and idempotency keys stay."""
         ...
 
     def add_instances(self, app: str, hosts: Sequence[str],
@@ -235,8 +169,8 @@ class Store(Protocol):
         """Delete the instance's records; `Conflict` while a generation is not gone."""
         ...
 
-    def unfinished_operations(self) -> list[int]:
-        """Operations not terminal whose instance no longer exists."""
+    def claim(self, host: str) -> Claim | None:
+        """What `host` names now, if anything."""
         ...
 
     def add_aliases(self, instance: str, hosts: Sequence[str]) -> list[Alias]:
@@ -247,7 +181,38 @@ class Store(Protocol):
 
     def list_aliases(self, instance: str | None = None) -> list[Alias]: ...
 
-    # -- builds and releases -----------------------------------------------------------
+    def identity_number(self, space: IdSpace, name: str) -> int:
+        """The number of `name` in `space`, allocated once and never given to another
+        name (keelway/store/identities.py)."""
+        ...
+
+    def get_fence(self, instance: str) -> Fence | None: ...
+
+    def fenced(self, instance: str) -> bool:
+        """Whether a fence is held on `instance` now."""
+        ...
+
+    def fence(self, instance: str, reason: str | None) -> Fence:
+        """A new, held fence generation (one more than any before); `NotFound` if there
+        is no such instance."""
+        ...
+
+    def unfence(self, instance: str, generation: int) -> tuple[Fence | None, bool]:
+        """Lift the fence if `generation` is the held one; (the fence now, whether this
+        lifted it). A stale generation changes nothing."""
+        ...
+
+    def fenced_instances(self) -> set[str]:
+        """Every instance a fence holds."""
+        ...
+
+    def instance_views(self) -> list[InstanceView]:
+        """Every instance as convergence reads it (`gather`'s records), in bulk."""
+        ...
+
+
+class BuildStore(Protocol):
+    """Builds and the releases made of them."""
 
     def record_build(self, app: str, digest: str, path: str,
                      source: dict[str, str] | None = None) -> Build:
@@ -281,7 +246,9 @@ class Store(Protocol):
 
     def get_release(self, app: str, number: int) -> Release | None: ...
 
-    # -- operations and steps ----------------------------------------------------------
+
+class OperationStore(Protocol):
+    """Operations and their steps, idempotency keys, events."""
 
     def begin_operation(self, app: str, instance: str, kind: OpKind, owner: str,
                         key: str | None = None, request_digest: str | None = None,
@@ -343,7 +310,9 @@ class Store(Protocol):
 
     def steps(self, op_id: int) -> list[Step]: ...
 
-    # -- idempotency keys and events ---------------------------------------------------
+    def unfinished_operations(self) -> list[int]:
+        """Operations not terminal whose instance no longer exists."""
+        ...
 
     def begin_request(self, key: str, app: str, kind: str, digest: str,
                       owner: str) -> tuple[Request, bool]:
@@ -366,7 +335,75 @@ class Store(Protocol):
         """The newest `limit` events with an id above `after`, oldest first."""
         ...
 
-    # -- generations, ports, ACTIVE, inhibitions ---------------------------------------
+
+class RouteStore(Protocol):
+    """Routes: what each host is served by, and the route table's version."""
+
+    def set_route(self, host: str, instance: str, state: RouteState, port: int | None,
+                  generation_id: int | None, *, expected: Route | None) -> Route:
+        """Compare-and-swap on the route the caller read (None: there was none)."""
+        ...
+
+    def get_route(self, host: str) -> Route | None: ...
+
+    def list_routes(self) -> list[Route]: ...
+
+    def next_route_table_version(self, at_least: int = 0) -> int:
+        """Bump and return the route table version: it only grows (never below
+        `at_least` + 1)."""
+        ...
+
+
+class ImportStore(Protocol):
+    """Seed imports: the journal that is the import gate, the import's row, the record's seed."""
+
+    def get_import(self, instance: str) -> ImportJournal | None: ...
+
+    def list_imports(self) -> list[ImportJournal]: ...
+
+    def row_at(self, host: str) -> RowAt | None:
+        """The host's primary route row: its state and the seed it names, if any."""
+        ...
+
+    def seed_record(self, host: str) -> SeedRecord | None: ...
+
+    def begin_import(self, instance: str, seed: str, *, env_before: dict[str, str | None],
+                     sha256: str) -> ImportJournal:
+        """The journal row (IMPORTING) and the gate closed (the host's row gated and
+        named the import's, the instance STOPPED, the record naming the seed), in one
+        write; `Conflict` while an import is journaled at the host."""
+        ...
+
+    def fence_import(self, instance: str, seed: str) -> ImportJournal:
+        """The journal's fence generation held (a new one bumped and stored if not)."""
+        ...
+
+    def open_import_gate(self, instance: str, seed: str) -> ImportJournal:
+        """IMPORTING -> SWAPPED, the record imported, the instance reinstated."""
+        ...
+
+    def close_import_gate(self, instance: str, seed: str) -> ImportJournal:
+        """Rollback step 1: ROLLING_BACK under a new fence generation, the import's row
+        gated, the record aborted, in one write."""
+        ...
+
+    def restore_import_route(self, instance: str, seed: str) -> ImportJournal:
+        """Rollback step 4: the original route back and CLEANUP_PENDING in one write;
+        `Conflict` while the row at the host is not the import's."""
+        ...
+
+    def delete_import(self, instance: str, seed: str) -> bool:
+        """Rollback step 7: the row gone if it names `seed` in CLEANUP_PENDING."""
+        ...
+
+    def cas_seed_record(self, record: str, seed: str, expected: frozenset[SeedState],
+                        state: SeedState) -> bool:
+        """The record to `state` only if it names `seed` in one of `expected`."""
+        ...
+
+
+class GenerationStore(Protocol):
+    """Generations as records, ACTIVE, inhibitions, crash retries."""
 
     def plan_generation(self, *, app: str, instance: str, service: str, release: int,
                         build_digest: str, op_id: int | None,
@@ -375,17 +412,8 @@ class Store(Protocol):
         no generation, if the port is claimed)."""
         ...
 
-    def record_spawn(self, gen: Generation, pid: int, start_ticks: int) -> Generation:
-        """PLANNED -> RUNNING with pid and start time; compare-and-swap on `gen.version`."""
-        ...
-
     def set_generation_state(self, gen: Generation, state: GenState) -> Generation:
         """Compare-and-swap on `gen.version`; the move is checked."""
-        ...
-
-    def record_gone(self, gen_id: int, exit_code: int | None) -> Generation:
-        """A generation proven dead, its port claim and inhibitions freed in the same
-        write (a fact: no compare; repeating it changes nothing)."""
         ...
 
     def get_generation(self, gen_id: int) -> Generation | None: ...
@@ -394,7 +422,14 @@ class Store(Protocol):
 
     def recent_generations(self, instance: str, limit: int = 20) -> list[Generation]: ...
 
-    def claimed_ports(self) -> set[int]: ...
+    def generation_ids(self, instance: str) -> set[int]:
+        """The ids of every generation recorded of `instance`, gone ones too (forgotten
+        with the instance: a log file none of them names is not this instance's)."""
+        ...
+
+    def active_generations(self) -> list[Generation]:
+        """What ACTIVE names, every instance and service (web first per instance)."""
+        ...
 
     def get_active(self, instance: str, service: str) -> Active | None: ...
 
@@ -414,37 +449,52 @@ class Store(Protocol):
 
     def inhibitions(self, generation_id: int) -> list[Inhibition]: ...
 
-    # -- crash-restart backoff ---------------------------------------------------------
-
-    def record_crash(self, retry: CrashRetry, *, gate_waiting: bool = False) -> bool:
-        """Persist a crash and its retry time, and gate a route that served the crashed
-        generation in the same write (with `gate_waiting`, a parked or holding route
-        too). True if it gated one."""
-        ...
-
     def get_crash_retry(self, instance: str, service: str) -> CrashRetry | None: ...
-
-    def generation_ids(self, instance: str) -> set[int]:
-        """The ids of every generation recorded of `instance`, gone ones too (forgotten
-        with the instance: a log file none of them names is not this instance's)."""
-        ...
 
     def pending_retries(self, instance: str | None = None) -> list[CrashRetry]:
         """Backoffs still waiting to restart the generation ACTIVE names."""
         ...
 
-    # -- routes ------------------------------------------------------------------------
 
-    def set_route(self, host: str, instance: str, state: RouteState, port: int | None,
-                  generation_id: int | None, *, expected: Route | None) -> Route:
-        """Compare-and-swap on the route the caller read (None: there was none)."""
+class BoxLocalStore(Protocol):
+    """Facts only this box observes: pids, start ticks, ports."""
+
+    def record_spawn(self, gen: Generation, pid: int, start_ticks: int) -> Generation:
+        """PLANNED -> RUNNING with pid and start time; compare-and-swap on `gen.version`."""
         ...
 
-    def get_route(self, host: str) -> Route | None: ...
+    def record_gone(self, gen_id: int, exit_code: int | None) -> Generation:
+        """A generation proven dead, its port claim and inhibitions freed in the same
+        write (a fact: no compare; repeating it changes nothing)."""
+        ...
 
-    def list_routes(self) -> list[Route]: ...
+    def claimed_ports(self) -> set[int]: ...
 
-    # -- what an operation installs or puts back -----------------------------------------
+
+class Store(Protocol):
+    """One store: a handle on each noun, and the intents whose rows span nouns."""
+
+    clock: Clock
+
+    # Read-only, so an implementation may hold its own classes (each one of these).
+    @property
+    def apps(self) -> AppStore: ...
+    @property
+    def instances(self) -> InstanceStore: ...
+    @property
+    def builds(self) -> BuildStore: ...
+    @property
+    def ops(self) -> OperationStore: ...
+    @property
+    def routes(self) -> RouteStore: ...
+    @property
+    def imports(self) -> ImportStore: ...
+    @property
+    def generations(self) -> GenerationStore: ...
+    @property
+    def local(self) -> BoxLocalStore: ...
+
+    def close(self) -> None: ...
 
     def install(self, instance: str, *, schedule_rev: int,
                 candidates: Mapping[str, Generation], retiring: Iterable[int],
@@ -455,16 +505,9 @@ class Store(Protocol):
         `schedule_rev`. Returns the release it wrote."""
         ...
 
-    def active_generations(self) -> list[Generation]:
-        """What ACTIVE names, every instance and service (web first per instance)."""
-        ...
-
-    def fenced_instances(self) -> set[str]:
-        """Every instance a fence holds."""
-        ...
-
-    def instance_views(self) -> list[InstanceView]:
-        """Every instance as convergence reads it (`gather`'s records), in bulk."""
+    def park(self, inst: Instance) -> Instance:
+        """The instance PARKED and its route `parked` (no upstream) in one write;
+        compare-and-swap on `inst.version`, the move checked."""
         ...
 
     def take_out_of_service(self, instance: str, state: InstanceState,
@@ -494,3 +537,178 @@ class Store(Protocol):
         """Put back ACTIVE, lift marks, route to `web` (gated if None), in one write.
         True if the route changed."""
         ...
+
+    def record_crash(self, retry: CrashRetry, *, gate_waiting: bool = False) -> bool:
+        """Persist a crash and its retry time, and gate a route that served the crashed
+        generation in the same write (with `gate_waiting`, a parked or holding route
+        too). True if it gated one."""
+        ...
+
+    # flat-api: begin
+    # The flat names every caller used before the store was split by noun, declared
+    # until /work/briefs/rewrite_store_calls.py has rewritten each `store.get_app(` to
+    # `store.apps.get_app(`; that script deletes every line between these markers.
+
+    # apps
+    def get_app(self, name: str) -> App | None: ...
+    def list_apps(self) -> list[App]: ...
+    def ensure_app(self, name: str) -> App: ...
+    def set_app_config(self, app: App, config: dict[str, str]) -> App: ...
+    def create_app(self, name: str) -> App: ...
+    def mark_destroying(self, name: str, removal: Removal) -> None: ...
+    def destroying_apps(self) -> list[App]: ...
+    def forget_app(self, name: str) -> None: ...
+
+    # instances
+    def get_instance(self, host: str) -> Instance | None: ...
+    def list_instances(self, app: str | None = None) -> list[Instance]: ...
+    def ensure_instance(self, host: str, app: str) -> Instance: ...
+    def set_instance_state(self, inst: Instance, state: InstanceState,
+                           down_reason: str | None = None) -> Instance: ...
+    def bump_schedule(self, host: str) -> int: ...
+    def add_instances(self, app: str, hosts: Sequence[str],
+                      config: Mapping[str, str], parked: bool = False) -> list[Instance]: ...
+    def adding_instances(self) -> list[Instance]: ...
+    def finish_adding(self, hosts: Sequence[str]) -> None: ...
+    def set_instance_config(self, inst: Instance, config: Mapping[str, str]) -> Instance: ...
+    def mark_removing(self, host: str, removal: Removal) -> None: ...
+    def withdraw_instance(self, host: str, removal: Removal) -> bool: ...
+    def removing_instances(self) -> list[Instance]: ...
+    def forget_instance(self, host: str) -> None: ...
+    def claim(self, host: str) -> Claim | None: ...
+    def add_aliases(self, instance: str, hosts: Sequence[str]) -> list[Alias]: ...
+    def remove_aliases(self, instance: str, hosts: Sequence[str]) -> list[Alias]: ...
+    def list_aliases(self, instance: str | None = None) -> list[Alias]: ...
+    def identity_number(self, space: IdSpace, name: str) -> int: ...
+    def get_fence(self, instance: str) -> Fence | None: ...
+    def fenced(self, instance: str) -> bool: ...
+    def fence(self, instance: str, reason: str | None) -> Fence: ...
+    def unfence(self, instance: str, generation: int) -> tuple[Fence | None, bool]: ...
+    def fenced_instances(self) -> set[str]: ...
+    def instance_views(self) -> list[InstanceView]: ...
+
+    # builds
+    def record_build(self, app: str, digest: str, path: str,
+                     source: dict[str, str] | None = None) -> Build: ...
+    def mark_build_good(self, app: str, digest: str) -> None: ...
+    def list_builds(self, app: str | None = None) -> list[Build]: ...
+    def forget_build(self, app: str, digest: str) -> None: ...
+    def pinned_builds(self, keep: Mapping[str, int] | None = None) -> set[tuple[str, str]]: ...
+    def create_release(self, app: str, build_digest: str, config: dict[str, str],
+                       description: str) -> Release: ...
+    def next_release_number(self, app: str) -> int: ...
+    def list_releases(self, app: str) -> list[Release]: ...
+    def get_release(self, app: str, number: int) -> Release | None: ...
+
+    # ops
+    def begin_operation(self, app: str, instance: str, kind: OpKind, owner: str,
+                        key: str | None = None, request_digest: str | None = None,
+                        schedule_rev: int = 0) -> Operation: ...
+    def get_operation(self, op_id: int) -> Operation | None: ...
+    def find_operation_by_key(self, instance: str, key: str) -> Operation | None: ...
+    def latest_operation(self, instance: str) -> Operation | None: ...
+    def unfinished_runs(self) -> list[Operation]: ...
+    def latest_operation_of(self, instance: str, kinds: Collection[OpKind]) -> Operation | None: ...
+    def release_attempts(self, app: str, kinds: Collection[OpKind]) -> list[ReleaseAttempt]: ...
+    def list_operations(self, app: str, instance: str | None = None,
+                        limit: int = 50) -> list[Operation]: ...
+    def finish_operation(self, op: Operation, state: OpState, error: str | None = None,
+                         warnings: list[str] | None = None) -> Operation: ...
+    def begin_step(self, op_id: int, kind: StepKind, *, service: str | None = None,
+                   before_gen: int | None = None, after_gen: int | None = None,
+                   detail: str | None = None) -> int: ...
+    def finish_step(self, op_id: int, seq: int, state: StepState, *,
+                    error: str | None = None, detail: str | None = None,
+                    after_gen: int | None = None) -> None: ...
+    def converge_step(self, op_id: int, seq: int, detail: str,
+                      fail_with: str | None = None) -> None: ...
+    def add_warnings(self, op: Operation, warnings: list[str]) -> Operation: ...
+    def steps(self, op_id: int) -> list[Step]: ...
+    def unfinished_operations(self) -> list[int]: ...
+    def begin_request(self, key: str, app: str, kind: str, digest: str,
+                      owner: str) -> tuple[Request, bool]: ...
+    def finish_request(self, key: str, state: RequestState, result: str) -> None: ...
+    def get_request(self, key: str) -> Request | None: ...
+    def running_requests(self) -> list[Request]: ...
+    def add_event(self, kind: str, message: str, *, app: str | None = None,
+                  instance: str | None = None) -> None: ...
+    def list_events(self, app: str | None = None, limit: int = 100,
+                    after: int = 0) -> list[Event]: ...
+
+    # routes
+    def set_route(self, host: str, instance: str, state: RouteState, port: int | None,
+                  generation_id: int | None, *, expected: Route | None) -> Route: ...
+    def get_route(self, host: str) -> Route | None: ...
+    def list_routes(self) -> list[Route]: ...
+    def next_route_table_version(self, at_least: int = 0) -> int: ...
+
+    # imports
+    def get_import(self, instance: str) -> ImportJournal | None: ...
+    def list_imports(self) -> list[ImportJournal]: ...
+    def row_at(self, host: str) -> RowAt | None: ...
+    def seed_record(self, host: str) -> SeedRecord | None: ...
+    def begin_import(self, instance: str, seed: str, *, env_before: dict[str, str | None],
+                     sha256: str) -> ImportJournal: ...
+    def fence_import(self, instance: str, seed: str) -> ImportJournal: ...
+    def open_import_gate(self, instance: str, seed: str) -> ImportJournal: ...
+    def close_import_gate(self, instance: str, seed: str) -> ImportJournal: ...
+    def restore_import_route(self, instance: str, seed: str) -> ImportJournal: ...
+    def delete_import(self, instance: str, seed: str) -> bool: ...
+    def cas_seed_record(self, record: str, seed: str, expected: frozenset[SeedState],
+                        state: SeedState) -> bool: ...
+
+    # generations
+    def plan_generation(self, *, app: str, instance: str, service: str, release: int,
+                        build_digest: str, op_id: int | None,
+                        port: int | None) -> Generation: ...
+    def set_generation_state(self, gen: Generation, state: GenState) -> Generation: ...
+    def get_generation(self, gen_id: int) -> Generation | None: ...
+    def live_generations(self, instance: str | None = None) -> list[Generation]: ...
+    def recent_generations(self, instance: str, limit: int = 20) -> list[Generation]: ...
+    def generation_ids(self, instance: str) -> set[int]: ...
+    def active_generations(self) -> list[Generation]: ...
+    def get_active(self, instance: str, service: str) -> Active | None: ...
+    def list_active(self, instance: str | None = None) -> list[Active]: ...
+    def set_active(self, instance: str, service: str, generation_id: int, *,
+                   expected: Active | None) -> Active: ...
+    def add_inhibition(self, generation_id: int, reason: Inhibition,
+                       op_id: int | None) -> None: ...
+    def remove_inhibition(self, generation_id: int, reason: Inhibition) -> None: ...
+    def inhibitions(self, generation_id: int) -> list[Inhibition]: ...
+    def get_crash_retry(self, instance: str, service: str) -> CrashRetry | None: ...
+    def pending_retries(self, instance: str | None = None) -> list[CrashRetry]: ...
+
+    # local
+    def record_spawn(self, gen: Generation, pid: int, start_ticks: int) -> Generation: ...
+    def record_gone(self, gen_id: int, exit_code: int | None) -> Generation: ...
+    def claimed_ports(self) -> set[int]: ...
+    # flat-api: end
+
+
+# The noun attributes of `Store` and their protocols: what the contract suite's coverage
+# check reads, and where each flat name lives.
+NOUNS: dict[str, type[Any]] = {
+    "apps": AppStore, "instances": InstanceStore, "builds": BuildStore,
+    "ops": OperationStore, "routes": RouteStore, "imports": ImportStore,
+    "generations": GenerationStore, "local": BoxLocalStore,
+}
+
+
+def protocol_methods(protocol: type[Any]) -> list[str]:
+    """The public methods a protocol declares, in declaration order."""
+    return [name for name, value in vars(protocol).items()
+            if callable(value) and not name.startswith("_")]
+
+
+# flat-api: begin
+_FLAT = {name: noun for noun, protocol in NOUNS.items() for name in protocol_methods(protocol)}
+
+
+def flat_attr(store: object, name: str) -> Any:
+    """`store.get_app` as `store.apps.get_app`, for a caller not yet rewritten; an
+    implementation's `__getattr__` calls this (deleted with the flat names)."""
+    noun = _FLAT.get(name)
+    if noun is None:
+        raise AttributeError(f"{type(store).__name__} has no attribute {name!r}")
+    return getattr(getattr(store, noun), name)
+# flat-api: end

@@ -20,24 +20,25 @@ def dump(store: Store) -> dict[str, list[dict[str, Any]]]:
     """The records of `store`, by table: apps, instances (with the seed their record
     names), builds, releases, active, inhibitions, port_claims, routes (with the seed
     an import's row names), fences, aliases."""
-    instances = store.list_instances()
-    generations = sorted({g for inst in instances for g in store.generation_ids(inst.host)}
-                         | {g.id for g in store.live_generations()})
+    instances = store.instances.list_instances()
+    known = {g for inst in instances for g in store.generations.generation_ids(inst.host)}
+    generations = sorted(known | {g.id for g in store.generations.live_generations()})
     return {
-        "apps": _rows(store.list_apps()),
+        "apps": _rows(store.apps.list_apps()),
         "instances": [{**_row(inst), **_seed_of(store, inst.host)} for inst in instances],
-        "builds": _rows(store.list_builds()),
-        "releases": [_row(r) for app in store.list_apps()
-                     for r in store.list_releases(app.name)],
-        "active": _rows(store.list_active()),
+        "builds": _rows(store.builds.list_builds()),
+        "releases": [_row(r) for app in store.apps.list_apps()
+                     for r in store.builds.list_releases(app.name)],
+        "active": _rows(store.generations.list_active()),
         "inhibitions": [{"generation_id": gen_id, "reason": reason.value}
-                        for gen_id in generations for reason in store.inhibitions(gen_id)],
-        "port_claims": [{"port": port} for port in sorted(store.claimed_ports())],
+                        for gen_id in generations
+                        for reason in store.generations.inhibitions(gen_id)],
+        "port_claims": [{"port": port} for port in sorted(store.local.claimed_ports())],
         "routes": [{**_row(r), "seed": _route_seed(store, r.host, r.instance)}
-                   for r in store.list_routes()],
+                   for r in store.routes.list_routes()],
         "fences": [_row(f) for inst in instances
-                   if (f := store.get_fence(inst.host)) is not None],
-        "aliases": _rows(store.list_aliases()),
+                   if (f := store.instances.get_fence(inst.host)) is not None],
+        "aliases": _rows(store.instances.list_aliases()),
     }
 
 
@@ -51,11 +52,11 @@ def _rows(records: list[Any]) -> list[dict[str, Any]]:
 
 
 def _seed_of(store: Store, host: str) -> dict[str, Any]:
-    record = store.seed_record(host)
+    record = store.imports.seed_record(host)
     return {"seed": record.seed if record else None,
             "seed_state": record.state.value if record and record.state else None}
 
 
 def _route_seed(store: Store, host: str, instance: str) -> str | None:
-    row = store.row_at(host) if host == instance else None
+    row = store.imports.row_at(host) if host == instance else None
     return row.seed if row is not None else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from keelway.store.base import Conflict, NotFound
+from keelway.store.errors import Conflict, NotFound
 from keelway.store.identities import IdSpace, app_names
 from keelway.store.lifecycle import Removal
 from keelway.store.records import App

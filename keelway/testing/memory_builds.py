@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import msgspec
 
 from keelway.journal import REPLICA
-from keelway.store.base import NotFound
+from keelway.store.errors import NotFound
 from keelway.store.lifecycle import GenState
 from keelway.store.records import Build, Release
 from keelway.testing.memory_tables import MemoryDb, MemoryTables
@@ -87,7 +87,7 @@ def create_release(t: MemoryTables, app: str, build_digest: str, config: dict[st
                    description: str, now: float) -> Release:
     """The app's next release, with its build's source as of now, inside a write."""
     if app not in t.apps:
-        raise NotFound(f"app {app}")
+        raise NotFound(f"create a release of {app}: no app {app}")
     build = t.builds.get((app, build_digest))
     release = Release(app, _next_number(t, app), build_digest, dict(config), description,
                       now, dict(build.source) if build and build.source is not None else None)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import msgspec
 
 from keelway.journal import Inhibition
-from keelway.store.base import Conflict, NotFound
+from keelway.store.errors import Conflict, NotFound
 from keelway.store.lifecycle import GenState, check
 from keelway.store.records import Active, CrashRetry, Generation
 from keelway.testing.memory_tables import Claimed, Mark, MemoryDb, MemoryTables
@@ -84,7 +84,7 @@ class MemoryGenerations:
     def add_inhibition(self, generation_id: int, reason: Inhibition,
                        op_id: int | None) -> None:
         with self._db.write() as t:
-            _known(t, generation_id)
+            _named(t, generation_id, f"mark generation {generation_id} {reason.value}")
             t.inhibitions.setdefault((generation_id, reason),
                                      Mark(op_id, self._db.clock.now()))
 
@@ -115,7 +115,7 @@ class MemoryGenerations:
 
 def put_active(t: MemoryTables, instance: str, service: str, generation_id: int) -> None:
     """ACTIVE of one service, inside a write; the generation must exist."""
-    _known(t, generation_id)
+    _named(t, generation_id, f"set active of {service} on {instance}")
     have = t.active.get((instance, service))
     t.active[(instance, service)] = Active(instance, service, generation_id,
                                            have.version + 1 if have else 1)
@@ -129,6 +129,13 @@ def refuse_stale(t: MemoryTables, gen: Generation, state: GenState) -> Generatio
         raise Conflict(f"generation {gen.id} changed under us")
     check(gen.state, state)
     return have
+
+
+def _named(t: MemoryTables, gen_id: int, what: str) -> None:
+    """A write that names a generation refuses one that does not exist, as a foreign
+    key refuses it: the record must not name nothing."""
+    if gen_id not in t.generations:
+        raise NotFound(f"{what}: no generation {gen_id}")
 
 
 def _known(t: MemoryTables, gen_id: int) -> Generation:

@@ -1,6 +1,6 @@
 """The in-memory store's seed imports (ImportStore): the import journal, the import's
 row at the host (a route whose seed names it) and the instance record's seed. The rules
-are keelway/store/seeds.py's, each kept inside one write: one journal row per instance
+are keelway/store/imports.py's, each kept inside one write: one journal row per instance
 (the import gate), moves only along its table, route writes only on the import's own
 row, fence generations from the fences, the record's seed by compare-and-swap."""
 
@@ -10,10 +10,8 @@ from typing import assert_never
 
 import msgspec
 
-from keelway.store.base import Conflict, NotFound
-from keelway.store.lifecycle import InstanceState, RouteState, check
-from keelway.store.records import Route
-from keelway.store.seeds import (
+from keelway.store.errors import Conflict, NotFound
+from keelway.store.imports import (
     _MOVES,
     ImportJournal,
     ImportState,
@@ -22,6 +20,8 @@ from keelway.store.seeds import (
     SeedState,
     record_key,
 )
+from keelway.store.lifecycle import InstanceState, RouteState, check
+from keelway.store.records import Route
 from keelway.testing.memory_instances import bump_fence
 from keelway.testing.memory_routes import delete_route, mirror_aliases
 from keelway.testing.memory_tables import MemoryDb, MemoryTables, SeedOf

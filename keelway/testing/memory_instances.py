@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from keelway.journal import Cause, Inhibition
-from keelway.store.base import Conflict, NotFound
+from keelway.store.errors import Conflict, NotFound
 from keelway.store.hosts import Claim, HostTaken
 from keelway.store.identities import IdSpace, instance_name
 from keelway.store.lifecycle import GenState, InstanceState, Removal, RouteState, check
@@ -41,7 +41,7 @@ class MemoryInstances:
                 raise HostTaken(host, claim)
             if host not in t.instances:
                 if app not in t.apps:
-                    raise NotFound(f"app {app}")
+                    raise NotFound(f"ensure instance {host} of {app}: no app {app}")
                 t.instances[host] = Instance(host, app, InstanceState.RUNNING, 0, 0,
                                              self._db.clock.now(), 1)
             allocate(t, IdSpace.UID, [instance_name(host)])
@@ -143,6 +143,12 @@ class MemoryInstances:
             if live:
                 raise Conflict(f"{host} still has {live} generations not proven gone")
             ids = {g.id for g in gens}
+            named = sorted(a.generation_id for a in t.active.values()
+                           if a.instance != host and a.generation_id in ids)
+            if named:
+                # Another instance's ACTIVE names one (never so in keelway's own writes):
+                # a record may not outlive the generation it names.
+                raise Conflict(f"{host}'s generations {named} are ACTIVE elsewhere")
             for route in [r for r in t.routes.values() if r.instance == host]:
                 delete_route(t, route.host)
             _drop(t.aliases, [a.host for a in t.aliases.values() if a.instance == host])
@@ -197,6 +203,9 @@ class MemoryInstances:
                 if instance is None or a.instance == instance]
 
     def identity_number(self, space: IdSpace, name: str) -> int:
+        # A number allocated is read without a write (a stale owner may read it).
+        if (number := self._db.tables.identities.get((space.value, name))) is not None:
+            return number
         with self._db.write() as t:
             allocate(t, space, [name])
             return t.identities[(space.value, name)]

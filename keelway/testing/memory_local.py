@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import msgspec
 
-from keelway.store.base import NotFound
+from keelway.store.errors import NotFound
 from keelway.store.lifecycle import GenState, check
 from keelway.store.records import Generation
 from keelway.testing.memory_generations import refuse_stale

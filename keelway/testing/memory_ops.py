@@ -9,7 +9,7 @@ from collections.abc import Collection
 import msgspec
 
 from keelway.journal import OpKind, StepKind
-from keelway.store.base import Conflict, NotFound
+from keelway.store.errors import Conflict, NotFound
 from keelway.store.lifecycle import OpState, RequestState, StepState, check
 from keelway.store.records import Event, Operation, ReleaseAttempt, Request, Step
 from keelway.testing.memory_tables import MemoryDb, MemoryTables
@@ -69,7 +69,7 @@ class MemoryOps:
             newest[key] = max(newest.get(key, op.id), op.id)
         return [ReleaseAttempt(inst, release, digest, op_id, t.operations[op_id].state)
                 for (inst, release, digest), op_id
-                in sorted(newest.items(), key=lambda item: item[1])]
+                in sorted(newest.items(), key=lambda item: (item[1], item[0]))]
 
     def list_operations(self, app: str, instance: str | None = None,
                         limit: int = 50) -> list[Operation]:
@@ -113,7 +113,7 @@ class MemoryOps:
                    detail: str | None = None) -> int:
         with self._db.write() as t:
             if op_id not in t.operations:
-                raise NotFound(f"operation {op_id}")
+                raise NotFound(f"begin a step of operation {op_id}: no operation {op_id}")
             seq = max((s for (o, s) in t.steps if o == op_id), default=0) + 1
             t.steps[(op_id, seq)] = Step(op_id, seq, kind, service, before_gen, after_gen,
                                          StepState.PENDING, None, detail,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import msgspec
 
-from keelway.store.base import Conflict
+from keelway.store.errors import Conflict
 from keelway.store.lifecycle import RouteState, check
 from keelway.store.records import Route
 from keelway.testing.memory_tables import MemoryDb, MemoryTables

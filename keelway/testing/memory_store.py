@@ -26,14 +26,21 @@ write of their own (a nested write joins it).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import msgspec
 
 from keelway.clock import Clock, SystemClock
 from keelway.journal import Cause, Inhibition
-from keelway.store.base import NotFound, StaleSchedule
+from keelway.store import Store
+from keelway.store.errors import NotFound, StaleSchedule
 from keelway.store.lifecycle import GenState, InstanceState, RouteState
 from keelway.store.records import CrashRetry, Generation, Instance, Release, ReleaseDraft
+
+# flat-api: begin
+from keelway.store.store import flat_attr
+
+# flat-api: end
 from keelway.testing.memory_apps import MemoryApps
 from keelway.testing.memory_builds import MemoryBuilds
 from keelway.testing.memory_generations import MemoryGenerations
@@ -44,16 +51,22 @@ from keelway.testing.memory_ops import MemoryOps
 from keelway.testing.memory_routes import MemoryRoutes, put_route
 from keelway.testing.memory_tables import MemoryDb, MemoryTables
 
-__all__ = ["MemoryStore", "MemoryTables"]
+__all__ = ["BOX", "MemoryStore", "MemoryTables"]
+
+# The owner token of a memory store opened without one: one fixed token, as one box has.
+BOX = "box:memory"
 
 
 class MemoryStore:
     """The whole store in memory: one attribute per noun, the cross-noun intents here."""
 
-    def __init__(self, clock: Clock | None = None, tables: MemoryTables | None = None) -> None:
+    def __init__(self, clock: Clock | None = None, tables: MemoryTables | None = None, *,
+                 owner: str | None = None) -> None:
+        """A store over `tables` (new ones if None) opened by the writer `owner` (None:
+        this box's one token, so a box never refuses itself); opening takes the lease."""
         self.clock: Clock = clock or SystemClock()
         self.tables = tables if tables is not None else MemoryTables()
-        self._db = MemoryDb(self.tables, self.clock)
+        self._db = MemoryDb(self.tables, self.clock, owner if owner is not None else BOX)
         self.apps = MemoryApps(self._db)
         self.instances = MemoryInstances(self._db)
         self.builds = MemoryBuilds(self._db)
@@ -63,12 +76,18 @@ class MemoryStore:
         self.generations = MemoryGenerations(self._db)
         self.local = MemoryLocal(self._db)
 
-    def reopen(self) -> MemoryStore:
+    def reopen(self, owner: str | None = None) -> MemoryStore:
         """The same records opened again, as a restarted control plane opens its store."""
-        return MemoryStore(self.clock, self.tables)
+        return MemoryStore(self.clock, self.tables, owner=owner)
 
     def close(self) -> None:
         """Nothing to release: the records stay in `tables` for a reopen."""
+
+    # flat-api: begin
+    def __getattr__(self, name: str) -> Any:
+        return flat_attr(self, name)
+
+    # flat-api: end
 
     # -- what an operation installs or puts back ---------------------------------------
 
@@ -221,3 +240,8 @@ class MemoryStore:
         return written
 
 
+
+
+def _is_a_store(clock: Clock | None = None) -> Store:
+    """mypy's proof that a `MemoryStore` is a `Store` (every noun, every intent)."""
+    return MemoryStore(clock)

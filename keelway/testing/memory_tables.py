@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 from keelway.clock import Clock
 from keelway.journal import Inhibition
+from keelway.store.errors import StaleOwner
+from keelway.store.imports import ImportJournal, SeedState
 from keelway.store.records import (
     Active,
     Alias,
@@ -36,7 +38,6 @@ from keelway.store.records import (
     Route,
     Step,
 )
-from keelway.store.seeds import ImportJournal, SeedState
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,9 @@ class MemoryTables:
     `MemoryTables` are one store opened several times, as a restarted control plane
     opens the same file."""
 
+    # The owner token of the one writer (SPEC §8): taken by each store opened over
+    # these tables, checked by every write.
+    lease_owner: str | None = None
     route_table_version: int = 0
     apps: dict[str, App] = field(default_factory=dict)
     instances: dict[str, Instance] = field(default_factory=dict)
@@ -110,17 +114,22 @@ def _copied(value: object) -> object:
 
 
 class MemoryDb:
-    """The tables, the clock, and `write()`: what every noun of the memory store holds."""
+    """The tables, the clock, the writer's owner token and `write()`: what every noun
+    of the memory store holds."""
 
-    def __init__(self, tables: MemoryTables, clock: Clock) -> None:
+    def __init__(self, tables: MemoryTables, clock: Clock, owner: str) -> None:
         self.tables = tables
         self.clock = clock
+        self.owner = owner
         self._depth = 0
+        # Opening takes the lease: a handle opened before, by another owner, is stale.
+        tables.lease_owner = owner
 
     @contextlib.contextmanager
     def write(self) -> Iterator[MemoryTables]:
-        """One atomic write; nested calls join the outer one (an intent composing the
-        nouns' writes), and only the outermost restores the snapshot on an error."""
+        """One atomic write of the lease's owner (`StaleOwner`, nothing written, once
+        another owner took it); nested calls join the outer one (an intent composing
+        the nouns' writes), and only the outermost restores the snapshot on an error."""
         if self._depth:
             self._depth += 1
             try:
@@ -128,6 +137,8 @@ class MemoryDb:
             finally:
                 self._depth -= 1
             return
+        if self.tables.lease_owner != self.owner:
+            raise StaleOwner(self.owner, self.tables.lease_owner)
         saved = self.tables.snapshot()
         self._depth = 1
         try:

@@ -24,7 +24,7 @@ from keelway.deploy.seeding import SeedLimits, SeedOutcome, SnapshotSource
 from keelway.home import Home
 from keelway.runtime.environment import INSTANCE_KEY, read_env_file
 from keelway.store import SqliteStore
-from keelway.store.seeds import ImportState, SeedState
+from keelway.store.imports import ImportState, SeedState
 from keelway.testing.dump import dump
 from tests.deploy.wiring import wired
 from tests.disk import mounted_tmpfs

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from keelway.data.instance_db import is_empty_wal
 from keelway.deploy.errors import NotFoundError, UserError
 from keelway.deploy.tenants import Tenants
 from keelway.home import Home
 from keelway.journal import OpKind, StepKind
 from keelway.runtime.environment import INSTANCE_KEY, read_env_file
 from keelway.store import SqliteStore
-from keelway.store.instance_db import is_empty_wal
 from keelway.store.lifecycle import OpState, Removal, StepState
 from keelway.testing.dump import dump
 from tests.deploy.wiring import wired

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from keelway.data.instance_db import is_empty_wal
 from keelway.runtime import process
-from keelway.store.instance_db import is_empty_wal
 from tests.e2e.harness import Keelway
 from tests.invariants import violations
 

@@ -394,8 +394,8 @@ def test_an_install_that_fails_midway_leaves_nothing_behind(store: Store) -> Non
     rev = store.bump_schedule("a.test")
     before = _everything(store)
     # The release and ACTIVE are written before the mark of a generation that does not
-    # exist is refused (whatever the backend raises): none of it stays.
-    with pytest.raises(Exception):  # noqa: B017
+    # exist is refused (a NotFound naming it, whatever the backend): none of it stays.
+    with pytest.raises(NotFound, match=f"no generation {web.id + 1000}"):
         _install(store, {"web": web}, rev, retiring=[web.id + 1000],
                  release=ReleaseDraft("blog", DIGEST, {}, "Deploy"))
     assert _everything(store) == before

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from keelway.store import Conflict, SqliteStore
+from keelway.store.imports import ImportState, SeedState
 from keelway.store.lifecycle import InstanceState, RouteState
-from keelway.store.seeds import ImportState, SeedState
 from keelway.testing.clock import FakeClock
 from keelway.testing.dump import dump
 
@@ -86,7 +86,7 @@ def test_the_route_restore_refuses_a_row_that_is_not_the_import_s(
         store: SqliteStore) -> None:
     store.begin_import(HOST, SEED, env_before={}, sha256="ab")
     store.close_import_gate(HOST, SEED)
-    store._conn.execute("UPDATE routes SET seed='seed-2222222222222222' WHERE host=?",
+    store.db._conn.execute("UPDATE routes SET seed='seed-2222222222222222' WHERE host=?",
                         (HOST,))
     before = dump(store)
     with pytest.raises(Conflict):
@@ -109,7 +109,7 @@ def test_the_record_moves_by_compare_and_swap_on_its_seed(store: SqliteStore) ->
 
 def test_an_unknown_state_is_read_back_and_never_moved(store: SqliteStore) -> None:
     store.begin_import(HOST, SEED, env_before={}, sha256="ab")
-    store._conn.execute("UPDATE seed_imports SET state='later-word'")
+    store.db._conn.execute("UPDATE seed_imports SET state='later-word'")
     journal = store.get_import(HOST)
     assert journal is not None and journal.known is None
     for intent in (store.open_import_gate, store.close_import_gate,

@@ -50,7 +50,7 @@ def test_a_store_from_a_newer_keelway_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_failed_transaction_leaves_nothing_behind(store: SqliteStore) -> None:
-    with pytest.raises(ZeroDivisionError), store.tx():
+    with pytest.raises(ZeroDivisionError), store.db.tx("a test write"):
         store.ensure_app("blog")
         _ = 1 / 0
     assert store.get_app("blog") is None

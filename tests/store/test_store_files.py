@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from keelway.store import SqliteStore
-from keelway.store.base import DiskFull
+from keelway.store.errors import DiskFull
 from keelway.testing.dump import dump
 from tests.disk import fill, mounted_tmpfs
 
@@ -53,12 +53,12 @@ def test_a_store_an_older_keelway_left_readable_by_others_is_narrowed_when_opene
 
 
 def _write_big(store: SqliteStore, key: str) -> None:
-    with store.tx() as conn:
+    with store.db.tx("a test write") as conn:
         conn.execute("INSERT INTO meta(key, value) VALUES (?, ?)", (key, "v" * 1_000_000))
 
 
 def _keys(store: SqliteStore) -> set[str]:
-    return {row["key"] for row in store._all("SELECT key FROM meta")}
+    return {row["key"] for row in store.db.rows("SELECT key FROM meta")}
 
 
 def test_a_write_that_meets_a_full_disk_is_rolled_back_whole_and_works_once_there_is_room(
@@ -89,11 +89,11 @@ def test_a_statement_that_sqlite_rolls_back_itself_on_a_full_disk_raises_disk_fu
     store = SqliteStore(tmp_path / "keelway.db")
     try:
         store.ensure_app("blog")
-        pages = store._one("PRAGMA page_count")[0]
-        store._conn.execute(f"PRAGMA max_page_count = {pages + 1}")  # SQLite's own limit
+        pages = store.db.row("PRAGMA page_count")[0]
+        store.db._conn.execute(f"PRAGMA max_page_count = {pages + 1}")  # SQLite's own limit
         with pytest.raises(DiskFull, match="the disk is full"):
             _write_big(store, "big")
-        store._conn.execute("PRAGMA max_page_count = 1073741823")
+        store.db._conn.execute("PRAGMA max_page_count = 1073741823")
         _write_big(store, "big")
         assert "big" in _keys(store)
     finally:

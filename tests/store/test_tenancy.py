@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from keelway.data.instance_db import is_empty_wal, lay_down_db
 from keelway.journal import OpKind
 from keelway.store import Conflict, NotFound, Store
 from keelway.store.hosts import HostTaken
-from keelway.store.instance_db import is_empty_wal, lay_down_db
 from keelway.store.lifecycle import GenState, InstanceState, Removal, RouteState
 from keelway.store.records import CrashRetry
 from keelway.testing.dump import dump as dump_of

@@ -1,7 +1,7 @@
 """An instance's own SQLite database, laid down empty before anything of the app runs.
 
-It lives in the store package because this package is the one place that opens SQLite
-(tests/store/test_boundary.py); it touches nothing of keelway's own store.
+It lives with the instance's data: like snapshots, it opens an app's own database and
+never keelway's store (tests/store/test_boundary.py checks both).
 
 Why it is laid down at all: a real app that opens `KEELWAY_DB` without creating it
 failed on its first start because the file did not exist yet (issue 10). The database

@@ -1,4 +1,5 @@
-"""The store's journal: operations and their steps, idempotency keys, events."""
+"""The SQLite store's operations and their steps, idempotency keys and events: the
+journal every operation is planned and recovered from."""
 
 from __future__ import annotations
 
@@ -7,13 +8,17 @@ import sqlite3
 from collections.abc import Collection
 
 from keelway.journal import OpKind, StepKind
-from keelway.store.base import Conflict, NotFound, StoreBase
+from keelway.store.db import Db
+from keelway.store.errors import Conflict, NotFound
 from keelway.store.lifecycle import OpState, RequestState, StepState, check
 from keelway.store.records import Event, Operation, ReleaseAttempt, Request, Step
 
 
-class Journal(StoreBase):
-    """Operations, steps, idempotency keys and events."""
+class SqliteOperations:
+    """Operations, steps, idempotency keys and events (`OperationStore`)."""
+
+    def __init__(self, db: Db) -> None:
+        self.db = db
 
     # -- operations and steps --------------------------------------------------------
 
@@ -27,13 +32,13 @@ class Journal(StoreBase):
         request_digest: str | None = None,
         schedule_rev: int = 0,
     ) -> Operation:
-        with self.tx() as c:
+        with self.db.tx(f"begin a {kind.value} operation on {instance}") as c:
             try:
                 cur = c.execute(
                     "INSERT INTO operations(app, instance, kind, key, request_digest, state,"
                     " owner, created_at, schedule_rev) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (app, instance, kind.value, key, request_digest, OpState.RUNNING.value,
-                     owner, self.clock.now(), schedule_rev),
+                     owner, self.db.clock.now(), schedule_rev),
                 )
             except sqlite3.IntegrityError as exc:
                 # Only the (instance, key) unique index can refuse this row: a caller
@@ -45,15 +50,15 @@ class Journal(StoreBase):
         return op
 
     def get_operation(self, op_id: int) -> Operation | None:
-        row = self._one("SELECT * FROM operations WHERE id=?", op_id)
+        row = self.db.row("SELECT * FROM operations WHERE id=?", op_id)
         return self._operation(row) if row else None
 
     def find_operation_by_key(self, instance: str, key: str) -> Operation | None:
-        row = self._one("SELECT * FROM operations WHERE instance=? AND key=?", instance, key)
+        row = self.db.row("SELECT * FROM operations WHERE instance=? AND key=?", instance, key)
         return self._operation(row) if row else None
 
     def latest_operation(self, instance: str) -> Operation | None:
-        row = self._one(
+        row = self.db.row(
             "SELECT * FROM operations WHERE instance=? AND kind!=? ORDER BY id DESC LIMIT 1",
             instance, OpKind.RUN.value,
         )
@@ -62,7 +67,7 @@ class Journal(StoreBase):
     def latest_operation_of(self, instance: str, kinds: Collection[OpKind]) -> Operation | None:
         """The instance's newest operation of one of `kinds` (its steps not read)."""
         marks = ", ".join("?" for _ in kinds)
-        row = self._one(f"SELECT * FROM operations WHERE instance=? AND kind IN ({marks})"
+        row = self.db.row(f"SELECT * FROM operations WHERE instance=? AND kind IN ({marks})"
                         " ORDER BY id DESC LIMIT 1", instance, *(k.value for k in kinds))
         return self._operation(row, []) if row else None
 
@@ -70,14 +75,14 @@ class Journal(StoreBase):
         """Each (instance, release, build) that an operation of `kinds` started
         processes of, with the newest such operation's id and state, oldest first."""
         marks = ", ".join("?" for _ in kinds)
-        rows = self._all(
+        rows = self.db.rows(
             "SELECT g.instance, g.release, g.build_digest, MAX(o.id) AS op_id FROM"
             " generations g JOIN operations o ON o.id = g.op_id WHERE g.app=? AND"
             f" o.kind IN ({marks}) GROUP BY g.instance, g.release, g.build_digest"
             " ORDER BY op_id", app, *(k.value for k in kinds))
         attempts = []
         for r in rows:
-            op = self._one("SELECT state FROM operations WHERE id=?", r["op_id"])
+            op = self.db.row("SELECT state FROM operations WHERE id=?", r["op_id"])
             assert op is not None  # the join found it
             attempts.append(ReleaseAttempt(r["instance"], r["release"], r["build_digest"],
                                            r["op_id"], OpState(op["state"])))
@@ -90,12 +95,13 @@ class Journal(StoreBase):
         latest = ("SELECT MAX(id) FROM operations"
                   f" WHERE kind!='{OpKind.RUN.value}' GROUP BY instance")
         steps: dict[int, list[Step]] = {}
-        for r in self._all(f"SELECT * FROM steps WHERE op_id IN ({latest}) ORDER BY op_id, seq"):
+        for r in self.db.rows(f"SELECT * FROM steps WHERE op_id IN ({latest}) ORDER BY op_id, seq"):
             steps.setdefault(r["op_id"], []).append(_step(r))
         return {r["instance"]: self._operation(r, steps.get(r["id"], []))
-                for r in self._all(f"SELECT * FROM operations WHERE id IN ({latest})")}
+                for r in self.db.rows(f"SELECT * FROM operations WHERE id IN ({latest})")}
+
     def unfinished_runs(self) -> list[Operation]:
-        rows = self._all("SELECT * FROM operations WHERE kind=? AND state=? ORDER BY id",
+        rows = self.db.rows("SELECT * FROM operations WHERE kind=? AND state=? ORDER BY id",
                          OpKind.RUN.value, OpState.RUNNING.value)
         return [self._operation(r) for r in rows]
 
@@ -103,11 +109,11 @@ class Journal(StoreBase):
         self, app: str, instance: str | None = None, limit: int = 50
     ) -> list[Operation]:
         if instance is None:
-            rows = self._all(
+            rows = self.db.rows(
                 "SELECT * FROM operations WHERE app=? ORDER BY id DESC LIMIT ?", app, limit
             )
         else:
-            rows = self._all(
+            rows = self.db.rows(
                 "SELECT * FROM operations WHERE app=? AND instance=? ORDER BY id DESC LIMIT ?",
                 app, instance, limit,
             )
@@ -118,12 +124,12 @@ class Journal(StoreBase):
         warnings: list[str] | None = None,
     ) -> Operation:
         check(op.state, state)
-        with self.tx() as c:
+        with self.db.tx(f"finish operation {op.id}") as c:
             cur = c.execute(
                 "UPDATE operations SET state=?, error=?, warnings=?, finished_at=?,"
                 " version=version+1 WHERE id=? AND version=?",
                 (state.value, error, json.dumps(warnings if warnings is not None else op.warnings),
-                 self.clock.now(), op.id, op.version),
+                 self.db.clock.now(), op.id, op.version),
             )
             if cur.rowcount != 1:
                 raise Conflict(f"operation {op.id} changed under us")
@@ -135,14 +141,14 @@ class Journal(StoreBase):
         self, op_id: int, kind: StepKind, *, service: str | None = None,
         before_gen: int | None = None, after_gen: int | None = None, detail: str | None = None,
     ) -> int:
-        with self.tx() as c:
-            row = self._one("SELECT MAX(seq) AS s FROM steps WHERE op_id=?", op_id)
+        with self.db.tx(f"begin a step of operation {op_id}", missing=f"no operation {op_id}") as c:
+            row = self.db.row("SELECT MAX(seq) AS s FROM steps WHERE op_id=?", op_id)
             seq = int(row["s"] or 0) + 1 if row else 1
             c.execute(
                 "INSERT INTO steps(op_id, seq, kind, service, before_gen, after_gen, state,"
                 " detail, started_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (op_id, seq, kind.value, service, before_gen, after_gen, StepState.PENDING.value,
-                 detail, self.clock.now()),
+                 detail, self.db.clock.now()),
             )
         return seq
 
@@ -150,23 +156,23 @@ class Journal(StoreBase):
         self, op_id: int, seq: int, state: StepState, *, error: str | None = None,
         detail: str | None = None, after_gen: int | None = None,
     ) -> None:
-        with self.tx() as c:
-            row = self._one("SELECT state FROM steps WHERE op_id=? AND seq=?", op_id, seq)
+        with self.db.tx(f"finish step {seq} of operation {op_id}") as c:
+            row = self.db.row("SELECT state FROM steps WHERE op_id=? AND seq=?", op_id, seq)
             if row is None:
                 raise NotFound(f"step {seq} of op {op_id}")
             check(StepState(row["state"]), state)
             c.execute(
                 "UPDATE steps SET state=?, error=COALESCE(?, error), detail=COALESCE(?, detail),"
                 " after_gen=COALESCE(?, after_gen), finished_at=? WHERE op_id=? AND seq=?",
-                (state.value, error, detail, after_gen, self.clock.now(), op_id, seq),
+                (state.value, error, detail, after_gen, self.db.clock.now(), op_id, seq),
             )
 
     def converge_step(self, op_id: int, seq: int, detail: str,
                       fail_with: str | None = None) -> None:
         """Mark a step's candidate dealt with; `fail_with` also marks the step failed."""
-        with self.tx() as c:
+        with self.db.tx(f"converge step {seq} of operation {op_id}") as c:
             if fail_with is not None:
-                row = self._one("SELECT state FROM steps WHERE op_id=? AND seq=?", op_id, seq)
+                row = self.db.row("SELECT state FROM steps WHERE op_id=? AND seq=?", op_id, seq)
                 if row is None:
                     raise NotFound(f"step {seq} of op {op_id}")
                 old = StepState(row["state"])
@@ -174,12 +180,12 @@ class Journal(StoreBase):
                     check(old, StepState.FAILED)
                 c.execute("UPDATE steps SET state=?, error=?, finished_at=COALESCE(finished_at, ?)"
                           " WHERE op_id=? AND seq=?",
-                          (StepState.FAILED.value, fail_with, self.clock.now(), op_id, seq))
+                          (StepState.FAILED.value, fail_with, self.db.clock.now(), op_id, seq))
             c.execute("UPDATE steps SET converged=1, detail=? WHERE op_id=? AND seq=?",
                       (detail, op_id, seq))
 
     def add_warnings(self, op: Operation, warnings: list[str]) -> Operation:
-        with self.tx() as c:
+        with self.db.tx(f"add warnings to operation {op.id}") as c:
             fresh = self.get_operation(op.id)
             if fresh is None:
                 raise NotFound(f"operation {op.id}")
@@ -191,8 +197,16 @@ class Journal(StoreBase):
         return new
 
     def steps(self, op_id: int) -> list[Step]:
-        rows = self._all("SELECT * FROM steps WHERE op_id=? ORDER BY seq", op_id)
+        rows = self.db.rows("SELECT * FROM steps WHERE op_id=? ORDER BY seq", op_id)
         return [_step(r) for r in rows]
+
+    def unfinished_operations(self) -> list[int]:
+        """Ids of operations not yet terminal whose instance no longer exists (a
+        removal that crashed after its records were deleted): nothing else finds them."""
+        rows = self.db.rows(
+            "SELECT id FROM operations WHERE state='running' AND instance NOT IN"
+            " (SELECT host FROM instances) ORDER BY id")
+        return [int(r[0]) for r in rows]
 
     def _operation(self, row: sqlite3.Row, steps: list[Step] | None = None) -> Operation:
         return Operation(
@@ -210,28 +224,28 @@ class Journal(StoreBase):
     def begin_request(self, key: str, app: str, kind: str, digest: str,
                       owner: str) -> tuple[Request, bool]:
         """Claim `key` for a request; (the existing request, False) if it was claimed."""
-        with self.tx() as c:
+        with self.db.tx(f"begin request {key}") as c:
             existing = self.get_request(key)
             if existing is not None:
                 return existing, False
             c.execute(
                 "INSERT INTO requests(key, app, kind, digest, state, owner, created_at)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (key, app, kind, digest, RequestState.RUNNING.value, owner, self.clock.now()),
+                (key, app, kind, digest, RequestState.RUNNING.value, owner, self.db.clock.now()),
             )
         request = self.get_request(key)
         assert request is not None
         return request, True
 
     def finish_request(self, key: str, state: RequestState, result: str) -> None:
-        with self.tx() as c:
+        with self.db.tx(f"finish request {key}") as c:
             c.execute(
                 "UPDATE requests SET state=?, result=?, finished_at=? WHERE key=? AND state=?",
-                (state.value, result, self.clock.now(), key, RequestState.RUNNING.value),
+                (state.value, result, self.db.clock.now(), key, RequestState.RUNNING.value),
             )
 
     def get_request(self, key: str) -> Request | None:
-        row = self._one("SELECT * FROM requests WHERE key=?", key)
+        row = self.db.row("SELECT * FROM requests WHERE key=?", key)
         if row is None:
             return None
         return Request(row["key"], row["app"], row["kind"], row["digest"],
@@ -239,26 +253,26 @@ class Journal(StoreBase):
                        row["created_at"], row["finished_at"])
 
     def running_requests(self) -> list[Request]:
-        rows = self._all("SELECT key FROM requests WHERE state='running'")
+        rows = self.db.rows("SELECT key FROM requests WHERE state='running'")
         return [r for r in (self.get_request(row[0]) for row in rows) if r is not None]
 
     # -- events ----------------------------------------------------------------------
 
     def add_event(self, kind: str, message: str, *, app: str | None = None,
                   instance: str | None = None) -> None:
-        with self.tx() as c:
+        with self.db.tx(f"add a {kind} event") as c:
             c.execute(
                 "INSERT INTO events(at, app, instance, kind, message) VALUES (?, ?, ?, ?, ?)",
-                (self.clock.now(), app, instance, kind, message),
+                (self.db.clock.now(), app, instance, kind, message),
             )
 
     def list_events(self, app: str | None = None, limit: int = 100,
                     after: int = 0) -> list[Event]:
         if app is None:
-            rows = self._all("SELECT * FROM events WHERE id>? ORDER BY id DESC LIMIT ?",
+            rows = self.db.rows("SELECT * FROM events WHERE id>? ORDER BY id DESC LIMIT ?",
                              after, limit)
         else:
-            rows = self._all(
+            rows = self.db.rows(
                 "SELECT * FROM events WHERE app=? AND id>? ORDER BY id DESC LIMIT ?",
                 app, after, limit
             )

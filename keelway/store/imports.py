@@ -1,4 +1,4 @@
-"""The store's seed imports: the import journal (table `seed_imports`), the import's row
+"""The SQLite store's seed imports: the import journal (table `seed_imports`), the import's row
 at the instance's host (`routes.seed`), and the instance record's seed (`instances.seed`,
 `instances.seed_state`). SPEC §4 Seed import; the steps that call these are
 keelway/deploy/seeding.py.
@@ -13,7 +13,7 @@ Rules, each kept inside one transaction:
 - Every route write acts only on the import's own row: the host's primary route row
   whose `seed` names the journal's seed. Any other row at the host is someone else's and
   is not touched; no row at all stays no row.
-- Fence generations come from the fences table (keelway/store/fences.py): the journal
+- Fence generations come from the fences table (keelway/store/instances.py): the journal
   stores the one its writer holds, in the same write that bumps it, so no crash can
   leave a held fence whose generation the journal does not know.
 - The record's seed moves by compare-and-swap on (app, host, seed, state): a record that
@@ -29,7 +29,8 @@ from typing import assert_never
 
 import msgspec
 
-from keelway.store.base import Conflict, NotFound, StoreBase
+from keelway.store.db import Db
+from keelway.store.errors import Conflict, NotFound
 from keelway.store.hosts import mirror_aliases
 from keelway.store.lifecycle import InstanceState, RouteState, check
 
@@ -113,23 +114,26 @@ def record_key(app: str, host: str) -> str:
     return f"{app}/{host}"
 
 
-class Seeds(StoreBase):
-    """Import journals, import rows and the records' seeds."""
+class SqliteImports:
+    """Import journals, import rows and the records' seeds (`ImportStore`)."""
+
+    def __init__(self, db: Db) -> None:
+        self.db = db
 
     def get_import(self, instance: str) -> ImportJournal | None:
-        row = self._one("SELECT * FROM seed_imports WHERE instance=?", instance)
+        row = self.db.row("SELECT * FROM seed_imports WHERE instance=?", instance)
         return _journal(row) if row else None
 
     def list_imports(self) -> list[ImportJournal]:
-        return [_journal(r) for r in self._all("SELECT * FROM seed_imports ORDER BY instance")]
+        return [_journal(r) for r in self.db.rows("SELECT * FROM seed_imports ORDER BY instance")]
 
     def row_at(self, host: str) -> RowAt | None:
-        row = self._one("SELECT state, seed FROM routes WHERE host=? AND instance=?",
+        row = self.db.row("SELECT state, seed FROM routes WHERE host=? AND instance=?",
                         host, host)
         return RowAt(RouteState(row["state"]), row["seed"]) if row else None
 
     def seed_record(self, host: str) -> SeedRecord | None:
-        row = self._one("SELECT app, host, seed, seed_state FROM instances WHERE host=?",
+        row = self.db.row("SELECT app, host, seed, seed_state FROM instances WHERE host=?",
                         host)
         if row is None:
             return None
@@ -146,8 +150,8 @@ class Seeds(StoreBase):
 
         One write and not two: a journal with its gate still open would be a row the
         rollback must call someone else's, and hold on forever."""
-        with self.tx() as c:
-            inst = self._one("SELECT app, state FROM instances WHERE host=?", instance)
+        with self.db.tx(f"begin import {seed} at {instance}") as c:
+            inst = self.db.row("SELECT app, state FROM instances WHERE host=?", instance)
             if inst is None:
                 raise NotFound(f"instance {instance}")
             held = self.get_import(instance)
@@ -155,7 +159,7 @@ class Seeds(StoreBase):
                 raise Conflict(f"{instance} has import {held.seed} journaled ({held.state})")
             before = InstanceState(inst["state"])
             route = self.row_at(instance)
-            now = self.clock.now()
+            now = self.db.clock.now()
             c.execute(
                 "INSERT INTO seed_imports(instance, seed, state, fence_gen, env_before,"
                 " record, had_route, instance_before, sha256, created_at, updated_at)"
@@ -185,10 +189,10 @@ class Seeds(StoreBase):
         """The import's fence held, in one write: kept when the fence held now is the
         journal's generation, else a new generation bumped, held and stored in the
         journal. `Conflict` unless the row names `seed` in IMPORTING or ROLLING_BACK."""
-        with self.tx() as c:
+        with self.db.tx(f"fence import {seed} at {instance}") as c:
             journal = self._journal_in(instance, seed, ImportState.IMPORTING,
                                        ImportState.ROLLING_BACK)
-            fence = self._one("SELECT generation, held FROM fences WHERE instance=?",
+            fence = self.db.row("SELECT generation, held FROM fences WHERE instance=?",
                               instance)
             if (fence is not None and fence["held"]
                     and fence["generation"] == journal.fence_gen):
@@ -205,7 +209,7 @@ class Seeds(StoreBase):
         that was running or parked, whose processes the caller starts through the
         verified start path; STOPPED otherwise). The route stays gated until that start
         publishes it. Idempotent on a row already SWAPPED."""
-        with self.tx() as c:
+        with self.db.tx(f"open the gate of import {seed} at {instance}") as c:
             journal = self._journal_in(instance, seed, ImportState.IMPORTING,
                                        ImportState.SWAPPED)
             if journal.known is ImportState.SWAPPED:
@@ -224,7 +228,7 @@ class Seeds(StoreBase):
         STOPPED, the record's seed aborted. A row at the host that is not the import's
         is not written. `Conflict` unless the journal names `seed` in IMPORTING or
         SWAPPED (an interrupted import is undone from here too)."""
-        with self.tx() as c:
+        with self.db.tx(f"close the gate of import {seed} at {instance}") as c:
             journal = self._journal_in(instance, seed, ImportState.IMPORTING,
                                        ImportState.SWAPPED)
             self._move(c, journal, ImportState.ROLLING_BACK)
@@ -252,7 +256,7 @@ class Seeds(StoreBase):
         import; the instance is back in the state it had. With no row at the host,
         nothing is put back. `Conflict` while the row at the host is someone else's, or
         unless the journal names `seed` in ROLLING_BACK (idempotent in CLEANUP_PENDING)."""
-        with self.tx() as c:
+        with self.db.tx(f"restore the route under import {seed} at {instance}") as c:
             journal = self._journal_in(instance, seed, ImportState.ROLLING_BACK,
                                        ImportState.CLEANUP_PENDING)
             if journal.known is ImportState.CLEANUP_PENDING:
@@ -277,7 +281,7 @@ class Seeds(StoreBase):
     def delete_import(self, instance: str, seed: str) -> bool:
         """Rollback step 7: the journal row gone, if it names `seed` in CLEANUP_PENDING;
         True if this deleted it."""
-        with self.tx() as c:
+        with self.db.tx(f"delete import {seed} at {instance}") as c:
             cur = c.execute("DELETE FROM seed_imports WHERE instance=? AND seed=? AND state=?",
                             (instance, seed, ImportState.CLEANUP_PENDING.value))
             return cur.rowcount == 1
@@ -288,7 +292,7 @@ class Seeds(StoreBase):
         `expected`; True if this moved it. The seed's id is never reused, so naming it
         is naming this import."""
         app, _, host = record.partition("/")
-        with self.tx() as c:
+        with self.db.tx(f"move the seed of {record} to {state.value}") as c:
             cur = c.execute(
                 "UPDATE instances SET seed_state=?, version=version+1 WHERE host=? AND app=?"
                 f" AND seed=? AND seed_state IN ({','.join('?' * len(expected))})",
@@ -313,12 +317,12 @@ class Seeds(StoreBase):
                            f" -> {to.value} is not a move of the journal")
         cur = c.execute("UPDATE seed_imports SET state=?, updated_at=?, version=version+1"
                         " WHERE instance=? AND version=?",
-                        (to.value, self.clock.now(), journal.instance, journal.version))
+                        (to.value, self.db.clock.now(), journal.instance, journal.version))
         if cur.rowcount != 1:
             raise Conflict(f"the import journal of {journal.instance} changed under us")
 
     def _bump_fence(self, c: sqlite3.Connection, instance: str, seed: str) -> None:
-        if self._one("SELECT 1 FROM instances WHERE host=?", instance) is None:
+        if self.db.row("SELECT 1 FROM instances WHERE host=?", instance) is None:
             # Fences are per instance; with the instance gone there is nothing to fence
             # (and nothing can wake it), so the journal keeps the generation it had.
             return
@@ -327,7 +331,7 @@ class Seeds(StoreBase):
             " VALUES (?, 1, 1, ?, ?) ON CONFLICT(instance) DO UPDATE SET"
             " generation=fences.generation+1, held=1, reason=excluded.reason,"
             " updated_at=excluded.updated_at",
-            (instance, f"seed {seed}", self.clock.now()))
+            (instance, f"seed {seed}", self.db.clock.now()))
 
     def _set_fence_gen(self, c: sqlite3.Connection, instance: str) -> None:
         c.execute("UPDATE seed_imports SET fence_gen=(SELECT generation FROM fences WHERE"
@@ -335,7 +339,7 @@ class Seeds(StoreBase):
 
     def _set_state(self, c: sqlite3.Connection, instance: str, state: InstanceState,
                    reason: str | None) -> None:
-        row = self._one("SELECT state FROM instances WHERE host=?", instance)
+        row = self.db.row("SELECT state FROM instances WHERE host=?", instance)
         if row is None:
             return
         check(InstanceState(row["state"]), state)

@@ -1,0 +1,196 @@
+"""The SQLite store's one connection: transactions, the owner's lease, query helpers,
+and the translation of sqlite3's errors into the store's (keelway/store/errors.py).
+
+Every noun of the SQLite store (keelway/store/sqlite.py) holds the same `Db`, so an
+intent that writes several nouns opens one transaction and each noun's write joins it.
+
+The database holds config values, so it is created 0600 before SQLite opens it: SQLite
+gives its `-wal` and `-shm` the database's mode, so all three are private from the start.
+
+A full disk (SQLITE_FULL, ENOSPC) fails the one transaction that met it: it is rolled
+back, whatever SQLite did on its own, and `DiskFull` says so. The connection stays usable,
+so the store works again as soon as there is room, with nothing to reopen.
+
+The lease: a `meta` row names the owner token of the one writer. Opening the store takes
+it; every write checks it inside its BEGIN IMMEDIATE (one primary-key read in a
+transaction already open), so a handle whose lease another took writes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from keelway.clock import Clock, SystemClock
+from keelway.durable import PRIVATE_FILE_MODE, SQLITE_SIDE_FILES, create_private, disk_full
+from keelway.store import schema
+from keelway.store.errors import Conflict, DiskFull, NotFound, StaleOwner, StoreError
+
+_LEASE = "lease_owner"
+
+
+def box_owner(path: Path) -> str:
+    """The owner token of the one box that writes the store at `path`: the same for every
+    handle opened on it there, so the box never refuses itself."""
+    return f"box:{Path(path).resolve()}"
+
+
+class Db:
+    """The connection, its transactions and the lease, shared by every noun."""
+
+    def __init__(self, path: Path, clock: Clock | None = None,
+                 owner: str | None = None) -> None:
+        self.path = Path(path)
+        self.clock: Clock = clock or SystemClock()
+        self.owner = owner if owner is not None else box_owner(self.path)
+        self._depth = 0
+        try:
+            self._conn = _connect(self.path)
+        except BaseException as exc:
+            if disk_full(exc):
+                raise DiskFull("open the store", self.path) from exc
+            # A migration refused (a record this keelway cannot read) stays the driver's
+            # error: nothing was opened, and tests/store/test_journal_kinds.py pins it.
+            raise
+        try:
+            self._take_lease()
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def close(self) -> None:
+        self._conn.close()
+
+    @contextlib.contextmanager
+    def tx(self, what: str, *, missing: str | None = None) -> Iterator[sqlite3.Connection]:
+        """One BEGIN IMMEDIATE transaction of the lease's owner; nested calls join the
+        outer one. `what` says what is written (an error names it); `missing`, what a
+        foreign key refused names ("no generation 9"). Only the store's own methods open
+        one: it is not part of the `Store` protocol."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield self._conn
+            except sqlite3.Error as exc:
+                raise _translated(what, missing, exc, self.path) from exc
+            finally:
+                self._depth -= 1
+            return
+        with self.reading(what):
+            self._conn.execute("BEGIN IMMEDIATE")
+        self._depth = 1
+        try:
+            self._refuse_stale_owner()
+            yield self._conn
+            self._conn.execute("COMMIT")
+        except BaseException as exc:
+            # A COMMIT that fails (SQLITE_FULL) may or may not have rolled back by
+            # itself; either way no transaction may stay open, or every later BEGIN
+            # would fail long after the disk has room again.
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error) or (disk_full(exc)
+                                                  and not isinstance(exc, DiskFull)):
+                raise _translated(what, missing, exc, self.path) from exc
+            raise
+        finally:
+            self._depth = 0
+
+    @contextlib.contextmanager
+    def reading(self, what: str) -> Iterator[sqlite3.Connection]:
+        """The connection for a read outside a transaction (or a statement of its
+        own); a driver error becomes the store's."""
+        try:
+            yield self._conn
+        except sqlite3.Error as exc:
+            raise _translated(what, None, exc, self.path) from exc
+
+    def row(self, sql: str, *args: Any) -> sqlite3.Row | None:
+        with self.reading(f"read {self.path}"):
+            row: sqlite3.Row | None = self._conn.execute(sql, args).fetchone()
+        return row
+
+    def rows(self, sql: str, *args: Any) -> list[sqlite3.Row]:
+        with self.reading(f"read {self.path}"):
+            return list(self._conn.execute(sql, args).fetchall())
+
+    # -- the lease -----------------------------------------------------------------
+
+    def _holder(self) -> str | None:
+        row = self._conn.execute("SELECT value FROM meta WHERE key=?", (_LEASE,)).fetchone()
+        return str(row[0]) if row is not None else None
+
+    def _refuse_stale_owner(self) -> None:
+        holder = self._holder()
+        if holder != self.owner:
+            raise StaleOwner(self.owner, holder)
+
+    def _take_lease(self) -> None:
+        """This handle's owner becomes the store's one writer (written only if it is
+        not already)."""
+        with self.reading(f"take the lease of {self.path}"):
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                if self._holder() != self.owner:
+                    self._conn.execute(
+                        "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key)"
+                        " DO UPDATE SET value=excluded.value", (_LEASE, self.owner))
+                self._conn.execute("COMMIT")
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+
+
+def is_foreign_key(exc: sqlite3.IntegrityError) -> bool:
+    """Whether a foreign key refused the write (a record it names does not exist)."""
+    return "FOREIGN KEY" in str(exc)
+
+
+def _translated(what: str, missing: str | None, exc: BaseException,
+                path: Path) -> StoreError:
+    """The store's error for a driver's: a foreign key refused is a record not found, a
+    unique index refused is a conflict, a full disk is `DiskFull`, anything else a
+    `StoreError` naming what was being done."""
+    if disk_full(exc):
+        return DiskFull(f"{what}: write to the store", path)
+    message = str(exc)
+    if isinstance(exc, sqlite3.IntegrityError):
+        if "FOREIGN KEY" in message:
+            return NotFound(f"{what}: {missing or 'a record it names does not exist'}")
+        if "UNIQUE" in message or "PRIMARY KEY" in message:
+            taken = message.partition(": ")[2] or message
+            return Conflict(f"{what}: {taken} is taken")
+    return StoreError(f"{what}: {message}")
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    """The store's connection, its schema current; nothing is left open on failure."""
+    _lay_down_private(path)
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA journal_mode=WAL")
+        # FULL: a committed operation step survives power loss, not just a process crash.
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("PRAGMA busy_timeout=5000")
+        schema.migrate(conn)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _lay_down_private(path: Path) -> None:
+    """Create the database file 0600 before SQLite does, and narrow a store an older
+    keelway left 0644 (with its side files), once, at open."""
+    create_private(path)
+    for candidate in (path, *(path.with_name(path.name + s) for s in SQLITE_SIDE_FILES)):
+        with contextlib.suppress(FileNotFoundError):
+            if candidate.stat().st_mode & 0o077:
+                os.chmod(candidate, PRIVATE_FILE_MODE)
