@@ -7,6 +7,7 @@ from typing import Any
 
 from keelway.journal import Inhibition
 from keelway.store import Store
+from keelway.store.lifecycle import RouteState
 from keelway.store.records import Generation
 
 DIGEST = "d" * 64
@@ -53,3 +54,12 @@ def _everything(store: Store) -> tuple[Any, ...]:
     return (dump(store), store.generations.live_generations(),
             store.builds.list_releases("blog"), store.generations.pending_retries(),
             store.apps.list_apps())
+
+
+def _serving(store: Store, host: str, port: int = 4000) -> int:
+    gen = store.generations.plan_generation(app="shop", instance=host, service="web",
+                                             release=1, build_digest="d" * 64, op_id=None,
+                                             port=port)
+    store.generations.set_active(host, "web", gen.id, expected=None)
+    store.routes.set_route(host, host, RouteState.SERVING, port, gen.id, expected=None)
+    return gen.id

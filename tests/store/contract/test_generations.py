@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import pytest
 
+from keelway.journal import Inhibition
 from keelway.store import Conflict, Store
 from keelway.store.lifecycle import (
     GenState,
     IllegalTransition,
 )
 from tests.store.contract.helpers import (
+    RETIRING,
     _everything,
     _fresh,
     _gen,
+    _running,
 )
 
 
@@ -59,3 +62,41 @@ def test_active_is_written_only_over_the_row_the_caller_read(store: Store) -> No
         store.generations.set_active("a.test", "web", one.id, expected=first)  # stale
     assert store.generations.get_active("a.test", "web") == moved
     assert moved.generation_id == two.id and moved.version == first.version + 1
+
+
+def test_a_generation_is_read_back_and_listed_newest_first_gone_ones_too(
+        store: Store) -> None:
+    first = _gen(store, port=4000)
+    second = _gen(store, service="worker", port=None)
+    store.local.record_gone(first.id, 0)
+    assert store.generations.get_generation(first.id) == _fresh(store, first)
+    assert store.generations.get_generation(first.id + 1000) is None
+    assert [g.id for g in store.generations.recent_generations("a.test")] == [second.id,
+                                                                               first.id]
+    assert [g.id for g in store.generations.recent_generations("a.test", limit=1)] == [
+        second.id]
+    assert store.generations.generation_ids("a.test") == {first.id, second.id}
+    assert store.generations.generation_ids("nobody.test") == set()
+    assert [g.id for g in store.generations.live_generations("a.test")] == [second.id]
+
+
+def test_a_mark_is_added_once_and_removed_by_its_reason_alone(store: Store) -> None:
+    gen = _running(store)
+    store.generations.add_inhibition(gen.id, RETIRING, 1)
+    store.generations.add_inhibition(gen.id, RETIRING, 2)  # idempotent
+    store.generations.add_inhibition(gen.id, Inhibition.REPLACEMENT_PENDING, 1)
+    assert sorted(store.generations.inhibitions(gen.id)) == sorted(
+        [RETIRING, Inhibition.REPLACEMENT_PENDING])
+    store.generations.remove_inhibition(gen.id, RETIRING)
+    store.generations.remove_inhibition(gen.id, RETIRING)  # a repeat changes nothing
+    assert store.generations.inhibitions(gen.id) == [Inhibition.REPLACEMENT_PENDING]
+
+
+def test_active_generations_name_web_first_per_instance(store: Store) -> None:
+    worker = _gen(store, service="worker", port=None)
+    web = _gen(store, port=4000)
+    store.generations.set_active("a.test", "worker", worker.id, expected=None)
+    store.generations.set_active("a.test", "web", web.id, expected=None)
+    assert [g.id for g in store.generations.active_generations()] == [web.id, worker.id]
+    assert [(a.service, a.generation_id) for a in store.generations.list_active("a.test")] == [
+        ("web", web.id), ("worker", worker.id)]

@@ -3,21 +3,30 @@ identity numbers, the bulk view), on every backend."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from keelway.journal import OpKind, StepKind
-from keelway.store import NotFound, Store
+from keelway.store import Conflict, NotFound, Store
+from keelway.store.hosts import HostTaken
 from keelway.store.identities import IdSpace
 from keelway.store.lifecycle import (
+    GenState,
+    InstanceState,
     OpState,
+    Removal,
     RouteState,
 )
+from keelway.store.records import CrashRetry
 from tests.store.contract.conftest import OpenStore
 from tests.store.contract.helpers import (
     DIGEST,
     RETIRING,
     _everything,
     _instance,
+    _serving,
+    dump,
 )
 
 
@@ -119,3 +128,188 @@ def test_fencing_an_instance_that_does_not_exist_is_refused(store: Store) -> Non
     with pytest.raises(NotFound):
         store.instances.fence("nobody.test", None)
     assert store.instances.get_fence("nobody.test") is None
+
+
+def test_adding_instances_records_them_all_marked_adding_with_their_config(
+        store: Store) -> None:
+    store.apps.create_app("shop")
+    added = store.instances.add_instances("shop", ["a.test", "b.test"], {"TIER": "gold"})
+    assert [i.host for i in added] == ["a.test", "b.test"]
+    assert all(i.adding and i.config == {"TIER": "gold"} for i in added)
+    assert [i.host for i in store.instances.adding_instances()] == ["a.test", "b.test"]
+    store.instances.finish_adding(["a.test", "b.test"])
+    assert store.instances.adding_instances() == []
+
+
+def test_one_taken_host_refuses_the_whole_add_and_writes_nothing(store: Store) -> None:
+    store.apps.create_app("shop")
+    store.instances.add_instances("shop", ["a.test"], {})
+    before = dump(store)
+    with pytest.raises(HostTaken, match=r"a\.test is already an instance of app shop"):
+        store.instances.add_instances("shop", ["new.test", "a.test"], {})
+    with pytest.raises(Conflict, match="twice"):
+        store.instances.add_instances("shop", ["x.test", "x.test"], {})
+    with pytest.raises(NotFound):
+        store.instances.add_instances("nope", ["y.test"], {})
+    assert dump(store) == before
+
+
+def test_a_host_is_either_a_primary_or_one_alias_never_both(store: Store) -> None:
+    store.apps.create_app("shop")
+    store.instances.add_instances("shop", ["a.test", "b.test"], {})
+    store.instances.add_aliases("a.test", ["www.a.test"])
+    before = dump(store)
+    with pytest.raises(HostTaken, match=r"alias of a\.test"):
+        store.instances.add_aliases("b.test", ["www.a.test"])
+    with pytest.raises(HostTaken, match="instance of app shop"):
+        store.instances.add_aliases("a.test", ["b.test"])
+    with pytest.raises(HostTaken):
+        store.instances.add_instances("shop", ["www.a.test"], {})
+    with pytest.raises(HostTaken):
+        store.instances.ensure_instance("www.a.test", "shop")  # what a deploy --host does
+    assert dump(store) == before
+    # The alias it already has is kept (idempotent).
+    assert [a.host for a in store.instances.add_aliases("a.test", ["www.a.test"])] == ["www.a.test"]
+
+
+def test_an_alias_route_mirrors_every_write_of_its_instance_route(store: Store) -> None:
+    store.apps.create_app("shop")
+    store.instances.add_instances("shop", ["a.test"], {})
+    gen_id = _serving(store, "a.test")
+    store.instances.add_aliases("a.test", ["www.a.test", "a.example"])
+    for alias in ("www.a.test", "a.example"):
+        route = store.routes.get_route(alias)
+        assert route is not None and route.instance == "a.test"
+        assert (route.state, route.port, route.generation_id) == (RouteState.SERVING, 4000,
+                                                                  gen_id)
+    primary = store.routes.get_route("a.test")
+    store.routes.set_route("a.test", "a.test", RouteState.HOLDING, None, None, expected=primary)
+    assert store.routes.get_route(
+        "www.a.test").state is RouteState.HOLDING  # type: ignore[union-attr]
+    store.activate_and_route("a.test", {"web": gen_id})  # an intent that writes the route
+    alias = store.routes.get_route("a.example")
+    assert alias is not None and alias.state is RouteState.SERVING and alias.port == 4000
+    assert store.record_crash(CrashRetry("a.test", "web", gen_id, 1, 1.0, 2.0)) is True
+    assert {r.state for r in store.routes.list_routes()} == {RouteState.GATED}  # the alias too
+    store.instances.remove_aliases("a.test", ["a.example"])
+    assert store.routes.get_route("a.example") is None
+    assert [r.host for r in store.routes.list_routes()] == ["a.test", "www.a.test"]
+
+
+def test_removing_an_alias_of_another_instance_is_refused_whole(store: Store) -> None:
+    store.apps.create_app("shop")
+    store.instances.add_instances("shop", ["a.test", "b.test"], {})
+    store.instances.add_aliases("a.test", ["www.a.test"])
+    with pytest.raises(NotFound):
+        store.instances.remove_aliases("b.test", ["www.a.test"])
+    assert [a.host for a in store.instances.list_aliases("a.test")] == ["www.a.test"]
+
+
+def test_withdrawing_stops_the_instance_and_gates_its_routes_aliases_too(store: Store) -> None:
+    store.apps.create_app("shop")
+    store.instances.add_instances("shop", ["a.test"], {})
+    _serving(store, "a.test")
+    store.instances.add_aliases("a.test", ["www.a.test"])
+    assert store.instances.withdraw_instance("a.test", Removal.KEEP_DATA) is True
+    inst = store.instances.get_instance("a.test")
+    assert inst is not None and inst.state is InstanceState.STOPPED
+    assert inst.removing == Removal.KEEP_DATA
+    assert {(r.host, r.state, r.port) for r in store.routes.list_routes()} == {
+        ("a.test", RouteState.GATED, None), ("www.a.test", RouteState.GATED, None)}
+    # A purge asked once stays asked, whatever a repeat says.
+    store.instances.withdraw_instance("a.test", Removal.PURGE_DATA)
+    store.instances.withdraw_instance("a.test", Removal.KEEP_DATA)
+    assert [i.removing for i in store.instances.removing_instances()] == [Removal.PURGE_DATA]
+
+
+def test_an_instance_is_forgotten_only_once_every_generation_is_gone(store: Store) -> None:
+    store.apps.create_app("shop")
+    store.instances.add_instances("shop", ["a.test"], {})
+    gen_id = _serving(store, "a.test")
+    store.instances.add_aliases("a.test", ["www.a.test"])
+    with pytest.raises(Conflict, match="not proven gone"):
+        store.instances.forget_instance("a.test")
+    assert store.instances.get_instance("a.test") is not None
+    store.local.record_gone(gen_id, 0)
+    store.instances.forget_instance("a.test")
+    tables = dump(store)
+    assert [tables[t] for t in ("instances", "routes", "aliases", "active", "port_claims")] == [
+        [], [], [], [], []]
+    assert store.generations.get_generation(gen_id) is None
+    # The host can be used again.
+    store.instances.add_instances("shop", ["a.test"], {})
+
+
+def test_an_unfinished_operation_of_a_forgotten_instance_is_found(store: Store) -> None:
+    store.apps.create_app("shop")
+    store.instances.add_instances("shop", ["a.test", "b.test"], {})
+    gone = store.ops.begin_operation("shop", "a.test", OpKind.REMOVE_INSTANCE, owner="me")
+    store.ops.begin_operation("shop", "b.test", OpKind.DEPLOY, owner="me")
+    store.instances.forget_instance("a.test")
+    assert store.ops.unfinished_operations() == [gone.id]
+
+
+def test_instance_config_is_compared_and_swapped(store: Store) -> None:
+    store.apps.create_app("shop")
+    (inst,) = store.instances.add_instances("shop", ["a.test"], {"A": "1"})
+    new = store.instances.set_instance_config(inst, {"A": "2"})
+    assert new.config == {"A": "2"}
+    with pytest.raises(Conflict):
+        store.instances.set_instance_config(inst, {"A": "3"})
+
+
+def test_500_instances_are_recorded_in_one_fast_write(store: Store) -> None:
+    store.apps.create_app("shop")
+    hosts = [f"t{n}.shop.test" for n in range(500)]
+    began = time.monotonic()
+    added = store.instances.add_instances("shop", hosts, {})
+    store.instances.finish_adding(hosts)
+    assert time.monotonic() - began < 1.0
+    assert len(added) == 500 and len(store.instances.list_instances("shop")) == 500
+
+
+def test_a_generation_that_is_gone_keeps_no_claim_after_forget(store: Store) -> None:
+    store.apps.create_app("shop")
+    store.instances.add_instances("shop", ["a.test"], {})
+    gen_id = _serving(store, "a.test", port=4100)
+    store.local.record_gone(gen_id, None)
+    assert store.generations.get_generation(
+        gen_id).state is GenState.GONE  # type: ignore[union-attr]
+    store.instances.forget_instance("a.test")
+    assert store.local.claimed_ports() == set()
+
+
+def test_a_host_claims_what_it_names_an_instance_an_alias_or_nothing(store: Store) -> None:
+    store.apps.create_app("shop")
+    store.instances.add_instances("shop", ["a.test"], {})
+    store.instances.add_aliases("a.test", ["www.a.test"])
+    primary = store.instances.claim("a.test")
+    alias = store.instances.claim("www.a.test")
+    assert primary is not None and (primary.instance, primary.app, primary.alias) == (
+        "a.test", "shop", False)
+    assert alias is not None and (alias.instance, alias.app, alias.alias) == (
+        "a.test", "shop", True)
+    assert store.instances.claim("nobody.test") is None
+    assert [a.host for a in store.instances.list_aliases()] == ["www.a.test"]
+
+
+def test_only_held_fences_are_listed_as_fenced(store: Store) -> None:
+    _instance(store, "a.test")
+    _instance(store, "b.test")
+    fence = store.instances.fence("a.test", "restore")
+    store.instances.fence("b.test", None)
+    assert store.instances.fenced_instances() == {"a.test", "b.test"}
+    store.instances.unfence("a.test", fence.generation)
+    assert store.instances.fenced_instances() == {"b.test"}
+
+
+def test_a_removal_s_intent_is_recorded_once_and_a_purge_stays_asked(store: Store) -> None:
+    _instance(store)
+    store.instances.mark_removing("a.test", Removal.PURGE_DATA)
+    store.instances.mark_removing("a.test", Removal.KEEP_DATA)
+    assert [(i.host, i.removing) for i in store.instances.removing_instances()] == [
+        ("a.test", Removal.PURGE_DATA)]
+    before = dump(store)
+    with pytest.raises(NotFound):
+        store.instances.mark_removing("nobody.test", Removal.KEEP_DATA)
+    assert dump(store) == before

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from keelway.journal import Cause
 from keelway.store import Conflict, NotFound, StaleSchedule, Store
 from keelway.store.lifecycle import (
     IllegalTransition,
@@ -262,3 +263,61 @@ def test_parking_a_stopped_instance_is_refused_and_writes_nothing(store: Store) 
     with pytest.raises(IllegalTransition):
         store.park(stopped)
     assert _everything(store) == before
+
+
+def test_an_install_on_a_parked_instance_runs_it_and_supersedes_its_deferred_release(
+        store: Store) -> None:
+    web = _running(store)
+    inst = store.instances.get_instance("a.test")
+    assert inst is not None
+    store.park(inst)
+    rev = store.instances.bump_schedule("a.test")
+    deferred = store.defer_release("a.test", schedule_rev=rev, number=0, cause=Cause.CONFIG,
+                                   release=ReleaseDraft("blog", DIGEST, {"A": "1"}, "Set A"))
+    assert deferred is not None and deferred.number == 1
+    pending = store.instances.get_instance("a.test")
+    assert pending is not None and (pending.pending_release, pending.pending_cause) == (
+        1, Cause.CONFIG)
+    assert store.apps.get_app("blog").config == {"A": "1"}  # type: ignore[union-attr]
+    written = store.install("a.test", schedule_rev=rev, candidates={"web": web}, retiring=[],
+                            retire_reason=RETIRING, op_id=1, release=None)
+    assert written is None
+    now = store.instances.get_instance("a.test")
+    assert now is not None and now.state is InstanceState.RUNNING
+    assert (now.pending_release, now.pending_cause) == (None, None)
+    route = store.routes.get_route("a.test")
+    assert route is not None and (route.state, route.port) == (RouteState.SERVING, web.port)
+
+
+def test_a_deferral_by_a_superseded_rollout_writes_nothing(store: Store) -> None:
+    _instance(store)
+    rev = store.instances.bump_schedule("a.test")
+    store.instances.bump_schedule("a.test")
+    before = _everything(store)
+    with pytest.raises(StaleSchedule):
+        store.defer_release("a.test", schedule_rev=rev, number=1, cause=Cause.RELEASE,
+                            release=ReleaseDraft("blog", DIGEST, {}, "Deploy"))
+    assert _everything(store) == before
+
+
+def test_a_pending_release_is_cleared_only_while_it_is_the_one_named(store: Store) -> None:
+    _instance(store)
+    rev = store.instances.bump_schedule("a.test")
+    store.defer_release("a.test", schedule_rev=rev, number=2, cause=Cause.RELEASE,
+                        release=None)
+    store.clear_pending("a.test", 1)  # an older one: the newer stays
+    kept = store.instances.get_instance("a.test")
+    assert kept is not None and kept.pending_release == 2
+    store.clear_pending("a.test", 2)
+    cleared = store.instances.get_instance("a.test")
+    assert cleared is not None and (cleared.pending_release, cleared.pending_cause) == (
+        None, None)
+
+
+def test_a_closed_store_opened_again_has_every_record(open_store: OpenStore) -> None:
+    store = open_store()
+    _instance(store)
+    before = dump(store)
+    store.close()
+    again = open_store()
+    assert dump(again) == before

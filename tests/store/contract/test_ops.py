@@ -13,6 +13,11 @@ from keelway.store.lifecycle import (
     RequestState,
     StepState,
 )
+from keelway.testing.clock import FakeClock
+from tests.store.contract.helpers import (
+    DIGEST,
+    _instance,
+)
 
 
 def test_a_stale_or_finished_operation_is_refused_and_keeps_its_outcome(store: Store) -> None:
@@ -63,3 +68,84 @@ def test_a_duplicate_idempotency_key_is_a_conflict_and_writes_nothing(store: Sto
         store.ops.begin_operation("blog", "a.test", OpKind.RESTART, owner="me", key="k")
     latest = store.ops.latest_operation("a.test")
     assert latest is not None and latest.id == first.id
+
+
+def test_an_operation_is_found_by_its_key_on_its_instance_only(store: Store) -> None:
+    op = store.ops.begin_operation("blog", "a.test", OpKind.DEPLOY, owner="me", key="k1")
+    assert store.ops.find_operation_by_key("a.test", "k1") == op
+    assert store.ops.find_operation_by_key("b.test", "k1") is None
+    assert store.ops.find_operation_by_key("a.test", "k2") is None
+
+
+def test_operations_are_listed_newest_first_per_app_and_instance(store: Store) -> None:
+    one = store.ops.begin_operation("blog", "a.test", OpKind.DEPLOY, owner="me")
+    two = store.ops.begin_operation("blog", "b.test", OpKind.CONFIG, owner="me")
+    three = store.ops.begin_operation("blog", "a.test", OpKind.RESTART, owner="me")
+    store.ops.begin_operation("shop", "s.test", OpKind.DEPLOY, owner="me")
+    assert [o.id for o in store.ops.list_operations("blog")] == [three.id, two.id, one.id]
+    assert [o.id for o in store.ops.list_operations("blog", "a.test")] == [three.id, one.id]
+    assert [o.id for o in store.ops.list_operations("blog", limit=1)] == [three.id]
+
+
+def test_a_run_is_never_the_latest_operation_but_is_found_when_asked_for(
+        store: Store) -> None:
+    deploy = store.ops.begin_operation("blog", "a.test", OpKind.DEPLOY, owner="me")
+    run = store.ops.begin_operation("blog", "a.test", OpKind.RUN, owner="me")
+    latest = store.ops.latest_operation("a.test")
+    assert latest is not None and latest.id == deploy.id
+    of = store.ops.latest_operation_of("a.test", {OpKind.RUN, OpKind.DEPLOY})
+    assert of is not None and of.id == run.id
+    only = store.ops.latest_operation_of("a.test", {OpKind.DEPLOY})
+    assert only is not None and only.id == deploy.id
+    assert store.ops.latest_operation_of("a.test", {OpKind.STOP}) is None
+    assert [o.id for o in store.ops.unfinished_runs()] == [run.id]
+    store.ops.finish_operation(run, OpState.SUCCEEDED)
+    assert store.ops.unfinished_runs() == []
+
+
+def test_converging_a_step_marks_it_dealt_with_and_may_fail_it(store: Store) -> None:
+    op = store.ops.begin_operation("blog", "a.test", OpKind.DEPLOY, owner="me")
+    first = store.ops.begin_step(op.id, StepKind.SPAWN, service="web", after_gen=3)
+    second = store.ops.begin_step(op.id, StepKind.READY, service="web", after_gen=3)
+    store.ops.finish_step(op.id, first, StepState.SUCCEEDED)
+    store.ops.converge_step(op.id, first, "stopped gen 3")
+    store.ops.converge_step(op.id, second, "never ready", fail_with="gone before ready")
+    one, two = store.ops.steps(op.id)
+    assert (one.converged, one.state, one.detail) == (True, StepState.SUCCEEDED,
+                                                      "stopped gen 3")
+    assert (two.converged, two.state, two.error) == (True, StepState.FAILED,
+                                                     "gone before ready")
+    with pytest.raises(NotFound):
+        store.ops.converge_step(op.id, 9, "x", fail_with="no such step")
+
+
+def test_a_release_attempt_names_each_release_an_operation_started_processes_of(
+        store: Store) -> None:
+    _instance(store)
+    failed = store.ops.begin_operation("blog", "a.test", OpKind.DEPLOY, owner="me")
+    store.generations.plan_generation(app="blog", instance="a.test", service="web",
+                                      release=2, build_digest=DIGEST, op_id=failed.id,
+                                      port=None)
+    store.ops.finish_operation(failed, OpState.FAILED, error="not ready")
+    restart = store.ops.begin_operation("blog", "a.test", OpKind.RESTART, owner="me")
+    store.generations.plan_generation(app="blog", instance="a.test", service="web",
+                                      release=1, build_digest=DIGEST, op_id=restart.id,
+                                      port=None)
+    attempts = store.ops.release_attempts("blog", {OpKind.DEPLOY})
+    assert [(a.instance, a.release, a.build_digest, a.op_id, a.state) for a in attempts] == [
+        ("a.test", 2, DIGEST, failed.id, OpState.FAILED)]
+    assert store.ops.release_attempts("shop", {OpKind.DEPLOY}) == []
+
+
+def test_events_are_listed_oldest_first_per_app_after_an_id_and_up_to_a_limit(
+        store: Store, clock: FakeClock) -> None:
+    store.ops.add_event("deploy", "one", app="blog", instance="a.test")
+    clock.advance(1)
+    store.ops.add_event("deploy", "two", app="blog")
+    store.ops.add_event("deploy", "other", app="shop")
+    events = store.ops.list_events("blog")
+    assert [(e.message, e.instance) for e in events] == [("one", "a.test"), ("two", None)]
+    assert events[1].at == events[0].at + 1
+    assert [e.message for e in store.ops.list_events()] == ["one", "two", "other"]
+    assert [e.message for e in store.ops.list_events(limit=2)] == ["two", "other"]
+    assert [e.message for e in store.ops.list_events(after=events[0].id)] == ["two", "other"]
