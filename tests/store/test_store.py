@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from keelway.journal import OpKind, StepKind
-from keelway.store import Conflict, SqliteStore, Store
+from keelway.store import Conflict, SqliteStore, Store, StoreError
 from keelway.store.lifecycle import GenState, IllegalTransition, OpState, StepState
 from keelway.store.records import Generation
 from keelway.store.schema import MIGRATIONS, current_version
@@ -172,3 +172,14 @@ def test_a_crash_backoff_survives_reopening_and_goes_stale_once_active_moves_on(
     assert store.pending_retries("a.test") == []  # the retry belonged to the old one
     assert store.get_crash_retry("a.test", "web") is not None  # its count is kept
     store.close()
+
+
+def test_a_driver_error_at_the_edge_becomes_a_store_error_naming_what_was_asked(
+        tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "k.db")
+    store.close()  # every statement now fails inside sqlite3
+    with pytest.raises(StoreError, match="ensure app blog") as raised:
+        store.apps.ensure_app("blog")
+    assert isinstance(raised.value.__cause__, sqlite3.Error)
+    with pytest.raises(StoreError, match="read"):
+        store.apps.list_apps()
