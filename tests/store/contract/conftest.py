@@ -17,6 +17,7 @@ import pytest
 
 from keelway.store import SqliteStore, Store
 from keelway.testing.clock import FakeClock
+from keelway.testing.memory_store import MemoryStore, MemoryTables
 
 
 @dataclass
@@ -43,13 +44,9 @@ def _sqlite(place: Place, owner: str | None) -> Store:
 
 
 def _memory(place: Place, owner: str | None) -> Store:
-    # The in-memory backend (keelway/testing/memory_store.py, the helper memstore's):
-    # skipped only while that module does not exist in this tree.
-    memory = pytest.importorskip("keelway.testing.memory_store")
-    tables = place.shared("memory", memory.MemoryTables)
-    mine: Store = memory.MemoryStore(place.clock, tables,
-                                     **({} if owner is None else {"owner": owner}))
-    return mine
+    """The in-memory store (keelway/testing/memory_store.py): its handles in one test
+    share one `MemoryTables`, as SQLite's share one file."""
+    return MemoryStore(place.clock, place.shared("memory", MemoryTables), owner=owner)
 
 
 BACKENDS: dict[str, Callable[[Place, str | None], Store]] = {
