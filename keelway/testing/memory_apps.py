@@ -9,7 +9,7 @@ from keelway.store.identities import IdSpace, app_names
 from keelway.store.lifecycle import Removal
 from keelway.store.records import App
 from keelway.testing.memory_instances import allocate
-from keelway.testing.memory_tables import MemoryDb, MemoryTables
+from keelway.testing.memory_tables import MemoryDb, MemoryTables, own
 
 
 class MemoryApps:
@@ -17,16 +17,17 @@ class MemoryApps:
         self._db = db
 
     def get_app(self, name: str) -> App | None:
-        return self._db.tables.apps.get(name)
+        app = self._db.tables.apps.get(name)
+        return own(app) if app else None
 
     def list_apps(self) -> list[App]:
-        return [a for _, a in sorted(self._db.tables.apps.items())]
+        return [own(a) for _, a in sorted(self._db.tables.apps.items())]
 
     def ensure_app(self, name: str) -> App:
         with self._db.write() as t:
             if name not in t.apps:
                 _insert(t, name, self._db.clock.now())
-            return t.apps[name]
+            return own(t.apps[name])
 
     def set_app_config(self, app: App, config: dict[str, str]) -> App:
         with self._db.write() as t:
@@ -35,14 +36,14 @@ class MemoryApps:
                 raise Conflict(f"app {app.name} changed under us")
             t.apps[app.name] = msgspec.structs.replace(
                 have, config=dict(sorted(config.items())), version=have.version + 1)
-            return t.apps[app.name]
+            return own(t.apps[app.name])
 
     def create_app(self, name: str) -> App:
         with self._db.write() as t:
             if name in t.apps:
                 raise Conflict(f"an app named {name} exists")
             _insert(t, name, self._db.clock.now())
-            return t.apps[name]
+            return own(t.apps[name])
 
     def mark_destroying(self, name: str, removal: Removal) -> None:
         with self._db.write() as t:

@@ -10,7 +10,7 @@ from keelway.journal import REPLICA
 from keelway.store.errors import NotFound
 from keelway.store.lifecycle import GenState
 from keelway.store.records import Build, Release
-from keelway.testing.memory_tables import MemoryDb, MemoryTables
+from keelway.testing.memory_tables import MemoryDb, MemoryTables, own
 
 
 class MemoryBuilds:
@@ -27,7 +27,7 @@ class MemoryBuilds:
             elif source is not None:
                 t.builds[(app, digest)] = msgspec.structs.replace(have,
                                                                   source=_sorted(source))
-            return t.builds[(app, digest)]
+            return own(t.builds[(app, digest)])
 
     def mark_build_good(self, app: str, digest: str) -> None:
         with self._db.write() as t:
@@ -36,7 +36,8 @@ class MemoryBuilds:
 
     def list_builds(self, app: str | None = None) -> list[Build]:
         # Oldest first per app; builds recorded at one instant keep the order recorded.
-        found = [b for b in self._db.tables.builds.values() if app is None or b.app == app]
+        found = [own(b) for b in self._db.tables.builds.values()
+                 if app is None or b.app == app]
         return sorted(found, key=lambda b: (b.app, b.created_at))
 
     def forget_build(self, app: str, digest: str) -> None:
@@ -69,18 +70,19 @@ class MemoryBuilds:
     def create_release(self, app: str, build_digest: str, config: dict[str, str],
                        description: str) -> Release:
         with self._db.write() as t:
-            return create_release(t, app, build_digest, config, description,
-                                  self._db.clock.now())
+            return own(create_release(t, app, build_digest, config, description,
+                                      self._db.clock.now()))
 
     def next_release_number(self, app: str) -> int:
         return _next_number(self._db.tables, app)
 
     def list_releases(self, app: str) -> list[Release]:
-        return sorted((r for (a, _), r in self._db.tables.releases.items() if a == app),
+        return sorted((own(r) for (a, _), r in self._db.tables.releases.items() if a == app),
                       key=lambda r: -r.number)
 
     def get_release(self, app: str, number: int) -> Release | None:
-        return self._db.tables.releases.get((app, number))
+        release = self._db.tables.releases.get((app, number))
+        return own(release) if release else None
 
 
 def create_release(t: MemoryTables, app: str, build_digest: str, config: dict[str, str],

@@ -24,7 +24,7 @@ from keelway.store.lifecycle import InstanceState, RouteState, check
 from keelway.store.records import Route
 from keelway.testing.memory_instances import bump_fence
 from keelway.testing.memory_routes import delete_route, mirror_aliases
-from keelway.testing.memory_tables import MemoryDb, MemoryTables, SeedOf
+from keelway.testing.memory_tables import MemoryDb, MemoryTables, SeedOf, own
 
 
 class MemoryImports:
@@ -32,10 +32,11 @@ class MemoryImports:
         self._db = db
 
     def get_import(self, instance: str) -> ImportJournal | None:
-        return self._db.tables.imports.get(instance)
+        journal = self._db.tables.imports.get(instance)
+        return own(journal) if journal else None
 
     def list_imports(self) -> list[ImportJournal]:
-        return [j for _, j in sorted(self._db.tables.imports.items())]
+        return [own(j) for _, j in sorted(self._db.tables.imports.items())]
 
     def row_at(self, host: str) -> RowAt | None:
         return row_at(self._db.tables, host)
@@ -77,7 +78,7 @@ class MemoryImports:
                 Route(instance, instance, RouteState.GATED, None, None, 1))
             t.route_seeds[instance] = seed
             mirror_aliases(t, instance)
-            return t.imports[instance]
+            return own(t.imports[instance])
 
     def fence_import(self, instance: str, seed: str) -> ImportJournal:
         with self._db.write() as t:
@@ -85,20 +86,20 @@ class MemoryImports:
                                   ImportState.ROLLING_BACK)
             fence = t.fences.get(instance)
             if fence is not None and fence.held and fence.generation == journal.fence_gen:
-                return journal
+                return own(journal)
             self._fence(t, instance, seed)
-            return t.imports[instance]
+            return own(t.imports[instance])
 
     def open_import_gate(self, instance: str, seed: str) -> ImportJournal:
         with self._db.write() as t:
             journal = _journal_in(t, instance, seed, ImportState.IMPORTING,
                                   ImportState.SWAPPED)
             if journal.known is ImportState.SWAPPED:
-                return journal
+                return own(journal)
             self._move(t, journal, ImportState.SWAPPED)
             _seed_to(t, instance, seed, SeedState.IMPORTED)
             _reinstate(t, instance, journal.instance_before)
-            return t.imports[instance]
+            return own(t.imports[instance])
 
     def close_import_gate(self, instance: str, seed: str) -> ImportJournal:
         with self._db.write() as t:
@@ -117,14 +118,14 @@ class MemoryImports:
             of = t.seeds.get(instance)
             if of is not None and of.seed == seed and of.state is not SeedState.ROLLED_BACK:
                 _seed_to(t, instance, seed, SeedState.ABORTED)
-            return t.imports[instance]
+            return own(t.imports[instance])
 
     def restore_import_route(self, instance: str, seed: str) -> ImportJournal:
         with self._db.write() as t:
             journal = _journal_in(t, instance, seed, ImportState.ROLLING_BACK,
                                   ImportState.CLEANUP_PENDING)
             if journal.known is ImportState.CLEANUP_PENDING:
-                return journal
+                return own(journal)
             row = row_at(t, instance)
             if row is not None and row.seed != seed:
                 raise Conflict(f"the route at {instance} is not import {seed}'s")
@@ -140,7 +141,7 @@ class MemoryImports:
                 mirror_aliases(t, instance)
                 _reinstate(t, instance, journal.instance_before)
             self._move(t, journal, ImportState.CLEANUP_PENDING)
-            return t.imports[instance]
+            return own(t.imports[instance])
 
     def delete_import(self, instance: str, seed: str) -> bool:
         with self._db.write() as t:

@@ -18,7 +18,7 @@ from keelway.store.lifecycle import GenState, InstanceState, Removal, RouteState
 from keelway.store.records import Alias, Fence, Generation, Instance, InstanceView, Route
 from keelway.testing.memory_ops import latest_operation
 from keelway.testing.memory_routes import delete_route, mirror_aliases
-from keelway.testing.memory_tables import MemoryDb, MemoryTables
+from keelway.testing.memory_tables import MemoryDb, MemoryTables, own
 
 
 class MemoryInstances:
@@ -28,10 +28,12 @@ class MemoryInstances:
     # -- instances ---------------------------------------------------------------------
 
     def get_instance(self, host: str) -> Instance | None:
-        return self._db.tables.instances.get(host)
+        inst = self._db.tables.instances.get(host)
+        return own(inst) if inst else None
 
     def list_instances(self, app: str | None = None) -> list[Instance]:
-        found = [i for i in self._db.tables.instances.values() if app is None or i.app == app]
+        found = [own(i) for i in self._db.tables.instances.values()
+                 if app is None or i.app == app]
         return sorted(found, key=lambda i: (i.app, i.host))
 
     def ensure_instance(self, host: str, app: str) -> Instance:
@@ -45,7 +47,7 @@ class MemoryInstances:
                 t.instances[host] = Instance(host, app, InstanceState.RUNNING, 0, 0,
                                              self._db.clock.now(), 1)
             allocate(t, IdSpace.UID, [instance_name(host)])
-            return t.instances[host]
+            return own(t.instances[host])
 
     def set_instance_state(self, inst: Instance, state: InstanceState,
                            down_reason: str | None = None) -> Instance:
@@ -54,7 +56,7 @@ class MemoryInstances:
             have = _current(t, inst)
             t.instances[inst.host] = msgspec.structs.replace(
                 have, state=state, down_reason=down_reason, version=have.version + 1)
-            return t.instances[inst.host]
+            return own(t.instances[inst.host])
 
     def bump_schedule(self, host: str) -> int:
         with self._db.write() as t:
@@ -91,7 +93,7 @@ class MemoryInstances:
                     if host in t.routes:
                         raise Conflict(f"the route of {host} was written under us")
                     t.routes[host] = Route(host, host, RouteState.PARKED, None, None, 1)
-            return [t.instances[h] for h in hosts]
+            return [own(t.instances[h]) for h in hosts]
 
     def adding_instances(self) -> list[Instance]:
         return self._where(lambda i: i.adding)
@@ -107,7 +109,7 @@ class MemoryInstances:
             have = _current(t, inst)
             t.instances[inst.host] = msgspec.structs.replace(
                 have, config=dict(sorted(config.items())), version=have.version + 1)
-            return t.instances[inst.host]
+            return own(t.instances[inst.host])
 
     def mark_removing(self, host: str, removal: Removal) -> None:
         with self._db.write() as t:
@@ -163,7 +165,7 @@ class MemoryInstances:
             _drop(t.instances, [host])
 
     def _where(self, keep: Callable[[Instance], bool]) -> list[Instance]:
-        return sorted((i for i in self._db.tables.instances.values() if keep(i)),
+        return sorted((own(i) for i in self._db.tables.instances.values() if keep(i)),
                       key=lambda i: i.host)
 
     # -- hosts and aliases ---------------------------------------------------------------
@@ -252,7 +254,7 @@ class MemoryInstances:
             marks.setdefault(gen_id, set()).add(reason)
         fenced = self.fenced_instances()
         return [InstanceView(
-            instance=inst, latest=latest_operation(t, inst.host),
+            instance=inst, latest=latest_operation(t, inst.host),  # both owned
             active=active.get(inst.host, {}), live=live.get(inst.host, []),
             inhibitions={g.id: frozenset(marks.get(g.id, ())) for g in live.get(inst.host, [])},
             route=t.routes.get(inst.host), fenced=inst.host in fenced,

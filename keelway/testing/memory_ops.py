@@ -12,7 +12,7 @@ from keelway.journal import OpKind, StepKind
 from keelway.store.errors import Conflict, NotFound
 from keelway.store.lifecycle import OpState, RequestState, StepState, check
 from keelway.store.records import Event, Operation, ReleaseAttempt, Request, Step
-from keelway.testing.memory_tables import MemoryDb, MemoryTables
+from keelway.testing.memory_tables import MemoryDb, MemoryTables, own
 
 
 class MemoryOps:
@@ -33,7 +33,7 @@ class MemoryOps:
                            OpState.RUNNING, None, [], owner, self._db.clock.now(), None, 1,
                            schedule_rev=schedule_rev)
             t.operations[op.id] = op
-            return op
+            return own(op)
 
     def get_operation(self, op_id: int) -> Operation | None:
         op = self._db.tables.operations.get(op_id)
@@ -54,9 +54,10 @@ class MemoryOps:
 
     def latest_operation_of(self, instance: str,
                             kinds: Collection[OpKind]) -> Operation | None:
-        return max((o for o in self._db.tables.operations.values()
-                    if o.instance == instance and o.kind in kinds),
-                   key=lambda o: o.id, default=None)
+        op = max((o for o in self._db.tables.operations.values()
+                  if o.instance == instance and o.kind in kinds),
+                 key=lambda o: o.id, default=None)
+        return own(op) if op else None
 
     def release_attempts(self, app: str, kinds: Collection[OpKind]) -> list[ReleaseAttempt]:
         t = self._db.tables
@@ -196,7 +197,8 @@ def steps_of(t: MemoryTables, op_id: int) -> list[Step]:
 
 
 def with_steps(t: MemoryTables, op: Operation) -> Operation:
-    return msgspec.structs.replace(op, steps=steps_of(t, op.id))
+    """`op` as a read returns it: its steps attached, its containers its own."""
+    return msgspec.structs.replace(op, steps=steps_of(t, op.id), warnings=list(op.warnings))
 
 
 def latest_operation(t: MemoryTables, instance: str) -> Operation | None:

@@ -17,6 +17,9 @@ import contextlib
 import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+import msgspec
 
 from keelway.clock import Clock
 from keelway.journal import Inhibition
@@ -111,6 +114,25 @@ class MemoryTables:
 
 def _copied(value: object) -> object:
     return dict(value) if isinstance(value, dict) else value
+
+
+_R = TypeVar("_R", bound=msgspec.Struct)
+
+# The fields of records that hold a container: a record handed out gets its own.
+_CONTAINERS: dict[type, tuple[str, ...]] = {
+    App: ("config",), Instance: ("config",), Build: ("source",),
+    Release: ("config", "source"), Operation: ("warnings", "steps"),
+    ImportJournal: ("env_before",),
+}
+
+
+def own(record: _R) -> _R:
+    """`record` with containers of its own: a caller who changes a dict or list it read
+    changes nothing stored (as a row read from SQLite is the caller's), and the
+    snapshot a write restores is never changed under it."""
+    fields = _CONTAINERS.get(type(record), ())
+    copies = {f: type(v)(v) for f in fields if (v := getattr(record, f)) is not None}
+    return msgspec.structs.replace(record, **copies) if copies else record
 
 
 class MemoryDb:

@@ -240,3 +240,31 @@ def test_the_memory_store_answers_every_read_as_sqlite_does_after_the_same_write
 def test_the_memory_store_answers_as_sqlite_does_over_long_random_histories(
         tmp_path: Path, seed: int) -> None:
     _replay(tmp_path, seed, writes=250)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "memory"])
+def test_a_record_read_is_the_callers_own_and_changing_it_changes_nothing_stored(
+        tmp_path: Path, backend: str) -> None:
+    clock = FakeClock()
+    store: Store = (SqliteStore(tmp_path / "keelway.db", clock) if backend == "sqlite"
+                    else MemoryStore(clock))
+    try:
+        app = store.apps.set_app_config(store.apps.ensure_app("blog"), {"A": "1"})
+        store.instances.add_instances("blog", ["a.test"], {"B": "2"})
+        op = store.ops.add_warnings(
+            store.ops.begin_operation("blog", "a.test", OpKind.DEPLOY, "me"), ["w"])
+        store.ops.begin_step(op.id, StepKind.SPAWN)
+        before = (dump(store), store.ops.get_operation(op.id))
+        for read in (app, store.apps.get_app("blog"), *store.apps.list_apps()):
+            read.config["A"] = "changed"
+        for inst in (store.instances.get_instance("a.test"),
+                     *store.instances.list_instances()):
+            assert inst is not None
+            inst.config.clear()
+        for read_op in (op, store.ops.get_operation(op.id), store.ops.latest_operation("a.test")):
+            assert read_op is not None
+            read_op.warnings.append("changed")
+            read_op.steps.clear()
+        assert (dump(store), store.ops.get_operation(op.id)) == before
+    finally:
+        store.close()
