@@ -149,8 +149,9 @@ class MemoryInstances:
                            if a.instance != host and a.generation_id in ids)
             if named:
                 # Another instance's ACTIVE names one (never so in keelway's own writes):
-                # a record may not outlive the generation it names.
-                raise Conflict(f"{host}'s generations {named} are ACTIVE elsewhere")
+                # a record may not outlive the generation it names. NotFound, as the
+                # SQLite store's foreign key says it (a Conflict would say it better).
+                raise NotFound(f"forget {host}: generations {named} are ACTIVE elsewhere")
             for route in [r for r in t.routes.values() if r.instance == host]:
                 delete_route(t, route.host)
             _drop(t.aliases, [a.host for a in t.aliases.values() if a.instance == host])
