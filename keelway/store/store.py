@@ -40,15 +40,6 @@ from typing import Any, Protocol
 
 from keelway.clock import Clock
 from keelway.journal import Cause, Inhibition, OpKind, StepKind
-from keelway.store.errors import (
-    Conflict,
-    DiskFull,
-    IllegalTransition,
-    NotFound,
-    StaleOwner,
-    StaleSchedule,
-    StoreError,
-)
 from keelway.store.hosts import Claim
 from keelway.store.identities import IdSpace
 from keelway.store.imports import ImportJournal, RowAt, SeedRecord, SeedState
@@ -81,10 +72,9 @@ from keelway.store.records import (
     Step,
 )
 
-__all__ = ["NOUNS", "AppStore", "BoxLocalStore", "BuildStore", "Conflict", "DiskFull",
-           "GenerationStore", "IllegalTransition", "ImportStore", "InstanceStore", "NotFound",
-           "OperationStore", "RouteStore", "StaleOwner", "StaleSchedule", "Store",
-           "StoreError"]
+__all__ = ["NOUNS", "AppStore", "BoxLocalStore", "BuildStore", "GenerationStore",
+           "ImportStore", "InstanceStore", "OperationStore", "RouteStore", "Store",
+           "protocol_methods"]
 
 
 class AppStore(Protocol):

@@ -167,7 +167,7 @@ def test_a_rollback_whose_replica_is_not_the_import_s_leaves_it(
     kept = _tree(imported)
     assert kept
     # The record names another seed now: the replica is someone else's (step 6).
-    store._conn.execute("UPDATE instances SET seed='seed-00000000000000ff' WHERE host=?", (HOST,))
+    store.db._conn.execute("UPDATE instances SET seed='seed-00000000000000ff' WHERE host=?", (HOST,))
     assert asyncio.run(deploy.seeding.rollback(HOST)).outcome is SeedOutcome.ROLLED_BACK
     assert _tree(imported) == kept
 
@@ -273,7 +273,7 @@ def test_another_row_at_the_host_holds_touches_nothing_and_lifts_only_our_fence(
     journal = store.close_import_gate(HOST, report.seed)  # a rollback cut short
     assert store.fenced(HOST)
     # A later row at the host (a stale journal restored, say): it is someone else's.
-    store._conn.execute("UPDATE routes SET seed=NULL WHERE host=?", (HOST,))
+    store.db._conn.execute("UPDATE routes SET seed=NULL WHERE host=?", (HOST,))
     env, db = home.env_file(HOST).read_text(), home.seed_db_path(HOST).read_bytes()
     held = asyncio.run(deploy.seeding.rollback(HOST))
     assert held.outcome is SeedOutcome.HELD
@@ -293,7 +293,7 @@ def test_no_row_and_a_marker_naming_another_seed_leaves_the_file(
     deploy, store, home = parts
     report = asyncio.run(deploy.seeding.import_seed(HOST, _seed_file(tmp_path, ["s"])))
     db = home.seed_db_path(HOST)
-    store._conn.execute("DELETE FROM routes WHERE host=?", (HOST,))
+    store.db._conn.execute("DELETE FROM routes WHERE host=?", (HOST,))
     files.marker_of(db).write_text("seed-00000000000000ff\n")
     done = asyncio.run(deploy.seeding.rollback(HOST))
     assert done.outcome is SeedOutcome.ROLLED_BACK
@@ -307,7 +307,7 @@ def test_no_row_and_a_marker_naming_this_seed_removes_the_import_s_data(
     deploy, store, home = parts
     key = read_env_file(home.env_file(HOST))[INSTANCE_KEY]
     asyncio.run(deploy.seeding.import_seed(HOST, _seed_file(tmp_path, ["s"])))
-    store._conn.execute("DELETE FROM routes WHERE host=?", (HOST,))
+    store.db._conn.execute("DELETE FROM routes WHERE host=?", (HOST,))
     assert asyncio.run(deploy.seeding.rollback(HOST)).outcome is SeedOutcome.ROLLED_BACK
     assert not home.seed_db_path(HOST).exists()
     assert read_env_file(home.env_file(HOST))[INSTANCE_KEY] == key
@@ -318,7 +318,7 @@ def test_an_unknown_journal_state_is_left_alone_and_reported(
         parts: tuple[DeployParts, SqliteStore, Home], tmp_path: Path) -> None:
     deploy, store, home = parts
     asyncio.run(deploy.seeding.import_seed(HOST, _seed_file(tmp_path, ["s"])))
-    store._conn.execute("UPDATE seed_imports SET state='frobbed' WHERE instance=?", (HOST,))
+    store.db._conn.execute("UPDATE seed_imports SET state='frobbed' WHERE instance=?", (HOST,))
     before = store.dump()
     report = asyncio.run(deploy.seeding.rollback(HOST))
     assert report.outcome is SeedOutcome.UNKNOWN_STATE and "frobbed" in (report.reason or "")
