@@ -167,7 +167,8 @@ def test_a_rollback_whose_replica_is_not_the_import_s_leaves_it(
     kept = _tree(imported)
     assert kept
     # The record names another seed now: the replica is someone else's (step 6).
-    store.db._conn.execute("UPDATE instances SET seed='seed-00000000000000ff' WHERE host=?", (HOST,))
+    store.db._conn.execute("UPDATE instances SET seed='seed-00000000000000ff' WHERE host=?",
+                           (HOST,))
     assert asyncio.run(deploy.seeding.rollback(HOST)).outcome is SeedOutcome.ROLLED_BACK
     assert _tree(imported) == kept
 
