@@ -36,11 +36,6 @@ from keelway.store.operations import SqliteOperations
 from keelway.store.records import CrashRetry, Generation, Instance, Release, ReleaseDraft
 from keelway.store.routes import SqliteRoutes
 
-# flat-api: begin
-from keelway.store.store import flat_attr
-
-# flat-api: end
-
 
 class SqliteStore:
     """The whole store on one SQLite connection, opened by the writer `owner` (by
@@ -63,12 +58,6 @@ class SqliteStore:
 
     def close(self) -> None:
         self.db.close()
-
-    # flat-api: begin
-    def __getattr__(self, name: str) -> Any:
-        return flat_attr(self, name)
-
-    # flat-api: end
 
     def install(
         self, instance: str, *, schedule_rev: int, candidates: Mapping[str, Generation],
