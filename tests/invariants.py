@@ -25,7 +25,7 @@ def violations(home: Path) -> list[str]:
     trees = ProcessTrees.found(home).scan()
     store = SqliteStore(home / "keelway.db")
     try:
-        live = store.live_generations()
+        live = store.generations.live_generations()
         by_id = {g.id: g for g in live}
         alive = {g.id for g in live if g.pid and g.start_ticks
                  and process.is_alive(g.pid, g.start_ticks)}
@@ -49,16 +49,16 @@ def violations(home: Path) -> list[str]:
                 found.append(f"generation {gen.id} is recorded {gen.state.value} but its "
                              "process is dead")
 
-        for inst in store.list_instances():
-            active = {a.service: a.generation_id for a in store.list_active(inst.host)}
+        for inst in store.instances.list_instances():
+            active = {a.service: a.generation_id for a in store.generations.list_active(inst.host)}
             # 1. A hold-mode service never has two generations alive at once.
             for service in {g.service for g in live if g.instance == inst.host}:
                 gens = [g for g in live if g.instance == inst.host and g.service == service
                         and g.id in alive]
-                build = store.get_generation(gens[0].id) if gens else None
+                build = store.generations.get_generation(gens[0].id) if gens else None
                 if build is None:
                     continue
-                builds = {b.digest: b for b in store.list_builds(inst.app)}
+                builds = {b.digest: b for b in store.builds.list_builds(inst.app)}
                 path = builds.get(build.build_digest)
                 spec = (load_manifest(Path(path.path)).services.get(service)
                         if path is not None else None)
@@ -66,7 +66,7 @@ def violations(home: Path) -> list[str]:
                     found.append(f"{inst.host} {service}: {len(gens)} hold-mode generations "
                                  "alive at once")
             # 2. Traffic goes only to the generation ACTIVE names (or is held/gated).
-            route = store.get_route(inst.host)
+            route = store.routes.get_route(inst.host)
             if (route is not None and route.state is RouteState.SERVING
                     and route.generation_id != active.get("web")):
                 found.append(f"{inst.host}: the route names generation "
@@ -82,7 +82,7 @@ def violations(home: Path) -> list[str]:
                     found.append(f"{inst.host} is {inst.state} but its route serves")
             # 4. The latest operation is terminal, or the instance is failed closed with
             # its leftover visible.
-            latest = store.latest_operation(inst.host)
+            latest = store.ops.latest_operation(inst.host)
             if latest is not None and not latest.terminal:
                 stuck = leftovers(latest, set(active.values()), False)
                 if not (stuck and latest.warnings):
@@ -92,13 +92,13 @@ def violations(home: Path) -> list[str]:
         # keelway made for an instance that runs is the instance's own. (One that does not
         # run gets its files handed over before anything of it runs again.)
         identities = Identities(store, Home(home))
-        for inst in store.list_instances():
+        for inst in store.instances.list_instances():
             if any(g.instance == inst.host and g.id in alive for g in live):
                 found += [f"{inst.host}: {why}"
                           for why in identities.files_not_owned(inst.app, inst.host)]
         # 4, for one-off runs, which are never the latest: a run's terminal is gone with
         # the control plane that attended it, so none is unfinished once one booted.
-        for run in store.unfinished_runs():
+        for run in store.ops.unfinished_runs():
             found.append(f"{run.instance}: run op {run.id} is not terminal after a boot")
         # 2, as the router sees it: every served upstream is an ACTIVE web's port.
         try:
@@ -110,9 +110,9 @@ def violations(home: Path) -> list[str]:
                 if entry.state.value != "serving":
                     continue
                 # An alias serves its instance: its row names the instance it mirrors.
-                row = store.get_route(host)
-                web = store.get_active(row.instance if row is not None else host, "web")
-                web_gen = store.get_generation(web.generation_id) if web else None
+                row = store.routes.get_route(host)
+                web = store.generations.get_active(row.instance if row is not None else host, "web")
+                web_gen = store.generations.get_generation(web.generation_id) if web else None
                 if web_gen is None or web_gen.state is GenState.GONE or (
                         entry.upstream != f"127.0.0.1:{web_gen.port}"):
                     found.append(f"the router sends {host} to {entry.upstream}, which is not "

@@ -97,7 +97,8 @@ class Sweep:
     def awake(self) -> list[Awake]:
         """Every running instance, with how long it has been awake and its bound."""
         now = self.clock.monotonic()
-        running = [i for i in self.store.list_instances() if i.state is InstanceState.RUNNING]
+        running = [
+            i for i in self.store.instances.list_instances() if i.state is InstanceState.RUNNING]
         hosts = {i.host for i in running}
         for host in [h for h in self._awake_since if h not in hosts]:
             del self._awake_since[host]
@@ -108,7 +109,8 @@ class Sweep:
             bound = self._bound(inst.host)
             if bound is None:
                 continue
-            found.append(Awake(inst.host, bound, now - since, self.store.fenced(inst.host)))
+            found.append(Awake(inst.host, bound, now - since,
+                               self.store.instances.fenced(inst.host)))
         return found
 
     async def once(self) -> list[str]:
@@ -138,8 +140,9 @@ class Sweep:
         return parked
 
     def _bound(self, host: str) -> float | None:
-        target_gen = next((g for a in self.store.list_active(host)
-                           if (g := self.store.get_generation(a.generation_id)) is not None),
+        target_gen = next((g for a in self.store.generations.list_active(host)
+                           if (g := self.store.generations.get_generation(
+                               a.generation_id)) is not None),
                           None)
         if target_gen is None:
             return None

@@ -316,7 +316,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     announce(f"keelway {'adopted' if router.handle.adopted else 'started'} the router on "
              f"http://{http_addr}/ (pid {router.handle.pid})")
     announce(f"API on {home.api_socket}; state in {home.root}")
-    for inst in store.list_instances():
+    for inst in store.instances.list_instances():
         announce(f"serving {inst.app}: http://{inst.host}:{http_port}/")
     announce("ready")
 
@@ -347,7 +347,7 @@ async def _stop_all(store: Store, supervisor: Supervisor, replicas: Replicas | N
     each instance's last sync (`_last_syncs`), so each replica is current with its
     stopped database. Instances stay `running`, so `up` restarts them (and their
     replicators)."""
-    gens = store.live_generations()
+    gens = store.generations.live_generations()
     apps = [g for g in gens if g.service != REPLICA]
     await asyncio.gather(*(supervisor.stop(g, targets.stop_grace_s(store, g)) for g in apps))
     replicators = [g for g in gens if g.service == REPLICA]
@@ -404,7 +404,7 @@ async def _deploy_demo(home: Home, store: Store, deployer: Deployer,
     announce(f"deploying the demo app from {source}")
     staged = await asyncio.to_thread(stage, source, builds_dir=home.builds_dir, app=DEMO_APP,
                                      builder=deployer.supervisor.identities.builder(DEMO_APP))
-    releases = store.list_releases(DEMO_APP)
+    releases = store.builds.list_releases(DEMO_APP)
     if releases and releases[0].build_digest == staged.digest:
         announce("the demo is already deployed at this build")
         return

@@ -68,6 +68,6 @@ async def send_line(response: web.StreamResponse, item: dict[str, Any]) -> None:
 def app_name(store: Store, request: web.Request) -> str:
     """The {app} of the path, which must name an app."""
     name = request.match_info["app"]
-    if store.get_app(name) is None:
+    if store.apps.get_app(name) is None:
         raise NotFoundError(f"no app named {name}", hint="see `keelway apps`")
     return name

@@ -221,8 +221,8 @@ class Operations:
         conflict (409) and runs nothing.
         """
         if key is not None:
-            claimed, fresh = self.store.begin_request(key, app, kind, digest,
-                                                      self.deployer.journal.owner)
+            claimed, fresh = self.store.ops.begin_request(key, app, kind, digest,
+                                                          self.deployer.journal.owner)
             if not fresh:
                 if claimed.digest != digest:
                     return error_response(409, "key-conflict",
@@ -253,7 +253,7 @@ class Operations:
                 final = _final_event(task)
                 state = (RequestState.SUCCEEDED if final["event"] == "result"
                          else RequestState.FAILED)
-                self.store.finish_request(key, state, msgspec.json.encode(final).decode())
+                self.store.ops.finish_request(key, state, msgspec.json.encode(final).decode())
         await response.write_eof()
         return response
 
@@ -288,15 +288,15 @@ class Operations:
     async def gc(self, request: web.Request) -> web.Response:
         body: bodies.GcBody = await read_body(request, bodies.GcBody)
         # each app's [releases] keep, from its newest release's build
-        paths = {(b.app, b.digest): Path(b.path) for b in self.store.list_builds()}
+        paths = {(b.app, b.digest): Path(b.path) for b in self.store.builds.list_builds()}
         newest: dict[str, Path | None] = {}
-        for record in self.store.list_apps():
-            releases = self.store.list_releases(record.name)
+        for record in self.store.apps.list_apps():
+            releases = self.store.builds.list_releases(record.name)
             if releases:
                 newest[record.name] = paths.get((record.name, releases[0].build_digest))
         keep = await asyncio.to_thread(builds_gc.releases_keep, newest)
         async with self._gc_lock:
-            pinned = self.store.pinned_builds(keep) | {
+            pinned = self.store.builds.pinned_builds(keep) | {
                 (app, digest) for app, digest in builds_gc.staged_builds(self.home.builds_dir)
                 if app in self._deploying
             }
@@ -308,7 +308,7 @@ class Operations:
                                               dry_run=body.dry_run)
             if not body.dry_run:
                 for app, digest in removed:
-                    self.store.forget_build(app, digest)
+                    self.store.builds.forget_build(app, digest)
             # after the builds: an entry is unused once no build links its files
             cached = await asyncio.to_thread(builds_gc.collect_cache,
                                              deps_cache.for_home(self.home.root),

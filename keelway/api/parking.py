@@ -81,8 +81,8 @@ class ParkingApi:
         """The replicator the park stopped (after the app, a step of the same
         operation: Recovery.keep_replica), so the count says every process it stopped."""
         store = self.parking.store
-        op = store.latest_operation_of(host, (OpKind.PARK,)) if parked else None
-        return sum(1 for step in (store.steps(op.id) if op is not None else [])
+        op = store.ops.latest_operation_of(host, (OpKind.PARK,)) if parked else None
+        return sum(1 for step in (store.ops.steps(op.id) if op is not None else [])
                    if step.kind is StepKind.REPLICA_STOP and step.state is StepState.SUCCEEDED)
 
     async def wake(self, request: web.Request) -> web.Response:
@@ -116,4 +116,4 @@ class ParkingApi:
     async def get_fence(self, request: web.Request) -> web.Response:
         host = request.match_info["host"]
         self.parking.instance(host)
-        return web.json_response(fence_view(host, self.parking.store.get_fence(host)))
+        return web.json_response(fence_view(host, self.parking.store.instances.get_fence(host)))

@@ -102,7 +102,7 @@ class Api:
 
     async def config_get(self, request: web.Request) -> web.Response:
         name = app_name(self.store, request)
-        app = self.store.get_app(name)
+        app = self.store.apps.get_app(name)
         return web.json_response({"app": name, "config": app.config if app else {}})
 
     async def reconcile(self, request: web.Request) -> web.Response:
@@ -112,18 +112,18 @@ class Api:
 
     async def apps(self, _request: web.Request) -> web.Response:
         out = []
-        for app in self.store.list_apps():
-            releases = self.store.list_releases(app.name)
+        for app in self.store.apps.list_apps():
+            releases = self.store.builds.list_releases(app.name)
             out.append({
                 "name": app.name,
                 "release": releases[0].label if releases else None,
-                "instances": [i.host for i in self.store.list_instances(app.name)],
+                "instances": [i.host for i in self.store.instances.list_instances(app.name)],
             })
         return web.json_response({"apps": out})
 
     async def status(self, request: web.Request) -> web.Response:
         app = request.query.get("app")
-        if app is not None and self.store.get_app(app) is None:
+        if app is not None and self.store.apps.get_app(app) is None:
             raise NotFoundError(f"no app named {app}", hint="see `keelway apps`")
         view = status_view(self.store, self.http_port, app, self.deployer.locks.live_ops)
         if self.router is not None:
@@ -142,7 +142,7 @@ class Api:
     async def ops(self, request: web.Request) -> web.Response:
         name = app_name(self.store, request)
         limit = _count(request, "limit", 50)
-        ops = self.store.list_operations(name, request.query.get("instance"), limit)
+        ops = self.store.ops.list_operations(name, request.query.get("instance"), limit)
         return web.json_response({"operations": [operation_view(op) for op in ops]})
 
     async def events(self, request: web.Request) -> web.Response:
@@ -155,8 +155,8 @@ class Api:
         while True:
             # `last` is read first: an event written meanwhile is in `found`, never
             # skipped by a follower that goes on from `last`.
-            newest = self.store.list_events(name, 1)
-            found = self.store.list_events(name, limit, after)
+            newest = self.store.ops.list_events(name, 1)
+            found = self.store.ops.list_events(name, limit, after)
             if found or asyncio.get_running_loop().time() >= deadline:
                 break
             await asyncio.sleep(0.2)
@@ -167,14 +167,14 @@ class Api:
                    per_service: int = 3) -> list[tuple[str, str, int, Path]]:
         """The newest log files of each instance and service: (host, service, gen, path)."""
         files: list[tuple[str, str, int, Path]] = []
-        for inst in self.store.list_instances(app):
+        for inst in self.store.instances.list_instances(app):
             if instance is not None and inst.host != instance:
                 continue
             found: dict[str, list[tuple[int, Path]]] = {}
             log_dir = self.home.log_dir(inst.host)
             # Only this instance's generations: a host removed and added again keeps
             # the log dir of the one before, whose generations went with its records.
-            ours = self.store.generation_ids(inst.host)
+            ours = self.store.generations.generation_ids(inst.host)
             for path in log_dir.glob("*.log") if log_dir.exists() else []:
                 parsed = parse_log_name(path)
                 if parsed and parsed[1] in ours and (service is None or parsed[0] == service):

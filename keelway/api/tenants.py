@@ -77,10 +77,11 @@ class TenantsApi:
     async def list_instances(self, request: web.Request) -> web.Response:
         name = app_name(self.store, request)
         by_instance: dict[str, list[str]] = {}
-        for alias in self.store.list_aliases():
+        for alias in self.store.instances.list_aliases():
             by_instance.setdefault(alias.instance, []).append(alias.host)
         return web.json_response({"app": name, "instances": [
-            self._view(i, by_instance.get(i.host, [])) for i in self.store.list_instances(name)]})
+            self._view(i, by_instance.get(i.host,
+                                          [])) for i in self.store.instances.list_instances(name)]})
 
     async def add_instances(self, request: web.Request) -> web.Response:
         name = app_name(self.store, request)
@@ -129,7 +130,7 @@ class TenantsApi:
         inst = self.tenants.instance(request.match_info["host"])
         return web.json_response({"instance": inst.host, "app": inst.app,
                                   "aliases": [a.host for a in
-                                              self.store.list_aliases(inst.host)]})
+                                              self.store.instances.list_aliases(inst.host)]})
 
     async def add_aliases(self, request: web.Request) -> web.Response:
         body: bodies.AliasesBody = await read_body(request, bodies.AliasesBody)

@@ -39,12 +39,12 @@ def instance_status(store: Store, inst: Instance) -> InstanceStatus:
     """The instance's state by the one rule (keelway/api/instance_state.py), read from
     the store."""
     active: dict[str, Generation] = {}
-    for row in store.list_active(inst.host):
-        if (gen := store.get_generation(row.generation_id)) is not None:
+    for row in store.generations.list_active(inst.host):
+        if (gen := store.generations.get_generation(row.generation_id)) is not None:
             active[row.service] = gen
-    return decide(inst, active, store.pending_retries(inst.host),
-                  store.latest_operation_of(inst.host, RELEASING),
-                  store.latest_operation_of(inst.host, SERVICE), store.clock.now())
+    return decide(inst, active, store.generations.pending_retries(inst.host),
+                  store.ops.latest_operation_of(inst.host, RELEASING),
+                  store.ops.latest_operation_of(inst.host, SERVICE), store.clock.now())
 
 
 def state_view(status: InstanceStatus, inst: Instance) -> dict[str, Any]:
@@ -93,10 +93,10 @@ def unreleased_failures(store: Store, app: str) -> list[dict[str, Any]]:
     """Attempts that failed before their release was written (their processes never
     took traffic, so no release row names them), while no release has taken their
     number since: what `keelway releases` says after a failed first deploy."""
-    numbers = {r.number for r in store.list_releases(app)}
+    numbers = {r.number for r in store.builds.list_releases(app)}
     return [{"version": f"v{a.release}", "build": a.build_digest[:12], "instance": a.instance,
              "operation": a.op_id}
-            for a in store.release_attempts(app, RELEASING)
+            for a in store.ops.release_attempts(app, RELEASING)
             if a.state is OpState.FAILED and a.release not in numbers]
 
 
@@ -105,14 +105,15 @@ def releases_view(store: Store, app: str) -> list[dict[str, Any]]:
     from), which instances run it now (the release their status shows), and where it
     was tried and failed: the newest operation that started its processes there
     failed, and no instance runs it there."""
-    statuses = {inst.host: instance_status(store, inst) for inst in store.list_instances(app)}
+    statuses = {inst.host: instance_status(store,
+                                           inst) for inst in store.instances.list_instances(app)}
     failed: dict[tuple[int, str], set[str]] = {}
-    for attempt in store.release_attempts(app, RELEASING):
+    for attempt in store.ops.release_attempts(app, RELEASING):
         if attempt.state is OpState.FAILED:
             failed.setdefault((attempt.release, attempt.build_digest), set()).add(
                 attempt.instance)
     out = []
-    for r in store.list_releases(app):
+    for r in store.builds.list_releases(app):
         # Serving it is what clears a failure there (a restart that took, say); naming
         # it in ACTIVE is not (a release that failed with nothing to fall back to).
         tried = failed.get((r.number, r.build_digest), set())
@@ -133,7 +134,7 @@ def last_drills(store: Store, app: str) -> dict[str, dict[str, Any]]:
     """The latest restore drill of each instance of `app`, from its events
     (keelway/deploy/replication.py writes one per drill)."""
     found: dict[str, dict[str, Any]] = {}
-    for event in store.list_events(app, limit=500):
+    for event in store.ops.list_events(app, limit=500):
         if event.kind in DRILL_EVENTS and event.instance is not None:
             found[event.instance] = {"ok": event.kind == "drill", "at": event.at,
                                      "message": event.message}
@@ -142,22 +143,22 @@ def last_drills(store: Store, app: str) -> dict[str, dict[str, Any]]:
 
 def status_view(store: Store, http_port: int | None, app_filter: str | None,
                 live_ops: set[int] | None = None) -> dict[str, Any]:
-    apps = [a for a in store.list_apps() if app_filter is None or a.name == app_filter]
-    pinned = store.pinned_builds()
+    apps = [a for a in store.apps.list_apps() if app_filter is None or a.name == app_filter]
+    pinned = store.builds.pinned_builds()
     out: list[dict[str, Any]] = []
     leftovers: list[dict[str, Any]] = []
     for app in apps:
         drills = last_drills(store, app.name)
-        releases = store.list_releases(app.name)
+        releases = store.builds.list_releases(app.name)
         instances = []
-        for inst in store.list_instances(app.name):
-            active = {a.service: a.generation_id for a in store.list_active(inst.host)}
-            live = store.live_generations(inst.host)
-            route = store.get_route(inst.host)
-            latest = store.latest_operation(inst.host)
+        for inst in store.instances.list_instances(app.name):
+            active = {a.service: a.generation_id for a in store.generations.list_active(inst.host)}
+            live = store.generations.live_generations(inst.host)
+            route = store.routes.get_route(inst.host)
+            latest = store.ops.latest_operation(inst.host)
             services = []
             for _service, gen_id in sorted(active.items()):
-                gen = store.get_generation(gen_id)
+                gen = store.generations.get_generation(gen_id)
                 if gen is not None:
                     services.append(generation_view(gen) | {"active": True})
             for gen in live:
@@ -191,15 +192,15 @@ def status_view(store: Store, http_port: int | None, app_filter: str | None,
             instances.append({
                 **state_view(status, inst),
                 "host": inst.host, "url": url, "crashed": crashed,
-                "aliases": [a.host for a in store.list_aliases(inst.host)],
+                "aliases": [a.host for a in store.instances.list_aliases(inst.host)],
                 "down_reason": inst.down_reason, "failed_closed": failed_closed,
                 "route": ({"state": route.state.value, "port": route.port} if route else None),
                 "fence": ({"generation": fence.generation, "held": fence.held,
                            "reason": fence.reason}
-                          if (fence := store.get_fence(inst.host)) is not None else None),
+                          if (fence := store.instances.get_fence(inst.host)) is not None else None),
                 # An import in effect, or being rolled back (never `env_before`: secrets).
                 "seed": ({"seed": seed.seed, "state": seed.state}
-                         if (seed := store.get_import(inst.host)) is not None else None),
+                         if (seed := store.imports.get_import(inst.host)) is not None else None),
                 "processes": services,
                 "drill": drills.get(inst.host),
                 "last_operation": operation_view(latest, with_steps=False) if latest else None,
@@ -210,7 +211,7 @@ def status_view(store: Store, http_port: int | None, app_filter: str | None,
             "instances": instances,
             "builds": [
                 {"digest": b.digest, "good": b.good, "pinned": (b.app, b.digest) in pinned}
-                for b in store.list_builds(app.name)
+                for b in store.builds.list_builds(app.name)
             ],
         })
     return {"apps": out, "leftovers": leftovers}

@@ -128,7 +128,7 @@ def in_effect(store: Store, home: Home, host: str) -> InEffect:
     journal is SWAPPED (the env file points KEELWAY_DB at it and the gate is open);
     otherwise the host's own. In every other journal state the instance is fenced and
     stopped, or its own database is back, so nothing of the seed's is replicated."""
-    journal = store.get_import(host)
+    journal = store.imports.get_import(host)
     if journal is not None and journal.known is ImportState.SWAPPED:
         return InEffect(home.seed_db_path(host), journal.seed)
     return InEffect(home.db_path(host), None)
@@ -267,7 +267,7 @@ class Replicas:
         return path, now
 
     def live(self, host: str) -> list[Generation]:
-        return [g for g in self.store.live_generations(host) if g.service == REPLICA]
+        return [g for g in self.store.generations.live_generations(host) if g.service == REPLICA]
 
     def running(self, host: str) -> Generation | None:
         """The replicator alive (watched or adopted) for `host`, if any."""
@@ -285,7 +285,7 @@ class Replicas:
         cgroup or environment, removed as any other."""
         assert self.binary is not None
         config = self.write_config(host)
-        gen = self.store.plan_generation(
+        gen = self.store.generations.plan_generation(
             app=web.app, instance=host, service=REPLICA, release=web.release,
             build_digest=web.build_digest, op_id=op_id, port=None)
         failpoints.hit("replica.spawn.before")
@@ -338,7 +338,7 @@ class Replicas:
         says so calls this (SPEC §5.7): a seed rollback's step 6, a purge. Idempotent; returns how
         many objects went. Nothing may be replicating there: the caller stopped it."""
         objects = self.object_store()
-        hosts = {inst.host for inst in self.store.list_instances()}
+        hosts = {inst.host for inst in self.store.instances.list_instances()}
 
         def remove() -> int:
             count = objects.delete_prefix(f"{replica_key(host, seed)}/")

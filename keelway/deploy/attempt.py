@@ -107,7 +107,7 @@ class Attempt:
         return Steps(self.store, self.op.id)
 
     def gate(self, point: str) -> None:
-        inst = self.store.get_instance(self.host)
+        inst = self.store.instances.get_instance(self.host)
         if inst is None or inst.schedule_rev != self.rev:
             raise Superseded(point)
 
@@ -119,7 +119,7 @@ class Attempt:
         if Fallback.RESPAWN_REPLACED in fallbacks_of(self.cause):
             self._replaced = targets.running_target(self.store, self.host)
         plan = plan_attempt(self.target.manifest, prior, self.cause,
-                            routed=self.store.get_route(self.host) is not None)
+                            routed=self.store.routes.get_route(self.host) is not None)
         activated = False
         try:
             self.gate("before the attempt")
@@ -152,16 +152,17 @@ class Attempt:
             case StartCandidate(spec=spec, replaces=old):
                 return await self._start(spec, old)
             case Withdraw():
-                route = self.store.get_route(self.host)
+                route = self.store.routes.get_route(self.host)
                 if route is not None:
-                    self.store.set_route(self.host, self.host, RouteState.HOLDING,
-                                         route.port, route.generation_id, expected=route)
+                    self.store.routes.set_route(self.host, self.host, RouteState.HOLDING,
+                                                route.port, route.generation_id, expected=route)
                 # Withdrawing needs no check of our own route: one the router refused is
                 # not served at all, which is withdrawn too.
                 return await self._publish(StepKind.WITHDRAW, serving=False)
             case StopReplaced(spec=spec, old=old):
                 self._say(f"stopping {spec.name} (hold mode)")
-                self.store.add_inhibition(old.id, Inhibition.REPLACEMENT_PENDING, self.op.id)
+                self.store.generations.add_inhibition(old.id, Inhibition.REPLACEMENT_PENDING,
+                                                      self.op.id)
                 await self._stop(old, StepKind.STOP)
             case BeginHoldExec(evidence=evidence):
                 failpoints.hit("hold.stopped")
@@ -185,7 +186,7 @@ class Attempt:
                 self.gate("before the result counts")
             case MarkGood():
                 failpoints.hit("good.before")
-                self.store.mark_build_good(self.target.app, self.target.build_digest)
+                self.store.builds.mark_build_good(self.target.app, self.target.build_digest)
             case Retire(spec=spec, old=old):
                 await self._retire(spec, old)
             case _:
@@ -194,8 +195,8 @@ class Attempt:
 
     def _prior(self) -> dict[str, Generation]:
         prior: dict[str, Generation] = {}
-        for active in self.store.list_active(self.host):
-            gen = self.store.get_generation(active.generation_id)
+        for active in self.store.generations.list_active(self.host):
+            gen = self.store.generations.get_generation(active.generation_id)
             if gen is not None and gen.state is not GenState.GONE:
                 prior[active.service] = gen
         return prior
@@ -281,7 +282,7 @@ class Attempt:
 
     async def _stop(self, gen: Generation, kind: StepKind) -> None:
         async def stop() -> Done | Failed:
-            latest = self.store.get_generation(gen.id) or gen
+            latest = self.store.generations.get_generation(gen.id) or gen
             if await self.supervisor.stop(latest, stop_grace_s(self.store, gen)):
                 return Done()
             return Failed(f"generation {gen.id} (pid {gen.pid}) survived SIGKILL")
@@ -356,8 +357,8 @@ class Attempt:
 
     def _active_gens(self) -> dict[str, Generation]:
         found: dict[str, Generation] = {}
-        for active in self.store.list_active(self.host):
-            gen = self.store.get_generation(active.generation_id)
+        for active in self.store.generations.list_active(self.host):
+            gen = self.store.generations.get_generation(active.generation_id)
             if gen is not None:
                 found[active.service] = gen
         return found
@@ -371,7 +372,7 @@ class Attempt:
         """Stop everything of the instance and keep it down, saying why."""
         why = f"hold-mode release v{self.target.release} failed after it executed: {reason}"
         await self._take_out_of_service(InstanceState.DOWN, why,
-                                        self.store.live_generations(self.host),
+                                        self.store.generations.live_generations(self.host),
                                         StepKind.STOP_DOWN)
 
     async def _take_out_of_service(self, state: InstanceState, why: str,
@@ -387,6 +388,6 @@ class Attempt:
                 await self._stop(gen, kind)
 
     def _alive(self, gen: Generation) -> bool:
-        latest = self.store.get_generation(gen.id)
+        latest = self.store.generations.get_generation(gen.id)
         return latest is not None and latest.state is not GenState.GONE and (
             self.supervisor.is_watched(gen.id) or self.supervisor.adopt(latest))

@@ -100,7 +100,7 @@ class Deployer(Part):
                 names.HOST.check(host)
             except names.InvalidName as exc:
                 raise UserError(exc.message, hint=exc.hint) from None
-            claim = self.store.claim(host)
+            claim = self.store.instances.claim(host)
             if claim is not None and claim.alias:
                 raise UserError(f"{host} is {claim.describe()}, not an instance",
                                 hint=f"deploy to {claim.instance}, which it serves")
@@ -109,9 +109,9 @@ class Deployer(Part):
                                 hint=f"pick another host, or remove it from {claim.app}")
 
     def instances_of(self, app: str, host: str | None) -> list[Instance]:
-        if self.store.get_app(app) is None:
+        if self.store.apps.get_app(app) is None:
             raise NotFoundError(f"no app named {app}", hint="see `keelway apps`")
-        instances = self.store.list_instances(app)
+        instances = self.store.instances.list_instances(app)
         if host is not None:
             instances = [i for i in instances if i.host == host]
             if not instances:
@@ -132,14 +132,14 @@ class Deployer(Part):
             names.APP.check(app)
         except names.InvalidName as exc:
             raise UserError(exc.message, hint=exc.hint) from None
-        known = [i.host for i in self.store.list_instances(app)]
+        known = [i.host for i in self.store.instances.list_instances(app)]
         targets = known + [h for h in hosts if h not in known] or [f"{app}.localhost"]
         self.validate_hosts(app, [h for h in targets if h not in known])
-        self.store.ensure_app(app)
+        self.store.apps.ensure_app(app)
         for host in targets:
-            self.store.ensure_instance(host, app)
-        self.store.record_build(app, build_digest, str(build_path), source)
-        app_record = self.store.get_app(app)
+            self.store.instances.ensure_instance(host, app)
+        self.store.builds.record_build(app, build_digest, str(build_path), source)
+        app_record = self.store.apps.get_app(app)
         config = dict(app_record.config) if app_record else {}
         return await self._rollout(Intent(
             app, OpKind.DEPLOY, Cause.RELEASE, build_digest, build_path, config,
@@ -151,11 +151,11 @@ class Deployer(Part):
                          request_digest: str | None = None) -> list[InstanceResult]:
         """A new release with changed config vars (None unsets); restarts per mode."""
         config = self.new_config(app, changes)
-        app_record = self.store.get_app(app)
-        if app_record is not None and not self.store.list_releases(app):
+        app_record = self.store.apps.get_app(app)
+        if app_record is not None and not self.store.builds.list_releases(app):
             # `apps create`, then config before the first deploy: nothing runs yet, so
             # there is nothing to roll out; the first deploy's release carries it.
-            self.store.set_app_config(app_record, config)
+            self.store.apps.set_app_config(app_record, config)
             return []
         current = targets.current_release(self.store, app)
         changed = ", ".join(sorted(changes))
@@ -167,7 +167,7 @@ class Deployer(Part):
     def new_config(self, app: str, changes: dict[str, str | None]) -> dict[str, str]:
         """`app`'s config with `changes` applied (None unsets), refused with a UserError
         unless the whole of it passes the config rules: every process carries all of it."""
-        app_record = self.store.get_app(app)
+        app_record = self.store.apps.get_app(app)
         if app_record is None:
             raise NotFoundError(f"no app named {app}", hint="see `keelway apps`")
         config = dict(app_record.config)
@@ -187,15 +187,15 @@ class Deployer(Part):
                        request_digest: str | None = None) -> list[InstanceResult]:
         """A new release with the build and config of an older one (default: the one
         before the latest)."""
-        releases = self.store.list_releases(app)
-        if self.store.get_app(app) is None:
+        releases = self.store.builds.list_releases(app)
+        if self.store.apps.get_app(app) is None:
             raise NotFoundError(f"no app named {app}", hint="see `keelway apps`")
         if to is None:
             if len(releases) < 2:
                 raise UserError(f"{app} has no earlier release to roll back to",
                                 hint=f"see `keelway releases {app}`")
             to = releases[1].number
-        chosen = self.store.get_release(app, to)
+        chosen = self.store.builds.get_release(app, to)
         if chosen is None:
             raise NotFoundError(f"{app} has no release v{to}",
                                 hint=f"see `keelway releases {app}`")
@@ -209,14 +209,14 @@ class Deployer(Part):
             request_digest))
 
     def _hosts(self, app: str) -> tuple[str, ...]:
-        return tuple(i.host for i in self.store.list_instances(app))
+        return tuple(i.host for i in self.store.instances.list_instances(app))
 
     async def _rollout(self, intent: Intent) -> list[InstanceResult]:
         # Scheduling comes first and outside every lock: a newer intent is what makes an
         # older attempt, still running, stand down at its next check.
-        revs = {host: self.store.bump_schedule(host) for host in intent.hosts}
+        revs = {host: self.store.instances.bump_schedule(host) for host in intent.hosts}
         async with self.locks.app(intent.app):
-            number = self.store.next_release_number(intent.app)
+            number = self.store.builds.next_release_number(intent.app)
             rollout = Rollout(
                 intent.app, intent.kind, intent.cause,
                 Target.load(intent.app, number, intent.build_digest, intent.build_path,
@@ -247,7 +247,7 @@ class Deployer(Part):
         its own; one that fails leaves the others to start. The caller holds the app's
         lock."""
         target = targets.current_release(self.store, app)
-        revs = {host: self.store.bump_schedule(host) for host in hosts}
+        revs = {host: self.store.instances.bump_schedule(host) for host in hosts}
         rollout = Rollout(app, OpKind.DEPLOY, Cause.RELEASE, target, revs, None, progress,
                           None, None)
         results = []
@@ -273,7 +273,7 @@ class Deployer(Part):
             if target is None:
                 raise UserError(f"{inst.host} runs nothing to restart",
                                 hint=f"deploy {app} first, or `keelway start {app}`")
-            rev = self.store.bump_schedule(inst.host)
+            rev = self.store.instances.bump_schedule(inst.host)
             result = await self._attempt_on(
                 Rollout(app, OpKind.RESTART, Cause.RESTART, target, {inst.host: rev}, None,
                         progress, key, request_digest), inst.host)
@@ -288,7 +288,7 @@ class Deployer(Part):
         rev = rollout.revisions[host]
         async with self.locks.instance(host):
             await self.recovery.converge(host, Pass.MUTATION)
-            inst = self.store.get_instance(host)
+            inst = self.store.instances.get_instance(host)
             if inst is None or inst.schedule_rev != rev:
                 return Result(Outcome.SUPERSEDED, "superseded before it started")
             if inst.state is InstanceState.PARKED:
@@ -362,7 +362,7 @@ class Deployer(Part):
 
                 await steps.run(StepKind.OUT_OF_SERVICE, out_of_service,
                                 before=("service.out.before",), after=("service.out.after",))
-                for gen in self.store.live_generations(inst.host):
+                for gen in self.store.generations.live_generations(inst.host):
                     if gen.service == REPLICA:
                         continue  # after the app, with a last sync (Recovery.keep_replica)
                     if (failed := await self._stop(steps, gen)) is not None:
@@ -388,22 +388,22 @@ class Deployer(Part):
         publish its route: the same path as a restart after a crash."""
         async with self.locks.instance(inst.host):
             await self.recovery.converge(inst.host, Pass.MUTATION)
-            inst = self.store.get_instance(inst.host) or inst
+            inst = self.store.instances.get_instance(inst.host) or inst
             refuse_if_fenced(self.store, inst.host, "start")
 
             async def start(op: Operation) -> Result:
                 async def in_service() -> Done:
-                    current = self.store.get_instance(inst.host)
+                    current = self.store.instances.get_instance(inst.host)
                     if current is None:
                         raise NotFoundError(f"no instance {inst.host}")
                     if current.state is not InstanceState.RUNNING:
-                        self.store.set_instance_state(current, InstanceState.RUNNING)
+                        self.store.instances.set_instance_state(current, InstanceState.RUNNING)
                     return Done()
 
                 await Steps(self.store, op.id).run(
                     StepKind.IN_SERVICE, in_service,
                     before=("service.in.before",), after=("service.in.after",))
-                current = self.store.get_instance(inst.host) or inst
+                current = self.store.instances.get_instance(inst.host) or inst
                 return await self.recovery.respawn_active(op, current)
 
             result = await self.journal.run(inst.app, inst.host, OpKind.START, start)

@@ -70,7 +70,7 @@ class Target:
 
 def layered_config(store: Store, instance: str, app_config: dict[str, str]) -> dict[str, str]:
     """What a process of `instance` gets as config: its instance's own over its app's."""
-    inst = store.get_instance(instance)
+    inst = store.instances.get_instance(instance)
     return {**app_config, **inst.config} if inst is not None else dict(app_config)
 
 
@@ -99,9 +99,9 @@ async def start_generation(
     superseded attempt spawns nothing).
     """
     gate("before the spawn")
-    port = pick_free_port(store.claimed_ports()) if spec.kind is ServiceKind.WEB else None
+    port = pick_free_port(store.local.claimed_ports()) if spec.kind is ServiceKind.WEB else None
     failpoints.hit("plan.before")
-    gen = store.plan_generation(
+    gen = store.generations.plan_generation(
         app=target.app, instance=instance, service=spec.name, release=target.release,
         build_digest=target.build_digest, op_id=op_id, port=port,
     )
@@ -138,8 +138,9 @@ async def start_generation(
                     return Failed(f"was not ready within {spec.ready_timeout_s:g}s: "
                                   f"{readiness.said}")
                 case ReadyOutcome.READY:
-                    if (now := store.get_generation(gen.id)) and now.state is GenState.RUNNING:
-                        gen = store.set_generation_state(now, GenState.READY)
+                    if (now := store.generations.get_generation(
+                        gen.id)) and now.state is GenState.RUNNING:
+                        gen = store.generations.set_generation_state(now, GenState.READY)
                     return Done(readiness.said)
                 case unknown:
                     assert_never(unknown)
@@ -149,7 +150,8 @@ async def start_generation(
     finally:
         notify.close()
     if failed is not None:
-        return StartFailed(spec.name, failed.reason, store.get_generation(gen.id) or gen)
+        return StartFailed(spec.name, failed.reason,
+                           store.generations.get_generation(gen.id) or gen)
     return gen
 
 
@@ -166,7 +168,7 @@ async def run_release_command(
     command = target.manifest.release_command
     assert command is not None
     gate("before the release command")
-    gen = store.plan_generation(
+    gen = store.generations.plan_generation(
         app=target.app, instance=instance, service=RELEASE_SERVICE, release=target.release,
         build_digest=target.build_digest, op_id=op_id, port=None,
     )
@@ -191,7 +193,7 @@ async def run_release_command(
                                            detail=command)
     if failed is not None:
         return StartFailed(RELEASE_SERVICE, failed.reason.removeprefix("release "),
-                           store.get_generation(gen.id))
+                           store.generations.get_generation(gen.id))
     return None
 
 

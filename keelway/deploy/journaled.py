@@ -61,9 +61,9 @@ class Journaled:
         is journaled as a fault and converged at once. `converge_after` reconciles once
         more after an outcome that was written (a fault has converged already). Run
         under `host`'s lock."""
-        op = self.store.begin_operation(app, host, kind, self.owner, key=key,
-                                        request_digest=request_digest,
-                                        schedule_rev=schedule_rev)
+        op = self.store.ops.begin_operation(app, host, kind, self.owner, key=key,
+                                            request_digest=request_digest,
+                                            schedule_rev=schedule_rev)
         self.locks.live_ops.add(op.id)
         faulted = False
         try:
@@ -95,16 +95,16 @@ class Journaled:
 
     def _finish(self, op: Operation, result: Result) -> None:
         failpoints.hit("finish.before")
-        latest = self.store.get_operation(op.id) or op
+        latest = self.store.ops.get_operation(op.id) or op
         if not latest.terminal:
             if result.outcome is Outcome.DONE:
-                self.store.finish_operation(latest, OpState.SUCCEEDED)
+                self.store.ops.finish_operation(latest, OpState.SUCCEEDED)
             else:
-                self.store.finish_operation(latest, OpState.FAILED, error=result.reason)
+                self.store.ops.finish_operation(latest, OpState.FAILED, error=result.reason)
         message = f"{op.kind} {'succeeded' if result.outcome is Outcome.DONE else 'failed'}"
         if result.reason:
             message += f": {result.reason}"
-        self.store.add_event("op", message, app=op.app, instance=op.instance)
+        self.store.ops.add_event("op", message, app=op.app, instance=op.instance)
 
     def _record_fault(self, op: Operation, exc: Exception) -> str:
         """Journal an exception raised inside `op` as a failed `fault` step; returns the
@@ -117,12 +117,12 @@ class Journaled:
         log.exception("op %d %s on %s raised", op.id, op.kind, op.instance)
         error = f"{type(exc).__name__}: {exc}"
         try:
-            latest = self.store.get_operation(op.id) or op
+            latest = self.store.ops.get_operation(op.id) or op
             pending = [s.name for s in latest.steps if s.state is StepState.PENDING]
             if pending:
                 error = f"{pending[-1]}: {error}"  # where it happened, then what
-            seq = self.store.begin_step(op.id, StepKind.FAULT)
-            self.store.finish_step(op.id, seq, StepState.FAILED, error=error)
+            seq = self.store.ops.begin_step(op.id, StepKind.FAULT)
+            self.store.ops.finish_step(op.id, seq, StepState.FAILED, error=error)
         except Exception:
             # The store itself fails (a full disk, say): the op converges as interrupted,
             # and the caller still hears the real error.

@@ -72,7 +72,7 @@ failpoints.declare("park.before", "park.after", "wake.before", "wake.after")
 
 def refuse_if_fenced(store: Store, host: str, verb: str) -> None:
     """Raise `Fenced` if a fence is held on `host`: nothing wakes, starts or restarts it."""
-    fence = store.get_fence(host)
+    fence = store.instances.get_fence(host)
     if fence is not None and fence.held:
         why = f" ({fence.reason})" if fence.reason else ""
         raise Fenced(f"{host} is fenced at generation {fence.generation}{why}: "
@@ -143,7 +143,7 @@ class Parking(Part):
                 steps = Steps(self.store, op.id)
 
                 async def intent() -> Done:
-                    self.store.park(self.store.get_instance(host) or inst)
+                    self.store.park(self.store.instances.get_instance(host) or inst)
                     return Done(f"parked ({why})")
 
                 await steps.run(StepKind.PARK, intent, before=("park.before",),
@@ -156,7 +156,7 @@ class Parking(Part):
                     # pass republish. A router that cannot be reached serves nothing
                     # better meanwhile.
                     return Result(Outcome.FAILED, published.reason)
-                for gen in self.store.live_generations(host):
+                for gen in self.store.generations.live_generations(host):
                     if gen.service == REPLICA:
                         continue  # after the app, with a last sync (Recovery.keep_replica)
                     stop = targets.stop_effect(self.store, self.supervisor, gen)
@@ -193,7 +193,7 @@ class Parking(Part):
         either name joins the one in flight (SPEC: an alias wakes as its primary host).
         `retry_now` (an operator's wake): a running instance whose services wait out a
         crash backoff is started now instead of left to it."""
-        claim = self.store.claim(host) if names.HOST.accepts(host) else None
+        claim = self.store.instances.claim(host) if names.HOST.accepts(host) else None
         if claim is not None and claim.alias:
             host = claim.instance
         inst = self.instance(host)
@@ -211,7 +211,7 @@ class Parking(Part):
     def _refuse_inside_backoff(self, inst: Instance) -> None:
         """Raise CrashBackoff if `inst`'s web waits out a crash backoff not yet due."""
         now = self.recovery.clock.now()
-        due = [r.retry_at for r in self.store.pending_retries(inst.host)
+        due = [r.retry_at for r in self.store.generations.pending_retries(inst.host)
                if r.service == WEB and r.retry_at > now]
         if due:
             at = time.strftime("%H:%M:%S", time.localtime(due[0]))
@@ -253,14 +253,14 @@ class Parking(Part):
 
             async def work(op: Operation) -> Result:
                 async def running() -> Done:
-                    current = self.store.get_instance(host) or inst
-                    self.store.set_instance_state(current, InstanceState.RUNNING)
+                    current = self.store.instances.get_instance(host) or inst
+                    self.store.instances.set_instance_state(current, InstanceState.RUNNING)
                     return Done()
 
                 await Steps(self.store, op.id).run(StepKind.WAKE, running,
                                                    before=("wake.before",),
                                                    after=("wake.after",))
-                current = self.store.get_instance(host) or inst
+                current = self.store.instances.get_instance(host) or inst
                 if current.pending_release is not None:
                     deferred = await self._wake_onto_pending(op, current)
                     if deferred is not None:
@@ -269,10 +269,10 @@ class Parking(Part):
                 # it is ready, not after the workers' spawns too; then the workers wake.
                 # A crash between the two leaves a running instance whose ACTIVE workers
                 # are dead, which boot restarts like any other (RECOVER).
-                current = self.store.get_instance(host) or inst
-                workers = frozenset(a.service for a in self.store.list_active(host)
+                current = self.store.instances.get_instance(host) or inst
+                workers = frozenset(a.service for a in self.store.generations.list_active(host)
                                     if a.service != WEB)
-                if workers and len(workers) < len(self.store.list_active(host)):
+                if workers and len(workers) < len(self.store.generations.list_active(host)):
                     await self.recovery.respawn_active(op, current, waiting=workers)
                 return await self.recovery.respawn_active(op, current)
 
@@ -335,7 +335,7 @@ class Parking(Part):
         return result
 
     def _active(self, host: str) -> dict[str, int]:
-        return {a.service: a.generation_id for a in self.store.list_active(host)}
+        return {a.service: a.generation_id for a in self.store.generations.list_active(host)}
 
     # -- fences ----------------------------------------------------------------------
 
@@ -347,10 +347,10 @@ class Parking(Part):
                 names.FENCE_REASON.check(reason)
             except names.InvalidName as exc:
                 raise UserError(exc.message, hint=exc.hint) from None
-        fence = self.store.fence(host, reason)
-        self.store.add_event("fence", f"fenced at generation {fence.generation}"
-                             + (f" ({reason})" if reason else ""), app=inst.app,
-                             instance=host)
+        fence = self.store.instances.fence(host, reason)
+        self.store.ops.add_event("fence", f"fenced at generation {fence.generation}"
+                                 + (f" ({reason})" if reason else ""), app=inst.app,
+                                 instance=host)
         return fence
 
     def unfence(self, host: str, generation: int) -> tuple[Fence | None, bool]:
@@ -359,8 +359,8 @@ class Parking(Part):
         inst = self.instance(host)
         if generation < 1:
             raise UserError("a fence generation is a whole number from 1")
-        fence, lifted = self.store.unfence(host, generation)
+        fence, lifted = self.store.instances.unfence(host, generation)
         if lifted:
-            self.store.add_event("fence", f"fence generation {generation} lifted",
-                                 app=inst.app, instance=host)
+            self.store.ops.add_event("fence", f"fence generation {generation} lifted",
+                                     app=inst.app, instance=host)
         return fence, lifted

@@ -146,17 +146,17 @@ class Publisher:
                ) -> tuple[rt.RouteTable, dict[str, str]]:
         store = self.store
         now = store.clock.now()
-        retry_in_s = {r.instance: r.retry_at - now for r in store.pending_retries()
+        retry_in_s = {r.instance: r.retry_at - now for r in store.generations.pending_retries()
                       if r.service == "web"}
-        deployed = {a.instance for a in store.list_active()}
+        deployed = {a.instance for a in store.generations.list_active()}
         aliases: dict[str, list[str]] = {}
-        for alias in store.list_aliases():
+        for alias in store.instances.list_aliases():
             aliases.setdefault(alias.instance, []).append(alias.host)
         standings = {
             inst.host: Standing.of(inst, inst.host in deployed
                                    or inst.pending_release is not None,
                                    tuple(aliases.get(inst.host, ())))
-            for inst in store.list_instances()}
+            for inst in store.instances.list_instances()}
         return table_of(routes, version, retry_in_s, standings)
 
     async def publish(self, instance: str | None = None) -> int:
@@ -166,8 +166,8 @@ class Publisher:
         router) raises RouteRefused after the push: the rest of the table is applied
         all the same. Refusals of other instances' routes are only logged.
         """
-        routes = self.store.list_routes()
-        version = self.store.next_route_table_version()
+        routes = self.store.routes.list_routes()
+        version = self.store.routes.next_route_table_version()
         failpoints.hit("publish.before")
         table, refused = self._table(routes, version)
         try:
@@ -177,7 +177,7 @@ class Publisher:
                 # The router kept a table from a store we no longer have (a new home
                 # database, a restored backup): jump past its version and push again.
                 served = await get_table(self.control_socket)
-                version = self.store.next_route_table_version(at_least=served.version)
+                version = self.store.routes.next_route_table_version(at_least=served.version)
                 table, refused = self._table(routes, version)
                 applied = await push_routes(self.control_socket, table)
         except RouterControlError as exc:
@@ -211,7 +211,8 @@ class Publisher:
             served = await get_table(self.control_socket)
         except RouterControlError:
             return False
-        return served.routes == self._table(self.store.list_routes(), served.version)[0].routes
+        return served.routes == self._table(self.store.routes.list_routes(),
+                                            served.version)[0].routes
 
     async def drained(self, port: int, bound_s: float, poll_s: float = 0.02) -> bool:
         """Wait until the router carries no request to 127.0.0.1:`port`, up to `bound_s`.

@@ -90,10 +90,10 @@ class Recovery:
 
         A worker that exits 0 has completed (a one-shot) and is not restarted; web is.
         """
-        active = self.store.get_active(gen.instance, gen.service)
-        inst = self.store.get_instance(gen.instance)
-        self.store.add_event("exit", f"{gen.service} generation {gen.id} exited (code {code})",
-                             app=gen.app, instance=gen.instance)
+        active = self.store.generations.get_active(gen.instance, gen.service)
+        inst = self.store.instances.get_instance(gen.instance)
+        self.store.ops.add_event("exit", f"{gen.service} generation {gen.id} exited (code {code})",
+                                 app=gen.app, instance=gen.instance)
         if (self.closing or active is None or active.generation_id != gen.id or inst is None
                 or inst.state is not InstanceState.RUNNING):
             return
@@ -116,7 +116,7 @@ class Recovery:
         never saw is not counted). Crash after: boot waits for the recorded retry time,
         and the route stays gated until the restart publishes it again."""
         now = self.clock.now()
-        prior = self.store.get_crash_retry(gen.instance, gen.service)
+        prior = self.store.generations.get_crash_retry(gen.instance, gen.service)
         # "Stable" is measured from the crashed generation's own start, so a long-lived
         # generation's crash is retried quickly however the previous loop ended.
         failures, delay = next_retry(
@@ -127,9 +127,9 @@ class Recovery:
                                                   failures, now, now + delay),
                                        gate_waiting=start_failed)
         failpoints.hit("backoff.after")
-        self.store.add_event("backoff", f"{gen.service} restarts in {delay:g}s (crash "
-                             f"{failures} in a row)", app=gen.app,
-                             instance=gen.instance)
+        self.store.ops.add_event("backoff", f"{gen.service} restarts in {delay:g}s (crash "
+                                 f"{failures} in a row)", app=gen.app,
+                                 instance=gen.instance)
         if gate or gen.service == "web":
             # Also when the route was gated already: its page says when the retry is due
             # (Retry-After), and that just changed.
@@ -162,12 +162,12 @@ class Recovery:
         """After an attempt whose fallback could not start what it went back to (the
         instance still running, ACTIVE naming a dead generation): count each such
         service as a failed start, so that the next pass does not respawn it at once."""
-        inst = self.store.get_instance(host)
+        inst = self.store.instances.get_instance(host)
         if inst is None or inst.state is not InstanceState.RUNNING:
             return  # stopped or down by the attempt: nothing restarts it
-        waiting = {r.service for r in self.store.pending_retries(host)}
-        for active in self.store.list_active(host):
-            gen = self.store.get_generation(active.generation_id)
+        waiting = {r.service for r in self.store.generations.pending_retries(host)}
+        for active in self.store.generations.list_active(host):
+            gen = self.store.generations.get_generation(active.generation_id)
             if (gen is not None and gen.state is GenState.GONE and gen.service not in waiting
                     and not self._running(gen.id)):
                 await self._count_failed_start(gen)
@@ -175,7 +175,7 @@ class Recovery:
     def retry_due(self, host: str) -> float | None:
         """When the next restart of a service of `host` waiting out its crash backoff is
         due (wall clock), or None if none waits."""
-        return min((r.retry_at for r in self.store.pending_retries(host)), default=None)
+        return min((r.retry_at for r in self.store.generations.pending_retries(host)), default=None)
 
     async def restart_active(self, host: str, waiting: frozenset[str] = frozenset()) -> None:
         """The reconciler's RESTART_ACTIVE, run under the instance lock it already holds.
@@ -183,20 +183,21 @@ class Recovery:
         restart scheduled for then. Services `waiting` out a crash backoff, or whose crash
         restart is already scheduled, are left to that restart."""
         now = self.clock.now()
-        later = [r for r in self.store.pending_retries(host) if r.retry_at > now]
+        later = [r for r in self.store.generations.pending_retries(host) if r.retry_at > now]
         for retry in later:
             task = self._restarts.get((host, retry.service))
-            gen = self.store.get_generation(retry.generation_id)
+            gen = self.store.generations.get_generation(retry.generation_id)
             if (task is None or task.done()) and gen is not None:
                 self._schedule_restart(gen, retry.retry_at - now)
         waiting = waiting | frozenset(r.service for r in later)
-        inst = self.store.get_instance(host)
-        if inst is None or inst.state is not InstanceState.RUNNING or self.store.fenced(host):
+        inst = self.store.instances.get_instance(host)
+        if inst is None or inst.state is not InstanceState.RUNNING or self.store.instances.fenced(
+            host):
             return
         waiting = waiting | {s for (h, s), task in self._restarts.items()
                              if h == host and not task.done()}
         if all(a.service in waiting or self._running(a.generation_id)
-               for a in self.store.list_active(host)):
+               for a in self.store.generations.list_active(host)):
             return
         await self.journal.run(inst.app, host, OpKind.RECOVER,
                                lambda op: self.respawn_active(op, inst, waiting))
@@ -204,7 +205,7 @@ class Recovery:
     async def start_replica(self, host: str) -> None:
         """The reconciler's START_REPLICA, under the lock the pass holds: an operation of
         its own whose only work is the replication hook (`keep_replica`)."""
-        inst = self.store.get_instance(host)
+        inst = self.store.instances.get_instance(host)
         if inst is None or self.replicas is None:
             return
         # A replicator that keeps dying (a bad S3 URL, say) is retried with the crash
@@ -227,7 +228,7 @@ class Recovery:
         lagging the parked or stopped database until the next wake. A sync is a copy
         that changes nothing keelway reads, so it is not journaled; one a crash cuts
         short is not owed again (the next wake replicates from the database)."""
-        inst = self.store.get_instance(host)
+        inst = self.store.instances.get_instance(host)
         if (self.replicas is None or inst is None or inst.state is InstanceState.RUNNING
                 or self.replicas.live(host)):
             return
@@ -236,7 +237,7 @@ class Recovery:
         except (OSError, ReplicaError) as exc:
             failed = str(exc)
         if failed is not None:
-            self.store.add_event("replica", failed, app=inst.app, instance=host)
+            self.store.ops.add_event("replica", failed, app=inst.app, instance=host)
 
     async def keep_replica(self, op: Operation, host: str) -> str | None:
         """Make `host`'s replicator what the instance now wants, as steps of `op` after
@@ -253,14 +254,15 @@ class Recovery:
         only a `replicate` operation). Returns what failed, which fails only a
         `replicate` operation (whose whole work this is)."""
         replicas = self.replicas
-        inst = self.store.get_instance(host)
+        inst = self.store.instances.get_instance(host)
         if replicas is None or inst is None:
             return None
         steps = Steps(self.store, op.id)
         if inst.state is InstanceState.RUNNING:
-            web_active = self.store.get_active(host, WEB)
-            web = self.store.get_generation(web_active.generation_id) if web_active else None
-            if (web is None or self.store.fenced(host) or not self._running(web.id)
+            web_active = self.store.generations.get_active(host, WEB)
+            web = self.store.generations.get_generation(
+                web_active.generation_id) if web_active else None
+            if (web is None or self.store.instances.fenced(host) or not self._running(web.id)
                     or replicas.running(host) is not None):
                 return None
 
@@ -293,13 +295,13 @@ class Recovery:
             return None
         # A replicator still alive of an instance that does not run is named by its
         # record (invariant 5 holds) and stopped by the reconciler's STOP_REPLICA.
-        self.store.add_event("replica", failed.reason, app=inst.app, instance=host)
-        self.store.add_warnings(self.store.get_operation(op.id) or op,
-                                [f"replicator: {failed.reason}"])
+        self.store.ops.add_event("replica", failed.reason, app=inst.app, instance=host)
+        self.store.ops.add_warnings(self.store.ops.get_operation(op.id) or op,
+                                    [f"replicator: {failed.reason}"])
         return failed.reason
 
     def _running(self, gen_id: int) -> bool:
-        gen = self.store.get_generation(gen_id)
+        gen = self.store.generations.get_generation(gen_id)
         return gen is not None and gen.state is not GenState.GONE and (
             self.supervisor.is_watched(gen.id) or self.supervisor.adopt(gen))
 
@@ -309,8 +311,8 @@ class Recovery:
         and those `waiting` out a crash backoff, then publish the route of the ACTIVE
         web."""
         fresh: dict[str, Generation] = {}
-        for active in self.store.list_active(inst.host):
-            gen = self.store.get_generation(active.generation_id)
+        for active in self.store.generations.list_active(inst.host):
+            gen = self.store.generations.get_generation(active.generation_id)
             if gen is None or gen.service in waiting:
                 continue
             if gen.state is not GenState.GONE and (
@@ -346,10 +348,10 @@ class Recovery:
             return
         async with self.locks.instance(gen.instance):
             self._restarts.pop((gen.instance, gen.service), None)
-            inst = self.store.get_instance(gen.instance)
-            active = self.store.get_active(gen.instance, gen.service)
+            inst = self.store.instances.get_instance(gen.instance)
+            active = self.store.generations.get_active(gen.instance, gen.service)
             if (inst is None or inst.state is not InstanceState.RUNNING or active is None
-                    or active.generation_id != gen.id or self.store.fenced(gen.instance)):
+                    or active.generation_id != gen.id or self.store.instances.fenced(gen.instance)):
                 # Something newer took over while we waited; or a fence holds it: the
                 # crash stays recorded (its route gated), and once the fence is lifted
                 # the periodic pass restarts it (RESTART_ACTIVE).
@@ -364,8 +366,8 @@ class Recovery:
             pending = self._restarts.get((gen.instance, gen.service))
             if pending is not None and not pending.done():
                 return  # its failed start was counted and its retry scheduled
-            fresh = self.store.get_active(gen.instance, gen.service)
-            latest = self.store.get_generation(fresh.generation_id) if fresh else None
+            fresh = self.store.generations.get_active(gen.instance, gen.service)
+            latest = self.store.generations.get_generation(fresh.generation_id) if fresh else None
             if latest is not None:
                 await self.on_exit(latest, latest.exit_code)
 
@@ -393,9 +395,9 @@ class Recovery:
                     log.warning("boot: %s: %s; the periodic pass retries", host, exc.message)
         targets.link_every_current(self.store, self.home)
         log.info("boot: %d instances reconciled (%d with work) in %.3f s",
-                 len(self.store.list_instances()), len(hosts),
+                 len(self.store.instances.list_instances()), len(hosts),
                  self.clock.monotonic() - began)
-        for request in self.store.running_requests():
+        for request in self.store.ops.running_requests():
             self.settle_request_from_journal(request.key)
         try:
             await self.publisher.publish()
@@ -403,10 +405,10 @@ class Recovery:
             log.warning("boot: %s; the periodic pass republishes", exc.message)
 
     def settle_request_from_journal(self, key: str) -> None:
-        ops = [op for i in self.store.list_instances()
-               if (op := self.store.find_operation_by_key(i.host, key)) is not None]
+        ops = [op for i in self.store.instances.list_instances()
+               if (op := self.store.ops.find_operation_by_key(i.host, key)) is not None]
         ok = bool(ops) and all(op.state is OpState.SUCCEEDED for op in ops)
-        self.store.finish_request(
+        self.store.ops.finish_request(
             key, RequestState.SUCCEEDED if ok else RequestState.FAILED,
             '{"replayed": "journal", "ok": %s}' % ("true" if ok else "false"))
 
@@ -425,7 +427,7 @@ class Recovery:
         """Strays as `reconcile` reports them: under their instance when a record says."""
         by_host: dict[str, list[str]] = {}
         for gen_id in strays:
-            gen = self.store.get_generation(gen_id)
+            gen = self.store.generations.get_generation(gen_id)
             by_host.setdefault(gen.instance if gen else "(unknown)", []).append(
                 f"remove-tree generation {gen_id} (no live record names it)")
         return [{"instance": host, "actions": actions, "error": None}
@@ -436,7 +438,7 @@ class Recovery:
         strays = self.supervisor.strays() if dry_run else await self._remove_strays()
         report: list[dict[str, object]] = self._stray_report(strays)
         republish = False
-        for inst in self.store.list_instances():
+        for inst in self.store.instances.list_instances():
             async with self.locks.instance(inst.host):
                 if dry_run:
                     actions = self.reconciler.plan_for(inst.host, Pass.BOOT, self.locks.live_ops)

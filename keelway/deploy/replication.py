@@ -55,7 +55,7 @@ class Replication(Part):
         instance) to temp files and verify them. A copy an instance has none of yet is
         reported skipped; every other result is an event."""
         hosts = [self.instance(host).host] if host is not None else [
-            i.host for i in self.store.list_instances()]
+            i.host for i in self.store.instances.list_instances()]
         results: list[dict[str, Any]] = []
         for name in hosts:
             inst = self.instance(name)
@@ -64,12 +64,12 @@ class Replication(Part):
             checked = [c for c in (snap, replica) if "skipped" not in c]
             for copy, said in (("snapshot", snap), ("replica", replica)):
                 if said.get("ok") is True:
-                    self.store.add_event("drill", f"{copy}: {said['message']}",
-                                         app=inst.app, instance=name)
+                    self.store.ops.add_event("drill", f"{copy}: {said['message']}",
+                                             app=inst.app, instance=name)
             for copy, said in (("snapshot", snap), ("replica", replica)):
                 if said.get("ok") is False:
-                    self.store.add_event("drill-failed", f"{copy}: {said['reason']}",
-                                         app=inst.app, instance=name)
+                    self.store.ops.add_event("drill-failed", f"{copy}: {said['reason']}",
+                                             app=inst.app, instance=name)
             result: dict[str, Any] = {
                 "host": name, "ok": all(c["ok"] for c in checked) if checked else None,
                 "snapshot": snap, "replica": replica,

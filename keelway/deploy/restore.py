@@ -168,8 +168,8 @@ class Snapshots(Part):
             raise UserError(exc.message, hint=exc.hint) from None
 
     def _release(self, host: str) -> int | None:
-        for active in self.store.list_active(host):
-            gen = self.store.get_generation(active.generation_id)
+        for active in self.store.generations.list_active(host):
+            gen = self.store.generations.get_generation(active.generation_id)
             if gen is not None:
                 return gen.release
         return None
@@ -194,8 +194,8 @@ class Snapshots(Part):
                                           "again the database itself may be damaged") from None
             except ObjectStoreError as exc:
                 raise ObjectStoreFailed(str(exc), hint="check the object store") from None
-        self.store.add_event("snapshot", f"snapshot {made.id} taken ({made.size} bytes)",
-                             app=self.instance(host).app, instance=host)
+        self.store.ops.add_event("snapshot", f"snapshot {made.id} taken ({made.size} bytes)",
+                                 app=self.instance(host).app, instance=host)
         return made
 
     async def stored(self, host: str) -> list[Manifest]:
@@ -225,7 +225,7 @@ class Snapshots(Part):
 
     def data_spec(self, host: str) -> DataSpec:
         """The `[data]` table of the build the instance runs (the default if none)."""
-        gens = [g for g in self.store.active_generations() if g.instance == host]
+        gens = [g for g in self.store.generations.active_generations() if g.instance == host]
         return self._spec_of(gens[0]) if gens else DataSpec()
 
     def _spec_of(self, gen: Generation) -> DataSpec:
@@ -240,7 +240,7 @@ class Snapshots(Part):
     def _specs_by_host(self) -> dict[str, DataSpec]:
         """Every instance's `[data]` table from one bulk read of ACTIVE (web first)."""
         found: dict[str, DataSpec] = {}
-        for gen in self.store.active_generations():
+        for gen in self.store.generations.active_generations():
             if gen.instance not in found:
                 found[gen.instance] = self._spec_of(gen)
         return found
@@ -250,7 +250,7 @@ class Snapshots(Part):
         removed, unless `dry_run`; returns (host, snapshot id) of each one beyond."""
         removed: list[tuple[str, str]] = []
         specs = self._specs_by_host()
-        for inst in self.store.list_instances():
+        for inst in self.store.instances.list_instances():
             keep = specs.get(inst.host, DataSpec()).keep
             async with self.locks.instance(inst.host):
                 try:
@@ -282,7 +282,7 @@ class Snapshots(Part):
                 last = self._last[host] = newest.taken_at if newest else 0.0
             if not due(now, last, spec.snapshot_every_s) or unchanged_since(db, last):
                 continue
-            inst = self.store.get_instance(host)
+            inst = self.store.instances.get_instance(host)
             if inst is None:
                 continue
             try:
@@ -360,7 +360,7 @@ class Snapshots(Part):
             await self.recovery.converge(host, Pass.MUTATION)
             inst = self.instance(host)
             refuse_if_fenced(self.store, host, "be restored")
-            if (journal := self.store.get_import(host)) is not None:
+            if (journal := self.store.imports.get_import(host)) is not None:
                 # A restore replaces the instance's own database, which the import's
                 # rollback must find exactly as it was (SPEC §4 Seed import).
                 raise ImportInEffect(
@@ -389,10 +389,10 @@ class Snapshots(Part):
             raise OperationError(f"{host}: restore from {source} failed: {result.reason}",
                                  hint=f"see `keelway ops {inst.app} --instance {host}`")
         copies = await asyncio.to_thread(self._kept, host)
-        self.store.add_event("restore", f"restored from {source}; kept: "
-                             f"{', '.join(c.id for c in copies) or 'nothing'}",
-                             app=inst.app, instance=host)
-        now = self.store.get_instance(host) or inst
+        self.store.ops.add_event("restore", f"restored from {source}; kept: "
+                                 f"{', '.join(c.id for c in copies) or 'nothing'}",
+                                 app=inst.app, instance=host)
+        now = self.store.instances.get_instance(host) or inst
         return Restored(host, found, now.state, "snapshot" if found else "replica",
                         op_ids[0] if op_ids else None, size, copies, kept.retention_s())
 
@@ -408,7 +408,7 @@ class Snapshots(Part):
             path = _file_path(replica_url(self.home, host, replicas.objects))
             if path is not None:
                 copies += kept.replicas(
-                    path, {i.host for i in self.store.list_instances()})
+                    path, {i.host for i in self.store.instances.list_instances()})
         return sorted(copies, key=lambda c: (c.kept_at, c.id))
 
     async def kept(self, host: str) -> list[KeptCopy]:
@@ -428,8 +428,8 @@ class Snapshots(Part):
                                     hint=f"`keelway db kept {host}` lists them")
             await asyncio.to_thread(kept.forget, copy)
         inst = self.instance(host)
-        self.store.add_event("restore", f"kept copy {copy.id} removed", app=inst.app,
-                             instance=host)
+        self.store.ops.add_event("restore", f"kept copy {copy.id} removed", app=inst.app,
+                                 instance=host)
         return copy
 
     async def prune_kept(self, dry_run: bool,
@@ -440,7 +440,7 @@ class Snapshots(Part):
         now = time.time() if now_s is None else now_s
         keep_s = kept.retention_s()
         removed: list[tuple[str, str]] = []
-        for inst in self.store.list_instances():
+        for inst in self.store.instances.list_instances():
             async with self.locks.instance(inst.host):
                 old = kept.aged(await asyncio.to_thread(self._kept, inst.host), now, keep_s)
                 if not dry_run:
@@ -492,10 +492,10 @@ class Snapshots(Part):
         running = inst.state is InstanceState.RUNNING
         if running:
             async def hold() -> Done | Failed:
-                route = self.store.get_route(host)
+                route = self.store.routes.get_route(host)
                 if route is not None and route.state is not RouteState.HOLDING:
-                    self.store.set_route(host, host, RouteState.HOLDING, route.port,
-                                         route.generation_id, expected=route)
+                    self.store.routes.set_route(host, host, RouteState.HOLDING, route.port,
+                                                route.generation_id, expected=route)
                 try:
                     await self.publisher.publish(host)
                 except OperationError as exc:
@@ -508,7 +508,7 @@ class Snapshots(Part):
                 return Result(Outcome.FAILED, held.reason)
         # Every generation, the replicator too (unsynced: the replica is about to be set
         # aside, and nothing may read or write the file while it is swapped).
-        for gen in self.store.live_generations(host):
+        for gen in self.store.generations.live_generations(host):
             stop = targets.stop_effect(self.store, self.supervisor, gen)
             failed = await steps.run(StepKind.STOP, stop, service=gen.service,
                                      before_gen=gen.id)
@@ -552,7 +552,7 @@ class Snapshots(Part):
                             failed.reason)
         if not running:
             return Result(Outcome.DONE)
-        current = self.store.get_instance(host) or inst
+        current = self.store.instances.get_instance(host) or inst
         return await self.recovery.respawn_active(op, current)
 
     # -- drill -----------------------------------------------------------------------

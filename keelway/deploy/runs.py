@@ -100,9 +100,9 @@ class Runs:
                 names.HOST.check(host)
         except names.InvalidName as exc:
             raise UserError(exc.message, hint=exc.hint) from None
-        if self.store.get_app(app) is None:
+        if self.store.apps.get_app(app) is None:
             raise NotFoundError(f"no app named {app}", hint="see `keelway apps`")
-        instances = self.store.list_instances(app)
+        instances = self.store.instances.list_instances(app)
         if host is not None:
             chosen = [i for i in instances if i.host == host]
             if not chosen:
@@ -120,7 +120,7 @@ class Runs:
         return instances[0]
 
     def _refuse(self, inst: Instance) -> Target:
-        if self.store.fenced(inst.host):
+        if self.store.instances.fenced(inst.host):
             raise UserError(f"{inst.host} is fenced: nothing of it may start",
                             hint=f"lift the fence with `keelway unfence {inst.host}`")
         if inst.state is InstanceState.DOWN:
@@ -159,7 +159,7 @@ class Runs:
         lock = self.locks.instance(inst.host)
         async with lock:
             await self.recovery.converge(inst.host, Pass.MUTATION)
-            inst = self.store.get_instance(inst.host) or inst
+            inst = self.store.instances.get_instance(inst.host) or inst
             one = _OneOff(self, inst, self._refuse(inst), tuple(argv), stdio, term)
             await self.recovery.journal.run(
                 inst.app, inst.host, OpKind.RUN,
@@ -182,7 +182,7 @@ class Runs:
             sig = getter.result()
             if sig is None:
                 process.signal_session(gen.pid, gen.start_ticks, signal.SIGHUP)
-                latest = self.store.get_generation(gen.id) or gen
+                latest = self.store.generations.get_generation(gen.id) or gen
                 if not await self.supervisor.stop(latest, HANGUP_GRACE_S):
                     raise OperationError(f"run generation {gen.id} (pid {gen.pid}) did not "
                                          "stop after its terminal went away")
@@ -195,17 +195,18 @@ class Runs:
         live operation here owns (a crash ended the control plane that attended it).
         Each write is idempotent, the operation's last: a crash midway is redone."""
         finalized = []
-        for op in self.store.unfinished_runs():
+        for op in self.store.ops.unfinished_runs():
             if op.id in self.locks.live_ops:
                 continue
             why = "interrupted by a control-plane crash; its process was removed"
             for step in op.steps:
                 if step.state is StepState.PENDING:
-                    self.store.finish_step(op.id, step.seq, StepState.FAILED, error=why)
-            self.store.finish_operation(self.store.get_operation(op.id) or op, OpState.FAILED,
-                                        error=why)
-            self.store.add_event("run", f"op {op.id} run {why}", app=op.app,
-                                 instance=op.instance)
+                    self.store.ops.finish_step(op.id, step.seq, StepState.FAILED, error=why)
+            self.store.ops.finish_operation(self.store.ops.get_operation(op.id) or op,
+                                            OpState.FAILED,
+                                            error=why)
+            self.store.ops.add_event("run", f"op {op.id} run {why}", app=op.app,
+                                     instance=op.instance)
             finalized.append(op.id)
         return finalized
 
@@ -238,9 +239,9 @@ class _OneOff:
                         after=("run.spawn.after",), service=RUN_SERVICE, detail=self.program)
         gen = self.gen
         assert gen is not None
-        store.add_event("run", f"run of {self.program} started in v{self.target.release} "
-                        f"(generation {gen.id}, pid {gen.pid})",
-                        app=self.inst.app, instance=self.inst.host)
+        store.ops.add_event("run", f"run of {self.program} started in v{self.target.release} "
+                            f"(generation {gen.id}, pid {gen.pid})",
+                            app=self.inst.app, instance=self.inst.host)
         await started(RunStarted(gen.pid or 0, self.inst.host, self.target.release))
         lock.release()  # a shell may run for hours: operations on the instance go on
         try:
@@ -253,7 +254,7 @@ class _OneOff:
 
     async def _spawn(self, op: Operation) -> Done:
         runs, inst, target = self.runs, self.inst, self.target
-        gen = runs.store.plan_generation(
+        gen = runs.store.generations.plan_generation(
             app=inst.app, instance=inst.host, service=RUN_SERVICE, release=target.release,
             build_digest=target.build_digest, op_id=op.id, port=None)
         env = process_env(
@@ -278,7 +279,7 @@ class _OneOff:
         hung_up = await self.runs.attend(gen, exited, signals)
         returncode = await exited
         self.code = UNKNOWN_EXIT if returncode is None else exit_code(returncode)
-        latest = self.runs.store.get_generation(gen.id)
+        latest = self.runs.store.generations.get_generation(gen.id)
         if latest is None or latest.state is not GenState.GONE:
             return Failed(f"{self.program} (pid {gen.pid}) left processes that could not "
                           "be stopped")

@@ -168,7 +168,7 @@ class Seeding(Part):
     # -- import ------------------------------------------------------------------------
 
     def _refuse_journaled(self, host: str) -> None:
-        held = self.store.get_import(host)
+        held = self.store.imports.get_import(host)
         if held is not None:
             raise UserError(f"{host} has import {held.seed} journaled ({held.state}); a "
                             "second import waits until it is rolled back",
@@ -320,7 +320,7 @@ class Seeding(Part):
                 return await self._import(op, inst, seed, source, verified, progress)
 
             result = await self.journal.run(inst.app, host, OpKind.SEED_IMPORT, work)
-            journal = self.store.get_import(host)
+            journal = self.store.imports.get_import(host)
             if journal is not None and journal.seed == seed and (
                     journal.known is ImportState.IMPORTING):
                 # It failed before its gate opened: an import always rolls back.
@@ -355,7 +355,7 @@ class Seeding(Part):
         before = files.env_before(self.home.env_file(host))
 
         async def begin() -> Done:
-            self.store.begin_import(host, seed, env_before=before, sha256=stored[0].sha256)
+            self.store.imports.begin_import(host, seed, env_before=before, sha256=stored[0].sha256)
             await self._publish(host)
             return Done(seed)
 
@@ -395,13 +395,13 @@ class Seeding(Part):
         await self._step(steps, "key", StepKind.SEED_KEY, key)
 
         async def open_gate() -> Done:
-            self.store.open_import_gate(host, seed)
+            self.store.imports.open_import_gate(host, seed)
             return Done()
 
         await self._step(steps, "open", StepKind.SEED_OPEN, open_gate)
         await self._unfence(steps, host, journal.fence_gen)
         await progress("open")
-        self.store.add_event("seed", f"seed {seed} imported", app=inst.app, instance=host)
+        self.store.ops.add_event("seed", f"seed {seed} imported", app=inst.app, instance=host)
         return Result(Outcome.DONE)
 
     # -- rollback ----------------------------------------------------------------------
@@ -415,7 +415,7 @@ class Seeding(Part):
             names.HOST.check(host)
         except names.InvalidName as exc:
             raise UserError(exc.message, hint=exc.hint) from None
-        if self.store.get_import(host) is None:
+        if self.store.imports.get_import(host) is None:
             self.instance(host)  # NotFoundError for a host that is nothing at all
         if dry_run:
             return self._plan(host)
@@ -428,7 +428,7 @@ class Seeding(Part):
         return report
 
     def _plan(self, host: str) -> SeedReport:
-        journal = self.store.get_import(host)
+        journal = self.store.imports.get_import(host)
         if journal is None:
             return SeedReport(host, None, SeedOutcome.DRY_RUN, "no import is journaled")
         state = journal.known
@@ -455,7 +455,7 @@ class Seeding(Part):
                           f"would roll back from {journal.state}", plan)
 
     async def _rollback_locked(self, host: str) -> SeedReport:
-        journal = self.store.get_import(host)
+        journal = self.store.imports.get_import(host)
         if journal is None:
             return SeedReport(host, None, SeedOutcome.NOTHING, "no import is journaled")
         if journal.known is None:
@@ -479,8 +479,8 @@ class Seeding(Part):
         why = (f"import {journal.seed} is journaled in an unknown state "
                f"{journal.state!r}; it is left alone")
         log.warning("%s: %s", journal.instance, why)
-        self.store.add_event("seed", why, app=journal.record.partition("/")[0],
-                             instance=journal.instance)
+        self.store.ops.add_event("seed", why, app=journal.record.partition("/")[0],
+                                 instance=journal.instance)
         return SeedReport(journal.instance, journal.seed, SeedOutcome.UNKNOWN_STATE, why)
 
     async def _roll_back(self, op: Operation, journal: ImportJournal) -> SeedReport:
@@ -505,17 +505,17 @@ class Seeding(Part):
         """Steps 1 to 5; None when the journal is CLEANUP_PENDING after them, else the
         report of why the rollback stopped."""
         host, seed = journal.instance, journal.seed
-        row = self.store.row_at(host)
+        row = self.store.imports.row_at(host)
         if row is not None and row.seed != seed:
             # A fence an earlier pass kept for this rollback must not hold the host for
             # whoever owns it now: only our generation is lifted.
             if journal.known is ImportState.ROLLING_BACK and journal.fence_gen:
-                self.store.unfence(host, journal.fence_gen)
+                self.store.instances.unfence(host, journal.fence_gen)
             return self._held(journal, "the route at the host is not the import's, so "
                                        "nothing there is touched")
         if journal.known in (ImportState.IMPORTING, ImportState.SWAPPED):
             async def close() -> Done:
-                self.store.close_import_gate(host, seed)
+                self.store.imports.close_import_gate(host, seed)
                 await self._publish(host)
                 return Done()
 
@@ -524,7 +524,7 @@ class Seeding(Part):
         if (failed := await self._stop_all(steps, host)) is not None:
             # Under the fence still: the next pass finds it its own and resumes.
             return SeedReport(host, seed, SeedOutcome.DEFERRED, failed.reason)
-        row = self.store.row_at(host)
+        row = self.store.imports.row_at(host)
         db = self.home.seed_db_path(host)
         if row is None:
             left = await self._remove_orphaned(steps, journal, db)
@@ -539,7 +539,7 @@ class Seeding(Part):
 
         async def restore() -> Done | Failed:
             try:
-                self.store.restore_import_route(host, seed)
+                self.store.imports.restore_import_route(host, seed)
             except Conflict as exc:
                 return Failed(str(exc))
             await self._publish(host)
@@ -568,7 +568,7 @@ class Seeding(Part):
             log.info("%s: import %s has no route; %s is left: its marker names %r",
                      host, seed, db, named)
             return None
-        if self.store.row_at(host) is not None:
+        if self.store.imports.row_at(host) is not None:
             self._lift(journal)
             return SeedReport(host, seed, SeedOutcome.DEFERRED,
                               "a route appeared at the host; its data is left")
@@ -605,7 +605,7 @@ class Seeding(Part):
 
             await self._step(steps, "delete-copy", StepKind.SEED_DELETE_COPY, delete_copy)
         # Read again right before the replica: the replica is keyed by host, not seed.
-        record = self.store.seed_record(host)
+        record = self.store.imports.seed_record(host)
         ours, why = replica_is_the_imports(journal, record)
         if valid and ours:
             async def delete_replica() -> Done | Failed:
@@ -628,20 +628,20 @@ class Seeding(Part):
             log.info("%s: import %s: the replica is left alone: %s", host, seed, why)
 
         async def forget() -> Done:
-            return Done("deleted" if self.store.delete_import(host, seed) else "gone")
+            return Done("deleted" if self.store.imports.delete_import(host, seed) else "gone")
 
         await self._step(steps, "forget", StepKind.SEED_FORGET, forget)
 
         async def cas() -> Done:
-            moved = self.store.cas_seed_record(journal.record, seed,
-                                               frozenset({SeedState.ABORTED}),
-                                               SeedState.ROLLED_BACK)
+            moved = self.store.imports.cas_seed_record(journal.record, seed,
+                                                       frozenset({SeedState.ABORTED}),
+                                                       SeedState.ROLLED_BACK)
             return Done("rolled back" if moved else "the record names another seed "
                         "or is done")
 
         await self._step(steps, "record", StepKind.SEED_RECORD, cas)
-        self.store.add_event("seed", f"seed {seed} rolled back",
-                             app=journal.record.partition("/")[0], instance=host)
+        self.store.ops.add_event("seed", f"seed {seed} rolled back",
+                                 app=journal.record.partition("/")[0], instance=host)
         return SeedReport(host, seed, SeedOutcome.ROLLED_BACK)
 
     # -- boot ----------------------------------------------------------------------------
@@ -653,7 +653,7 @@ class Seeding(Part):
         state is reported. Copies of seeds no journal names (a crash before the journal
         row) are removed."""
         reports = []
-        for journal in self.store.list_imports():
+        for journal in self.store.imports.list_imports():
             try:
                 reports.append(await self._resume_one(journal))
             except OperationError as exc:
@@ -670,7 +670,7 @@ class Seeding(Part):
                 host = journal.instance
                 async with self.locks.instance(host):
                     if journal.fence_gen is not None:
-                        self.store.unfence(host, journal.fence_gen)
+                        self.store.instances.unfence(host, journal.fence_gen)
                     await self.recovery.restart_active(host)
                 return SeedReport(host, journal.seed, SeedOutcome.IMPORTED)
             case (ImportState.IMPORTING | ImportState.ROLLING_BACK
@@ -682,7 +682,7 @@ class Seeding(Part):
     def _sweep_copies(self) -> None:
         """At boot, under the home lock and before the API serves: only this control
         plane writes seeds' copies, so no temp file here has a live writer."""
-        named = {j.seed for j in self.store.list_imports()}
+        named = {j.seed for j in self.store.imports.list_imports()}
         with contextlib.suppress(FileNotFoundError):
             for entry in self.home.seeds_dir.iterdir():
                 seed = entry.name.removesuffix(".db")
@@ -695,17 +695,17 @@ class Seeding(Part):
 
     def status(self, host: str) -> dict[str, object]:
         """What `seed status` shows; never a value of `env_before`."""
-        inst = self.store.get_instance(host)
-        journal = self.store.get_import(host)
+        inst = self.store.instances.get_instance(host)
+        journal = self.store.imports.get_import(host)
         if inst is None and journal is None:
             self.instance(host)
-        record = self.store.seed_record(host)
+        record = self.store.imports.seed_record(host)
         db = self.home.seed_db_path(host)
         try:
             marker: str | None = files.local_seed_id(db)
         except OSError:
             marker = "unreadable"
-        row = self.store.row_at(host)
+        row = self.store.imports.row_at(host)
         return {
             "host": host,
             "journal": None if journal is None else {
@@ -718,7 +718,7 @@ class Seeding(Part):
                 "seed": record.seed, "state": record.state.value if record.state else None},
             "route": None if row is None else {"state": row.state.value, "seed": row.seed},
             "marker": marker, "database": str(db) if db.exists() else None,
-            "fenced": self.store.fenced(host) if inst is not None else False,
+            "fenced": self.store.instances.fenced(host) if inst is not None else False,
         }
 
     # -- shared steps --------------------------------------------------------------------
@@ -732,7 +732,7 @@ class Seeding(Part):
         fenced: list[ImportJournal] = []
 
         async def fence() -> Done:
-            fenced.append(self.store.fence_import(host, seed))
+            fenced.append(self.store.imports.fence_import(host, seed))
             return Done(f"generation {fenced[0].fence_gen}")
 
         await self._step(steps, "fence", StepKind.SEED_FENCE, fence)
@@ -742,14 +742,14 @@ class Seeding(Part):
         async def unfence() -> Done:
             if generation is None:
                 return Done("no fence")
-            _, lifted = self.store.unfence(host, generation)
+            _, lifted = self.store.instances.unfence(host, generation)
             return Done(f"generation {generation} " + ("lifted" if lifted else "not held"))
 
         await self._step(steps, "unfence", StepKind.SEED_UNFENCE, unfence)
 
     def _lift(self, journal: ImportJournal) -> None:
         if journal.fence_gen is not None:
-            self.store.unfence(journal.instance, journal.fence_gen)
+            self.store.instances.unfence(journal.instance, journal.fence_gen)
 
     def _held(self, journal: ImportJournal, why: str) -> SeedReport:
         log.warning("%s: import %s is not rolled back: %s", journal.instance,
@@ -757,7 +757,7 @@ class Seeding(Part):
         return SeedReport(journal.instance, journal.seed, SeedOutcome.HELD, why)
 
     async def _stop_all(self, steps: Steps, host: str) -> Failed | None:
-        for gen in self.store.live_generations(host):
+        for gen in self.store.generations.live_generations(host):
             stop = targets.stop_effect(self.store, self.supervisor, gen)
             failed = await steps.run(StepKind.STOP, stop, service=gen.service,
                                      before_gen=gen.id)

@@ -57,8 +57,8 @@ class Steps:
 
         `after_gen` names the candidate the step starts: convergence keeps it if ACTIVE
         names it and removes it otherwise, so it is written before the effect."""
-        seq = self.store.begin_step(self.op_id, kind, service=service, before_gen=before_gen,
-                                    after_gen=after_gen, detail=detail)
+        seq = self.store.ops.begin_step(self.op_id, kind, service=service, before_gen=before_gen,
+                                        after_gen=after_gen, detail=detail)
         for point in before:
             failpoints.hit(point)
         end = await effect()
@@ -66,10 +66,10 @@ class Steps:
             failpoints.hit(point)
         match end:
             case Done(detail=said):
-                self.store.finish_step(self.op_id, seq, StepState.SUCCEEDED, detail=said)
+                self.store.ops.finish_step(self.op_id, seq, StepState.SUCCEEDED, detail=said)
                 return None
             case Failed(reason=reason):
-                self.store.finish_step(self.op_id, seq, StepState.FAILED, error=reason)
+                self.store.ops.finish_step(self.op_id, seq, StepState.FAILED, error=reason)
                 return end
             case _:
                 assert_never(end)

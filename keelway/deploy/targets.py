@@ -31,7 +31,7 @@ def instance_named(store: Store, host: str) -> Instance:
         names.HOST.check(host)
     except names.InvalidName as exc:
         raise UserError(exc.message, hint=exc.hint) from None
-    inst = store.get_instance(host)
+    inst = store.instances.get_instance(host)
     if inst is None:
         raise NotFoundError(f"no instance {host}", hint="see `keelway status`")
     return inst
@@ -42,8 +42,8 @@ def link_current(store: Store, home: Home, host: str) -> None:
 
     Derived from ACTIVE, so a crash that leaves it stale is repaired at boot.
     """
-    actives = sorted(store.list_active(host), key=lambda a: a.service != "web")
-    gen = store.get_generation(actives[0].generation_id) if actives else None
+    actives = sorted(store.generations.list_active(host), key=lambda a: a.service != "web")
+    gen = store.generations.get_generation(actives[0].generation_id) if actives else None
     path = build_path(store, gen.app, gen.build_digest) if gen else None
     if path is not None:
         _point(home.current_link(host), path)
@@ -52,9 +52,9 @@ def link_current(store: Store, home: Home, host: str) -> None:
 def link_every_current(store: Store, home: Home) -> None:
     """`link_current` for every instance, from two bulk reads: boot repairs the links
     of 10,000 instances without a query or an fsync for each one already right."""
-    builds = {(b.app, b.digest): Path(b.path) for b in store.list_builds()}
+    builds = {(b.app, b.digest): Path(b.path) for b in store.builds.list_builds()}
     linked: set[str] = set()
-    for gen in store.active_generations():  # web first within each instance
+    for gen in store.generations.active_generations():  # web first within each instance
         if gen.instance in linked:
             continue
         linked.add(gen.instance)
@@ -72,15 +72,15 @@ def _point(link: Path, path: Path) -> None:
 
 
 def build_path(store: Store, app: str, digest: str) -> Path | None:
-    build = next((b for b in store.list_builds(app) if b.digest == digest), None)
+    build = next((b for b in store.builds.list_builds(app) if b.digest == digest), None)
     return Path(build.path) if build is not None and Path(build.path).is_dir() else None
 
 def target_of(store: Store, gen: Generation) -> Target | None:
     path = build_path(store, gen.app, gen.build_digest)
     if path is None:
         return None
-    release = store.get_release(gen.app, gen.release)
-    app = store.get_app(gen.app)
+    release = store.builds.get_release(gen.app, gen.release)
+    app = store.apps.get_app(gen.app)
     config = release.config if release else (app.config if app else {})
     return Target.load(gen.app, gen.release, gen.build_digest, path, dict(config))
 
@@ -105,9 +105,9 @@ def stop_effect(store: Store, supervisor: Supervisor, gen: Generation) -> Effect
 
 
 def running_target(store: Store, host: str) -> Target | None:
-    actives = sorted(store.list_active(host), key=lambda a: a.service != "web")
+    actives = sorted(store.generations.list_active(host), key=lambda a: a.service != "web")
     for active in actives:
-        gen = store.get_generation(active.generation_id)
+        gen = store.generations.get_generation(active.generation_id)
         if gen is not None:
             return target_of(store, gen)
     return None
@@ -115,7 +115,7 @@ def running_target(store: Store, host: str) -> Target | None:
 def release_target(store: Store, app: str, number: int) -> Target | None:
     """Release `number` of `app` as a target, or None if it has no row or its build is
     no longer staged."""
-    release = store.get_release(app, number)
+    release = store.builds.get_release(app, number)
     path = build_path(store, app, release.build_digest) if release is not None else None
     if release is None or path is None:
         return None
@@ -123,7 +123,7 @@ def release_target(store: Store, app: str, number: int) -> Target | None:
 
 
 def current_release(store: Store, app: str) -> Target:
-    releases = store.list_releases(app)
+    releases = store.builds.list_releases(app)
     for release in releases:
         path = build_path(store, app, release.build_digest)
         if path is not None:
@@ -132,8 +132,8 @@ def current_release(store: Store, app: str) -> Target:
     raise UserError(f"{app} has no release yet", hint=f"deploy {app} first")
 
 def last_good(store: Store, app: str, except_digest: str) -> Target | None:
-    good = {b.digest for b in store.list_builds(app) if b.good}
-    for release in store.list_releases(app):
+    good = {b.digest for b in store.builds.list_builds(app) if b.good}
+    for release in store.builds.list_releases(app):
         if release.build_digest in good and release.build_digest != except_digest:
             path = build_path(store, app, release.build_digest)
             if path is not None:

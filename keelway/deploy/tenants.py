@@ -114,23 +114,23 @@ class Tenants(Part):
             names.APP.check(name)
         except names.InvalidName as exc:
             raise _user_error(exc) from None
-        app = self.store.get_app(name)
+        app = self.store.apps.get_app(name)
         if app is None or app.destroying is not None:
             raise NotFoundError(f"no app named {name}", hint="see `keelway apps`")
         return app
 
     def instance_of(self, app: str, host: str) -> Instance:
         self.app(app)
-        inst = self.store.get_instance(host)
+        inst = self.store.instances.get_instance(host)
         if inst is None or inst.app != app:
             raise NotFoundError(f"{app} has no instance {host}",
                                 hint=f"see `keelway instances list {app}`")
         return inst
 
     def instance(self, host: str) -> Instance:
-        inst = self.store.get_instance(host)
+        inst = self.store.instances.get_instance(host)
         if inst is None:
-            claim = self.store.claim(host)
+            claim = self.store.instances.claim(host)
             hint = (f"{host} is an alias of {claim.instance}" if claim is not None
                     else "see `keelway instances list APP`")
             raise NotFoundError(f"no instance {host}", hint=hint)
@@ -149,7 +149,7 @@ class Tenants(Part):
             if host in seen:
                 raise UserError(f"{host} is given twice")
             seen.add(host)
-            claim = self.store.claim(host)
+            claim = self.store.instances.claim(host)
             if claim is not None:
                 raise _taken(HostTaken(host, claim))
 
@@ -179,7 +179,7 @@ class Tenants(Part):
         except names.InvalidName as exc:
             raise _user_error(exc) from None
         try:
-            return self.store.create_app(name)
+            return self.store.apps.create_app(name)
         except Conflict:
             raise UserError(f"an app named {name} exists already",
                             hint=f"see `keelway status {name}`") from None
@@ -188,15 +188,15 @@ class Tenants(Part):
         """Remove every instance of the app (processes proven gone, routes withdrawn,
         records deleted; data kept unless `removal` purges it), then its builds and
         records, so the name can be used again. Returns the hosts removed."""
-        app = self.store.get_app(name)
+        app = self.store.apps.get_app(name)
         if app is None:
             raise NotFoundError(f"no app named {name}", hint="see `keelway apps`")
         async with self.locks.app(name):
-            self.store.mark_destroying(name, removal)  # the intent, before any effect
-            app = self.store.get_app(name) or app
+            self.store.apps.mark_destroying(name, removal)  # the intent, before any effect
+            app = self.store.apps.get_app(name) or app
             removal = Removal(app.destroying or removal)
             removed = []
-            for inst in self.store.list_instances(name):
+            for inst in self.store.instances.list_instances(name):
                 await self._remove(inst, OpKind.DESTROY, removal)
                 removed.append(inst.host)
             await self._forget_app(name)
@@ -213,7 +213,7 @@ class Tenants(Part):
                 return Done(f"{len(gone)} builds removed")
 
             async def forget() -> Done:
-                self.store.forget_app(name)
+                self.store.apps.forget_app(name)
                 return Done(f"app {name}")
 
             await steps.run(StepKind.REMOVE_BUILDS, remove_builds,
@@ -247,8 +247,8 @@ class Tenants(Part):
         layered = self.checked_config(app, {}, dict(config))
         async with self.locks.app(app_name):
             try:
-                instances = self.store.add_instances(app_name, list(hosts), layered,
-                                                     parked=parked)
+                instances = self.store.instances.add_instances(app_name, list(hosts), layered,
+                                                               parked=parked)
             except HostTaken as exc:
                 raise _taken(exc) from None
             except NotFound:
@@ -264,10 +264,10 @@ class Tenants(Part):
         started: list[InstanceResult] = []
         # Only what runs nothing yet and is not parked: after a crash past a start, that
         # start counts; a parked instance starts at its first wake.
-        idle = [host for host in hosts if not self.store.list_active(host)
-                and (inst := self.store.get_instance(host)) is not None
+        idle = [host for host in hosts if not self.store.generations.list_active(host)
+                and (inst := self.store.instances.get_instance(host)) is not None
                 and inst.state is InstanceState.RUNNING]
-        released = bool(self.store.list_releases(app))
+        released = bool(self.store.builds.list_releases(app))
         if idle and released:
             started = await self.deployer.start_new(app, idle, progress)
         if len(idle) < len(hosts):
@@ -277,7 +277,7 @@ class Tenants(Part):
         elif not released:
             await self._publish_pages()
         failpoints.hit("adding.finish.before")
-        self.store.finish_adding(hosts)
+        self.store.instances.finish_adding(hosts)
         return started
 
     async def _publish_pages(self) -> None:
@@ -329,7 +329,7 @@ class Tenants(Part):
         async with self.locks.instance(host):
             await self.recovery.converge(host, Pass.MUTATION)  # failed closed refuses
             # The intent first: a crash from here on is carried on by the next boot.
-            self.store.mark_removing(host, removal)
+            self.store.instances.mark_removing(host, removal)
             result = await self.journal.run(
                 inst.app, host, kind, lambda op: self._removal_steps(op, host, removal))
         if result.outcome is not Outcome.DONE:
@@ -341,15 +341,15 @@ class Tenants(Part):
         steps = Steps(self.store, op.id)
 
         async def withdraw() -> Done:
-            if self.store.withdraw_instance(host, removal):
+            if self.store.instances.withdraw_instance(host, removal):
                 await self.publisher.publish()
             return Done("stopped; routes gated")
 
         await steps.run(StepKind.WITHDRAW, withdraw, before=("remove.withdraw.before",),
                         after=("remove.withdraw.after",))
-        for gen in self.store.live_generations(host):
+        for gen in self.store.generations.live_generations(host):
             async def stop(gen_id: int = gen.id) -> Done | Failed:
-                current = self.store.get_generation(gen_id)
+                current = self.store.generations.get_generation(gen_id)
                 if current is None or await self.supervisor.stop(
                         current, targets.stop_grace_s(self.store, current)):
                     return Done("gone")
@@ -374,7 +374,7 @@ class Tenants(Part):
                 return Result(Outcome.FAILED, failed.reason)
 
         async def forget() -> Done:
-            self.store.forget_instance(host)
+            self.store.instances.forget_instance(host)
             # The router drops the gated rows too: the host is unknown again (404).
             await self.publisher.publish()
             return Done(f"instance {host}")
@@ -423,8 +423,8 @@ class Tenants(Part):
         inst = self.instance_of(app, host)
         config = self.checked_config(self.app(app), inst.config, changes)
         async with self.locks.instance(host):
-            current = self.store.get_instance(host) or inst
-            self.store.set_instance_config(current, config)
+            current = self.store.instances.get_instance(host) or inst
+            self.store.instances.set_instance_config(current, config)
         if targets.running_target(self.store, host) is None:
             return []
         return await self.deployer.restart(app, host, progress)
@@ -436,10 +436,10 @@ class Tenants(Part):
         self.check_hosts(aliases)
         async with self.locks.instance(inst.host):
             try:
-                found = self.store.add_aliases(inst.host, list(aliases))
+                found = self.store.instances.add_aliases(inst.host, list(aliases))
             except HostTaken as exc:
                 raise _taken(exc) from None
-            if self.store.get_route(inst.host) is not None:
+            if self.store.routes.get_route(inst.host) is not None:
                 await self.publisher.publish(inst.host)
             else:
                 await self._publish_pages()
@@ -451,7 +451,7 @@ class Tenants(Part):
             raise UserError("name at least one alias")
         async with self.locks.instance(inst.host):
             try:
-                found = self.store.remove_aliases(inst.host, list(aliases))
+                found = self.store.instances.remove_aliases(inst.host, list(aliases))
             except NotFound as exc:
                 raise NotFoundError(str(exc), hint=f"see `keelway domains list {host}`") \
                     from None
@@ -464,15 +464,15 @@ class Tenants(Part):
         """At boot, after the reconciler's pass and before the API opens: carry on every
         interrupted removal, destroy and add from its durable intent."""
         self._finish_orphans()
-        for app in self.store.destroying_apps():
+        for app in self.store.apps.destroying_apps():
             await self._carry_on(f"destroy {app.name}",
                                  self.destroy_app(app.name, Removal(app.destroying
                                                                     or Removal.KEEP_DATA)))
-        for inst in self.store.removing_instances():
+        for inst in self.store.instances.removing_instances():
             await self._carry_on(f"remove {inst.host}", self.remove_instance(
                 inst.app, inst.host, Removal(inst.removing or Removal.KEEP_DATA)))
         pending: dict[str, list[str]] = {}
-        for inst in self.store.adding_instances():
+        for inst in self.store.instances.adding_instances():
             pending.setdefault(inst.app, []).append(inst.host)
         for name, hosts in sorted(pending.items()):
             await self._carry_on(f"add {len(hosts)} instances of {name}",
@@ -493,19 +493,19 @@ class Tenants(Part):
         """End the operations whose instance is gone (a removal that crashed after its
         records were deleted, or a destroy's own operation): no reconciler pass sees
         them. A removal or destroy whose instance is gone did what it was for."""
-        for op_id in self.store.unfinished_operations():
-            op = self.store.get_operation(op_id)
+        for op_id in self.store.ops.unfinished_operations():
+            op = self.store.ops.get_operation(op_id)
             if op is None or op.terminal or op.id in self.locks.live_ops:
                 continue
             done = op.kind in (OpKind.REMOVE_INSTANCE, OpKind.DESTROY) and (
-                op.instance != APP_SCOPE or self.store.get_app(op.app) is None)
+                op.instance != APP_SCOPE or self.store.apps.get_app(op.app) is None)
             for step in op.steps:
                 if step.state is StepState.PENDING:
-                    self.store.finish_step(
+                    self.store.ops.finish_step(
                         op.id, step.seq, StepState.SUCCEEDED if done else StepState.FAILED,
                         detail="its records are gone" if done else None,
                         error=None if done else "interrupted by a control-plane crash")
-            fresh = self.store.get_operation(op.id) or op
-            self.store.finish_operation(
+            fresh = self.store.ops.get_operation(op.id) or op
+            self.store.ops.finish_operation(
                 fresh, OpState.SUCCEEDED if done else OpState.FAILED,
                 error=None if done else "interrupted by a control-plane crash")

@@ -67,15 +67,16 @@ class Convergence:
 
 def gather(store: Store, host: str, live_ops: set[int],
            replicate: bool = False) -> Records | None:
-    inst = store.get_instance(host)
+    inst = store.instances.get_instance(host)
     if inst is None:
         return None
-    live = store.live_generations(host)
+    live = store.generations.live_generations(host)
     return records_of(InstanceView(
-        instance=inst, latest=store.latest_operation(host),
-        active={a.service: a.generation_id for a in store.list_active(host)}, live=live,
-        inhibitions={g.id: frozenset(store.inhibitions(g.id)) for g in live},
-        route=store.get_route(host), fenced=store.fenced(host)), live_ops, replicate)
+        instance=inst, latest=store.ops.latest_operation(host),
+        active={a.service: a.generation_id for a in store.generations.list_active(host)}, live=live,
+        inhibitions={g.id: frozenset(store.generations.inhibitions(g.id)) for g in live},
+        route=store.routes.get_route(host), fenced=store.instances.fenced(
+            host)), live_ops, replicate)
 
 
 def records_of(view: InstanceView, live_ops: set[int], replicate: bool = False) -> Records:
@@ -134,7 +135,7 @@ class Reconciler:
         costs its share of a handful of queries, one liveness check per generation
         and no lock."""
         hosts, republish = [], False
-        for view in self.store.instance_views():
+        for view in self.store.instances.instance_views():
             try:
                 actions = self._plan_view(view, mode, live_ops)
             except Exception:
@@ -160,7 +161,7 @@ class Reconciler:
             match action.kind:
                 case Kind.KEEP_CANDIDATE:
                     assert action.op_id is not None and action.seq is not None
-                    self.store.converge_step(
+                    self.store.ops.converge_step(
                         action.op_id, action.seq,
                         f"converged: published generation {action.generation} kept",
                         fail_with=action.reason)
@@ -169,17 +170,18 @@ class Reconciler:
                 case Kind.CLEAR_INHIBITION:
                     assert action.generation is not None and action.reason is not None
                     # The plan names the mark by its value (Action.reason is shared text).
-                    self.store.remove_inhibition(action.generation, Inhibition(action.reason))
+                    self.store.generations.remove_inhibition(action.generation,
+                                                             Inhibition(action.reason))
                 case Kind.FINALIZE:
                     assert action.op_id is not None and action.state is not None
-                    op = self.store.get_operation(action.op_id)
+                    op = self.store.ops.get_operation(action.op_id)
                     if op is not None and not op.terminal:
                         failpoints.hit("reconcile.finalize.before")
-                        self.store.finish_operation(op, action.state, error=action.reason)
-                        self.store.add_event("reconcile", f"op {op.id} {op.kind} finalized "
-                                             f"{action.state.value}", app=op.app, instance=host)
+                        self.store.ops.finish_operation(op, action.state, error=action.reason)
+                        self.store.ops.add_event("reconcile", f"op {op.id} {op.kind} finalized "
+                                                 f"{action.state.value}", app=op.app, instance=host)
                 case Kind.MARK_DOWN:
-                    inst = self.store.get_instance(host)
+                    inst = self.store.instances.get_instance(host)
                     if inst is not None and inst.state is not InstanceState.DOWN:
                         self.store.take_out_of_service(host, InstanceState.DOWN, action.reason)
                         outcome.republish = True
@@ -191,9 +193,9 @@ class Reconciler:
                       | Kind.STOP_ACTIVE | Kind.STOP_REPLICA):
                     gen = self._gen(action)
                     if gen is not None and not await self.supervisor.stop(gen, self.grace(gen)):
-                        self.store.add_event("leftover", f"{gen.service} generation {gen.id} "
-                                             f"(pid {gen.pid}) could not be stopped",
-                                             app=gen.app, instance=host)
+                        self.store.ops.add_event("leftover", f"{gen.service} generation {gen.id} "
+                                                 f"(pid {gen.pid}) could not be stopped",
+                                                 app=gen.app, instance=host)
                     elif action.kind is Kind.STOP_REPLICA:
                         synced = True
                 case Kind.ADOPT:
@@ -207,8 +209,9 @@ class Reconciler:
                 case Kind.RESTORE_ROUTE:
                     gen = self._gen(action)
                     if gen is not None:
-                        self.store.set_route(host, host, RouteState.SERVING, gen.port, gen.id,
-                                             expected=self.store.get_route(host))
+                        self.store.routes.set_route(host, host, RouteState.SERVING, gen.port,
+                                                    gen.id,
+                                                    expected=self.store.routes.get_route(host))
                         outcome.republish = True
                 case Kind.REPUBLISH:
                     outcome.republish = True
@@ -224,7 +227,7 @@ class Reconciler:
 
     def _gen(self, action: Action) -> Generation | None:
         assert action.generation is not None
-        return self.store.get_generation(action.generation)
+        return self.store.generations.get_generation(action.generation)
 
     async def _remove_candidate(self, host: str, action: Action) -> None:
         assert action.op_id is not None and action.seq is not None
@@ -240,11 +243,11 @@ class Reconciler:
             assert gen is not None
             leftover = (f"{gen.service} generation {gen.id} (pid {gen.pid}) of op "
                         f"{action.op_id} could not be removed")
-            op = self.store.get_operation(action.op_id)
+            op = self.store.ops.get_operation(action.op_id)
             if op is not None:
-                self.store.add_warnings(op, [f"leftover: {leftover}"])
+                self.store.ops.add_warnings(op, [f"leftover: {leftover}"])
             raise FailedClosed(host, leftover)
-        self.store.converge_step(action.op_id, action.seq,
-                                 f"converged: removed candidate {action.generation}",
-                                 fail_with=action.reason)
+        self.store.ops.converge_step(action.op_id, action.seq,
+                                     f"converged: removed candidate {action.generation}",
+                                     fail_with=action.reason)
 

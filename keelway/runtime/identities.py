@@ -39,15 +39,16 @@ class Identities:
     def of_instance(self, app: str, host: str) -> Identity | None:
         if not self.in_force:
             return None
-        return Identity.numbered(self.store.identity_number(IdSpace.UID, instance_name(host)),
-                                 self.store.identity_number(IdSpace.GID, f"app:{app}"))
+        return Identity.numbered(self.store.instances.identity_number(IdSpace.UID,
+                                                                      instance_name(host)),
+                                 self.store.instances.identity_number(IdSpace.GID, f"app:{app}"))
 
     def builder(self, app: str) -> Identity | None:
         """Who runs the build command of `app`: a uid of the app's own, in its group."""
         if not self.in_force:
             return None
-        return Identity.numbered(self.store.identity_number(IdSpace.UID, f"build:{app}"),
-                                 self.store.identity_number(IdSpace.GID, f"app:{app}"))
+        return Identity.numbered(self.store.instances.identity_number(IdSpace.UID, f"build:{app}"),
+                                 self.store.instances.identity_number(IdSpace.GID, f"app:{app}"))
 
     def for_spawn(self, gen: Generation, build: Path) -> Identity | None:
         """The identity `gen` runs as, with its instance's files made its own and its

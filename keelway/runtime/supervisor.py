@@ -149,7 +149,7 @@ class Supervisor:
         spawned = await process.spawn(argv, cwd=cwd, env=env, log_path=path, stdio=stdio,
                                       join=self.trees.join_paths(gen.id), identity=identity)
         failpoints.hit("spawn.after")
-        running = self.store.record_spawn(gen, spawned.pid, spawned.start_ticks)
+        running = self.store.local.record_spawn(gen, spawned.pid, spawned.start_ticks)
         failpoints.hit("spawn.recorded")
         handle = _Handle(gen.id, spawned.pid, spawned.start_ticks, spawned.proc,
                          stopping=expected_exit)
@@ -204,7 +204,7 @@ class Supervisor:
         handle.exited.set()
         self._handles.pop(handle.gen_id, None)
         if not handle.stopping:
-            gen = self.store.get_generation(handle.gen_id)
+            gen = self.store.generations.get_generation(handle.gen_id)
             if gen is not None:
                 try:
                     await self.on_exit(gen, code)
@@ -266,7 +266,7 @@ class Supervisor:
 
     def _exit_said(self, gen: Generation, handle: _Handle | None) -> str:
         code = handle.exit_code if handle is not None else None
-        if code is None and (latest := self.store.get_generation(gen.id)) is not None:
+        if code is None and (latest := self.store.generations.get_generation(gen.id)) is not None:
             code = latest.exit_code
         return "exited before it was ready" + (f" (exit code {code})" if code is not None
                                                else "")
@@ -293,7 +293,7 @@ class Supervisor:
         if handle is None:
             # Exited and buried before the window began (a one-shot that is quick to
             # finish): its record says how it ended.
-            latest = self.store.get_generation(gen.id)
+            latest = self.store.generations.get_generation(gen.id)
             done = latest is not None and latest.state is GenState.GONE and (
                 latest.exit_code == 0)
             return SettleOutcome.COMPLETED if done else SettleOutcome.CRASHED
@@ -309,7 +309,7 @@ class Supervisor:
         handle = self._handles.get(gen.id)
         if handle is None:
             # Already buried by its watcher (it exited at once), or never ours.
-            latest = self.store.get_generation(gen.id)
+            latest = self.store.generations.get_generation(gen.id)
             return latest.exit_code if latest is not None else None
         handle.stopping = True  # its exit is the expected end, not a crash to restart
         if not await self._exits_within(handle, timeout_s):
@@ -333,8 +333,9 @@ class Supervisor:
             handle.stopping = True
         if leader is not None and gen.state is not GenState.STOPPING:
             # The caller's copy may be older than the record (a watcher wrote since).
-            self.store.set_generation_state(self.store.get_generation(gen.id) or gen,
-                                            GenState.STOPPING)
+            self.store.generations.set_generation_state(self.store.generations.get_generation(
+                gen.id) or gen,
+                                                        GenState.STOPPING)
         # No leader recorded: PLANNED, or spawned with the record lost to a crash; its
         # tree, if any, is found by its cgroup or its environment all the same.
         failpoints.hit("stop.before")
@@ -349,7 +350,7 @@ class Supervisor:
             return False
         if handle is not None:
             await handle.exited.wait()  # its watcher buries it
-            latest = self.store.get_generation(gen.id)
+            latest = self.store.generations.get_generation(gen.id)
             return latest is None or latest.state is GenState.GONE
         return await self.bury(gen.id, None)
 
@@ -361,7 +362,7 @@ class Supervisor:
         removed = await self.trees.remove_reaped(gen_id, self.clock)
         failpoints.hit("cgroup.remove.after")
         if removed:
-            self.store.record_gone(gen_id, exit_code)
+            self.store.local.record_gone(gen_id, exit_code)
         return removed
 
     async def remove_strays(self) -> list[int]:
@@ -385,7 +386,7 @@ class Supervisor:
     def strays(self) -> list[int]:
         """The generations whose tree `remove_strays` removes (`reconcile --dry-run`)."""
         found = self.trees.scan()
-        live = {g.id for g in self.store.live_generations()}
+        live = {g.id for g in self.store.generations.live_generations()}
         return sorted(set(found) - live)
 
     async def shutdown(self) -> None:

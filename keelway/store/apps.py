@@ -6,7 +6,7 @@ import json
 import sqlite3
 
 from keelway.store import identities
-from keelway.store.db import Db
+from keelway.store.db import Db, mark_removal, swap
 from keelway.store.errors import Conflict, NotFound
 from keelway.store.identities import IdSpace
 from keelway.store.lifecycle import Removal
@@ -20,11 +20,10 @@ class SqliteApps:
         self.db = db
 
     def get_app(self, name: str) -> App | None:
-        row = self.db.row("SELECT * FROM apps WHERE name=?", name)
-        return app_of(row) if row else None
+        return self.db.first(app_of, "SELECT * FROM apps WHERE name=?", name)
 
     def list_apps(self) -> list[App]:
-        return [app_of(r) for r in self.db.rows("SELECT * FROM apps ORDER BY name")]
+        return [app_of(r) for r in self.db.select("apps", order="name")]
 
     def ensure_app(self, name: str) -> App:
         with self.db.tx(f"ensure app {name}") as c:
@@ -39,12 +38,8 @@ class SqliteApps:
 
     def set_app_config(self, app: App, config: dict[str, str]) -> App:
         with self.db.tx(f"set the config of app {app.name}") as c:
-            cur = c.execute(
-                "UPDATE apps SET config=?, version=version+1 WHERE name=? AND version=?",
-                (json.dumps(config, sort_keys=True), app.name, app.version),
-            )
-            if cur.rowcount != 1:
-                raise Conflict(f"app {app.name} changed under us")
+            swap(c, "apps", {"name": app.name}, app.version, f"app {app.name} changed under us",
+                 config=json.dumps(config, sort_keys=True))
             new = self.get_app(app.name)
         assert new is not None
         return new
@@ -66,17 +61,12 @@ class SqliteApps:
         """The durable intent of a destroy, written before its first effect: boot
         carries on an interrupted one. A purge asked once stays asked."""
         with self.db.tx(f"mark app {name} destroying") as c:
-            cur = c.execute(
-                "UPDATE apps SET destroying=CASE WHEN destroying=? THEN destroying ELSE ? END,"
-                " version=version+1 WHERE name=?",
-                (Removal.PURGE_DATA.value, removal.value, name))
-            if cur.rowcount != 1:
+            if not mark_removal(c, "apps", "destroying", "name", name, removal):
                 raise NotFound(f"app {name}")
 
     def destroying_apps(self) -> list[App]:
-        rows = self.db.rows(
-            "SELECT * FROM apps WHERE destroying IS NOT NULL ORDER BY name")
-        return [app_of(r) for r in rows]
+        return [app_of(r) for r in self.db.select("apps", where="destroying IS NOT NULL",
+                                                   order="name")]
 
     def forget_app(self, name: str) -> None:
         """Delete the app's records (releases, builds, the app), so its name can be

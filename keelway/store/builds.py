@@ -37,11 +37,7 @@ class SqliteBuilds:
             c.execute("UPDATE builds SET good=1 WHERE app=? AND digest=?", (app, digest))
 
     def list_builds(self, app: str | None = None) -> list[Build]:
-        if app is None:
-            rows = self.db.rows("SELECT * FROM builds ORDER BY app, created_at")
-        else:
-            rows = self.db.rows("SELECT * FROM builds WHERE app=? ORDER BY created_at", app)
-        return [_build(r) for r in rows]
+        return [_build(r) for r in self.db.select("builds", order="app, created_at", app=app)]
 
     def forget_build(self, app: str, digest: str) -> None:
         with self.db.tx(f"forget build {digest[:12]} of {app}") as c:
@@ -102,12 +98,11 @@ class SqliteBuilds:
         return int(row["n"] or 0) + 1 if row else 1
 
     def list_releases(self, app: str) -> list[Release]:
-        rows = self.db.rows("SELECT * FROM releases WHERE app=? ORDER BY number DESC", app)
-        return [_release(r) for r in rows]
+        return [_release(r) for r in self.db.select("releases", order="number DESC", app=app)]
 
     def get_release(self, app: str, number: int) -> Release | None:
-        row = self.db.row("SELECT * FROM releases WHERE app=? AND number=?", app, number)
-        return _release(row) if row else None
+        return self.db.first(_release, "SELECT * FROM releases WHERE app=? AND number=?",
+                             app, number)
 
 
 def _build(r: sqlite3.Row) -> Build:

@@ -21,16 +21,19 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from keelway.clock import Clock, SystemClock
 from keelway.durable import PRIVATE_FILE_MODE, SQLITE_SIDE_FILES, create_private, disk_full
 from keelway.store import schema
 from keelway.store.errors import Conflict, DiskFull, NotFound, StaleOwner, StoreError
+from keelway.store.lifecycle import Removal
 
 _LEASE = "lease_owner"
+
+T = TypeVar("T")
 
 
 def box_owner(path: Path) -> str:
@@ -118,6 +121,22 @@ class Db:
         with self.reading(f"read {self.path}"):
             return list(self._conn.execute(sql, args).fetchall())
 
+    def first(self, convert: Callable[[sqlite3.Row], T], sql: str, *args: Any) -> T | None:
+        """The record of the first row `sql` reads, if any."""
+        row = self.row(sql, *args)
+        return convert(row) if row is not None else None
+
+    def select(self, table: str, *, order: str, where: str | None = None,
+               limit: int | None = None, **equal: object) -> list[sqlite3.Row]:
+        """The rows of `table` whose columns equal each value given in `equal` (None:
+        any), and that meet `where`, in `order`: every list read with an optional
+        filter. Table, columns and `where` are this package's own words, never input."""
+        given = {column: value for column, value in equal.items() if value is not None}
+        tests = [f"{column}=?" for column in given] + ([where] if where else [])
+        sql = (f"SELECT * FROM {table}" + (" WHERE " + " AND ".join(tests) if tests else "")
+               + f" ORDER BY {order}" + (" LIMIT ?" if limit is not None else ""))
+        return self.rows(sql, *given.values(), *(() if limit is None else (limit,)))
+
     # -- the lease -----------------------------------------------------------------
 
     def _holder(self) -> str | None:
@@ -144,6 +163,32 @@ class Db:
                 if self._conn.in_transaction:
                     self._conn.execute("ROLLBACK")
                 raise
+
+
+def swap(c: sqlite3.Connection, table: str, key: dict[str, object], version: int,
+         lost: str, **sets: object) -> None:
+    """The compare-and-swap of a mutable record, inside the caller's transaction: `sets`
+    written to the row of `key`, its version bumped, only while its version is still
+    `version` (the one the caller read); `Conflict(lost)`, nothing written, otherwise."""
+    assigned = "".join(f"{column}=?, " for column in sets)
+    where = "".join(f"{column}=? AND " for column in key)
+    cur = c.execute(f"UPDATE {table} SET {assigned}version=version+1 WHERE {where}version=?",
+                    (*sets.values(), *key.values(), version))
+    if cur.rowcount != 1:
+        raise Conflict(lost)
+
+
+def mark_removal(c: sqlite3.Connection, table: str, column: str, key_column: str,
+                 key: str, removal: Removal, **sets: object) -> bool:
+    """The durable intent of a removal (`column` of the row whose `key_column` is
+    `key`), with the other columns `sets`, inside the caller's transaction. A purge
+    asked once stays asked. False if there is no such row."""
+    assigned = "".join(f" {name}=?," for name in sets)
+    cur = c.execute(
+        f"UPDATE {table} SET {column}=CASE WHEN {column}=? THEN {column} ELSE ? END,"
+        f"{assigned} version=version+1 WHERE {key_column}=?",
+        (Removal.PURGE_DATA.value, removal.value, *sets.values(), key))
+    return cur.rowcount == 1
 
 
 def is_foreign_key(exc: sqlite3.IntegrityError) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sqlite3
 
 from keelway.journal import Inhibition
-from keelway.store.db import Db, is_foreign_key
+from keelway.store.db import Db, is_foreign_key, swap
 from keelway.store.errors import Conflict, NotFound
 from keelway.store.lifecycle import GenState, check
 from keelway.store.records import Active, CrashRetry, Generation
@@ -68,8 +68,7 @@ class SqliteGenerations:
         check(gen.state, state)
 
     def get_generation(self, gen_id: int) -> Generation | None:
-        row = self.db.row("SELECT * FROM generations WHERE id=?", gen_id)
-        return generation_of(row) if row else None
+        return self.db.first(generation_of, "SELECT * FROM generations WHERE id=?", gen_id)
 
     def for_update(self, gen_id: int) -> Generation:
         gen = self.get_generation(gen_id)
@@ -79,20 +78,12 @@ class SqliteGenerations:
 
     def live_generations(self, instance: str | None = None) -> list[Generation]:
         """Every generation not proven gone: the records that may name a live process."""
-        if instance is None:
-            rows = self.db.rows("SELECT * FROM generations WHERE state != 'gone' ORDER BY id")
-        else:
-            rows = self.db.rows(
-                "SELECT * FROM generations WHERE state != 'gone' AND instance=? ORDER BY id",
-                instance,
-            )
-        return [generation_of(r) for r in rows]
+        return [generation_of(r) for r in self.db.select(
+            "generations", where="state != 'gone'", order="id", instance=instance)]
 
     def recent_generations(self, instance: str, limit: int = 20) -> list[Generation]:
-        rows = self.db.rows(
-            "SELECT * FROM generations WHERE instance=? ORDER BY id DESC LIMIT ?", instance, limit
-        )
-        return [generation_of(r) for r in rows]
+        return [generation_of(r) for r in self.db.select("generations", order="id DESC",
+                                                          limit=limit, instance=instance)]
 
     def generation_ids(self, instance: str) -> set[int]:
         """The ids of every generation recorded of `instance`, gone ones too."""
@@ -100,8 +91,8 @@ class SqliteGenerations:
                                              instance)}
 
     def get_active(self, instance: str, service: str) -> Active | None:
-        row = self.db.row("SELECT * FROM active WHERE instance=? AND service=?", instance, service)
-        return _active(row) if row else None
+        return self.db.first(_active, "SELECT * FROM active WHERE instance=? AND service=?",
+                             instance, service)
 
     def active_generations(self) -> list[Generation]:
         """The generation ACTIVE names for every (instance, service), gone ones too."""
@@ -110,11 +101,8 @@ class SqliteGenerations:
         return [generation_of(r) for r in rows]
 
     def list_active(self, instance: str | None = None) -> list[Active]:
-        if instance is None:
-            rows = self.db.rows("SELECT * FROM active ORDER BY instance, service")
-        else:
-            rows = self.db.rows("SELECT * FROM active WHERE instance=? ORDER BY service", instance)
-        return [_active(r) for r in rows]
+        return [_active(r) for r in self.db.select("active", order="instance, service",
+                                                    instance=instance)]
 
     def set_active(self, instance: str, service: str, generation_id: int, *,
                    expected: Active | None) -> Active:
@@ -131,12 +119,9 @@ class SqliteGenerations:
                         raise  # the transaction says which record is missing
                     raise Conflict(f"ACTIVE {service} of {instance} was set under us") from exc
             else:
-                cur = c.execute(
-                    "UPDATE active SET generation_id=?, version=version+1"
-                    " WHERE instance=? AND service=? AND version=?",
-                    (generation_id, instance, service, expected.version))
-                if cur.rowcount != 1:
-                    raise Conflict(f"ACTIVE {service} of {instance} changed under us")
+                swap(c, "active", {"instance": instance, "service": service}, expected.version,
+                     f"ACTIVE {service} of {instance} changed under us",
+                     generation_id=generation_id)
         active = self.get_active(instance, service)
         assert active is not None
         return active
@@ -180,9 +165,8 @@ class SqliteGenerations:
             )
 
     def get_crash_retry(self, instance: str, service: str) -> CrashRetry | None:
-        row = self.db.row("SELECT * FROM backoff WHERE instance=? AND service=?", instance,
-                        service)
-        return _crash_retry(row) if row else None
+        return self.db.first(_crash_retry, "SELECT * FROM backoff WHERE instance=? AND"
+                             " service=?", instance, service)
 
     def pending_retries(self, instance: str | None = None) -> list[CrashRetry]:
         """Backoffs still waiting to restart what ACTIVE names: the crashed generation is

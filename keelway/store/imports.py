@@ -29,7 +29,7 @@ from typing import assert_never
 
 import msgspec
 
-from keelway.store.db import Db
+from keelway.store.db import Db, swap
 from keelway.store.errors import Conflict, NotFound
 from keelway.store.hosts import mirror_aliases
 from keelway.store.lifecycle import InstanceState, RouteState, check
@@ -121,8 +121,8 @@ class SqliteImports:
         self.db = db
 
     def get_import(self, instance: str) -> ImportJournal | None:
-        row = self.db.row("SELECT * FROM seed_imports WHERE instance=?", instance)
-        return _journal(row) if row else None
+        return self.db.first(_journal, "SELECT * FROM seed_imports WHERE instance=?",
+                             instance)
 
     def list_imports(self) -> list[ImportJournal]:
         return [_journal(r) for r in self.db.rows("SELECT * FROM seed_imports ORDER BY instance")]
@@ -315,11 +315,9 @@ class SqliteImports:
         if have is None or to not in _MOVES[have]:
             raise Conflict(f"import {journal.seed} at {journal.instance}: {journal.state}"
                            f" -> {to.value} is not a move of the journal")
-        cur = c.execute("UPDATE seed_imports SET state=?, updated_at=?, version=version+1"
-                        " WHERE instance=? AND version=?",
-                        (to.value, self.db.clock.now(), journal.instance, journal.version))
-        if cur.rowcount != 1:
-            raise Conflict(f"the import journal of {journal.instance} changed under us")
+        swap(c, "seed_imports", {"instance": journal.instance}, journal.version,
+             f"the import journal of {journal.instance} changed under us", state=to.value,
+             updated_at=self.db.clock.now())
 
     def _bump_fence(self, c: sqlite3.Connection, instance: str, seed: str) -> None:
         if self.db.row("SELECT 1 FROM instances WHERE host=?", instance) is None:

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 
 from keelway.journal import Cause
 from keelway.store import identities
-from keelway.store.db import Db
+from keelway.store.db import Db, mark_removal, swap
 from keelway.store.errors import Conflict, NotFound
 from keelway.store.generations import SqliteGenerations
 from keelway.store.hosts import Claim, HostTaken, claim_of, mirror_aliases, refuse_claimed
@@ -44,15 +44,11 @@ class SqliteInstances:
     # -- records -----------------------------------------------------------------------
 
     def get_instance(self, host: str) -> Instance | None:
-        row = self.db.row("SELECT * FROM instances WHERE host=?", host)
-        return instance_of(row) if row else None
+        return self.db.first(instance_of, "SELECT * FROM instances WHERE host=?", host)
 
     def list_instances(self, app: str | None = None) -> list[Instance]:
-        if app is None:
-            rows = self.db.rows("SELECT * FROM instances ORDER BY app, host")
-        else:
-            rows = self.db.rows("SELECT * FROM instances WHERE app=? ORDER BY host", app)
-        return [instance_of(r) for r in rows]
+        return [instance_of(r) for r in self.db.select("instances", order="app, host",
+                                                        app=app)]
 
     def ensure_instance(self, host: str, app: str) -> Instance:
         with self.db.tx(f"ensure instance {host} of {app}", missing=f"no app {app}") as c:
@@ -71,13 +67,9 @@ class SqliteInstances:
                            down_reason: str | None = None) -> Instance:
         check(inst.state, state)  # the caller's copy: a stale one loses the swap anyway
         with self.db.tx(f"set {inst.host} {state.value}") as c:
-            cur = c.execute(
-                "UPDATE instances SET state=?, down_reason=?, version=version+1"
-                " WHERE host=? AND version=?",
-                (state.value, down_reason, inst.host, inst.version),
-            )
-            if cur.rowcount != 1:
-                raise Conflict(f"instance {inst.host} changed under us")
+            swap(c, "instances", {"host": inst.host}, inst.version,
+                 f"instance {inst.host} changed under us", state=state.value,
+                 down_reason=down_reason)
             new = self.get_instance(inst.host)
         assert new is not None
         return new
@@ -158,11 +150,9 @@ class SqliteInstances:
     def set_instance_config(self, inst: Instance, config: Mapping[str, str]) -> Instance:
         """Compare-and-swap on `inst.version`."""
         with self.db.tx(f"set the config of {inst.host}") as c:
-            cur = c.execute(
-                "UPDATE instances SET config=?, version=version+1 WHERE host=? AND version=?",
-                (json.dumps(dict(config), sort_keys=True), inst.host, inst.version))
-            if cur.rowcount != 1:
-                raise Conflict(f"instance {inst.host} changed under us")
+            swap(c, "instances", {"host": inst.host}, inst.version,
+                 f"instance {inst.host} changed under us",
+                 config=json.dumps(dict(config), sort_keys=True))
         new = self._instances([inst.host])
         return new[0]
 
@@ -170,11 +160,7 @@ class SqliteInstances:
         """The durable intent of a removal, written before its operation begins: boot
         carries on an interrupted one. A purge asked once stays asked."""
         with self.db.tx(f"mark {host} removing") as c:
-            cur = c.execute(
-                "UPDATE instances SET removing=CASE WHEN removing=? THEN removing ELSE ? END,"
-                " version=version+1 WHERE host=?",
-                (Removal.PURGE_DATA.value, removal.value, host))
-            if cur.rowcount != 1:
+            if not mark_removal(c, "instances", "removing", "host", host, removal):
                 raise NotFound(f"instance {host}")
 
     def withdraw_instance(self, host: str, removal: Removal) -> bool:
@@ -182,11 +168,8 @@ class SqliteInstances:
         the instance STOPPED (so nothing restarts it), its routes (primary and aliases)
         gated. True if it had a route (the router must be told)."""
         with self.db.tx(f"withdraw {host}") as c:
-            cur = c.execute(
-                "UPDATE instances SET removing=CASE WHEN removing=? THEN removing ELSE ? END,"
-                " state=?, version=version+1 WHERE host=?",
-                (Removal.PURGE_DATA.value, removal.value, InstanceState.STOPPED.value, host))
-            if cur.rowcount != 1:
+            if not mark_removal(c, "instances", "removing", "host", host, removal,
+                                state=InstanceState.STOPPED.value):
                 raise NotFound(f"instance {host}")
             routed = self.db.row("SELECT 1 FROM routes WHERE instance=?", host) is not None
             c.execute("UPDATE routes SET state=?, port=NULL, generation_id=NULL,"
@@ -255,10 +238,8 @@ class SqliteInstances:
         return self.list_aliases(instance)
 
     def list_aliases(self, instance: str | None = None) -> list[Alias]:
-        rows = (self.db.rows("SELECT * FROM aliases ORDER BY host") if instance is None else
-                self.db.rows("SELECT * FROM aliases WHERE instance=? ORDER BY host",
-                             instance))
-        return [Alias(r["host"], r["instance"], r["created_at"]) for r in rows]
+        return [Alias(r["host"], r["instance"], r["created_at"])
+                for r in self.db.select("aliases", order="host", instance=instance)]
 
     # -- identity numbers --------------------------------------------------------------
 
@@ -279,8 +260,7 @@ class SqliteInstances:
     # -- fences ------------------------------------------------------------------------
 
     def get_fence(self, instance: str) -> Fence | None:
-        row = self.db.row("SELECT * FROM fences WHERE instance=?", instance)
-        return _fence(row) if row else None
+        return self.db.first(_fence, "SELECT * FROM fences WHERE instance=?", instance)
 
     def fenced(self, instance: str) -> bool:
         row = self.db.row("SELECT held FROM fences WHERE instance=?", instance)
@@ -352,8 +332,7 @@ class SqliteInstances:
         return [found[h] for h in hosts if h in found]
 
     def _instances_where(self, where: str) -> list[Instance]:
-        rows = self.db.rows(f"SELECT * FROM instances WHERE {where} ORDER BY host")
-        return [instance_of(r) for r in rows]
+        return [instance_of(r) for r in self.db.select("instances", where=where, order="host")]
 
 
 def instance_of(r: sqlite3.Row) -> Instance:

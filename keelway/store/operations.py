@@ -8,7 +8,7 @@ import sqlite3
 from collections.abc import Collection
 
 from keelway.journal import OpKind, StepKind
-from keelway.store.db import Db
+from keelway.store.db import Db, swap
 from keelway.store.errors import Conflict, NotFound
 from keelway.store.lifecycle import OpState, RequestState, StepState, check
 from keelway.store.records import Event, Operation, ReleaseAttempt, Request, Step
@@ -50,19 +50,17 @@ class SqliteOperations:
         return op
 
     def get_operation(self, op_id: int) -> Operation | None:
-        row = self.db.row("SELECT * FROM operations WHERE id=?", op_id)
-        return self._operation(row) if row else None
+        return self.db.first(self._operation, "SELECT * FROM operations WHERE id=?", op_id)
 
     def find_operation_by_key(self, instance: str, key: str) -> Operation | None:
-        row = self.db.row("SELECT * FROM operations WHERE instance=? AND key=?", instance, key)
-        return self._operation(row) if row else None
+        return self.db.first(self._operation,
+                             "SELECT * FROM operations WHERE instance=? AND key=?", instance, key)
 
     def latest_operation(self, instance: str) -> Operation | None:
-        row = self.db.row(
+        return self.db.first(
+            self._operation,
             "SELECT * FROM operations WHERE instance=? AND kind!=? ORDER BY id DESC LIMIT 1",
-            instance, OpKind.RUN.value,
-        )
-        return self._operation(row) if row else None
+            instance, OpKind.RUN.value)
 
     def latest_operation_of(self, instance: str, kinds: Collection[OpKind]) -> Operation | None:
         """The instance's newest operation of one of `kinds` (its steps not read)."""
@@ -108,16 +106,8 @@ class SqliteOperations:
     def list_operations(
         self, app: str, instance: str | None = None, limit: int = 50
     ) -> list[Operation]:
-        if instance is None:
-            rows = self.db.rows(
-                "SELECT * FROM operations WHERE app=? ORDER BY id DESC LIMIT ?", app, limit
-            )
-        else:
-            rows = self.db.rows(
-                "SELECT * FROM operations WHERE app=? AND instance=? ORDER BY id DESC LIMIT ?",
-                app, instance, limit,
-            )
-        return [self._operation(r) for r in rows]
+        return [self._operation(r) for r in self.db.select(
+            "operations", order="id DESC", limit=limit, app=app, instance=instance)]
 
     def finish_operation(
         self, op: Operation, state: OpState, error: str | None = None,
@@ -125,14 +115,10 @@ class SqliteOperations:
     ) -> Operation:
         check(op.state, state)
         with self.db.tx(f"finish operation {op.id}") as c:
-            cur = c.execute(
-                "UPDATE operations SET state=?, error=?, warnings=?, finished_at=?,"
-                " version=version+1 WHERE id=? AND version=?",
-                (state.value, error, json.dumps(warnings if warnings is not None else op.warnings),
-                 self.db.clock.now(), op.id, op.version),
-            )
-            if cur.rowcount != 1:
-                raise Conflict(f"operation {op.id} changed under us")
+            swap(c, "operations", {"id": op.id}, op.version, f"operation {op.id} changed under us",
+                 state=state.value, error=error,
+                 warnings=json.dumps(warnings if warnings is not None else op.warnings),
+                 finished_at=self.db.clock.now())
         new = self.get_operation(op.id)
         assert new is not None
         return new

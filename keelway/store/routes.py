@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from keelway.store.db import Db
+from keelway.store.db import Db, swap
 from keelway.store.errors import Conflict
 from keelway.store.hosts import mirror_aliases
 from keelway.store.lifecycle import RouteState, check
@@ -34,12 +34,9 @@ class SqliteRoutes:
                     raise Conflict(f"the route of {host} was written under us") from exc
             else:
                 check(expected.state, state)
-                cur = c.execute(
-                    "UPDATE routes SET instance=?, state=?, port=?, generation_id=?,"
-                    " version=version+1 WHERE host=? AND version=?",
-                    (instance, state.value, port, generation_id, host, expected.version))
-                if cur.rowcount != 1:
-                    raise Conflict(f"the route of {host} changed under us")
+                swap(c, "routes", {"host": host}, expected.version,
+                     f"the route of {host} changed under us", instance=instance,
+                     state=state.value, port=port, generation_id=generation_id)
             if host == instance:  # an instance's own row: its aliases say the same
                 mirror_aliases(c, instance)
         route = self.get_route(host)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
 from keelway.clock import Clock
 from keelway.journal import Cause, Inhibition
@@ -35,11 +34,6 @@ from keelway.store.local import SqliteLocal
 from keelway.store.operations import SqliteOperations
 from keelway.store.records import CrashRetry, Generation, Instance, Release, ReleaseDraft
 from keelway.store.routes import SqliteRoutes
-
-# flat-api: begin
-from keelway.store.store import flat_attr
-
-# flat-api: end
 
 
 class SqliteStore:
@@ -63,12 +57,6 @@ class SqliteStore:
 
     def close(self) -> None:
         self.db.close()
-
-    # flat-api: begin
-    def __getattr__(self, name: str) -> Any:
-        return flat_attr(self, name)
-
-    # flat-api: end
 
     def install(
         self, instance: str, *, schedule_rev: int, candidates: Mapping[str, Generation],

@@ -26,7 +26,6 @@ write of their own (a nested write joins it).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 import msgspec
 
@@ -36,11 +35,6 @@ from keelway.store import Store
 from keelway.store.errors import NotFound, StaleSchedule
 from keelway.store.lifecycle import GenState, InstanceState, RouteState
 from keelway.store.records import CrashRetry, Generation, Instance, Release, ReleaseDraft
-
-# flat-api: begin
-from keelway.store.store import flat_attr
-
-# flat-api: end
 from keelway.testing.memory_apps import MemoryApps
 from keelway.testing.memory_builds import MemoryBuilds
 from keelway.testing.memory_generations import MemoryGenerations
@@ -82,12 +76,6 @@ class MemoryStore:
 
     def close(self) -> None:
         """Nothing to release: the records stay in `tables` for a reopen."""
-
-    # flat-api: begin
-    def __getattr__(self, name: str) -> Any:
-        return flat_attr(self, name)
-
-    # flat-api: end
 
     # -- what an operation installs or puts back ---------------------------------------
 
@@ -238,8 +226,6 @@ class MemoryStore:
         if app is not None and app.config != release.config:
             self.apps.set_app_config(app, release.config)
         return written
-
-
 
 
 def _is_a_store(clock: Clock | None = None) -> Store:

@@ -116,9 +116,9 @@ def test_a_superseded_attempt_never_marks_its_build_good_nor_writes_a_release(
     assert [r["version"] for r in releases] == ["v2", "v1"]
     store = SqliteStore(kw.home / "keelway.db")
     try:
-        slow_digest = next(b for b in store.list_builds("hello")
+        slow_digest = next(b for b in store.builds.list_builds("hello")
                            if b.digest not in {r.build_digest for r in
-                                               store.list_releases("hello")})
+                                               store.builds.list_releases("hello")})
         assert not slow_digest.good
     finally:
         store.close()
@@ -168,7 +168,8 @@ def test_hold_mode_never_runs_two_generations_at_once(kw: Keelway, tmp_path: Pat
     store = SqliteStore(kw.home / "keelway.db")
     try:
         for service in ("web", "worker"):
-            gens = [g for g in store.recent_generations("one.test", 50) if g.service == service]
+            gens = [g for g in store.generations.recent_generations("one.test",
+                                                                    50) if g.service == service]
             assert len(gens) == 4
             # [journaled before the spawn, proven gone]: wider than each real lifetime, so
             # disjoint intervals prove the processes never overlapped.
@@ -199,7 +200,7 @@ def test_a_candidate_that_cannot_be_removed_fails_the_instance_closed(
     # The candidate: the newest web generation (its number depends on what else runs,
     # the replicator among them).
     store = SqliteStore(kw.home / "keelway.db")
-    candidate = max(g.id for g in store.recent_generations("one.test", limit=100)
+    candidate = max(g.id for g in store.generations.recent_generations("one.test", limit=100)
                     if g.service == "web")
     store.close()
     os.environ["KEELWAY_TESTING_UNKILLABLE"] = str(candidate)
@@ -216,7 +217,7 @@ def test_a_candidate_that_cannot_be_removed_fails_the_instance_closed(
     assert kw.get("one.test")[1].startswith(b"hello from")  # the old one still serves
 
     store = SqliteStore(kw.home / "keelway.db")
-    leftover = store.get_generation(candidate)
+    leftover = store.generations.get_generation(candidate)
     store.close()
     assert leftover is not None and leftover.pid is not None
     os.kill(leftover.pid, signal.SIGKILL)

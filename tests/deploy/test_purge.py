@@ -80,7 +80,7 @@ def test_purge_data_removes_the_instance_s_replicas_and_snapshots_and_nothing_el
     assert not (home.objects_dir / "replicas" / HOST).exists()
     assert _stored(home, OTHER) == other  # byte for byte
     store = deploy.tenants.store
-    steps = [s.kind.value for s in store.steps(store.list_operations("shop", HOST)[0].id)]
+    steps = [s.kind.value for s in store.ops.steps(store.ops.list_operations("shop", HOST)[0].id)]
     assert steps.index("purge-data") < steps.index("purge-replica") < steps.index(
         "purge-snapshots") < steps.index("forget")
 

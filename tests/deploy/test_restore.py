@@ -29,7 +29,7 @@ def parts(tmp_path: Path) -> tuple[DeployParts, SqliteStore, Home]:
     deploy.tenants.create_app("shop")
     asyncio.run(deploy.tenants.add_instances("shop", [HOST, OTHER], {}))
     for host in (HOST, OTHER):  # no router here to publish a held route to
-        inst = store.get_instance(host)
+        inst = store.instances.get_instance(host)
         assert inst is not None
         store.park(inst)
     return deploy, store, home
@@ -55,7 +55,7 @@ def _rows(db: Path) -> list[str]:
 
 def _steps(store: SqliteStore, op_id: int | None) -> list[StepKind]:
     assert op_id is not None
-    return [s.kind for s in store.steps(op_id)]
+    return [s.kind for s in store.ops.steps(op_id)]
 
 
 @pytest.mark.skipif(litestream_binary() is None, reason="no litestream binary")
@@ -104,11 +104,11 @@ def test_a_damaged_snapshot_is_refused_and_nothing_changes(
     data = bytearray(stored.read_bytes())
     data[-100:] = b"\x00" * 100
     stored.write_bytes(bytes(data))
-    ops_before = store.latest_operation(HOST)
+    ops_before = store.ops.latest_operation(HOST)
     with pytest.raises(UserError, match=r"failed verification.*nothing was changed"):
         asyncio.run(deploy.snapshots.restore(HOST, snap.id))
     assert _rows(db) == ["a", "b"] and kept.databases(db) == []
-    assert store.latest_operation(HOST) == ops_before
+    assert store.ops.latest_operation(HOST) == ops_before
     assert [p.name for p in db.parent.iterdir() if p.name.startswith(".tmp")] == []
 
 
@@ -126,7 +126,7 @@ def test_a_drill_checks_the_newest_snapshot_and_a_corrupted_one_fails_with_an_ev
     [failed] = asyncio.run(deploy.replication.drill(HOST))
     assert failed["ok"] is False and failed["snapshot"]["ok"] is False
     assert newest.id in failed["snapshot"]["id"]
-    events = [e for e in store.list_events("shop", limit=50) if e.instance == HOST]
+    events = [e for e in store.ops.list_events("shop", limit=50) if e.instance == HOST]
     assert events[-1].kind == "drill-failed" and events[-1].message.startswith("snapshot:")
 
 

@@ -75,17 +75,17 @@ def test_an_import_then_its_rollback_leaves_the_original_database_and_key_intact
         parts: tuple[DeployParts, SqliteStore, Home], tmp_path: Path) -> None:
     deploy, store, home = parts
     key = read_env_file(home.env_file(HOST))[INSTANCE_KEY]
-    other_before, other_route = _sums(home, OTHER), store.get_route(OTHER)
+    other_before, other_route = _sums(home, OTHER), store.routes.get_route(OTHER)
     report = asyncio.run(deploy.seeding.import_seed(HOST, _seed_file(tmp_path, ["seeded"])))
     assert report.outcome is SeedOutcome.IMPORTED and report.seed
-    journal = store.get_import(HOST)
+    journal = store.imports.get_import(HOST)
     assert journal is not None and journal.known is ImportState.SWAPPED
     env = read_env_file(home.env_file(HOST))
     assert env["KEELWAY_DB"] == str(home.seed_db_path(HOST)) and env[INSTANCE_KEY] != key
     assert _rows(home.seed_db_path(HOST)) == ["seeded"]
     assert files.local_seed_id(home.seed_db_path(HOST)) == report.seed
-    assert not store.fenced(HOST)
-    record = store.seed_record(HOST)
+    assert not store.instances.fenced(HOST)
+    record = store.imports.seed_record(HOST)
     assert record is not None and record.state is SeedState.IMPORTED
 
     undone = asyncio.run(deploy.seeding.rollback(HOST))
@@ -96,10 +96,10 @@ def test_an_import_then_its_rollback_leaves_the_original_database_and_key_intact
     assert not home.seed_db_path(HOST).exists()
     assert not files.marker_of(home.seed_db_path(HOST)).exists()
     assert not home.seed_copy(report.seed).exists()
-    assert store.get_import(HOST) is None and not store.fenced(HOST)
-    record = store.seed_record(HOST)
+    assert store.imports.get_import(HOST) is None and not store.instances.fenced(HOST)
+    record = store.imports.seed_record(HOST)
     assert record is not None and record.state is SeedState.ROLLED_BACK
-    assert _sums(home, OTHER) == other_before and store.get_route(OTHER) == other_route
+    assert _sums(home, OTHER) == other_before and store.routes.get_route(OTHER) == other_route
 
 
 def _replicas(deploy: DeployParts) -> Replicas:
@@ -168,7 +168,8 @@ def test_a_rollback_whose_replica_is_not_the_import_s_leaves_it(
     kept = _tree(imported)
     assert kept
     # The record names another seed now: the replica is someone else's (step 6).
-    store._conn.execute("UPDATE instances SET seed='seed-00000000000000ff' WHERE host=?", (HOST,))
+    store.db._conn.execute("UPDATE instances SET seed='seed-00000000000000ff' WHERE host=?",
+                           (HOST,))
     assert asyncio.run(deploy.seeding.rollback(HOST)).outcome is SeedOutcome.ROLLED_BACK
     assert _tree(imported) == kept
 
@@ -225,7 +226,7 @@ def test_a_damaged_snapshot_is_refused_at_import_with_nothing_changed(
     with pytest.raises(UserError, match=r"seed refused: snapshot .* failed verification"):
         asyncio.run(deploy.seeding.import_seed(HOST, SnapshotSource(None, snap)))
     assert dump(store) == before and _sums(home, HOST) == sums
-    assert store.list_imports() == [] and not any(home.seeds_dir.iterdir())
+    assert store.imports.list_imports() == [] and not any(home.seeds_dir.iterdir())
     assert not home.seed_db_path(HOST).exists()
     with pytest.raises(UserError, match="no snapshot"):
         asyncio.run(deploy.seeding.import_seed(HOST, SnapshotSource(
@@ -243,8 +244,8 @@ def test_a_damaged_seed_is_refused_at_import_with_nothing_changed(
     with pytest.raises(UserError, match="seed refused"):
         asyncio.run(deploy.seeding.import_seed(HOST, bad))
     assert dump(store) == before and _sums(home, HOST) == sums
-    assert store.list_imports() == [] and not home.seeds_dir.exists()
-    assert store.list_operations("shop", HOST)[0].kind.value != "seed-import"
+    assert store.imports.list_imports() == [] and not home.seeds_dir.exists()
+    assert store.ops.list_operations("shop", HOST)[0].kind.value != "seed-import"
 
 
 def test_a_wake_during_an_import_is_refused_by_the_fence(
@@ -254,7 +255,7 @@ def test_a_wake_during_an_import_is_refused_by_the_fence(
 
     async def progress(step: str) -> None:
         if step == "fenced":
-            assert store.fenced(HOST)
+            assert store.instances.fenced(HOST)
             try:
                 deploy.parking.wake_soon(HOST)
             except Fenced as exc:
@@ -263,7 +264,7 @@ def test_a_wake_during_an_import_is_refused_by_the_fence(
     asyncio.run(deploy.seeding.import_seed(HOST, _seed_file(tmp_path, ["s"]),
                                            progress=progress))
     assert len(refused) == 1 and "fenced" in refused[0]
-    assert not store.fenced(HOST)  # the import lifted its own generation
+    assert not store.instances.fenced(HOST)  # the import lifted its own generation
 
 
 def test_another_row_at_the_host_holds_touches_nothing_and_lifts_only_our_fence(
@@ -271,22 +272,22 @@ def test_another_row_at_the_host_holds_touches_nothing_and_lifts_only_our_fence(
     deploy, store, home = parts
     report = asyncio.run(deploy.seeding.import_seed(HOST, _seed_file(tmp_path, ["s"])))
     assert report.seed
-    journal = store.close_import_gate(HOST, report.seed)  # a rollback cut short
-    assert store.fenced(HOST)
+    journal = store.imports.close_import_gate(HOST, report.seed)  # a rollback cut short
+    assert store.instances.fenced(HOST)
     # A later row at the host (a stale journal restored, say): it is someone else's.
-    store._conn.execute("UPDATE routes SET seed=NULL WHERE host=?", (HOST,))
+    store.db._conn.execute("UPDATE routes SET seed=NULL WHERE host=?", (HOST,))
     env, db = home.env_file(HOST).read_text(), home.seed_db_path(HOST).read_bytes()
     held = asyncio.run(deploy.seeding.rollback(HOST))
     assert held.outcome is SeedOutcome.HELD
     assert home.env_file(HOST).read_text() == env
     assert home.seed_db_path(HOST).read_bytes() == db
-    fence = store.get_fence(HOST)
+    fence = store.instances.get_fence(HOST)
     assert fence is not None and not fence.held and fence.generation == journal.fence_gen
     # A fence someone else holds now is never lifted by the rollback's generation.
-    store.fence(HOST, "operator")
+    store.instances.fence(HOST, "operator")
     assert asyncio.run(deploy.seeding.rollback(HOST)).outcome is SeedOutcome.HELD
-    assert store.fenced(HOST)
-    assert store.get_import(HOST) is not None
+    assert store.instances.fenced(HOST)
+    assert store.imports.get_import(HOST) is not None
 
 
 def test_no_row_and_a_marker_naming_another_seed_leaves_the_file(
@@ -294,12 +295,12 @@ def test_no_row_and_a_marker_naming_another_seed_leaves_the_file(
     deploy, store, home = parts
     report = asyncio.run(deploy.seeding.import_seed(HOST, _seed_file(tmp_path, ["s"])))
     db = home.seed_db_path(HOST)
-    store._conn.execute("DELETE FROM routes WHERE host=?", (HOST,))
+    store.db._conn.execute("DELETE FROM routes WHERE host=?", (HOST,))
     files.marker_of(db).write_text("seed-00000000000000ff\n")
     done = asyncio.run(deploy.seeding.rollback(HOST))
     assert done.outcome is SeedOutcome.ROLLED_BACK
     assert _rows(db) == ["s"] and files.local_seed_id(db) == "seed-00000000000000ff"
-    assert store.get_import(HOST) is None and store.get_route(HOST) is None
+    assert store.imports.get_import(HOST) is None and store.routes.get_route(HOST) is None
     assert report.seed and not home.seed_copy(report.seed).exists()
 
 
@@ -308,18 +309,18 @@ def test_no_row_and_a_marker_naming_this_seed_removes_the_import_s_data(
     deploy, store, home = parts
     key = read_env_file(home.env_file(HOST))[INSTANCE_KEY]
     asyncio.run(deploy.seeding.import_seed(HOST, _seed_file(tmp_path, ["s"])))
-    store._conn.execute("DELETE FROM routes WHERE host=?", (HOST,))
+    store.db._conn.execute("DELETE FROM routes WHERE host=?", (HOST,))
     assert asyncio.run(deploy.seeding.rollback(HOST)).outcome is SeedOutcome.ROLLED_BACK
     assert not home.seed_db_path(HOST).exists()
     assert read_env_file(home.env_file(HOST))[INSTANCE_KEY] == key
-    assert store.get_route(HOST) is None  # nothing is put back where nothing was
+    assert store.routes.get_route(HOST) is None  # nothing is put back where nothing was
 
 
 def test_an_unknown_journal_state_is_left_alone_and_reported(
         parts: tuple[DeployParts, SqliteStore, Home], tmp_path: Path) -> None:
     deploy, store, home = parts
     asyncio.run(deploy.seeding.import_seed(HOST, _seed_file(tmp_path, ["s"])))
-    store._conn.execute("UPDATE seed_imports SET state='frobbed' WHERE instance=?", (HOST,))
+    store.db._conn.execute("UPDATE seed_imports SET state='frobbed' WHERE instance=?", (HOST,))
     before = dump(store)
     report = asyncio.run(deploy.seeding.rollback(HOST))
     assert report.outcome is SeedOutcome.UNKNOWN_STATE and "frobbed" in (report.reason or "")
@@ -358,8 +359,8 @@ def test_boot_rolls_back_an_import_interrupted_before_its_gate_opened(
     seed = files.mint_seed_id()
     copy = files.store_copy(_seed_file(tmp_path, ["s"]), home.seed_copy(seed))
     before = files.env_before(home.env_file(HOST))
-    store.begin_import(HOST, seed, env_before=before, sha256=copy.sha256)
-    store.fence_import(HOST, seed)
+    store.imports.begin_import(HOST, seed, env_before=before, sha256=copy.sha256)
+    store.imports.fence_import(HOST, seed)
     files.lay_down(home.seed_copy(seed), home.seed_db_path(HOST), seed, copy.sha256)
     files.write_import_env(home.env_file(HOST), home.seed_db_path(HOST), before)
     orphan = home.seed_copy(files.mint_seed_id())  # a crash before its journal row
@@ -369,18 +370,18 @@ def test_boot_rolls_back_an_import_interrupted_before_its_gate_opened(
     assert read_env_file(home.env_file(HOST))[INSTANCE_KEY] == key
     assert not home.seed_db_path(HOST).exists() and not orphan.exists()
     assert _rows(home.db_path(HOST)) == ["original"]
-    assert store.get_import(HOST) is None and not store.fenced(HOST)
+    assert store.imports.get_import(HOST) is None and not store.instances.fenced(HOST)
 
 
 # How far a rollback got before it was cut short: each prefix of its steps, done by
 # hand, then the rollback run again from the journal must end where a whole one does.
 def _close(store: SqliteStore, home: Home, seed: str) -> None:
-    store.close_import_gate(HOST, seed)
+    store.imports.close_import_gate(HOST, seed)
 
 
 def _retired(store: SqliteStore, home: Home, seed: str) -> None:
     _close(store, home, seed)
-    journal = store.get_import(HOST)
+    journal = store.imports.get_import(HOST)
     assert journal is not None
     files.retire_import_env(home.env_file(HOST), journal.env_before)
 
@@ -392,14 +393,14 @@ def _removed(store: SqliteStore, home: Home, seed: str) -> None:
 
 def _restored(store: SqliteStore, home: Home, seed: str) -> None:
     _removed(store, home, seed)
-    store.restore_import_route(HOST, seed)
+    store.imports.restore_import_route(HOST, seed)
 
 
 def _unfenced(store: SqliteStore, home: Home, seed: str) -> None:
     _restored(store, home, seed)
-    journal = store.get_import(HOST)
+    journal = store.imports.get_import(HOST)
     assert journal is not None and journal.fence_gen is not None
-    store.unfence(HOST, journal.fence_gen)
+    store.instances.unfence(HOST, journal.fence_gen)
 
 
 def _copy_deleted(store: SqliteStore, home: Home, seed: str) -> None:
@@ -418,13 +419,13 @@ def test_a_rollback_cut_short_after_any_step_resumes_from_its_journal_to_the_end
     assert report.seed is not None and callable(cut_short)
     cut_short(store, home, report.seed)
     assert asyncio.run(deploy.seeding.rollback(HOST)).outcome is SeedOutcome.ROLLED_BACK
-    assert store.get_import(HOST) is None and not store.fenced(HOST)
+    assert store.imports.get_import(HOST) is None and not store.instances.fenced(HOST)
     assert read_env_file(home.env_file(HOST))[INSTANCE_KEY] == key
     assert not home.seed_db_path(HOST).exists() and not home.seed_copy(report.seed).exists()
     assert _rows(home.db_path(HOST)) == ["original"]
-    row = store.row_at(HOST)
+    row = store.imports.row_at(HOST)
     assert row is None or row.seed is None
-    record = store.seed_record(HOST)
+    record = store.imports.seed_record(HOST)
     assert record is not None and record.state is SeedState.ROLLED_BACK
 
 
@@ -441,7 +442,7 @@ def test_during_an_import_a_snapshot_is_of_the_seed_and_a_restore_is_refused(
     assert _rows(out) == ["seeded"]  # what the app was using, not the file it left
     with pytest.raises(UserError, match="seed import in effect"):
         asyncio.run(deploy.snapshots.restore(HOST, taken.id))
-    assert _sums(home, HOST) == own and store.get_import(HOST) is not None
+    assert _sums(home, HOST) == own and store.imports.get_import(HOST) is not None
 
 
 # -- seeds the app cannot use, and seeds that would not fit ---------------------------
@@ -456,7 +457,7 @@ def _refused(deploy: DeployParts, store: SqliteStore, home: Home, seed: Path,
         with pytest.raises(UserError, match=match):
             asyncio.run(deploy.seeding.import_seed(HOST, seed, dry_run=dry_run, **options))
     assert dump(store) == before and _sums(home, HOST) == sums
-    assert store.list_imports() == [] and not home.seed_db_path(HOST).parent.exists()
+    assert store.imports.list_imports() == [] and not home.seed_db_path(HOST).parent.exists()
     assert not home.seeds_dir.exists() or list(home.seeds_dir.iterdir()) == []
 
 

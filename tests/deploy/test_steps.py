@@ -37,7 +37,7 @@ def sync(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
 
 
 def _steps(store: SqliteStore) -> Steps:
-    return Steps(store, store.begin_operation("blog", "a.test", OpKind.STOP, owner="t").id)
+    return Steps(store, store.ops.begin_operation("blog", "a.test", OpKind.STOP, owner="t").id)
 
 
 @sync
@@ -47,11 +47,11 @@ async def test_a_done_effect_is_written_pending_first_then_succeeded(
     seen: list[StepState] = []
 
     async def effect() -> Done:
-        seen.extend(s.state for s in store.steps(steps.op_id))
+        seen.extend(s.state for s in store.ops.steps(steps.op_id))
         return Done("pid 7")
 
     assert await steps.run(StepKind.SPAWN, effect, service="web", after_gen=3) is None
-    [step] = store.steps(steps.op_id)
+    [step] = store.ops.steps(steps.op_id)
     assert seen == [StepState.PENDING]
     assert (step.kind, step.service, step.after_gen, step.state, step.detail) == (
         StepKind.SPAWN, "web", 3, StepState.SUCCEEDED, "pid 7")
@@ -66,7 +66,7 @@ async def test_a_failed_effect_is_a_value_and_its_step_says_why(store: SqliteSto
 
     failed = await steps.run(StepKind.READY, effect, service="web")
     assert failed == Failed("exited before it was ready")
-    [step] = store.steps(steps.op_id)
+    [step] = store.ops.steps(steps.op_id)
     assert (step.state, step.error) == (StepState.FAILED, "exited before it was ready")
 
 
@@ -80,7 +80,7 @@ async def test_an_effect_that_raises_leaves_its_step_pending_for_convergence(
 
     with pytest.raises(RuntimeError):
         await steps.run(StepKind.STOP, effect, service="web", before_gen=2)
-    [step] = store.steps(steps.op_id)
+    [step] = store.ops.steps(steps.op_id)
     assert (step.state, step.before_gen) == (StepState.PENDING, 2)
 
 
@@ -101,7 +101,7 @@ async def test_failpoints_bracket_the_effect_inside_its_journal_writes(
     assert order == ["effect: test.step.before"]
     assert [line.split("\t")[0] for line in trace.read_text().splitlines()] == [
         "test.step.before", "test.step.after"]
-    [step] = store.steps(steps.op_id)
+    [step] = store.ops.steps(steps.op_id)
     assert step.state is StepState.SUCCEEDED
 
 
@@ -114,5 +114,5 @@ async def test_steps_of_one_operation_are_numbered_in_order(store: SqliteStore) 
 
     for kind in (StepKind.OUT_OF_SERVICE, StepKind.STOP, StepKind.STOP):
         await steps.run(kind, effect)
-    assert [(s.seq, s.kind) for s in store.steps(steps.op_id)] == [
+    assert [(s.seq, s.kind) for s in store.ops.steps(steps.op_id)] == [
         (1, StepKind.OUT_OF_SERVICE), (2, StepKind.STOP), (3, StepKind.STOP)]

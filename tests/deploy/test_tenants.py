@@ -35,8 +35,8 @@ def test_added_instances_are_laid_down_whole_in_one_journaled_step(
     for host in ("a.test", "b.test"):
         assert is_empty_wal(home.db_path(host))
         assert read_env_file(home.env_file(host))[INSTANCE_KEY]
-    assert store.adding_instances() == []
-    (op,) = store.list_operations("shop")
+    assert store.instances.adding_instances() == []
+    (op,) = store.ops.list_operations("shop")
     assert (op.kind, op.instance, op.state) == (OpKind.ADD_INSTANCES, "a.test",
                                                 OpState.SUCCEEDED)
     assert [(s.kind, s.state) for s in op.steps] == [(StepKind.LAY_DOWN, StepState.SUCCEEDED)]
@@ -61,29 +61,29 @@ def test_bad_input_is_refused_before_any_record_or_file(
 def test_boot_lays_down_instances_a_crash_left_recorded_but_not_laid_down(
         parts: tuple[Tenants, SqliteStore, Home]) -> None:
     tenants, store, home = parts
-    store.create_app("shop")
-    store.add_instances("shop", ["a.test"], {})  # the intent, then the crash
+    store.apps.create_app("shop")
+    store.instances.add_instances("shop", ["a.test"], {})  # the intent, then the crash
     home.data_dir("a.test").mkdir(parents=True)  # half laid down: a dir, no database
     asyncio.run(tenants.resume())
     assert is_empty_wal(home.db_path("a.test"))
     assert read_env_file(home.env_file("a.test"))[INSTANCE_KEY]
-    assert store.adding_instances() == []
+    assert store.instances.adding_instances() == []
 
 
 def test_boot_ends_a_removal_whose_records_were_deleted_before_it_was_finished(
         parts: tuple[Tenants, SqliteStore, Home]) -> None:
     tenants, store, _home = parts
-    store.create_app("shop")
-    store.add_instances("shop", ["a.test"], {})
-    store.finish_adding(["a.test"])
-    op = store.begin_operation("shop", "a.test", OpKind.REMOVE_INSTANCE, owner="gone")
-    seq = store.begin_step(op.id, StepKind.FORGET)
-    store.forget_instance("a.test")  # the crash came after this write, before the next
+    store.apps.create_app("shop")
+    store.instances.add_instances("shop", ["a.test"], {})
+    store.instances.finish_adding(["a.test"])
+    op = store.ops.begin_operation("shop", "a.test", OpKind.REMOVE_INSTANCE, owner="gone")
+    seq = store.ops.begin_step(op.id, StepKind.FORGET)
+    store.instances.forget_instance("a.test")  # the crash came after this write, before the next
     asyncio.run(tenants.resume())
-    done = store.get_operation(op.id)
+    done = store.ops.get_operation(op.id)
     assert done is not None and done.state is OpState.SUCCEEDED
     assert [s.state for s in done.steps if s.seq == seq] == [StepState.SUCCEEDED]
-    assert store.unfinished_operations() == []
+    assert store.ops.unfinished_operations() == []
 
 
 def test_a_destroy_needs_the_app_and_forgets_it_with_its_builds(
@@ -92,9 +92,9 @@ def test_a_destroy_needs_the_app_and_forgets_it_with_its_builds(
     tenants.create_app("shop")
     build = home.builds_dir / "shop" / ("d" * 64)
     build.mkdir(parents=True)
-    store.record_build("shop", "d" * 64, str(build))
+    store.builds.record_build("shop", "d" * 64, str(build))
     assert asyncio.run(tenants.destroy_app("shop", Removal.KEEP_DATA)) == []
-    assert store.get_app("shop") is None and not build.exists()
+    assert store.apps.get_app("shop") is None and not build.exists()
     with pytest.raises(NotFoundError):
         asyncio.run(tenants.destroy_app("shop", Removal.KEEP_DATA))
     tenants.create_app("shop")  # the name is free again

@@ -89,8 +89,8 @@ def test_a_route_the_router_refuses_fails_only_its_own_instance_and_says_why(
     # "two.test\n" through): it belongs to other's instance.
     store = SqliteStore(kw.home / "keelway.db")
     try:
-        store.set_route("two.test\n", "two.test", RouteState.GATED, None, None,
-                        expected=None)
+        store.routes.set_route("two.test\n", "two.test", RouteState.GATED, None, None,
+                               expected=None)
     finally:
         store.close()
     kw.up()

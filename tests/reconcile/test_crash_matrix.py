@@ -244,7 +244,7 @@ def _remember_before(h: Home) -> None:
         assert all(_replica_is(h, host, want, 15) for host, want in replicas.items())
     store = SqliteStore(h.root / "keelway.db")
     try:
-        route = store.get_route("two.test")
+        route = store.routes.get_route("two.test")
     finally:
         store.close()
     before = {
@@ -302,7 +302,7 @@ def _seed_settled(h: Home) -> list[str]:
         problems.append(f"the import is left {journal['state']}")
     store = SqliteStore(h.root / "keelway.db")
     try:
-        route = store.get_route("two.test")
+        route = store.routes.get_route("two.test")
     finally:
         store.close()
     if ((h.root / "env" / "two.test.env").read_text() != before["other_env"]
@@ -323,7 +323,7 @@ def _db_in_effect(h: Home) -> Path:
     (keelway/data/replicas.py in_effect), its own otherwise."""
     store = SqliteStore(h.root / "keelway.db")
     try:
-        journal = store.get_import("one.test")
+        journal = store.imports.get_import("one.test")
     finally:
         store.close()
     if journal is not None and journal.state == "swapped":
@@ -482,7 +482,7 @@ def _other(h: Home) -> dict[str, object]:
     file, route, snapshots and database (whose replica must restore to it)."""
     store = SqliteStore(h.root / "keelway.db")
     try:
-        route = store.get_route("two.test")
+        route = store.routes.get_route("two.test")
     finally:
         store.close()
     return {"env": (h.root / "env" / "two.test.env").read_text(),
@@ -586,9 +586,10 @@ def _hold_overlaps(root: Path, label: str) -> list[str]:
     store = SqliteStore(root / "keelway.db")
     try:
         found = []
-        for inst in store.list_instances():
-            builds = {b.digest: Path(b.path) for b in store.list_builds(inst.app)}
-            gens = sorted(store.recent_generations(inst.host, limit=1000), key=lambda g: g.id)
+        for inst in store.instances.list_instances():
+            builds = {b.digest: Path(b.path) for b in store.builds.list_builds(inst.app)}
+            gens = sorted(store.generations.recent_generations(inst.host, limit=1000),
+                          key=lambda g: g.id)
             for service in {g.service for g in gens}:
                 # Unspawned ones too: a crash between spawn and record leaves no pid.
                 mine = [g for g in gens if g.service == service]

@@ -15,23 +15,23 @@ HOST = "one.test"
 
 def _run_generation(store: Store) -> tuple[int, int]:
     """A deploy that succeeded, then a run of one generation in flight: (op id, gen id)."""
-    store.ensure_app("hello")
-    store.ensure_instance(HOST, "hello")
-    deploy = store.begin_operation("hello", HOST, OpKind.DEPLOY, "me")
-    store.finish_operation(deploy, OpState.SUCCEEDED)
-    run = store.begin_operation("hello", HOST, OpKind.RUN, "me")
-    gen = store.plan_generation(app="hello", instance=HOST, service="run", release=1,
-                                build_digest="d" * 64, op_id=run.id, port=None)
-    store.record_spawn(gen, 4242, 7)
-    store.begin_step(run.id, StepKind.RUN_EXIT, service="run")
+    store.apps.ensure_app("hello")
+    store.instances.ensure_instance(HOST, "hello")
+    deploy = store.ops.begin_operation("hello", HOST, OpKind.DEPLOY, "me")
+    store.ops.finish_operation(deploy, OpState.SUCCEEDED)
+    run = store.ops.begin_operation("hello", HOST, OpKind.RUN, "me")
+    gen = store.generations.plan_generation(app="hello", instance=HOST, service="run", release=1,
+                                            build_digest="d" * 64, op_id=run.id, port=None)
+    store.local.record_spawn(gen, 4242, 7)
+    store.ops.begin_step(run.id, StepKind.RUN_EXIT, service="run")
     return run.id, gen.id
 
 
 def test_a_run_is_never_the_operation_convergence_reads(store: Store) -> None:
     run_id, _ = _run_generation(store)
-    latest = store.latest_operation(HOST)
+    latest = store.ops.latest_operation(HOST)
     assert latest is not None and latest.kind is OpKind.DEPLOY
-    assert [op.id for op in store.unfinished_runs()] == [run_id]
+    assert [op.id for op in store.ops.unfinished_runs()] == [run_id]
 
 
 def test_a_live_runs_generation_is_left_to_it_by_every_pass(store: Store) -> None:
@@ -54,16 +54,16 @@ def test_after_a_crash_a_run_generation_still_alive_is_a_stray_to_remove(
 
 
 def test_a_fence_is_held_only_while_its_row_says_so(store: Store) -> None:
-    store.ensure_app("hello")
-    store.ensure_instance(HOST, "hello")
-    assert not store.fenced(HOST)
-    assert not store.fenced("nowhere.test")
+    store.apps.ensure_app("hello")
+    store.instances.ensure_instance(HOST, "hello")
+    assert not store.instances.fenced(HOST)
+    assert not store.instances.fenced("nowhere.test")
 
 
 def test_a_finished_run_is_no_longer_unfinished(store: Store) -> None:
     run_id, _ = _run_generation(store)
-    op = store.get_operation(run_id)
+    op = store.ops.get_operation(run_id)
     assert op is not None
-    store.finish_step(run_id, 1, StepState.FAILED, error="interrupted")
-    store.finish_operation(op, OpState.FAILED, error="interrupted")
-    assert store.unfinished_runs() == []
+    store.ops.finish_step(run_id, 1, StepState.FAILED, error="interrupted")
+    store.ops.finish_operation(op, OpState.FAILED, error="interrupted")
+    assert store.ops.unfinished_runs() == []

@@ -47,7 +47,7 @@ def _trees(kw: Keelway) -> dict[int, list[int]]:
 def _live_generations(kw: Keelway) -> set[int]:
     store = SqliteStore(kw.home / "keelway.db")
     try:
-        return {g.id for g in store.live_generations()}
+        return {g.id for g in store.generations.live_generations()}
     finally:
         store.close()
 

@@ -59,8 +59,8 @@ def test_a_data_dir_made_while_tenants_shared_a_uid_is_handed_over_whole_at_the_
     home.ensure()
     store = SqliteStore(home.store_path)
     try:
-        store.ensure_app("blog")
-        store.ensure_instance("a.blog.test", "blog")
+        store.apps.ensure_app("blog")
+        store.instances.ensure_instance("a.blog.test", "blog")
         ids = Identities(store, home)
         assert ids.in_force
         data = home.data_dir("a.blog.test")
@@ -75,7 +75,7 @@ def test_a_data_dir_made_while_tenants_shared_a_uid_is_handed_over_whole_at_the_
         assert ids.files_not_owned("blog", "a.blog.test") == []
         # the same host gets the same uid for ever; another host another one
         assert ids.of_instance("blog", "a.blog.test") == ident
-        store.ensure_instance("b.blog.test", "blog")
+        store.instances.ensure_instance("b.blog.test", "blog")
         other = ids.of_instance("blog", "b.blog.test")
         assert other is not None and other.uid != ident.uid and other.gid == ident.gid
     finally:

@@ -73,18 +73,20 @@ def _run_and_stop(store: Store, home: Home, tmp_path: Path, line: str) -> Genera
 
     async def scenario() -> Generation:
         supervisor = Supervisor(store, home, SystemClock(), _no_restart)
-        gen = store.plan_generation(app="hello", instance="one.test", service="worker",
-                                    release=1, build_digest="d" * 64, op_id=None, port=None)
+        gen = store.generations.plan_generation(app="hello", instance="one.test", service="worker",
+                                                release=1, build_digest="d" * 64, op_id=None,
+                                                port=None)
         gen = await supervisor.spawn(gen, line, tmp_path, {"PATH": SYSTEM_PATH})
         try:
             for _ in range(500):
                 if (tmp_path / "pid").is_file() and (tmp_path / "pid").read_text():
                     break
                 await asyncio.sleep(0.01)
-            assert await supervisor.stop(store.get_generation(gen.id) or gen, grace_s=5.0)
+            assert await supervisor.stop(store.generations.get_generation(gen.id) or gen,
+                                         grace_s=5.0)
         finally:
             await supervisor.shutdown()
-        latest = store.get_generation(gen.id)
+        latest = store.generations.get_generation(gen.id)
         assert latest is not None
         return latest
 

@@ -78,9 +78,10 @@ def _ready(store: Store, home: Home, tmp_path: Path, code: str, timeout_s: float
 
     async def scenario() -> tuple[Readiness, int]:
         supervisor = Supervisor(store, home, SystemClock(), _no_restart)
-        port = pick_free_port(store.claimed_ports())
-        gen = store.plan_generation(app="hello", instance=HOST, service="web", release=1,
-                                    build_digest="d" * 64, op_id=None, port=port)
+        port = pick_free_port(store.local.claimed_ports())
+        gen = store.generations.plan_generation(app="hello", instance=HOST, service="web",
+                                                release=1,
+                                                build_digest="d" * 64, op_id=None, port=port)
         notify = NotifyListener(home.notify_socket(gen.id))
         notify.open()
         env = {"PATH": SYSTEM_PATH, "PORT": str(port), "KEELWAY_INSTANCE": HOST,
@@ -92,7 +93,8 @@ def _ready(store: Store, home: Home, tmp_path: Path, code: str, timeout_s: float
                 timeout=timeout_s + 10)
         finally:
             notify.close()
-            assert await supervisor.stop(store.get_generation(gen.id) or gen, grace_s=1.0)
+            assert await supervisor.stop(store.generations.get_generation(gen.id) or gen,
+                                         grace_s=1.0)
             await supervisor.shutdown()
         return readiness, port
 

@@ -30,8 +30,9 @@ def test_a_settle_window_passes_on_the_injected_clock_not_in_real_time(
 ) -> None:
     async def settle_an_hour() -> tuple[SettleOutcome, float]:
         supervisor = Supervisor(store, home, clock, _no_restart)
-        gen = store.plan_generation(app="hello", instance="one.test", service="worker",
-                                    release=1, build_digest="d" * 64, op_id=None, port=None)
+        gen = store.generations.plan_generation(app="hello", instance="one.test", service="worker",
+                                                release=1, build_digest="d" * 64, op_id=None,
+                                                port=None)
         gen = await supervisor.spawn(gen, "sleep 60", tmp_path,
                                      {"PATH": os.environ["PATH"]})
         assert gen.pid is not None and gen.start_ticks is not None

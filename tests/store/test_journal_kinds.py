@@ -46,7 +46,7 @@ def test_every_step_name_the_old_code_wrote_migrates_to_its_kind(tmp_path: Path)
     written = [(kind, SERVICE_OF.get(kind, "web")) for kind in KINDS_AT_V4]
     _old_store(tmp_path / "k.db", [(kind.label(service), service) for kind, service in written])
     store = SqliteStore(tmp_path / "k.db")
-    op = store.get_operation(1)
+    op = store.ops.get_operation(1)
     assert op is not None and op.kind is OpKind.DEPLOY
     assert [(s.kind, s.service) for s in op.steps] == written
     assert [s.name for s in op.steps] == [kind.label(service) for kind, service in written]
@@ -59,9 +59,9 @@ def test_every_step_name_the_old_code_wrote_migrates_to_its_kind(tmp_path: Path)
 def test_a_migrated_journal_takes_new_steps_after_its_old_ones(tmp_path: Path) -> None:
     _old_store(tmp_path / "k.db", [("stop worker (down)", "worker"), ("hold exec", None)])
     store = SqliteStore(tmp_path / "k.db")
-    seq = store.begin_step(1, StepKind.FAULT)
+    seq = store.ops.begin_step(1, StepKind.FAULT)
     assert seq == 3
-    assert [s.kind for s in store.steps(1)] == [StepKind.STOP_DOWN, StepKind.HOLD_EXEC,
+    assert [s.kind for s in store.ops.steps(1)] == [StepKind.STOP_DOWN, StepKind.HOLD_EXEC,
                                                StepKind.FAULT]
     store.close()
 
@@ -80,8 +80,8 @@ def test_a_step_name_no_keelway_wrote_refuses_the_migration_and_changes_nothing(
 
 def test_a_new_journal_stores_the_kind_and_the_service_apart(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "k.db")
-    op = store.begin_operation("blog", "a.test", OpKind.RESTART, owner="me")
-    store.begin_step(op.id, StepKind.RETIRE, service="web")
+    op = store.ops.begin_operation("blog", "a.test", OpKind.RESTART, owner="me")
+    store.ops.begin_step(op.id, StepKind.RETIRE, service="web")
     store.close()
     conn = sqlite3.connect(tmp_path / "k.db")
     assert conn.execute("SELECT kind FROM operations").fetchall() == [("restart",)]

@@ -15,16 +15,16 @@ DIR = {"kind": "directory", "path": "/src", "digest": "d" * 64}
 
 def test_a_release_keeps_the_source_its_build_had_when_it_was_written(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "k.db")
-    store.ensure_app("blog")
-    store.record_build("blog", "d" * 64, "/builds/d", GIT)
-    first = store.create_release("blog", "d" * 64, {}, "Deploy")
+    store.apps.ensure_app("blog")
+    store.builds.record_build("blog", "d" * 64, "/builds/d", GIT)
+    first = store.builds.create_release("blog", "d" * 64, {}, "Deploy")
     # The same content staged again from a directory: the build says so from now on.
-    store.record_build("blog", "d" * 64, "/builds/d", DIR)
-    second = store.create_release("blog", "d" * 64, {}, "Deploy")
-    store.record_build("blog", "d" * 64, "/builds/d")  # a caller that knows none: kept
+    store.builds.record_build("blog", "d" * 64, "/builds/d", DIR)
+    second = store.builds.create_release("blog", "d" * 64, {}, "Deploy")
+    store.builds.record_build("blog", "d" * 64, "/builds/d")  # a caller that knows none: kept
     assert (first.source, second.source) == (GIT, DIR)
-    assert [r.source for r in store.list_releases("blog")] == [DIR, GIT]
-    assert store.list_builds("blog")[0].source == DIR
+    assert [r.source for r in store.builds.list_releases("blog")] == [DIR, GIT]
+    assert store.builds.list_builds("blog")[0].source == DIR
     store.close()
 
 
@@ -41,6 +41,6 @@ def test_releases_written_before_sources_were_recorded_have_none(tmp_path: Path)
                  " created_at) VALUES ('blog', 1, 'd', '{}', 'Deploy d', 0)")
     conn.close()
     store = SqliteStore(tmp_path / "k.db")
-    assert [r.source for r in store.list_releases("blog")] == [None]
-    assert store.list_builds("blog")[0].source is None
+    assert [r.source for r in store.builds.list_releases("blog")] == [None]
+    assert store.builds.list_builds("blog")[0].source is None
     store.close()

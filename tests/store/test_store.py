@@ -14,14 +14,15 @@ from keelway.testing.clock import FakeClock
 
 
 def _gen(store: Store, port: int | None = 4000, service: str = "web") -> int:
-    store.ensure_app("blog")
-    store.ensure_instance("a.test", "blog")
-    return store.plan_generation(app="blog", instance="a.test", service=service, release=1,
-                                 build_digest="d" * 64, op_id=None, port=port).id
+    store.apps.ensure_app("blog")
+    store.instances.ensure_instance("a.test", "blog")
+    return store.generations.plan_generation(app="blog", instance="a.test", service=service,
+                                             release=1,
+                                             build_digest="d" * 64, op_id=None, port=port).id
 
 
 def _read(store: Store, gen_id: int) -> Generation:
-    gen = store.get_generation(gen_id)
+    gen = store.generations.get_generation(gen_id)
     assert gen is not None
     return gen
 
@@ -37,7 +38,7 @@ def test_a_new_store_is_migrated_to_the_latest_schema(tmp_path: Path) -> None:
 def test_reopening_a_store_applies_no_migration_twice(tmp_path: Path) -> None:
     SqliteStore(tmp_path / "k.db").close()
     store = SqliteStore(tmp_path / "k.db")
-    assert store.list_apps() == []
+    assert store.apps.list_apps() == []
     store.close()
 
 
@@ -51,19 +52,19 @@ def test_a_store_from_a_newer_keelway_is_refused(tmp_path: Path) -> None:
 
 def test_a_failed_transaction_leaves_nothing_behind(store: SqliteStore) -> None:
     with pytest.raises(ZeroDivisionError), store.db.tx("a test write"):
-        store.ensure_app("blog")
+        store.apps.ensure_app("blog")
         _ = 1 / 0
-    assert store.get_app("blog") is None
+    assert store.apps.get_app("blog") is None
 
 
 def test_a_port_claim_is_exclusive_and_freed_when_the_generation_is_gone(store: Store) -> None:
     gen = _gen(store, port=4000)
     with pytest.raises(Conflict, match="port 4000"):
         _gen(store, port=4000)
-    assert store.claimed_ports() == {4000}
-    store.record_spawn(_read(store, gen), pid=10, start_ticks=20)
-    store.record_gone(gen, exit_code=0)
-    assert store.claimed_ports() == set()
+    assert store.local.claimed_ports() == {4000}
+    store.local.record_spawn(_read(store, gen), pid=10, start_ticks=20)
+    store.local.record_gone(gen, exit_code=0)
+    assert store.local.claimed_ports() == set()
     _gen(store, port=4000)
 
 
@@ -71,41 +72,41 @@ def test_a_failed_claim_writes_no_generation(store: Store) -> None:
     _gen(store, port=4000)
     with pytest.raises(Conflict):
         _gen(store, port=4000)
-    assert len(store.live_generations()) == 1
+    assert len(store.generations.live_generations()) == 1
 
 
 def test_a_gone_generation_cannot_come_back(store: Store) -> None:
     gen = _gen(store)
-    store.record_gone(gen, None)
+    store.local.record_gone(gen, None)
     with pytest.raises(IllegalTransition):
-        store.set_generation_state(_read(store, gen), GenState.RUNNING)
+        store.generations.set_generation_state(_read(store, gen), GenState.RUNNING)
 
 
 def test_a_finished_operation_cannot_be_finished_again(store: Store) -> None:
-    op = store.begin_operation("blog", "a.test", OpKind.DEPLOY, owner="me")
-    done = store.finish_operation(op, OpState.SUCCEEDED)
+    op = store.ops.begin_operation("blog", "a.test", OpKind.DEPLOY, owner="me")
+    done = store.ops.finish_operation(op, OpState.SUCCEEDED)
     assert done.terminal
     with pytest.raises(IllegalTransition):
-        store.finish_operation(done, OpState.FAILED)
+        store.ops.finish_operation(done, OpState.FAILED)
 
 
 def test_a_stale_operation_version_loses_the_compare_and_swap(store: Store) -> None:
-    op = store.begin_operation("blog", "a.test", OpKind.DEPLOY, owner="me")
-    store.begin_step(op.id, StepKind.SPAWN, service="web")
-    fresh = store.get_operation(op.id)
+    op = store.ops.begin_operation("blog", "a.test", OpKind.DEPLOY, owner="me")
+    store.ops.begin_step(op.id, StepKind.SPAWN, service="web")
+    fresh = store.ops.get_operation(op.id)
     assert fresh is not None
-    store.finish_operation(fresh, OpState.FAILED, error="x")
+    store.ops.finish_operation(fresh, OpState.FAILED, error="x")
     with pytest.raises((Conflict, IllegalTransition)):
-        store.finish_operation(op, OpState.SUCCEEDED)
+        store.ops.finish_operation(op, OpState.SUCCEEDED)
 
 
 def test_steps_are_numbered_and_keep_their_outcomes(store: Store) -> None:
-    op = store.begin_operation("blog", "a.test", OpKind.DEPLOY, owner="me")
-    first = store.begin_step(op.id, StepKind.SPAWN, service="web", after_gen=3)
-    second = store.begin_step(op.id, StepKind.READY, service="web")
-    store.finish_step(op.id, first, StepState.SUCCEEDED, detail="pid 9")
-    store.finish_step(op.id, second, StepState.FAILED, error="exited")
-    steps = store.steps(op.id)
+    op = store.ops.begin_operation("blog", "a.test", OpKind.DEPLOY, owner="me")
+    first = store.ops.begin_step(op.id, StepKind.SPAWN, service="web", after_gen=3)
+    second = store.ops.begin_step(op.id, StepKind.READY, service="web")
+    store.ops.finish_step(op.id, first, StepState.SUCCEEDED, detail="pid 9")
+    store.ops.finish_step(op.id, second, StepState.FAILED, error="exited")
+    steps = store.ops.steps(op.id)
     assert [(s.seq, s.state, s.detail, s.error) for s in steps] == [
         (1, StepState.SUCCEEDED, "pid 9", None),
         (2, StepState.FAILED, None, "exited"),
@@ -113,43 +114,43 @@ def test_steps_are_numbered_and_keep_their_outcomes(store: Store) -> None:
 
 
 def test_an_idempotency_key_names_one_operation_per_instance(store: Store) -> None:
-    store.begin_operation("blog", "a.test", OpKind.DEPLOY, owner="me", key="k1")
+    store.ops.begin_operation("blog", "a.test", OpKind.DEPLOY, owner="me", key="k1")
     # The store's own error, not its backend's: a PostgreSQL store passes the same test.
     with pytest.raises(Conflict, match="already has key"):
-        store.begin_operation("blog", "a.test", OpKind.DEPLOY, owner="me", key="k1")
-    store.begin_operation("blog", "b.test", OpKind.DEPLOY, owner="me", key="k1")
+        store.ops.begin_operation("blog", "a.test", OpKind.DEPLOY, owner="me", key="k1")
+    store.ops.begin_operation("blog", "b.test", OpKind.DEPLOY, owner="me", key="k1")
 
 
 def test_releases_are_numbered_per_app(store: Store) -> None:
-    store.ensure_app("blog")
-    store.ensure_app("shop")
-    assert store.create_release("blog", "a" * 64, {}, "first").number == 1
-    assert store.create_release("blog", "b" * 64, {}, "second").number == 2
-    assert store.create_release("shop", "c" * 64, {}, "first").number == 1
-    assert [r.label for r in store.list_releases("blog")] == ["v2", "v1"]
+    store.apps.ensure_app("blog")
+    store.apps.ensure_app("shop")
+    assert store.builds.create_release("blog", "a" * 64, {}, "first").number == 1
+    assert store.builds.create_release("blog", "b" * 64, {}, "second").number == 2
+    assert store.builds.create_release("shop", "c" * 64, {}, "first").number == 1
+    assert [r.label for r in store.builds.list_releases("blog")] == ["v2", "v1"]
 
 
 def test_builds_named_by_releases_or_live_generations_are_pinned(store: Store) -> None:
-    store.ensure_app("blog")
-    store.create_release("blog", "r" * 64, {}, "x")
+    store.apps.ensure_app("blog")
+    store.builds.create_release("blog", "r" * 64, {}, "x")
     gen = _gen(store)
-    assert store.pinned_builds() == {("blog", "r" * 64), ("blog", "d" * 64)}
-    store.record_gone(gen, None)
-    assert store.pinned_builds() == {("blog", "r" * 64)}
+    assert store.builds.pinned_builds() == {("blog", "r" * 64), ("blog", "d" * 64)}
+    store.local.record_gone(gen, None)
+    assert store.builds.pinned_builds() == {("blog", "r" * 64)}
 
 
 def test_the_route_table_version_only_grows(store: Store) -> None:
-    first = store.next_route_table_version()
-    assert store.next_route_table_version() == first + 1
-    assert store.next_route_table_version(at_least=100) == 101
+    first = store.routes.next_route_table_version()
+    assert store.routes.next_route_table_version() == first + 1
+    assert store.routes.next_route_table_version(at_least=100) == 101
 
 
 def test_events_are_listed_oldest_first_and_kept_per_app(store: Store, clock: FakeClock) -> None:
-    store.add_event("op", "one", app="blog")
+    store.ops.add_event("op", "one", app="blog")
     clock.advance(1)
-    store.add_event("op", "two", app="blog")
-    store.add_event("op", "other", app="shop")
-    assert [e.message for e in store.list_events("blog")] == ["one", "two"]
+    store.ops.add_event("op", "two", app="blog")
+    store.ops.add_event("op", "other", app="shop")
+    assert [e.message for e in store.ops.list_events("blog")] == ["one", "two"]
 
 
 def test_a_crash_backoff_survives_reopening_and_goes_stale_once_active_moves_on(
@@ -159,18 +160,19 @@ def test_a_crash_backoff_survives_reopening_and_goes_stale_once_active_moves_on(
 
     store = SqliteStore(tmp_path / "k.db", clock)
     crashed = _gen(store)
-    store.set_active("a.test", "web", crashed, expected=None)
-    store.record_gone(crashed, 7)
+    store.generations.set_active("a.test", "web", crashed, expected=None)
+    store.local.record_gone(crashed, 7)
     store.record_crash(CrashRetry("a.test", "web", crashed, 4, clock.now(), clock.now() + 60))
     store.close()
     store = SqliteStore(tmp_path / "k.db", clock)  # as a restarted control plane does
-    assert [(r.generation_id, r.failures, r.retry_at) for r in store.pending_retries()] == [
+    assert [(r.generation_id, r.failures,
+             r.retry_at) for r in store.generations.pending_retries()] == [
         (crashed, 4, clock.now() + 60)]
     successor = _gen(store, port=4001)
-    store.set_active("a.test", "web", successor,
-                     expected=store.get_active("a.test", "web"))
-    assert store.pending_retries("a.test") == []  # the retry belonged to the old one
-    assert store.get_crash_retry("a.test", "web") is not None  # its count is kept
+    store.generations.set_active("a.test", "web", successor,
+                                 expected=store.generations.get_active("a.test", "web"))
+    assert store.generations.pending_retries("a.test") == []  # the retry belonged to the old one
+    assert store.generations.get_crash_retry("a.test", "web") is not None  # its count is kept
     store.close()
 
 

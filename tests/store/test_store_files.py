@@ -30,7 +30,7 @@ def test_a_new_store_and_its_wal_and_shm_are_created_private_whatever_the_umask(
     old_umask = os.umask(0o022)
     try:
         store = SqliteStore(tmp_path / "keelway.db")
-        store.ensure_app("blog")
+        store.apps.ensure_app("blog")
     finally:
         os.umask(old_umask)
     try:
@@ -66,7 +66,7 @@ def test_a_write_that_meets_a_full_disk_is_rolled_back_whole_and_works_once_ther
 ) -> None:
     store = SqliteStore(small_disk / "keelway.db")
     try:
-        store.ensure_app("blog")
+        store.apps.ensure_app("blog")
         before = (dump(store), _keys(store))
         filler = fill(small_disk)
         with pytest.raises(DiskFull, match="the disk is full"):
@@ -74,9 +74,9 @@ def test_a_write_that_meets_a_full_disk_is_rolled_back_whole_and_works_once_ther
         assert (dump(store), _keys(store)) == before
         filler.unlink()
         _write_big(store, "big")  # the same connection, nothing reopened
-        store.ensure_app("news")
+        store.apps.ensure_app("news")
         assert "big" in _keys(store)
-        assert [a.name for a in store.list_apps()] == ["blog", "news"]
+        assert [a.name for a in store.apps.list_apps()] == ["blog", "news"]
     finally:
         store.close()
 
@@ -88,7 +88,7 @@ def test_a_statement_that_sqlite_rolls_back_itself_on_a_full_disk_raises_disk_fu
     ROLLBACK must not replace that error with "no transaction is active"."""
     store = SqliteStore(tmp_path / "keelway.db")
     try:
-        store.ensure_app("blog")
+        store.apps.ensure_app("blog")
         pages = store.db.row("PRAGMA page_count")[0]
         store.db._conn.execute(f"PRAGMA max_page_count = {pages + 1}")  # SQLite's own limit
         with pytest.raises(DiskFull, match="the disk is full"):
