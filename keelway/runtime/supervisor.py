@@ -38,7 +38,6 @@ from keelway.runtime.tree import ProcessTrees
 from keelway.store import Store
 from keelway.store.lifecycle import GenState
 from keelway.store.records import Generation
-from keelway.testing.danger import refuses_to_die
 
 log = logging.getLogger("keelway.supervisor")
 
@@ -92,10 +91,23 @@ class _Handle:
     watcher: asyncio.Task[None] | None = None
 
 
+def every_process_dies(generation_id: int) -> bool:
+    """The box as it is: SIGKILL ends every process keelway starts."""
+    return False
+
+
+# Whether a generation's process outlives every signal while alive (a process stuck in
+# the kernel would): the danger `remove` must fail closed on. Production passes nothing;
+# the fail-closed tests inject one (keelway/testing/danger.py).
+RefusesToDie = Callable[[int], bool]
+
+
 class Supervisor:
     def __init__(self, store: Store, home: Home, clock: Clock, on_exit: ExitCallback,
-                 trees: ProcessTrees | None = None) -> None:
+                 trees: ProcessTrees | None = None,
+                 refuses_to_die: RefusesToDie = every_process_dies) -> None:
         self.store = store
+        self.refuses_to_die = refuses_to_die
         self.home = home
         self.identities = Identities(store, home)
         self.clock = clock
@@ -326,7 +338,7 @@ class Supervisor:
             return True
         leader = (gen.pid, gen.start_ticks) if gen.pid is not None and (
             gen.start_ticks is not None) else None
-        if leader is not None and refuses_to_die(gen.id) and process.is_alive(*leader):
+        if leader is not None and self.refuses_to_die(gen.id) and process.is_alive(*leader):
             return False
         handle = self._handles.get(gen.id)
         if handle is not None:
