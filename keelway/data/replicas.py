@@ -445,8 +445,8 @@ class Replicas:
             reason = verify(out)
             return Drill(host, reason is None, reason, None, out.stat().st_size)
         finally:
-            for suffix in ("", *durable.SQLITE_SIDE_FILES):
-                Path(f"{out}{suffix}").unlink(missing_ok=True)
+            for path in (out, *durable.sqlite_side_paths(out)):
+                path.unlink(missing_ok=True)
 
     async def _litestream(self, *args: str,
                           timeout_s: float | None = None) -> tuple[int, str, str]:
