@@ -37,7 +37,6 @@ import re
 import subprocess
 import tarfile
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -45,7 +44,7 @@ from typing import IO, assert_never
 
 from keelway import identity, names
 from keelway.builds import deps
-from keelway.builds.build_step import BUILD_TIMEOUT_S, build_env
+from keelway.builds.build_step import BUILD_TIMEOUT_S, Progress, build_env
 from keelway.builds.cache import DepsCache
 from keelway.builds.errors import BuildError, SourceError, StagingError
 from keelway.builds.extract import safe_extract_tar
@@ -60,8 +59,6 @@ from keelway.builds.tree import (
 )
 from keelway.durable import TEMP_PREFIX, fsync_dir
 from keelway.identity import Identity
-
-Progress = Callable[[str], None]
 
 DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 VENV_DIR = deps.VENV_DIR

@@ -40,6 +40,7 @@ from typing import Any
 from keelway.data import sparse
 from keelway.data.swap import litestream_state, to_wal
 from keelway.data.verify import Damaged, verify_file
+from keelway.data.verify import Verified as Verified  # a seed's check is every copy's
 from keelway.durable import fsync_dir, sqlite_side_paths, temp_path, write_atomic
 from keelway.runtime.environment import INSTANCE_KEY, read_env_file, write_env_file
 
@@ -57,12 +58,6 @@ class SeedRefused(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
-
-
-@dataclass(frozen=True)
-class Verified:
-    sha256: str
-    size_bytes: int
 
 
 @dataclass(frozen=True)
@@ -173,10 +168,9 @@ def verify_sqlite(path: Path) -> Verified:
     if not path.is_file():
         raise SeedRefused(f"{path} is not a file")
     try:
-        checked = verify_file(path)
+        return verify_file(path)
     except Damaged as exc:
         raise SeedRefused(f"{path} is not a usable SQLite database: {exc.message}") from None
-    return Verified(checked.sha256, checked.size)
 
 
 def store_copy(source: Path, dest: Path) -> Verified:

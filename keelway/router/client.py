@@ -28,7 +28,7 @@ from keelway.router.control_wire import (
     Inflight,
     Ping,
     Reply,
-    Retire,
+    RetireRouter,
     SetTable,
     encode_line,
     reply_decoder,
@@ -297,7 +297,7 @@ def take_listener(
 def retire_over(conn: socket.socket) -> None:
     """Tell the old router, on its handoff connection, to stop accepting and drain."""
     try:
-        conn.sendall(encode_line(Retire()))
+        conn.sendall(encode_line(RetireRouter()))
         reply = b""
         while not reply.endswith(b"\n"):
             chunk = conn.recv(65536)

@@ -39,7 +39,7 @@ from keelway.router.control_wire import (
     Inflight,
     Ping,
     Reply,
-    Retire,
+    RetireRouter,
     SetTable,
     encode_line,
     request_decoder,
@@ -110,7 +110,7 @@ class ControlServer:
                     continue
                 writer.write(encode_line(reply))
                 await writer.drain()
-                if isinstance(request_or_none(line), Retire) and self._on_retire:
+                if isinstance(request_or_none(line), RetireRouter) and self._on_retire:
                     self._on_retire()
         except ConnectionError:
             return
@@ -153,7 +153,7 @@ class ControlServer:
                 return Reply(ok=True, activity={
                     host: HostActivity(idle_s=round(idle_s, 3), open=n)
                     for host, (idle_s, n) in seen.items()})
-            case Retire():
+            case RetireRouter():
                 if self._on_retire is None:
                     return Reply(ok=False, error="this router cannot retire")
                 log.info("retiring: a new router took over")

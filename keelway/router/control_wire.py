@@ -48,7 +48,7 @@ class Handoff(msgspec.Struct, tag_field="op", tag="handoff", frozen=True):
     pass
 
 
-class Retire(msgspec.Struct, tag_field="op", tag="retire", frozen=True):
+class RetireRouter(msgspec.Struct, tag_field="op", tag="retire", frozen=True):
     pass
 
 
@@ -69,7 +69,7 @@ class HostActivity(msgspec.Struct, frozen=True):
     open: int
 
 
-Request = SetTable | GetTable | Ping | Handoff | Retire | Inflight | GetActivity
+ControlRequest = SetTable | GetTable | Ping | Handoff | RetireRouter | Inflight | GetActivity
 
 
 class Reply(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -84,7 +84,7 @@ class Reply(msgspec.Struct, frozen=True, omit_defaults=True):
     error: str | None = None
 
 
-request_decoder: Final = msgspec.json.Decoder(Request)
+request_decoder: Final = msgspec.json.Decoder(ControlRequest)
 reply_decoder: Final = msgspec.json.Decoder(Reply)
 
 

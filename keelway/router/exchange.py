@@ -19,7 +19,7 @@ from keelway.router import responses
 
 if TYPE_CHECKING:
     from keelway.router.downstream import ClientConnection
-    from keelway.router.route_table import Target
+    from keelway.router.route_table import CompiledRoute
     from keelway.router.upstream import UpstreamConnection, UpstreamPool
 
 _LAST_CHUNK: Final = b"0\r\n\r\n"
@@ -79,7 +79,7 @@ class Exchange:
         self.held = False
         # Its route: while this is a connection's current exchange (a streaming
         # response, a tunnel, a held request), its host counts as open (Proxy.activity).
-        self.target: Target | None = None
+        self.target: CompiledRoute | None = None
 
     def start(self) -> None:
         """Become the current exchange: send a local answer, or find an upstream."""

@@ -18,7 +18,7 @@ accepts); then, one line each way:
     stop                    drain and exit (no reply; the parent reaps it)
 
 A second socketpair carries the worker's asks, one line each, each naming an instance
-(its primary host, whichever of its hosts the requests used: `Target.instance`):
+(its primary host, whichever of its hosts the requests used: `CompiledRoute.instance`):
 
     wake I                  a parked instance has requests waiting in that worker
                             (Proxy.want_wake rate-limits it); no reply
@@ -62,7 +62,7 @@ from typing import Final, cast
 from keelway import names
 from keelway.router.hold_slots import HoldSlots
 from keelway.router.proxy import Proxy
-from keelway.router.route_table import RouteState
+from keelway.router.route_table import Handling
 from keelway.router.table_file import TableFileError, load_table
 
 log: Final = logging.getLogger("keelway.router")
@@ -240,7 +240,7 @@ class WorkerSet:
                         min(mine[0], float(idle_s)), mine[1] + int(n))
         return seen
 
-    async def refuse(self, host: str, state: RouteState, retry_after_s: int | None) -> None:
+    async def refuse(self, host: str, state: Handling, retry_after_s: int | None) -> None:
         """Every worker answers its held requests for `host` with 503 and the page of
         `state` (a refused wake); Retry-After `retry_after_s`, or the route's own."""
         retry = "" if retry_after_s is None else f" {retry_after_s}"
@@ -298,15 +298,15 @@ class SlotChannel(asyncio.Protocol):
         self._proxy.slots_lost()
 
 
-def refusal_of(words: bytes) -> tuple[str, RouteState, int | None]:
+def refusal_of(words: bytes) -> tuple[str, Handling, int | None]:
     """`I [STATE [RETRY]]` of a `refuse` line; what it leaves out or garbles is a fence's
     page (gated, the route's own Retry-After), what the line meant when it named only I."""
     instance, *rest = words.decode(errors="replace").split()
-    state = RouteState.GATED
+    state = Handling.GATED
     retry_after_s: int | None = None
     with contextlib.suppress(ValueError):
         if rest:
-            state = RouteState(rest[0])
+            state = Handling(rest[0])
         if len(rest) > 1:
             retry_after_s = max(0, int(rest[1]))
     return instance, state, retry_after_s

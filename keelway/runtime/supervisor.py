@@ -30,7 +30,7 @@ from keelway import failpoints
 from keelway.clock import Clock
 from keelway.home import Home
 from keelway.runtime import process, tree
-from keelway.runtime.health import Answered, Probe, Refused, describe, listening_on, probe_http
+from keelway.runtime.health import Answered, NotListening, Probe, describe, listening_on, probe_http
 from keelway.runtime.identities import Identities
 from keelway.runtime.logs import log_path
 from keelway.runtime.shell import shell_argv
@@ -257,7 +257,7 @@ class Supervisor:
             if self.clock.monotonic() >= deadline:
                 listening = (listening_on(m.pid for m in self.trees.members(
                     gen.id, (handle.pid, handle.start_ticks)))
-                    if isinstance(seen, Refused) else [])
+                    if isinstance(seen, NotListening) else [])
                 return Readiness(ReadyOutcome.TIMED_OUT, describe(
                     seen, port=gen.port, path=health_path, host=host, listening=listening))
             waits = [asyncio.ensure_future(handle.exited.wait())]
@@ -273,7 +273,7 @@ class Supervisor:
             # A refused connect is cheap, and a wake's held requests wait on it (SPEC §7,
             # <= 25 ms), so those are probed tightly; an app that answers but fails is
             # asked less often: each probe is a request it serves and logs.
-            delay_s = min(delay_s * 2, _PROBE_REFUSED_EVERY_S if isinstance(seen, Refused)
+            delay_s = min(delay_s * 2, _PROBE_REFUSED_EVERY_S if isinstance(seen, NotListening)
                           else _PROBE_FAILING_EVERY_S)
 
     def _exit_said(self, gen: Generation, handle: _Handle | None) -> str:
