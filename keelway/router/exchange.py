@@ -70,11 +70,9 @@ class Exchange:
         self.upstream: UpstreamConnection | None = None
         self.out: list[bytes] = []
         self.retry_head: bytes | None = None
-        self.chunked_request = False
-        self.upgrade = False
-        self.request_done = False
-        self.response_started = False
-        self.abandoned = False
+        # How far the exchange has come, each a one-way step.
+        self.request_done = self.response_started = self.abandoned = False
+        self.chunked_request = self.upgrade = False
         # Waiting for its route to stop holding; the proxy resumes or answers it.
         self.held = False
         # Its route: while this is a connection's current exchange (a streaming

@@ -36,7 +36,7 @@ from keelway.router.proxy import Proxy, ProxyOptions
 from keelway.router.route_table import EMPTY_TABLE, Handling, RouteTable
 from keelway.router.table_file import TableFileError, load_table
 from keelway.router.waker import Waker
-from keelway.router.workers import SlotChannel, WorkerSet, serve_channel
+from keelway.router.workers import SlotChannel, WorkerLaunch, WorkerSet, serve_channel
 
 log: Final = logging.getLogger("keelway.router")
 
@@ -224,10 +224,10 @@ async def serve(config: RouterConfig, sock: socket.socket,
 
     if config.wake_socket is not None:
         waker = Waker(proxy, config.wake_socket, refuse_in_workers)
-    workers = WorkerSet(config.workers if config.workers > 1 else 0, sock, config.state_path,
-                        options.drain_timeout_s, passed_on,
-                        waker.need if waker is not None else None,
-                        HoldSlots(options.max_held, options.max_held_per_host))
+    workers = WorkerSet(config.workers if config.workers > 1 else 0, WorkerLaunch(
+        sock, config.state_path, options.drain_timeout_s, passed_on,
+        waker.need if waker is not None else None,
+        HoldSlots(options.max_held, options.max_held_per_host)))
     await workers.start()
     control: ControlServer | None = None
     if config.control_path is not None:
