@@ -27,12 +27,14 @@ README_MAX_LINES = 200
 _FLAG = re.compile(r"^(--[A-Za-z][\w-]*|-[A-Za-z](?![\w-]))")
 # Spans that start with another tool's flag, named as that tool writes them.
 OTHER_TOOLS = {"-e ."}  # a requirements.txt line: an editable install of the app itself
-_SPAN = re.compile(r"`([^`\n]+)`")
+_SPAN = re.compile(r"`([^`]+)`")
 
 
 def _invocations(text: str) -> list[str]:
-    """What a doc names: each line of a code block and each inline code span, as written."""
+    """What a doc names: each line of a code block and each inline code span, as written
+    (a span may wrap across lines of its paragraph)."""
     found: list[str] = []
+    prose: list[str] = []
     in_block = False
     for line in text.splitlines():
         if line.lstrip().startswith("```"):
@@ -41,7 +43,9 @@ def _invocations(text: str) -> list[str]:
         if in_block:
             found.append(line.split(" # ")[0].strip())
         else:
-            found.extend(span.strip() for span in _SPAN.findall(line))
+            prose.append(line)
+    for paragraph in "\n".join(prose).split("\n\n"):
+        found.extend(" ".join(span.split()) for span in _SPAN.findall(paragraph))
     return found
 
 
@@ -56,13 +60,23 @@ def _words(invocation: str) -> list[str]:
 
 @cache
 def _help(path: tuple[str, ...]) -> str:
-    result = CliRunner().invoke(cli, [*path, "--help"], prog_name="keelway")
+    """The command's own --help; a group that takes arguments before its subcommand
+    (`config APP set`) is given a placeholder for each, as a user would type them."""
+    argv: list[str] = []
+    command: click.Command = cli
+    for word in path:
+        argv += ["APP" for p in command.params if isinstance(p, click.Argument)]
+        command = command.commands[word]  # type: ignore[attr-defined]
+        argv.append(word)
+    result = CliRunner().invoke(cli, [*argv, "--help"], prog_name="keelway")
     assert result.exit_code == 0, (path, result.output)
     return result.output
 
 
 def _shows_flag(help_text: str, flag: str) -> bool:
-    return re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", help_text) is not None
+    """Whether the help's Options section lists `flag` (prose mentioning it is not enough)."""
+    options = help_text.partition("\nOptions:\n")[2]
+    return re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", options) is not None
 
 
 def _every_command() -> list[tuple[str, ...]]:
@@ -96,31 +110,71 @@ def problems(text: str) -> list[str]:
 
 
 def _check_command(invocation: str, words: list[str]) -> list[str]:
+    """Each flag is checked as click reads it: against the command or group whose name
+    came last before it (`keelway config APP --instance H set K=V`: config's)."""
     command: click.Command = cli
     path: tuple[str, ...] = ()
-    flags: list[str] = []
+    flags: list[tuple[tuple[str, ...], str]] = []
     for word in words:
         if word == "--":  # what follows is the command `keelway run` runs
             break
         if flag := _FLAG.match(word):
-            flags.append(flag.group(1))
+            flags.append((path, flag.group(1)))
         elif isinstance(command, click.Group) and word in command.commands:
             command, path = command.commands[word], (*path, word)
         elif not path:
             return [f"`{invocation}`: keelway has no command {word!r}"]
-    if not path:
-        return [f"`{invocation}`: names no command"] if not flags else [
-            f"`{invocation}`: {flag} is not an option of keelway"
-            for flag in flags if not _shows_flag(_help(()), flag)]
-    help_text = _help(path)
-    return [f"`{invocation}`: keelway {' '.join(path)} has no {flag}"
-            for flag in flags if not _shows_flag(help_text, flag)]
+    return [f"`{invocation}`: keelway {' '.join(where)} has no {flag}".replace("  ", " ")
+            for where, flag in flags if not _shows_flag(_help(where), flag)]
 
 
 def test_every_command_and_flag_the_docs_name_is_in_the_clis_help() -> None:
     wrong = [f"{doc.relative_to(ROOT)}: {problem}"
              for doc in DOCS for problem in problems(doc.read_text())]
     assert wrong == []
+
+
+def _named(text: str) -> dict[tuple[str, ...], set[str]]:
+    """The commands `text` names with `keelway ...`, each with the flags named with it."""
+    named: dict[tuple[str, ...], set[str]] = {}
+    for invocation in _invocations(text):
+        words = _words(invocation)
+        if words[:1] != ["keelway"]:
+            continue
+        command: click.Command = cli
+        path: tuple[str, ...] = ()
+        flags = set()
+        for word in words[1:]:
+            if word == "--":
+                break
+            if flag := _FLAG.match(word):
+                flags.add(flag.group(1))
+            elif isinstance(command, click.Group) and word in command.commands:
+                command, path = command.commands[word], (*path, word)
+        named.setdefault(path, set()).update(flags)
+    return named
+
+
+def test_the_cli_reference_names_every_command_and_every_flag() -> None:
+    named = _named((ROOT / "docs" / "cli.md").read_text())
+    missing = []
+    for path in _every_command()[1:]:
+        command = cli
+        for word in path:
+            command = command.commands[word]  # type: ignore[attr-defined]
+        if isinstance(command, click.Group) and any(
+                other[:len(path)] == path for other in named):
+            named.setdefault(path, set()).update(
+                *(flags for other, flags in named.items() if other[:len(path)] == path))
+        if path not in named:
+            missing.append(f"keelway {' '.join(path)}")
+            continue
+        for option in command.params:
+            spellings = set(option.opts) | set(option.secondary_opts)
+            if isinstance(option, click.Option) and "--json" not in spellings and not (
+                    spellings & named[path]):
+                missing.append(f"keelway {' '.join(path)} {'/'.join(sorted(spellings))}")
+    assert missing == []
 
 
 def test_the_check_refuses_a_made_up_flag_and_a_made_up_command() -> None:
