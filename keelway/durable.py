@@ -31,10 +31,18 @@ from pathlib import Path
 
 TEMP_PREFIX = ".tmp-"
 PRIVATE_FILE_MODE = 0o600
-# The files SQLite keeps beside a database `D`, as `D-wal` etc.: one file with it.
+# The suffixes of the files SQLite keeps beside a database `D` (`D-wal`, ...). Named here
+# only: callers ask `sqlite_side_paths` (keelway/store/base.py still reads the tuple).
 SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
 
 _DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def sqlite_side_paths(db: Path) -> tuple[Path, ...]:
+    """The files SQLite keeps beside database `db`: its `-wal`, `-shm` and `-journal`.
+    They are one file with it: whatever copies, moves, removes or owns `db` treats each
+    of them alike, or a committed transaction in the `-wal` is lost or left readable."""
+    return tuple(db.with_name(db.name + suffix) for suffix in SQLITE_SIDE_FILES)
 
 
 def disk_full(exc: BaseException) -> bool:

@@ -8,34 +8,19 @@ router's workers. A router older than the op answers `ok: false`: that is
 `ActivityUnknown`, and the sweep then parks nothing (without the router's counts no
 instance is known to be idle).
 
-One request per connection over the control socket, bounded by `timeout_s`, like every
-control op (keelway/router/client.py); its own small message types here until the
-router's wire module carries the op.
+The op goes through the router's one control client (keelway/router/client.py), one
+request per connection bounded by `timeout_s`; the messages are the wire's own
+(keelway/router/control_wire.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
-from typing import Final
 
-import msgspec
+from keelway.router import client
+from keelway.router.control_wire import HostActivity as Activity  # one host's counts
 
-MAX_REPLY_BYTES: Final = 16 * 1024 * 1024
-
-
-class Activity(msgspec.Struct, frozen=True):
-    idle_s: float
-    open: int
-
-
-class _Reply(msgspec.Struct, frozen=True):
-    ok: bool
-    activity: dict[str, Activity] | None = None
-    error: str | None = None
-
-
-_decoder: Final = msgspec.json.Decoder(_Reply)
+__all__ = ["Activity", "ActivityUnknown", "fetch_activity"]
 
 
 class ActivityUnknown(Exception):
@@ -46,23 +31,6 @@ async def fetch_activity(sock_path: str | os.PathLike[str],
                          timeout_s: float = 2.0) -> dict[str, Activity]:
     """Activity per host as the router counts it; raises ActivityUnknown."""
     try:
-        async with asyncio.timeout(timeout_s):
-            reader, writer = await asyncio.open_unix_connection(
-                os.fspath(sock_path), limit=MAX_REPLY_BYTES)
-            try:
-                writer.write(b'{"op":"activity"}\n')
-                await writer.drain()
-                line = await reader.readline()
-            finally:
-                writer.close()
-    except TimeoutError as exc:
-        raise ActivityUnknown(f"no answer on {sock_path} within {timeout_s} s") from exc
-    except (OSError, ValueError) as exc:  # ValueError: a reply longer than the limit
-        raise ActivityUnknown(f"ask {sock_path}: {exc}") from exc
-    try:
-        reply = _decoder.decode(line)
-    except msgspec.DecodeError as exc:
-        raise ActivityUnknown(f"unreadable reply from the router: {exc}") from exc
-    if not reply.ok or reply.activity is None:
-        raise ActivityUnknown(f"the router did not say: {reply.error or 'no activity'}")
-    return reply.activity
+        return await client.activity(sock_path, timeout_s)
+    except client.RouterControlError as exc:
+        raise ActivityUnknown(f"the router did not say: {exc}") from exc

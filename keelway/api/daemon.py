@@ -64,7 +64,7 @@ from keelway.runtime import router as router_process
 from keelway.runtime.logs import rotate_if_large
 from keelway.runtime.router import RouterSettings
 from keelway.runtime.router_supervisor import RouterSupervisor
-from keelway.runtime.supervisor import Supervisor
+from keelway.runtime.supervisor import RefusesToDie, Supervisor, every_process_dies
 from keelway.store import SqliteStore, Store
 
 log = logging.getLogger("keelway.daemon")
@@ -190,7 +190,8 @@ async def _rotate_logs_forever(home: Home) -> None:
 
 
 async def run(home: Home, http_addr: str | None, demo: bool, announce: Callable[[str], None],
-              router: RouterSettings | None = None, objects: str | None = None) -> int:
+              router: RouterSettings | None = None, objects: str | None = None,
+              refuses_to_die: RefusesToDie = every_process_dies) -> int:
     """Run the control plane until shutdown; returns the process exit code.
 
     A full disk at start (the lock, the router's records, the store) is said as such and
@@ -198,7 +199,8 @@ async def run(home: Home, http_addr: str | None, demo: bool, announce: Callable[
     the next `up` once there is room starts as usual (nothing was changed half-way).
     """
     try:
-        return await _run_home(home, http_addr, demo, announce, router, objects)
+        return await _run_home(home, http_addr, demo, announce, router, objects,
+                               refuses_to_die)
     except Exception as exc:  # a filter, not a catch-all: anything else goes on up
         if not disk_full(exc):
             raise
@@ -208,7 +210,8 @@ async def run(home: Home, http_addr: str | None, demo: bool, announce: Callable[
 
 
 async def _run_home(home: Home, http_addr: str | None, demo: bool, announce: Callable[[str], None],
-                    router: RouterSettings | None, objects: str | None = None) -> int:
+                    router: RouterSettings | None, objects: str | None,
+                    refuses_to_die: RefusesToDie) -> int:
     home.ensure()
     try:
         lock_fd = _take_lock(home)
@@ -222,7 +225,7 @@ async def _run_home(home: Home, http_addr: str | None, demo: bool, announce: Cal
         except ObjectStoreError as exc:
             raise StartupError(f"--objects: {exc}", EXIT_FAILED) from exc
         return await _run_locked(home, _router_addr(home, http_addr), demo, announce,
-                                 router or RouterSettings(), object_store)
+                                 router or RouterSettings(), object_store, refuses_to_die)
     except StartupError as exc:
         announce(f"error: {exc}")
         return exc.exit_code
@@ -232,7 +235,7 @@ async def _run_home(home: Home, http_addr: str | None, demo: bool, announce: Cal
 
 async def _run_locked(home: Home, http_addr: str, demo: bool,
                       announce: Callable[[str], None], settings: RouterSettings,
-                      objects: ObjectStore | None = None) -> int:
+                      objects: ObjectStore | None, refuses_to_die: RefusesToDie) -> int:
     clock = SystemClock()
     router = await _boot_router(home, http_addr, settings)
     http_port = router_process.parse_addr(http_addr)[1]
@@ -248,7 +251,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     async def on_exit(gen, code):  # type: ignore[no-untyped-def]
         await parts.recovery.on_exit(gen, code)
 
-    supervisor = Supervisor(store, home, clock, on_exit)
+    supervisor = Supervisor(store, home, clock, on_exit, refuses_to_die=refuses_to_die)
     if supervisor.identities.in_force:
         home.open_to_tenants()  # before anything of a tenant runs (keelway/identity.py)
     else:
@@ -414,7 +417,10 @@ async def _deploy_demo(home: Home, store: Store, deployer: Deployer,
         announce(f"warning: demo deploy failed: {exc.message}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None,
+         refuses_to_die: RefusesToDie = every_process_dies) -> int:
+    """The daemon's entry point; `refuses_to_die` is the fail-closed tests' one seam
+    (keelway/testing/daemon.py), never given in production."""
     parser = argparse.ArgumentParser(prog="keelway-daemon")
     parser.add_argument("--http", default=None,
                         help=f"where the router listens (default: where it already does, "
@@ -451,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with contextlib.suppress(KeyboardInterrupt):
         return uvloop.run(run(Home.from_env(), args.http, args.demo, announce, settings,
-                              args.objects))
+                              args.objects, refuses_to_die))
     return 0
 
 

@@ -34,6 +34,9 @@ from keelway.app_path import app_path
 from keelway.builds.errors import BuildCommandError
 from keelway.identity import Identity
 
+# Where a build says what it is doing, one line at a time (staging, installs, commands).
+Progress = Callable[[str], None]
+
 BUILD_TIMEOUT_S = 1800.0
 TAIL_LINES = 20
 _PASSED_ENV = frozenset(

@@ -149,15 +149,18 @@ class DepsCache:
             raise
         return True
 
+    def _entries(self) -> list[Path]:
+        """What the cache directory holds, in name order (none while it does not exist)."""
+        try:
+            return sorted(self.root.iterdir())
+        except FileNotFoundError:
+            return []
+
     def sweep(self) -> list[Path]:
         """Remove entries left half-written by a writer that is gone (a crash's
         leftovers); an entry being written by a live process is left alone."""
         removed: list[Path] = []
-        try:
-            entries = list(self.root.iterdir())
-        except FileNotFoundError:
-            return removed
-        for entry in entries:
+        for entry in self._entries():
             if entry.name.startswith(TEMP_PREFIX) and temp_orphaned(entry.name):
                 remove_tree(entry)
                 removed.append(entry)
@@ -169,11 +172,7 @@ class DepsCache:
         """Entries no staged build shares a file with (every file has one link): what a
         gc may remove, since a later build of that key installs it again."""
         found: list[Path] = []
-        try:
-            entries = sorted(self.root.iterdir())
-        except FileNotFoundError:
-            return found
-        for entry in entries:
+        for entry in self._entries():
             if entry.name.startswith(TEMP_PREFIX) or not (entry / ENTRY_META).is_file():
                 continue
             if not any(_linked(Path(d) / f) for d, _ds, fs in os.walk(entry / TREE)

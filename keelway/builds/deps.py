@@ -38,18 +38,15 @@ import platform
 import re
 import shutil
 import tomllib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from keelway.builds import toolchain
-from keelway.builds.build_step import run_step
+from keelway.builds.build_step import Progress, run_step
 from keelway.builds.cache import CacheUnusable, DepsCache, Entry, key_of
 from keelway.builds.errors import BuildInputError, StagingError
 from keelway.identity import Identity
-
-Progress = Callable[[str], None]
 
 VENV_DIR = ".venv"
 NODE_MODULES = "node_modules"

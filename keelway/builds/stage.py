@@ -37,7 +37,6 @@ import re
 import subprocess
 import tarfile
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -45,7 +44,7 @@ from typing import IO, assert_never
 
 from keelway import identity, names
 from keelway.builds import deps
-from keelway.builds.build_step import BUILD_TIMEOUT_S, build_env
+from keelway.builds.build_step import BUILD_TIMEOUT_S, Progress, build_env
 from keelway.builds.cache import DepsCache
 from keelway.builds.errors import BuildError, SourceError, StagingError
 from keelway.builds.extract import safe_extract_tar
@@ -60,8 +59,6 @@ from keelway.builds.tree import (
 )
 from keelway.durable import TEMP_PREFIX, fsync_dir
 from keelway.identity import Identity
-
-Progress = Callable[[str], None]
 
 DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 VENV_DIR = deps.VENV_DIR
@@ -84,6 +81,18 @@ class StagedBuild:
     reused: bool
     # The commit a git source was exported from (None for a directory or a tarball).
     commit: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """How one staging builds, the same at every stage of it: for which app, saying
+    what it does to `progress`, within `timeout_s`, as `builder`, with `cache`."""
+
+    app: str
+    progress: Progress
+    timeout_s: float
+    builder: Identity | None
+    cache: DepsCache | None
 
 
 def _no_progress(_message: str) -> None:
@@ -133,10 +142,8 @@ def stage(
     except OSError as exc:
         raise StagingError(f"stage {app} from {source}: {exc}") from exc
     try:
-        return _stage_into(
-            tmp, source, kind, app=app, ref=ref, progress=progress,
-            build_timeout_s=build_timeout_s, builder=builder, cache=cache,
-        )
+        return _stage_into(tmp, source, kind, ref, _Job(app, progress, build_timeout_s,
+                                                        builder, cache))
     except BuildError:
         remove_tree(tmp)
         raise
@@ -169,18 +176,9 @@ def _source_kind(source: Path, *, ref: str | None, git: bool) -> SourceKind:
     )
 
 
-def _stage_into(
-    tmp: Path,
-    source: Path,
-    kind: SourceKind,
-    *,
-    app: str,
-    ref: str | None,
-    progress: Progress,
-    build_timeout_s: float,
-    builder: Identity | None,
-    cache: DepsCache | None,
-) -> StagedBuild:
+def _stage_into(tmp: Path, source: Path, kind: SourceKind, ref: str | None,
+                job: _Job) -> StagedBuild:
+    app, progress, builder = job.app, job.progress, job.builder
     app_dir = tmp.parent
     progress(f"staging {app} from {kind.value} {source}")
     commit: str | None = None
@@ -207,10 +205,7 @@ def _stage_into(
     if builder is not None:
         identity.open_app_builds(app_dir, builder.gid)
         identity.own_tree(tmp, builder)  # its steps write there, and nowhere else
-    _build(
-        tmp, final, manifest, app=app, digest=digest, progress=progress,
-        timeout_s=build_timeout_s, builder=builder, cache=cache,
-    )
+    _build(tmp, final, manifest, digest, job)
     progress("sealing the build")
     seal(tmp)
     if builder is not None:
@@ -284,20 +279,10 @@ def _stderr(result: subprocess.CompletedProcess[bytes]) -> str:
     return result.stderr.decode(errors="replace").strip() or f"exit code {result.returncode}"
 
 
-def _build(
-    tmp: Path,
-    final: Path,
-    manifest: Manifest,
-    *,
-    app: str,
-    digest: str,
-    progress: Progress,
-    timeout_s: float,
-    builder: Identity | None = None,
-    cache: DepsCache | None = None,
-) -> None:
+def _build(tmp: Path, final: Path, manifest: Manifest, digest: str, job: _Job) -> None:
     """Run the build steps in `tmp`: the dependencies keelway/builds/deps.py detects
     (from the cache when their key matches), then the [build] command."""
+    app, progress, builder = job.app, job.progress, job.builder
     python = deps.check(tmp, tenants_reach=builder is not None, progress=progress)
     venv = tmp / deps.VENV_DIR
     env = build_env(tmp, venv if python is not None else None, app=app, digest=digest)
@@ -312,8 +297,8 @@ def _build(
     try:
         with os.fdopen(log_fd, "ab") as log:
             ctx = deps.Context(tree=tmp, env=env, log=log, progress=progress,
-                               timeout_s=timeout_s, builder=builder, cache=cache, app=app,
-                               scratch=scratch)
+                               timeout_s=job.timeout_s, builder=builder, cache=job.cache,
+                               app=app, scratch=scratch)
             if python is not None:
                 deps.install_python(ctx, python)
             if deps.wants_node(tmp):

@@ -6,7 +6,7 @@ against each):
   a failed put leaves what was under the key before (locally: temp → fsync → rename →
   fsync dir; on S3: a PUT or a multipart upload, which S3 makes visible only whole).
 - `get_file` writes `dest` the same way, so a crash mid-download never leaves a
-  partial file under its final name; a missing key raises `NotFound`.
+  partial file under its final name; a missing key raises `ObjectNotFound`.
 - `list(prefix)` returns the keys under `prefix`, sorted; `delete` is idempotent, and so
   is `delete_prefix`, which removes every key under a `/`-ended prefix (a replica is
   many objects) and nothing beside it.
@@ -37,7 +37,7 @@ class ObjectStoreError(Exception):
     """The object store could not do what was asked (unreachable, refused, bad URL)."""
 
 
-class NotFound(ObjectStoreError):
+class ObjectNotFound(ObjectStoreError):
     """No object under that key."""
 
     def __init__(self, key: str) -> None:
@@ -84,7 +84,7 @@ class ObjectStore(Protocol):
         a snapshot's temp file becomes the object). On failure `path` is left."""
 
     def get_file(self, key: str, dest: Path, *, synced: bool = True) -> None:
-        """Download `key` to `dest` (0600); NotFound if there is none. With `synced`
+        """Download `key` to `dest` (0600); ObjectNotFound if there is none. With `synced`
         false the copy is not fsynced: the caller (a restore's staging) fsyncs it beside
         its verification, before anything trusts it."""
 
@@ -168,7 +168,7 @@ class LocalObjects:
     def get_file(self, key: str, dest: Path, *, synced: bool = True) -> None:
         src = self._path(key)
         if not src.is_file():
-            raise NotFound(key)
+            raise ObjectNotFound(key)
         _copy_durable(src, Path(dest), synced)
 
     def list(self, prefix: str) -> list[str]:
@@ -251,7 +251,7 @@ class S3Objects:
         except Exception as exc:
             tmp.unlink(missing_ok=True)
             if _is_missing(exc):
-                raise NotFound(key) from None
+                raise ObjectNotFound(key) from None
             if isinstance(exc, ObjectStoreError | OSError):
                 raise
             raise ObjectStoreError(f"get {key} from {self.url}: {exc}") from exc

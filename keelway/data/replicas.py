@@ -42,7 +42,7 @@ import signal
 import sys
 import time
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -206,18 +206,18 @@ class Drill:
     size_bytes: int | None
 
 
+@dataclass(eq=False)
 class Replicas:
-    """The replicators of one home, and what can be read from their replicas."""
+    """The replicators of one home, and what can be read from their replicas: replicas
+    go to `objects` (an `s3://` URL, else the home's objects dir), and `binary` is the
+    litestream that runs them (None: none installed, replication off)."""
 
-    def __init__(self, store: Store, home: Home, supervisor: Supervisor,
-                 objects: str | None = None, options: ReplicaOptions = ReplicaOptions(),
-                 binary: Path | None = None) -> None:
-        self.store = store
-        self.home = home
-        self.supervisor = supervisor
-        self.objects = objects
-        self.options = options
-        self.binary = binary if binary is not None else litestream_binary()
+    store: Store
+    home: Home
+    supervisor: Supervisor
+    objects: str | None = None
+    options: ReplicaOptions = ReplicaOptions()
+    binary: Path | None = field(default_factory=litestream_binary)
 
     @property
     def enabled(self) -> bool:
@@ -445,8 +445,8 @@ class Replicas:
             reason = verify(out)
             return Drill(host, reason is None, reason, None, out.stat().st_size)
         finally:
-            for suffix in ("", *durable.SQLITE_SIDE_FILES):
-                Path(f"{out}{suffix}").unlink(missing_ok=True)
+            for path in (out, *durable.sqlite_side_paths(out)):
+                path.unlink(missing_ok=True)
 
     async def _litestream(self, *args: str,
                           timeout_s: float | None = None) -> tuple[int, str, str]:

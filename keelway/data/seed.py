@@ -40,7 +40,8 @@ from typing import Any
 from keelway.data import sparse
 from keelway.data.swap import litestream_state, to_wal
 from keelway.data.verify import Damaged, verify_file
-from keelway.durable import SQLITE_SIDE_FILES, fsync_dir, temp_path, write_atomic
+from keelway.data.verify import Verified as Verified  # a seed's check is every copy's
+from keelway.durable import fsync_dir, sqlite_side_paths, temp_path, write_atomic
 from keelway.runtime.environment import INSTANCE_KEY, read_env_file, write_env_file
 
 MARKER_SUFFIX = ".seed"
@@ -57,12 +58,6 @@ class SeedRefused(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
-
-
-@dataclass(frozen=True)
-class Verified:
-    sha256: str
-    size_bytes: int
 
 
 @dataclass(frozen=True)
@@ -173,10 +168,9 @@ def verify_sqlite(path: Path) -> Verified:
     if not path.is_file():
         raise SeedRefused(f"{path} is not a file")
     try:
-        checked = verify_file(path)
+        return verify_file(path)
     except Damaged as exc:
         raise SeedRefused(f"{path} is not a usable SQLite database: {exc.message}") from None
-    return Verified(checked.sha256, checked.size)
 
 
 def store_copy(source: Path, dest: Path) -> Verified:
@@ -200,8 +194,8 @@ def store_copy(source: Path, dest: Path) -> Verified:
             finally:
                 src.close()
             to_wal(tmp)
-        for side in SQLITE_SIDE_FILES:
-            Path(f"{tmp}{side}").unlink(missing_ok=True)
+        for side in sqlite_side_paths(tmp):
+            side.unlink(missing_ok=True)
         _fsync_file(tmp)
         os.replace(tmp, dest)
         fsync_dir(dest.parent)
@@ -239,8 +233,8 @@ def lay_down(copy: Path, db: Path, seed: str, sha256: str) -> None:
     anyone else). Raises `SeedRefused` if the copy no longer hashes to `sha256`."""
     db.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     write_atomic(marker_of(db), f"{seed}\n".encode())
-    for side in SQLITE_SIDE_FILES:
-        Path(f"{db}{side}").unlink(missing_ok=True)
+    for side in sqlite_side_paths(db):
+        side.unlink(missing_ok=True)
     tmp = temp_path(db)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
@@ -268,7 +262,7 @@ def remove_local(db: Path) -> list[str]:
     if state.is_dir():
         shutil.rmtree(state)
         removed.append(state.name)
-    for path in (db, *(Path(f"{db}{side}") for side in SQLITE_SIDE_FILES), marker_of(db)):
+    for path in (db, *sqlite_side_paths(db), marker_of(db)):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
             removed.append(path.name)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from keelway import failpoints, names
 from keelway.data.objects import (
-    NotFound,
+    ObjectNotFound,
     ObjectStore,
     ObjectStoreError,
     manifest_key,
@@ -142,7 +142,7 @@ def take(objects: ObjectStore, home: Home, host: str, *, now_s: float,
             finally:
                 flushed.result()
         failpoints.hit("snapshot.copy.after")
-        manifest = Manifest(host, snap_id, now_s, verified.size, verified.sha256, release,
+        manifest = Manifest(host, snap_id, now_s, verified.size_bytes, verified.sha256, release,
                             verified.schema_version)
         failpoints.hit("snapshot.put.before")
         objects.adopt_file(snapshot_key(host, snap_id), tmp)
@@ -185,7 +185,7 @@ def _put_bytes(objects: ObjectStore, key: str, data: bytes, scratch: Path) -> No
 
 
 def manifest(objects: ObjectStore, host: str, snap_id: str) -> Manifest:
-    """The manifest of snapshot `snap_id` of `host`; raises NotFound."""
+    """The manifest of snapshot `snap_id` of `host`; raises ObjectNotFound."""
     with tempfile.TemporaryDirectory(prefix="keelway-manifest-") as scratch:
         path = Path(scratch) / "m.json"
         objects.get_file(manifest_key(host, snap_id), path)
@@ -207,7 +207,7 @@ def list_snapshots(objects: ObjectStore, host: str) -> list[Manifest]:
             if names.SNAPSHOT_ID.accepts(snap_id):
                 try:
                     found.append(manifest(objects, host, snap_id))
-                except (NotFound, Damaged):
+                except (ObjectNotFound, Damaged):
                     continue  # deleted meanwhile, or not ours to read: not listed
     return sorted(found, key=lambda m: m.id)
 
@@ -215,7 +215,7 @@ def list_snapshots(objects: ObjectStore, host: str) -> list[Manifest]:
 def fetch(objects: ObjectStore, host: str, snap_id: str, dest: Path, *,
           durable: bool = True) -> Manifest:
     """Download snapshot `snap_id` of `host` to `dest`, verify it against its manifest
-    and (`durable`) fsync it; raises NotFound or Damaged (then `dest` is removed).
+    and (`durable`) fsync it; raises ObjectNotFound or Damaged (then `dest` is removed).
 
     As in `take`, the copy is flushed to disk while it is verified from the page cache:
     the fsync, the sha256 and the integrity check run at once, and it returns only
@@ -230,8 +230,8 @@ def fetch(objects: ObjectStore, host: str, snap_id: str, dest: Path, *,
             finally:
                 if flushed is not None:
                     flushed.result()
-        if verified.size != found.size:
-            raise Damaged(f"snapshot {snap_id}: {verified.size} bytes, not the recorded "
+        if verified.size_bytes != found.size:
+            raise Damaged(f"snapshot {snap_id}: {verified.size_bytes} bytes, not the recorded "
                           f"{found.size}")
     except BaseException:
         Path(dest).unlink(missing_ok=True)
@@ -241,7 +241,7 @@ def fetch(objects: ObjectStore, host: str, snap_id: str, dest: Path, *,
 
 def verify_stored(objects: ObjectStore, host: str, snap_id: str, scratch: Path) -> Manifest:
     """Fetch and verify a stored snapshot into `scratch` (removed after); raises
-    NotFound or Damaged."""
+    ObjectNotFound or Damaged."""
     dest = scratch / f"{LEFTOVER_PREFIXES[2]}{snap_id}.db"
     try:
         return fetch(objects, host, snap_id, dest, durable=False)  # read, then removed
@@ -276,6 +276,6 @@ def newest(objects: ObjectStore, host: str) -> Manifest | None:
     return listed[-1] if listed else None
 
 
-__all__ = ["Damaged", "Manifest", "NoDatabase", "NotFound", "ObjectStoreError", "delete",
+__all__ = ["Damaged", "Manifest", "NoDatabase", "ObjectNotFound", "ObjectStoreError", "delete",
            "fetch", "list_snapshots", "manifest", "newest", "prune", "take",
            "verify_stored"]

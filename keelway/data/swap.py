@@ -40,9 +40,12 @@ from pathlib import Path
 from keelway import failpoints
 from keelway.data import kept
 from keelway.data.snapshots import LEFTOVER_PREFIXES
-from keelway.durable import SQLITE_SIDE_FILES, TEMP_PREFIX, fsync_dir
+from keelway.durable import SQLITE_SIDE_FILES, TEMP_PREFIX, fsync_dir, sqlite_side_paths
 
-SIDES = (*SQLITE_SIDE_FILES, "")  # the sides before the main file
+# The suffixes of a database's files, sides before the main file, for callers that name
+# a staged copy's files by suffix (keelway/deploy/restore.py); derived, never listed here.
+SIDES = (*SQLITE_SIDE_FILES, "")
+
 ASIDE = ".restore-aside"
 # A database's litestream state sits beside it under this suffix (litestream's own
 # layout): a database swapped in must not inherit the positions of the one it replaced.
@@ -84,7 +87,7 @@ def finish(db: Path) -> bool:
             return True
         return False
     aside.mkdir(mode=0o700, exist_ok=True)
-    for old in (*(Path(f"{db}{side}") for side in SIDES), litestream_state(db)):
+    for old in (*sqlite_side_paths(db), db, litestream_state(db)):  # the sides first
         if old.exists():
             os.replace(old, aside / old.name)
     fsync_dir(aside)

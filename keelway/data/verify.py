@@ -33,7 +33,10 @@ class Damaged(Exception):
 
 @dataclass(frozen=True)
 class Verified:
-    size: int
+    """A copy of a database that opened read-only, passed `PRAGMA integrity_check`,
+    and hashed to `sha256` (snapshots, restores' staged copies, seeds alike)."""
+
+    size_bytes: int
     sha256: str
     schema_version: int  # PRAGMA user_version
 

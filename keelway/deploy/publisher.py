@@ -51,10 +51,10 @@ failpoints.declare("publish.before", "publish.after")
 
 RETRY_AFTER_S = 5
 
-def router_state(state: RouteState) -> rt.RouteState:
+def router_state(state: RouteState) -> rt.Handling:
     """The router table's state for a store route state: the same word (`parked`: the
     router holds the request and asks the control plane for a wake)."""
-    return rt.RouteState(state.value)
+    return rt.Handling(state.value)
 
 
 @dataclass(frozen=True)
@@ -72,18 +72,18 @@ class Standing:
         return cls(inst.state, inst.removing is not None, deployed, aliases)
 
 
-def page_state(state: rt.RouteState, standing: Standing | None,
-               retry_in_s: float | None) -> rt.RouteState:
+def page_state(state: rt.Handling, standing: Standing | None,
+               retry_in_s: float | None) -> rt.Handling:
     """What a route the store gates says (any other state is published as it is).
     `retry_in_s`: the instance's web waits out a crash backoff, due in that long."""
-    if state is not rt.RouteState.GATED or standing is None:
+    if state is not rt.Handling.GATED or standing is None:
         return state
     if standing.removing or standing.state is InstanceState.STOPPED:
-        return rt.RouteState.STOPPED
+        return rt.Handling.STOPPED
     if retry_in_s is not None:
-        return rt.RouteState.CRASHED
+        return rt.Handling.CRASHED
     if not standing.deployed:
-        return rt.RouteState.NO_RELEASE
+        return rt.Handling.NO_RELEASE
     return state
 
 
@@ -101,10 +101,10 @@ def table_of(routes: list[Route], version: int,
     entries: dict[str, rt.Route] = {}
     refused: dict[str, str] = {}
 
-    def put(host: str, instance: str, state: rt.RouteState, upstream: str | None) -> None:
+    def put(host: str, instance: str, state: rt.Handling, upstream: str | None) -> None:
         retry = retry_in_s.get(instance)
         retry_after_s = RETRY_AFTER_S
-        if retry is not None and state in (rt.RouteState.GATED, rt.RouteState.CRASHED):
+        if retry is not None and state in (rt.Handling.GATED, rt.Handling.CRASHED):
             retry_after_s = max(1, math.ceil(retry))
         try:
             names.HOST.check(host)
@@ -119,16 +119,16 @@ def table_of(routes: list[Route], version: int,
         routed.add(route.instance)
         state = router_state(route.state)
         upstream = f"127.0.0.1:{route.port}" if route.port is not None else None
-        if state is rt.RouteState.SERVING and upstream is None:
-            state = rt.RouteState.GATED  # nothing to serve with: answer 503, never guess
+        if state is rt.Handling.SERVING and upstream is None:
+            state = rt.Handling.GATED  # nothing to serve with: answer 503, never guess
         state = page_state(state, standings.get(route.instance),
                            retry_in_s.get(route.instance))
         put(route.host, route.instance, state, upstream)
     for instance, standing in standings.items():
         if instance in routed:
             continue
-        state = page_state(rt.RouteState.GATED, standing, None)
-        if state is rt.RouteState.GATED:
+        state = page_state(rt.Handling.GATED, standing, None)
+        if state is rt.Handling.GATED:
             continue  # deployed, and still no route (no web): no page to give
         for host in (instance, *standing.aliases):
             put(host, instance, state, None)

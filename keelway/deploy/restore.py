@@ -69,7 +69,7 @@ from keelway import failpoints, names
 from keelway.builds.manifest import REPLICA, DataSpec
 from keelway.data import kept, snapshots, swap
 from keelway.data.kept import KeptCopy
-from keelway.data.objects import NotFound, ObjectStore, ObjectStoreError
+from keelway.data.objects import ObjectNotFound, ObjectStore, ObjectStoreError
 from keelway.data.replicas import ReplicaError, in_effect, replica_url
 from keelway.data.snapshots import Manifest, NoDatabase
 from keelway.data.verify import Damaged, verify_file
@@ -212,7 +212,7 @@ class Snapshots(Part):
         try:
             return await asyncio.to_thread(snapshots.verify_stored, self.objects, host,
                                            snap_id, self.home.data_dir(host))
-        except NotFound:
+        except ObjectNotFound:
             raise NotFoundError(f"{host} has no snapshot {snap_id}",
                                 hint=f"see `keelway db snapshots {host}`") from None
         except Damaged as exc:
@@ -454,7 +454,7 @@ class Snapshots(Part):
         instance database is), fsynced; refused with nothing changed otherwise."""
         try:
             return await asyncio.to_thread(self._fetch_staged, host, snap_id, staged)
-        except NotFound:
+        except ObjectNotFound:
             raise NotFoundError(f"{host} has no snapshot {snap_id}",
                                 hint=f"see `keelway db snapshots {host}`") from None
         except Damaged as exc:
@@ -572,7 +572,7 @@ class Snapshots(Part):
         try:
             await asyncio.to_thread(snapshots.verify_stored, self.objects, host, newest.id,
                                     scratch)
-        except NotFound:
+        except ObjectNotFound:
             return SnapshotDrill(host, newest, False, f"snapshot {newest.id} is gone")
         except Damaged as exc:
             return SnapshotDrill(host, newest, False, exc.message)

@@ -57,7 +57,7 @@ from typing import assert_never
 from keelway import failpoints, names
 from keelway.data import seed as files
 from keelway.data import snapshots
-from keelway.data.objects import NotFound, ObjectStore, ObjectStoreError, manifest_key
+from keelway.data.objects import ObjectNotFound, ObjectStore, ObjectStoreError, manifest_key
 from keelway.data.verify import Damaged
 from keelway.deploy import targets
 from keelway.deploy.errors import OperationError, UserError
@@ -266,7 +266,7 @@ class Seeding(Part):
             try:
                 await asyncio.to_thread(snapshots.fetch, objects, holder, source.snap_id,
                                         dest)
-            except NotFound:
+            except ObjectNotFound:
                 raise UserError(f"no snapshot {source.snap_id} of {holder} is stored; "
                                 "nothing was changed",
                                 hint=f"`keelway db snapshots {holder}` lists them") from None

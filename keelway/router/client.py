@@ -19,20 +19,8 @@ from typing import Final, NamedTuple
 
 import msgspec
 
-from keelway.router.control_wire import (
-    MAX_LINE_BYTES,
-    GetActivity,
-    GetTable,
-    Handoff,
-    HostActivity,
-    Inflight,
-    Ping,
-    Reply,
-    Retire,
-    SetTable,
-    encode_line,
-    reply_decoder,
-)
+# The control protocol's messages, by the wire's own names (`wire.Ping`).
+from keelway.router import control_wire as wire
 from keelway.router.route_table import RouteTable, TableOffer
 
 DEFAULT_TIMEOUT_S: Final = 5.0
@@ -55,9 +43,9 @@ class RouterRefused(RouterControlError):
         self.error = error
 
 
-def _check(reply_line: bytes) -> Reply:
+def _check(reply_line: bytes) -> wire.Reply:
     try:
-        reply = reply_decoder.decode(reply_line)
+        reply = wire.reply_decoder.decode(reply_line)
     except msgspec.DecodeError as exc:
         raise RouterUnreachable(f"unreadable reply from the router: {exc}") from exc
     if not reply.ok:
@@ -69,7 +57,7 @@ def _missing(what: str) -> RouterUnreachable:
     return RouterUnreachable(f"the router's reply has no {what}")
 
 
-def _version_of(reply: Reply) -> int:
+def _version_of(reply: wire.Reply) -> int:
     if reply.version is None:
         raise _missing("version")
     return reply.version
@@ -83,11 +71,11 @@ class Applied(NamedTuple):
     refused: dict[str, str]
 
 
-def _applied(reply: Reply) -> Applied:
+def _applied(reply: wire.Reply) -> Applied:
     return Applied(_version_of(reply), dict(reply.refused or {}))
 
 
-def _table_of(reply: Reply) -> RouteTable:
+def _table_of(reply: wire.Reply) -> RouteTable:
     if reply.table is None:
         raise _missing("table")
     return reply.table
@@ -96,14 +84,14 @@ def _table_of(reply: Reply) -> RouteTable:
 # -- asyncio -------------------------------------------------------------------------
 
 
-async def _call(sock_path: SocketPath, request: msgspec.Struct, timeout_s: float) -> Reply:
+async def _call(sock_path: SocketPath, request: msgspec.Struct, timeout_s: float) -> wire.Reply:
     try:
         async with asyncio.timeout(timeout_s):
             reader, writer = await asyncio.open_unix_connection(
-                str(sock_path), limit=MAX_LINE_BYTES
+                str(sock_path), limit=wire.MAX_LINE_BYTES
             )
             try:
-                writer.write(encode_line(request))
+                writer.write(wire.encode_line(request))
                 await writer.drain()
                 line = await reader.readline()
             finally:
@@ -112,6 +100,8 @@ async def _call(sock_path: SocketPath, request: msgspec.Struct, timeout_s: float
         raise RouterUnreachable(f"no answer on {sock_path} within {timeout_s} s") from exc
     except OSError as exc:
         raise RouterUnreachable(f"connect to {sock_path}: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # a reply line past MAX_LINE_BYTES: not a router's answer
+        raise RouterUnreachable(f"ask {sock_path}: {exc}") from exc
     if not line:
         raise RouterUnreachable(f"the router on {sock_path} closed without answering")
     return _check(line)
@@ -125,7 +115,7 @@ async def push_routes(
 
     Raises RouterRefused for a stale table, RouterUnreachable otherwise.
     """
-    return _applied(await _call(sock_path, SetTable(table=TableOffer.of(table)), timeout_s))
+    return _applied(await _call(sock_path, wire.SetTable(table=TableOffer.of(table)), timeout_s))
 
 
 async def push_table(
@@ -137,14 +127,14 @@ async def push_table(
 
 async def get_table(sock_path: SocketPath, timeout_s: float = DEFAULT_TIMEOUT_S) -> RouteTable:
     """The table the router serves now."""
-    return _table_of(await _call(sock_path, GetTable(), timeout_s))
+    return _table_of(await _call(sock_path, wire.GetTable(), timeout_s))
 
 
 async def inflight(
     sock_path: SocketPath, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> dict[str, int]:
     """Requests in flight per upstream ("127.0.0.1:PORT"), as the router counts them."""
-    reply = await _call(sock_path, Inflight(), timeout_s)
+    reply = await _call(sock_path, wire.Inflight(), timeout_s)
     if reply.inflight is None:
         raise _missing("inflight")
     return reply.inflight
@@ -152,12 +142,12 @@ async def inflight(
 
 async def activity(
     sock_path: SocketPath, timeout_s: float = DEFAULT_TIMEOUT_S
-) -> dict[str, HostActivity]:
+) -> dict[str, wire.HostActivity]:
     """Per route host, its idle time and open requests over every router worker."""
-    return _activity_of(await _call(sock_path, GetActivity(), timeout_s))
+    return _activity_of(await _call(sock_path, wire.GetActivity(), timeout_s))
 
 
-def _activity_of(reply: Reply) -> dict[str, HostActivity]:
+def _activity_of(reply: wire.Reply) -> dict[str, wire.HostActivity]:
     if reply.activity is None:
         raise _missing("activity")
     return reply.activity
@@ -166,14 +156,14 @@ def _activity_of(reply: Reply) -> dict[str, HostActivity]:
 # -- blocking ------------------------------------------------------------------------
 
 
-def _call_sync(sock_path: SocketPath, request: msgspec.Struct, timeout_s: float) -> Reply:
+def _call_sync(sock_path: SocketPath, request: msgspec.Struct, timeout_s: float) -> wire.Reply:
     deadline = time.monotonic() + timeout_s
     chunks: list[bytes] = []
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(timeout_s)
             sock.connect(os.fspath(sock_path))
-            sock.sendall(encode_line(request))
+            sock.sendall(wire.encode_line(request))
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -199,24 +189,24 @@ def push_table_sync(
     sock_path: SocketPath, table: RouteTable, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> int:
     """Blocking `push_table`."""
-    return _version_of(_call_sync(sock_path, SetTable(table=TableOffer.of(table)), timeout_s))
+    return _version_of(_call_sync(sock_path, wire.SetTable(table=TableOffer.of(table)), timeout_s))
 
 
 def get_table_sync(sock_path: SocketPath, timeout_s: float = DEFAULT_TIMEOUT_S) -> RouteTable:
     """Blocking `get_table`."""
-    return _table_of(_call_sync(sock_path, GetTable(), timeout_s))
+    return _table_of(_call_sync(sock_path, wire.GetTable(), timeout_s))
 
 
 def activity_sync(
     sock_path: SocketPath, timeout_s: float = DEFAULT_TIMEOUT_S
-) -> dict[str, HostActivity]:
+) -> dict[str, wire.HostActivity]:
     """Blocking `activity`."""
-    return _activity_of(_call_sync(sock_path, GetActivity(), timeout_s))
+    return _activity_of(_call_sync(sock_path, wire.GetActivity(), timeout_s))
 
 
 def ping_sync(sock_path: SocketPath, timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
     """The router's pid, proving it is up and serving its control socket."""
-    reply = _call_sync(sock_path, Ping(), timeout_s)
+    reply = _call_sync(sock_path, wire.Ping(), timeout_s)
     if reply.pid is None:
         raise _missing("pid")
     return reply.pid
@@ -225,7 +215,7 @@ def ping_sync(sock_path: SocketPath, timeout_s: float = DEFAULT_TIMEOUT_S) -> in
 def table_format_sync(sock_path: SocketPath, timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
     """The table format the router reads (route_table.TABLE_FORMAT); 1 for a router
     from before formats were numbered, which does not say."""
-    return _call_sync(sock_path, Ping(), timeout_s).table_format or 1
+    return _call_sync(sock_path, wire.Ping(), timeout_s).table_format or 1
 
 
 __all__ = [
@@ -263,7 +253,7 @@ def take_listener(
     conn.settimeout(timeout_s)
     try:
         conn.connect(os.fspath(sock_path))
-        conn.sendall(encode_line(Handoff()))
+        conn.sendall(wire.encode_line(wire.Handoff()))
         data = b""
         fds: list[int] = []
         while not data.endswith(b"\n"):
@@ -297,7 +287,7 @@ def take_listener(
 def retire_over(conn: socket.socket) -> None:
     """Tell the old router, on its handoff connection, to stop accepting and drain."""
     try:
-        conn.sendall(encode_line(Retire()))
+        conn.sendall(wire.encode_line(wire.RetireRouter()))
         reply = b""
         while not reply.endswith(b"\n"):
             chunk = conn.recv(65536)

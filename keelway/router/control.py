@@ -25,6 +25,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, assert_never
 
@@ -39,7 +40,7 @@ from keelway.router.control_wire import (
     Inflight,
     Ping,
     Reply,
-    Retire,
+    RetireRouter,
     SetTable,
     encode_line,
     request_decoder,
@@ -52,20 +53,19 @@ from keelway.router.workers import WorkerSet
 log: Final = logging.getLogger("keelway.router")
 
 
+@dataclass(eq=False)
 class ControlServer:
-    """Serves the control protocol for one `Proxy`, persisting accepted tables."""
+    """Serves the control protocol for one `Proxy`, persisting accepted tables to
+    `state_path`; hands `listener` off when asked, calls `on_retire` on a retire, and
+    sums in-flight and activity counts over `workers` when it has them."""
 
-    def __init__(self, proxy: Proxy, state_path: Path | None,
-                 listener: socket.socket | None = None,
-                 on_retire: Callable[[], None] | None = None,
-                 workers: WorkerSet | None = None) -> None:
-        self._proxy = proxy
-        self._workers = workers
-        self._state_path = state_path
-        self._listener = listener
-        self._on_retire = on_retire
-        self._lock = asyncio.Lock()
-        self._server: asyncio.AbstractServer | None = None
+    proxy: Proxy
+    state_path: Path | None
+    listener: socket.socket | None = None
+    on_retire: Callable[[], None] | None = None
+    workers: WorkerSet | None = None
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
+    _server: asyncio.AbstractServer | None = field(default=None, init=False)
 
     async def start(self, sock_path: Path) -> None:
         """Listen on `sock_path` (mode 0600), replacing whatever socket is there.
@@ -110,8 +110,8 @@ class ControlServer:
                     continue
                 writer.write(encode_line(reply))
                 await writer.drain()
-                if isinstance(request_or_none(line), Retire) and self._on_retire:
-                    self._on_retire()
+                if isinstance(request_or_none(line), RetireRouter) and self.on_retire:
+                    self.on_retire()
         except ConnectionError:
             return
         finally:
@@ -127,34 +127,34 @@ class ControlServer:
             case SetTable(table=table):
                 return await self.apply(table)
             case GetTable():
-                return Reply(ok=True, table=self._proxy.routing.table)
+                return Reply(ok=True, table=self.proxy.routing.table)
             case Ping():
                 return Reply(ok=True, pid=os.getpid(), table_format=TABLE_FORMAT)
             case Handoff():
-                if self._listener is None:
+                if self.listener is None:
                     return Reply(ok=False, error="this router has no listening socket to hand off")
                 # Asked by a successor about to take over, or by a control plane keeping a copy
                 # so it can start one if this router dies; only a `retire` means we stop.
                 log.info("lending a copy of the listening socket")
                 return Reply(ok=True, pid=os.getpid())
             case Inflight():
-                counts = self._proxy.inflight()
-                if self._workers is not None:
-                    for key, n in (await self._workers.inflight()).items():
+                counts = self.proxy.inflight()
+                if self.workers is not None:
+                    for key, n in (await self.workers.inflight()).items():
                         counts[key] = counts.get(key, 0) + n
                 return Reply(ok=True, inflight=counts)
             case GetActivity():
-                seen = self._proxy.activity()
-                if self._workers is not None:
-                    for host, (idle_s, n) in (await self._workers.activity()).items():
+                seen = self.proxy.activity()
+                if self.workers is not None:
+                    for host, (idle_s, n) in (await self.workers.activity()).items():
                         mine = seen.get(host)
                         seen[host] = (idle_s, n) if mine is None else (
                             min(mine[0], idle_s), mine[1] + n)
                 return Reply(ok=True, activity={
                     host: HostActivity(idle_s=round(idle_s, 3), open=n)
                     for host, (idle_s, n) in seen.items()})
-            case Retire():
-                if self._on_retire is None:
+            case RetireRouter():
+                if self.on_retire is None:
                     return Reply(ok=False, error="this router cannot retire")
                 log.info("retiring: a new router took over")
                 return Reply(ok=True, pid=os.getpid())
@@ -164,14 +164,14 @@ class ControlServer:
     def _send_listener(self, writer: asyncio.StreamWriter, line: bytes) -> None:
         """The reply line and the listening socket in one message, so the fd cannot be
         separated from the bytes that announce it."""
-        assert self._listener is not None
+        assert self.listener is not None
         conn_fd = writer.get_extra_info("socket").fileno()
         # The dup shares the transport's non-blocking file description, so its blocking
         # mode is left alone; a short line into an idle unix socket does not block.
         with socket.socket(fileno=os.dup(conn_fd)) as conn:
             for _ in range(100):
                 try:
-                    socket.send_fds(conn, [line], [self._listener.fileno()])
+                    socket.send_fds(conn, [line], [self.listener.fileno()])
                     return
                 except BlockingIOError:
                     time.sleep(0.01)
@@ -185,7 +185,7 @@ class ControlServer:
             log.warning("route table v%d: refused the route for %r: %s", offer.version, host,
                         why)
         async with self._lock:
-            current = self._proxy.routing.table
+            current = self.proxy.routing.table
             if table.version < current.version:
                 log.warning(
                     "refused route table v%d: older than current v%d",
@@ -196,15 +196,15 @@ class ControlServer:
                     ok=False,
                     error=f"stale version {table.version}: current is {current.version}",
                 )
-            if self._state_path is not None:
+            if self.state_path is not None:
                 loop = asyncio.get_running_loop()
                 try:
-                    await loop.run_in_executor(None, save_table, self._state_path, table)
+                    await loop.run_in_executor(None, save_table, self.state_path, table)
                 except OSError as exc:
                     log.error("could not save route table v%d: %s", table.version, exc)
                     return Reply(ok=False, error=f"could not save the table: {exc.strerror}")
-            self._proxy.swap(table)
-            if self._workers is not None and not await self._workers.reload():
+            self.proxy.swap(table)
+            if self.workers is not None and not await self.workers.reload():
                 # Not acknowledged: the caller must not act as if every worker routes by
                 # it (a deploy would stop a process a worker still sends requests to).
                 log.error("route table v%d: a worker did not apply it", table.version)

@@ -37,27 +37,32 @@ class SetTable(msgspec.Struct, tag_field="op", tag="set", frozen=True):
 
 
 class GetTable(msgspec.Struct, tag_field="op", tag="get", frozen=True):
-    pass
+    """The table the router serves now."""
 
 
 class Ping(msgspec.Struct, tag_field="op", tag="ping", frozen=True):
-    pass
+    """Is a router there: its pid and the route table format it reads (an older
+    router, kept across an upgrade, is replaced before anything is pushed to it)."""
 
 
 class Handoff(msgspec.Struct, tag_field="op", tag="handoff", frozen=True):
-    pass
+    """The listening socket, passed back over the control socket (SCM_RIGHTS): to a
+    successor taking over, or to the control plane keeping a copy so that it can
+    start a router on that same socket if this one dies."""
 
 
-class Retire(msgspec.Struct, tag_field="op", tag="retire", frozen=True):
-    pass
+class RetireRouter(msgspec.Struct, tag_field="op", tag="retire", frozen=True):
+    """Stop accepting; finish what is in flight and exit (after a handoff)."""
 
 
 class Inflight(msgspec.Struct, tag_field="op", tag="inflight", frozen=True):
-    pass
+    """Requests in flight per upstream, over every worker: a deploy stops an old web
+    process only once none are left to it."""
 
 
 class GetActivity(msgspec.Struct, tag_field="op", tag="activity", frozen=True):
-    pass
+    """Per host, seconds since its last request and its connections open now, over
+    every worker (keelway/activator counts idleness from it)."""
 
 
 class HostActivity(msgspec.Struct, frozen=True):
@@ -69,7 +74,7 @@ class HostActivity(msgspec.Struct, frozen=True):
     open: int
 
 
-Request = SetTable | GetTable | Ping | Handoff | Retire | Inflight | GetActivity
+ControlRequest = SetTable | GetTable | Ping | Handoff | RetireRouter | Inflight | GetActivity
 
 
 class Reply(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -84,7 +89,7 @@ class Reply(msgspec.Struct, frozen=True, omit_defaults=True):
     error: str | None = None
 
 
-request_decoder: Final = msgspec.json.Decoder(Request)
+request_decoder: Final = msgspec.json.Decoder(ControlRequest)
 reply_decoder: Final = msgspec.json.Decoder(Reply)
 
 

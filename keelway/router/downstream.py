@@ -243,12 +243,7 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
         if ex is None:
             return  # refused: the answer is queued, the connection ends after it
         self._parsing = ex
-        if self.current is None:
-            self.current = ex
-            ex.start()
-        else:
-            self._queue.append(ex)
-            self.block_reading(self.BLOCK_QUEUE)
+        self._enqueue(ex)
 
     def on_body(self, body: bytes) -> None:
         ex = self._parsing
@@ -406,14 +401,19 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
                 self.current = None
             elif self._queue and self._queue[-1] is stale:
                 self._queue.pop()
+        self._enqueue(ex)
+
+    # -- exchange sequencing ---------------------------------------------------------
+
+    def _enqueue(self, ex: Exchange) -> None:
+        """`ex` is answered in its turn: at once when nothing is being answered, else
+        after the exchanges queued before it (pipelining), reading paused meanwhile."""
         if self.current is None:
             self.current = ex
             ex.start()
         else:
             self._queue.append(ex)
             self.block_reading(self.BLOCK_QUEUE)
-
-    # -- exchange sequencing ---------------------------------------------------------
 
     def exchange_done(self, ex: Exchange) -> None:
         """`ex` (the current exchange) is answered: close, or start the next one.

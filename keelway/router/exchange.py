@@ -19,7 +19,7 @@ from keelway.router import responses
 
 if TYPE_CHECKING:
     from keelway.router.downstream import ClientConnection
-    from keelway.router.route_table import Target
+    from keelway.router.route_table import CompiledRoute
     from keelway.router.upstream import UpstreamConnection, UpstreamPool
 
 _LAST_CHUNK: Final = b"0\r\n\r\n"
@@ -70,16 +70,14 @@ class Exchange:
         self.upstream: UpstreamConnection | None = None
         self.out: list[bytes] = []
         self.retry_head: bytes | None = None
-        self.chunked_request = False
-        self.upgrade = False
-        self.request_done = False
-        self.response_started = False
-        self.abandoned = False
+        # How far the exchange has come, each a one-way step.
+        self.request_done = self.response_started = self.abandoned = False
+        self.chunked_request = self.upgrade = False
         # Waiting for its route to stop holding; the proxy resumes or answers it.
         self.held = False
         # Its route: while this is a connection's current exchange (a streaming
         # response, a tunnel, a held request), its host counts as open (Proxy.activity).
-        self.target: Target | None = None
+        self.target: CompiledRoute | None = None
 
     def start(self) -> None:
         """Become the current exchange: send a local answer, or find an upstream."""

@@ -17,7 +17,7 @@ Owns the swap of the route table and the lifetime of upstream pools. Invariants:
   closes the waiting connections without telling the application (no busy loop, but
   no word either): keeping clients out of the reserve makes that the last resort.
 
-Holding, waking and activity are per instance (`Target.instance`), whichever of its
+Holding, waking and activity are per instance (`CompiledRoute.instance`), whichever of its
 hosts a request named: one bound of held requests, one wake, one idle time for an
 instance and its aliases. A held request keeps its own host, so the table that releases
 it serves it by that host's route.
@@ -45,7 +45,7 @@ from typing import Final
 from keelway.router import responses
 from keelway.router.downstream import ClientConnection
 from keelway.router.exchange import Exchange
-from keelway.router.route_table import Activity, RouteState, RouteTable, Routing, Target
+from keelway.router.route_table import CompiledRoute, Handling, RouteTable, Routing, Traffic
 from keelway.router.upstream import UpstreamPool
 
 log: Final = logging.getLogger("keelway.router")
@@ -137,7 +137,7 @@ class Proxy:
     def __init__(self, table: RouteTable, options: ProxyOptions | None = None) -> None:
         self.options: Final = options or ProxyOptions()
         # Per instance of the routes, across swaps: what `activity` reports.
-        self._activity: dict[str, Activity] = {}
+        self._activity: dict[str, Traffic] = {}
         self.routing = Routing(table)
         self._track(self.routing, time.monotonic())
         self.connections: set[ClientConnection] = set()
@@ -204,7 +204,7 @@ class Proxy:
         instances = routing.instances
         for instance in instances:
             if instance not in activity:
-                activity[instance] = Activity(now)
+                activity[instance] = Traffic(now)
         if len(activity) > len(instances):
             for instance in [i for i in activity if i not in instances]:
                 del activity[instance]
@@ -220,7 +220,7 @@ class Proxy:
 
     # -- holding ------------------------------------------------------------------------
 
-    def hold(self, ex: Exchange, target: Target) -> bool:
+    def hold(self, ex: Exchange, target: CompiledRoute) -> bool:
         """Park `ex` until a table decides its route; False when already full (or a
         wake of its parked instance was just refused). A parked instance is asked awake.
         In a worker it waits for its slot first (`granted`)."""
@@ -305,7 +305,7 @@ class Proxy:
             return responses.unavailable(5)
         return self.page_for(target)
 
-    def want_wake(self, target: Target, now: float | None = None) -> bool:
+    def want_wake(self, target: CompiledRoute, now: float | None = None) -> bool:
         """Note that parked `target`'s instance has a request waiting (or turned away:
         an upgrade, or one past the bounds): the waker is told, at most every
         WAKE_NOTE_S. False while a refusal of its wake holds (its requests get 503 at
@@ -326,7 +326,7 @@ class Proxy:
                 hook(instance)
         return True
 
-    def refuse_wake(self, instance: str, state: RouteState = RouteState.GATED,
+    def refuse_wake(self, instance: str, state: Handling = Handling.GATED,
                     retry_after_s: int | None = None) -> int:
         """The control plane refused to wake `instance`: its held requests (through any
         of its hosts) get 503 now, and new ones for WAKE_REFUSED_HOLDOFF_S, with the
@@ -347,7 +347,7 @@ class Proxy:
                 answered += 1
         return answered
 
-    def page_for(self, target: Target) -> responses.Canned:
+    def page_for(self, target: CompiledRoute) -> responses.Canned:
         """What a request of `target` gets when it is neither proxied nor held: its
         route's page, or for a parked one whose wake was just refused, the refusal's."""
         if target.parked:
@@ -386,7 +386,7 @@ class Proxy:
                 continue
             self._settle(ex, instance, target)
 
-    def _settle(self, ex: Exchange, instance: str, target: Target | None) -> None:
+    def _settle(self, ex: Exchange, instance: str, target: CompiledRoute | None) -> None:
         """Held `ex`'s route no longer holds: serve it by `target`, or answer it."""
         self._drop_held(ex, instance)
         if target is None:
@@ -415,7 +415,7 @@ class Proxy:
     def activity(self) -> dict[str, tuple[float, int]]:
         """Per instance of the routes (its primary host), through any of its hosts:
         seconds since its last request or open exchange, as far as this process can
-        tell (see Activity.sample), and its exchanges open now (a connection's current
+        tell (see Traffic.sample), and its exchanges open now (a connection's current
         one: a response still streaming, a tunnel, a held one)."""
         self._fold_hits(self.routing)
         open_now: dict[str, int] = {}
@@ -444,7 +444,7 @@ class Proxy:
             counts[pool.key] = counts.get(pool.key, 0) + pool.inflight
         return counts
 
-    def pool_for(self, target: Target) -> UpstreamPool:
+    def pool_for(self, target: CompiledRoute) -> UpstreamPool:
         pool = target.pool
         if pool is not None:
             return pool

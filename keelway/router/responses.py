@@ -18,7 +18,7 @@ import functools
 from typing import Final, assert_never
 
 from keelway.router.headers import status_line
-from keelway.router.route_table import RouteState
+from keelway.router.route_table import Handling
 
 
 class Canned:
@@ -83,19 +83,19 @@ def unavailable(retry_after_s: int) -> Canned:
     return _with_retry(_BUSY, retry_after_s)
 
 
-def refusal(state: RouteState, retry_after_s: int) -> Canned:
+def refusal(state: Handling, retry_after_s: int) -> Canned:
     """The page a request gets from a route in `state` that does not serve it now."""
     match state:
-        case RouteState.STOPPED:
+        case Handling.STOPPED:
             return STOPPED
-        case RouteState.NO_RELEASE:
+        case Handling.NO_RELEASE:
             return NOT_DEPLOYED
-        case RouteState.CRASHED:
+        case Handling.CRASHED:
             return _with_retry(_RESTARTING, retry_after_s)
-        case RouteState.GATED:
+        case Handling.GATED:
             return _with_retry(_MAINTENANCE, retry_after_s)
-        case (RouteState.HOLDING | RouteState.PARKED | RouteState.SERVING
-              | RouteState.DRAINING):
+        case (Handling.HOLDING | Handling.PARKED | Handling.SERVING
+              | Handling.DRAINING):
             # A proxied state's only refusal is a request that could not be held.
             return _with_retry(_BUSY, retry_after_s)
         case _:

@@ -42,8 +42,9 @@ if TYPE_CHECKING:
 TABLE_FORMAT: Final = 2
 
 
-class RouteState(enum.Enum):
-    """What the router does with a request for one host.
+class Handling(enum.Enum):
+    """What the router does with a request for one host: a route's state as the table
+    carries it (the store's `RouteState` is the record it is published from).
 
     `serving` proxies to the upstream; `gated` answers 503 + Retry-After (an import or
     a fence holds it). `holding` (requests wait, bounded, for the next table: a
@@ -66,21 +67,21 @@ class RouteState(enum.Enum):
     CRASHED = "crashed"
 
 
-class Action(enum.Enum):
+class Decision(enum.Enum):
     """The router's decision for a request whose host has a route."""
 
     PROXY = "proxy"
     UNAVAILABLE = "unavailable"
 
 
-def action_for(state: RouteState) -> Action:
+def decide(state: Handling) -> Decision:
     """The one place a route state becomes behaviour."""
     match state:
-        case RouteState.SERVING | RouteState.DRAINING:
-            return Action.PROXY
-        case (RouteState.GATED | RouteState.HOLDING | RouteState.PARKED
-              | RouteState.STOPPED | RouteState.NO_RELEASE | RouteState.CRASHED):
-            return Action.UNAVAILABLE
+        case Handling.SERVING | Handling.DRAINING:
+            return Decision.PROXY
+        case (Handling.GATED | Handling.HOLDING | Handling.PARKED
+              | Handling.STOPPED | Handling.NO_RELEASE | Handling.CRASHED):
+            return Decision.UNAVAILABLE
         case _:
             assert_never(state)
 
@@ -110,7 +111,7 @@ class Route(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaul
     their defaults are left out of the encoding, so a table that uses nothing new reads
     in a router of the format before."""
 
-    state: RouteState
+    state: Handling
     upstream: str | None = None
     retry_after_s: NonNegative = 5
     instance: str | None = None
@@ -118,7 +119,7 @@ class Route(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaul
     def __post_init__(self) -> None:
         if self.instance is not None:
             names.HOST.check(self.instance)
-        if action_for(self.state) is Action.PROXY:
+        if decide(self.state) is Decision.PROXY:
             if self.upstream is None:
                 raise ValueError(f"a {self.state.value} route needs an upstream")
             parse_upstream(self.upstream)
@@ -214,10 +215,10 @@ def host_key(raw: bytes) -> bytes:
     return raw
 
 
-class Activity:
+class Traffic:
     """One instance's traffic in this process (through any of its hosts), kept across
-    table swaps by the proxy. The hot path only marks the host's `Target` (`hit`): no
-    clock is read per request.
+    table swaps by the proxy. The hot path only marks the host's `CompiledRoute`
+    (`hit`): no clock is read per request.
     `sample` folds the marks into an idle time on the caller's clock, so the idle time
     is as fine as the interval between samples (the activity op's callers) and never
     longer than the truth: a mark since the last sample means "active now"."""
@@ -236,7 +237,7 @@ class Activity:
         return max(0.0, now - self.last_active)
 
 
-class Target:
+class CompiledRoute:
     """A compiled route: what the hot path needs, precomputed once per table."""
 
     __slots__ = ("hit", "holding", "host", "instance", "parked", "pool", "proxied",
@@ -249,11 +250,11 @@ class Target:
         self.state: Final = route.state
         # A request came for this host since the proxy last looked (Proxy.activity).
         self.hit = False
-        self.proxied: Final = action_for(route.state) is Action.PROXY
+        self.proxied: Final = decide(route.state) is Decision.PROXY
         # Requests wait (bounded) for the next table instead of getting 503 at once;
         # a parked route's also make the router ask for a wake.
-        self.parked: Final = route.state is RouteState.PARKED
-        self.holding: Final = self.parked or route.state is RouteState.HOLDING
+        self.parked: Final = route.state is Handling.PARKED
+        self.holding: Final = self.parked or route.state is Handling.HOLDING
         self.retry_after_s: Final = route.retry_after_s
         self.upstream_key: Final = route.upstream or ""
         host, port = parse_upstream(route.upstream) if route.upstream else ("", 0)
@@ -273,14 +274,14 @@ class Routing:
         self.table: Final = table
         # By the host as a route names it: a Host header that is already a bare
         # lowercase name (the common case) finds its target with one dict lookup.
-        self.by_host: Final = {host.encode(): Target(host, r)
+        self.by_host: Final = {host.encode(): CompiledRoute(host, r)
                                for host, r in table.routes.items()}
         targets = self.by_host.values()
         self.instances: Final = frozenset(t.instance for t in targets)
         # Instances with a parked route (any of their hosts): the ones a request wakes.
         self.parked: Final = frozenset(t.instance for t in targets if t.parked)
 
-    def lookup(self, raw_host: bytes) -> Target | None:
+    def lookup(self, raw_host: bytes) -> CompiledRoute | None:
         """The target for a Host header value, or None when no route names that host."""
         targets = self.by_host
         found = targets.get(raw_host)

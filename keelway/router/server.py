@@ -33,15 +33,15 @@ from keelway.router.control import ControlServer
 from keelway.router.hold_slots import HoldSlots
 from keelway.router.listen import LISTEN_BACKLOG, bind_tcp
 from keelway.router.proxy import Proxy, ProxyOptions
-from keelway.router.route_table import EMPTY_TABLE, RouteState, RouteTable
+from keelway.router.route_table import EMPTY_TABLE, Handling, RouteTable
 from keelway.router.table_file import TableFileError, load_table
 from keelway.router.waker import Waker
-from keelway.router.workers import SlotChannel, WorkerSet, serve_channel
+from keelway.router.workers import SlotChannel, WorkerLaunch, WorkerSet, serve_channel
 
 log: Final = logging.getLogger("keelway.router")
 
 
-class StartupError(Exception):
+class RouterStartError(Exception):
     """The router cannot start with the options it was given (operator's to fix)."""
 
 
@@ -139,14 +139,14 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
 
 
 def open_listener(config: RouterConfig) -> socket.socket:
-    """The listening TCP socket, inherited or bound here. Raises StartupError."""
+    """The listening TCP socket, inherited or bound here. Raises RouterStartError."""
     if config.listen_fd is not None:
         try:
             sock = socket.socket(fileno=config.listen_fd)
         except OSError as exc:
-            raise StartupError(f"--listen-fd {config.listen_fd} is not a socket") from exc
+            raise RouterStartError(f"--listen-fd {config.listen_fd} is not a socket") from exc
         if sock.type != socket.SOCK_STREAM:
-            raise StartupError(f"--listen-fd {config.listen_fd} is not a TCP socket")
+            raise RouterStartError(f"--listen-fd {config.listen_fd} is not a TCP socket")
         if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
             sock.listen(LISTEN_BACKLOG)
     elif config.listen is not None:
@@ -154,9 +154,9 @@ def open_listener(config: RouterConfig) -> socket.socket:
         try:
             sock = bind_tcp(host, port)
         except OSError as exc:
-            raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+            raise RouterStartError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
     else:
-        raise StartupError("give --listen-fd or --listen")
+        raise RouterStartError("give --listen-fd or --listen")
     sock.setblocking(False)
     return sock
 
@@ -217,17 +217,17 @@ async def serve(config: RouterConfig, sock: socket.socket,
     waker: Waker | None = None
     workers: WorkerSet | None = None
 
-    async def refuse_in_workers(host: str, state: RouteState,
+    async def refuse_in_workers(host: str, state: Handling,
                                 retry_after_s: int | None) -> None:
         if workers is not None:
             await workers.refuse(host, state, retry_after_s)
 
     if config.wake_socket is not None:
         waker = Waker(proxy, config.wake_socket, refuse_in_workers)
-    workers = WorkerSet(config.workers if config.workers > 1 else 0, sock, config.state_path,
-                        options.drain_timeout_s, passed_on,
-                        waker.need if waker is not None else None,
-                        HoldSlots(options.max_held, options.max_held_per_host))
+    workers = WorkerSet(config.workers if config.workers > 1 else 0, WorkerLaunch(
+        sock, config.state_path, options.drain_timeout_s, passed_on,
+        waker.need if waker is not None else None,
+        HoldSlots(options.max_held, options.max_held_per_host)))
     await workers.start()
     control: ControlServer | None = None
     if config.control_path is not None:
@@ -296,11 +296,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 sock, predecessor = take_listener(config.takeover)
             except RouterControlError as exc:
-                raise StartupError(f"cannot take over: {exc}") from exc
+                raise RouterStartError(f"cannot take over: {exc}") from exc
             sock.setblocking(False)
         else:
             sock = open_listener(config)
-    except StartupError as exc:
+    except RouterStartError as exc:
         log.error("%s", exc)
         return 2
     uvloop.run(serve(config, sock, predecessor))

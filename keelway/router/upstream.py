@@ -73,13 +73,9 @@ class UpstreamConnection(ResponseHeadRewriter, asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self.begin_response_head()
         self._out: list[bytes] = []
-        self._received = False
-        self._complete = False
-        self._keep_alive = False
-        self._interim = False
-        self._chunk_out = False
-        self._until_close = False
-        self._tunnel = False
+        # Where the current response stands, and how it is framed on its way out.
+        self._received = self._complete = self._keep_alive = self._interim = False
+        self._chunk_out = self._until_close = self._tunnel = False
 
     # -- asyncio.Protocol ------------------------------------------------------------
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Final, assert_never
 
 from keelway.router.proxy import WAKE_NOTE_S, WAKE_REFUSED_HOLDOFF_S, Proxy
-from keelway.router.route_table import RouteState
+from keelway.router.route_table import Handling
 
 log: Final = logging.getLogger("keelway.router")
 
@@ -48,19 +48,19 @@ _STATUS_LINE_MAX: Final = 1024
 _HEAD_LINES_MAX: Final = 64
 
 
-class Outcome(enum.Enum):
+class WakeAnswer(enum.Enum):
     ACCEPTED = "accepted"
     REFUSED = "refused"
     UNREACHABLE = "unreachable"
 
 
-def refusal_page(status: int, retry_after_s: int | None) -> tuple[RouteState, int | None]:
+def refusal_page(status: int, retry_after_s: int | None) -> tuple[Handling, int | None]:
     """The page state and Retry-After (None: the route's own) for the requests of a
     refused wake: the API answers 503 only for a crash backoff (with Retry-After: until
     the retry), 409 for a fence, 404 for an instance it no longer has."""
     if status == 503:
-        return RouteState.CRASHED, retry_after_s
-    return RouteState.GATED, None
+        return Handling.CRASHED, retry_after_s
+    return Handling.GATED, None
 
 
 def wake_request(host: str) -> bytes:
@@ -70,20 +70,20 @@ def wake_request(host: str) -> bytes:
             "Content-Length: 2\r\nConnection: close\r\n\r\n{}").encode()
 
 
-def outcome_of(status_line: bytes) -> tuple[Outcome, int]:
+def outcome_of(status_line: bytes) -> tuple[WakeAnswer, int]:
     parts = status_line.split(None, 2)
     if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-        return Outcome.UNREACHABLE, 0
+        return WakeAnswer.UNREACHABLE, 0
     status = int(parts[1])
     if 200 <= status < 300:
-        return Outcome.ACCEPTED, status
+        return WakeAnswer.ACCEPTED, status
     if 400 <= status < 500 or status == 503:
-        return Outcome.REFUSED, status
-    return Outcome.UNREACHABLE, status
+        return WakeAnswer.REFUSED, status
+    return WakeAnswer.UNREACHABLE, status
 
 
 async def post_wake(socket_path: Path, host: str, timeout_s: float,
-                    ) -> tuple[Outcome, int, int | None]:
+                    ) -> tuple[WakeAnswer, int, int | None]:
     """One wake request: the outcome, the status of its answer (0: none) and its
     Retry-After in seconds, if it said one."""
     writer: asyncio.StreamWriter | None = None
@@ -95,7 +95,7 @@ async def post_wake(socket_path: Path, host: str, timeout_s: float,
             await writer.drain()
             outcome, status = outcome_of(await reader.readline())
             retry_after_s = None
-            if outcome is Outcome.REFUSED:
+            if outcome is WakeAnswer.REFUSED:
                 for _ in range(_HEAD_LINES_MAX):
                     line = await reader.readline()
                     name, _, value = line.partition(b":")
@@ -105,7 +105,7 @@ async def post_wake(socket_path: Path, host: str, timeout_s: float,
                         retry_after_s = int(value.strip())
             return outcome, status, retry_after_s
     except (OSError, TimeoutError, ValueError):
-        return Outcome.UNREACHABLE, 0, None
+        return WakeAnswer.UNREACHABLE, 0, None
     finally:
         if writer is not None:
             writer.close()
@@ -124,10 +124,10 @@ def socket_identity(path: Path) -> tuple[int, int, int] | None:
 
 class Waker:
     """Wakes parked instances of `proxy`'s table, one request at a time per instance
-    (the hosts it is given are instances' own names: `Target.instance`)."""
+    (the hosts it is given are instances' own names: `CompiledRoute.instance`)."""
 
     def __init__(self, proxy: Proxy, socket_path: Path,
-                 refuse_elsewhere: Callable[[str, RouteState, int | None], Awaitable[None]]
+                 refuse_elsewhere: Callable[[str, Handling, int | None], Awaitable[None]]
                  | None = None) -> None:
         self._proxy = proxy
         self._socket_path = socket_path
@@ -207,7 +207,7 @@ class Waker:
                 outcome, status, retry_after_s = await post_wake(
                     self._socket_path, host, until - now)
                 match outcome:
-                    case Outcome.ACCEPTED:
+                    case WakeAnswer.ACCEPTED:
                         if unreachable_since is not None:
                             log.info("wake of %s: the control plane is back and took it", host)
                         else:
@@ -215,7 +215,7 @@ class Waker:
                         accepted_by = identity
                         unreachable_since = None
                         reask_at = self._loop.time() + WAKE_REASK_S
-                    case Outcome.REFUSED:
+                    case WakeAnswer.REFUSED:
                         log.warning("wake of %s refused by the control plane (HTTP %d): "
                                     "its requests get 503", host, status)
                         self._refused_until[host] = (self._loop.time()
@@ -225,7 +225,7 @@ class Waker:
                         if self._refuse_elsewhere is not None:
                             await self._refuse_elsewhere(host, page, page_retry_s)
                         return
-                    case Outcome.UNREACHABLE:
+                    case WakeAnswer.UNREACHABLE:
                         if unreachable_since is None:
                             unreachable_since = now
                             log.warning("wake of %s: no answer from the control plane on %s "

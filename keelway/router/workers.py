@@ -18,7 +18,7 @@ accepts); then, one line each way:
     stop                    drain and exit (no reply; the parent reaps it)
 
 A second socketpair carries the worker's asks, one line each, each naming an instance
-(its primary host, whichever of its hosts the requests used: `Target.instance`):
+(its primary host, whichever of its hosts the requests used: `CompiledRoute.instance`):
 
     wake I                  a parked instance has requests waiting in that worker
                             (Proxy.want_wake rate-limits it); no reply
@@ -56,13 +56,14 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, cast
 
 from keelway import names
 from keelway.router.hold_slots import HoldSlots
 from keelway.router.proxy import Proxy
-from keelway.router.route_table import RouteState
+from keelway.router.route_table import Handling
 from keelway.router.table_file import TableFileError, load_table
 
 log: Final = logging.getLogger("keelway.router")
@@ -72,22 +73,28 @@ CHANNEL_TIMEOUT_S: Final = 5.0
 WORKER_START_TIMEOUT_S: Final = 30.0
 
 
+@dataclass(frozen=True)
+class WorkerLaunch:
+    """What every worker of a router is started with: the one listening socket, the
+    table file, its drain bound and the rest of the router's argv; where its wakes go,
+    and the main process's grant of held-request slots (None: no bound across workers)."""
+
+    listener: socket.socket
+    state_path: Path | None
+    drain_timeout_s: float
+    extra_argv: tuple[str, ...] = ()
+    on_wake: Callable[[str], None] | None = None
+    slots: HoldSlots | None = None
+
+
 class Worker:
     """The parent's handle on one worker subprocess and its channel."""
 
-    def __init__(self, index: int, listener: socket.socket, state_path: Path | None,
-                 drain_timeout_s: float, extra_argv: tuple[str, ...] = (),
-                 on_wake: Callable[[str], None] | None = None,
-                 slots: HoldSlots | None = None) -> None:
+    def __init__(self, index: int, launch: WorkerLaunch) -> None:
         self.index = index
-        self._extra_argv = extra_argv
-        self._on_wake = on_wake
-        self._slots = slots
+        self._launch = launch
         self._channels = 0  # numbers this worker's channels, each a holder of slots
         self._wakes: asyncio.Task[None] | None = None
-        self._listener = listener
-        self._state_path = state_path
-        self._drain_timeout_s = drain_timeout_s
         self.proc: subprocess.Popen[bytes] | None = None
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
@@ -97,16 +104,16 @@ class Worker:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         wakes_ours, wakes_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         argv = [sys.executable, "-m", "keelway.router",
-                "--listen-fd", str(self._listener.fileno()),
+                "--listen-fd", str(self._launch.listener.fileno()),
                 "--channel-fd", str(theirs.fileno()),
                 "--wake-fd", str(wakes_theirs.fileno()),
-                "--drain-timeout", str(self._drain_timeout_s)]
-        if self._state_path is not None:
-            argv += ["--state", str(self._state_path)]
-        argv += self._extra_argv
+                "--drain-timeout", str(self._launch.drain_timeout_s)]
+        if self._launch.state_path is not None:
+            argv += ["--state", str(self._launch.state_path)]
+        argv += self._launch.extra_argv
         try:
             self.proc = subprocess.Popen(
-                argv, pass_fds=(self._listener.fileno(), theirs.fileno(),
+                argv, pass_fds=(self._launch.listener.fileno(), theirs.fileno(),
                                 wakes_theirs.fileno()),
                 stdin=subprocess.DEVNULL)
         finally:
@@ -152,7 +159,7 @@ class Worker:
         self._channels += 1
         holder = self.index << 32 | self._channels
         reader, writer = await asyncio.open_connection(sock=sock)
-        slots = self._slots
+        slots = self._launch.slots
         try:
             while line := await reader.readline():
                 verb, _, host = line.decode(errors="replace").strip().partition(" ")
@@ -163,9 +170,9 @@ class Worker:
                 elif verb == "unhold":
                     if slots is not None:
                         slots.give_back(holder, host)
-                elif (verb == "wake" and self._on_wake is not None
+                elif (verb == "wake" and self._launch.on_wake is not None
                       and names.HOST.accepts(host)):
-                    self._on_wake(host)
+                    self._launch.on_wake(host)
         except (OSError, RuntimeError, ValueError):
             pass  # the worker is gone (it is respawned with a new pair) or misbehaved
         finally:
@@ -187,7 +194,7 @@ class Worker:
             proc = self.proc
             try:
                 await asyncio.wait_for(asyncio.to_thread(proc.wait),
-                                       timeout=self._drain_timeout_s + 5)
+                                       timeout=self._launch.drain_timeout_s + 5)
             except TimeoutError:
                 proc.kill()
                 await asyncio.to_thread(proc.wait)
@@ -199,14 +206,8 @@ class Worker:
 class WorkerSet:
     """Workers 1..count of this router; empty when it runs alone."""
 
-    def __init__(self, count: int, listener: socket.socket, state_path: Path | None,
-                 drain_timeout_s: float, extra_argv: tuple[str, ...] = (),
-                 on_wake: Callable[[str], None] | None = None,
-                 slots: HoldSlots | None = None) -> None:
-        self.slots = slots
-        self.workers = [Worker(i, listener, state_path, drain_timeout_s, extra_argv, on_wake,
-                               slots)
-                        for i in range(1, count + 1)]
+    def __init__(self, count: int, launch: WorkerLaunch) -> None:
+        self.workers = [Worker(i, launch) for i in range(1, count + 1)]
         self._watch: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -240,7 +241,7 @@ class WorkerSet:
                         min(mine[0], float(idle_s)), mine[1] + int(n))
         return seen
 
-    async def refuse(self, host: str, state: RouteState, retry_after_s: int | None) -> None:
+    async def refuse(self, host: str, state: Handling, retry_after_s: int | None) -> None:
         """Every worker answers its held requests for `host` with 503 and the page of
         `state` (a refused wake); Retry-After `retry_after_s`, or the route's own."""
         retry = "" if retry_after_s is None else f" {retry_after_s}"
@@ -298,15 +299,15 @@ class SlotChannel(asyncio.Protocol):
         self._proxy.slots_lost()
 
 
-def refusal_of(words: bytes) -> tuple[str, RouteState, int | None]:
+def refusal_of(words: bytes) -> tuple[str, Handling, int | None]:
     """`I [STATE [RETRY]]` of a `refuse` line; what it leaves out or garbles is a fence's
     page (gated, the route's own Retry-After), what the line meant when it named only I."""
     instance, *rest = words.decode(errors="replace").split()
-    state = RouteState.GATED
+    state = Handling.GATED
     retry_after_s: int | None = None
     with contextlib.suppress(ValueError):
         if rest:
-            state = RouteState(rest[0])
+            state = Handling(rest[0])
         if len(rest) > 1:
             retry_after_s = max(0, int(rest[1]))
     return instance, state, retry_after_s

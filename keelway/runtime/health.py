@@ -3,7 +3,7 @@ what a probe saw, said so that a person can fix the app.
 
 A probe asks as the router will: `GET <health path>` with the instance's Host (an app
 that checks its Host, as Django's ALLOWED_HOSTS does, answers the probe as it answers
-traffic). Its outcome is a value (`Answered`, `Refused`, `NoAnswer`); `describe` turns
+traffic). Its outcome is a value (`Answered`, `NotListening`, `NoAnswer`); `describe` turns
 the last one into the reason a start failed, and for a refused connection it says where
 the process tree does listen (`listening_on`), the usual mistake being a fixed port
 instead of $PORT.
@@ -42,7 +42,7 @@ class Answered:
 
 
 @dataclass(frozen=True)
-class Refused:
+class NotListening:
     """Nothing accepts connections on the port yet."""
 
 
@@ -53,7 +53,7 @@ class NoAnswer:
     why: str
 
 
-Probe = Answered | Refused | NoAnswer
+Probe = Answered | NotListening | NoAnswer
 
 
 async def probe_http(port: int, path: str, host: str, timeout_s: float = 2.0) -> Probe:
@@ -64,7 +64,7 @@ async def probe_http(port: int, path: str, host: str, timeout_s: float = 2.0) ->
             try:
                 reader, writer = await asyncio.open_connection("127.0.0.1", port)
             except ConnectionRefusedError:
-                return Refused()
+                return NotListening()
             writer.write(
                 f"GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: keelway-health\r\n"
                 "Connection: close\r\n\r\n".encode("latin-1")
@@ -136,7 +136,7 @@ def describe(seen: Probe | None, *, port: int, path: str, host: str,
             return f"{said}: {_quote(head)}" if head else said
         case NoAnswer(why=why):
             return f"GET {path} on port {port}: {why}"
-        case Refused():
+        case NotListening():
             if listening:
                 where = ", ".join(f"{addr}:{lport}" for addr, lport in listening)
                 return f"it is listening on {where}, not $PORT (127.0.0.1:{port})"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from keelway import identity
-from keelway.durable import SQLITE_SIDE_FILES
+from keelway.durable import sqlite_side_paths
 from keelway.home import Home
 from keelway.identity import Identity
 from keelway.store import Store
@@ -70,7 +70,7 @@ class Identities:
         and its env file. What the app itself creates is its own already."""
         files = [(self.home.data_dir(host), _DIR), (self.home.seed_db_path(host).parent, _DIR)]
         for db in (self.home.db_path(host), self.home.seed_db_path(host)):
-            files += [(Path(f"{db}{suffix}"), _FILE) for suffix in ("", *SQLITE_SIDE_FILES)]
+            files += [(path, _FILE) for path in (db, *sqlite_side_paths(db))]
         return [*files, (self.home.env_file(host), _FILE)]
 
     def own_instance_files(self, host: str, ident: Identity) -> None:

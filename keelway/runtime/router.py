@@ -60,9 +60,7 @@ RETIRE_WAIT_S: Final = 20.0
 
 
 class RouterPortBusy(Exception):
-    def __init__(self, addr: str) -> None:
-        super().__init__(f"the router address {addr} is already in use")
-        self.addr = addr
+    """Someone else listens on the router's address (the message names it)."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +83,7 @@ def bind_listener(addr: str) -> socket.socket:
         return bind_tcp(host, port)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
-            raise RouterPortBusy(addr) from exc
+            raise RouterPortBusy(f"the router address {addr} is already in use") from exc
         raise
 
 

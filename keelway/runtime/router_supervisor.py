@@ -106,26 +106,27 @@ class RouterSupervisor:
 
     def __init__(self, home: Home, addr: str, settings: RouterSettings, clock: Clock,
                  handle: RouterHandle, listener: socket.socket | None) -> None:
-        self.home = home
-        self.addr = addr
-        self.settings = settings
+        # What the router runs as: the home it serves, where it listens and with what.
+        self.home, self.addr, self.settings = home, addr, settings
         self._clock = clock
-        self._handle = handle
-        self._listener = listener
+        self._handle = handle  # the router process running now (replaced by a restart)
+        self._listener = listener  # held for as long as this control plane runs
         self._lock = asyncio.Lock()
         self._watch: DeathWatch | None = None
         self._death_kind = "pidfd"
         self._tasks: set[asyncio.Task[None]] = set()
         self._retry: asyncio.Task[None] | None = None
         self._on_serving: Callable[[], Awaitable[str | None]] | None = None
-        self._stopping = False
-        self._starting = False
+        self._stopping = self._starting = False
+        # The bounded respawn: tries since a router last stayed up STABLE_S, and when the
+        # current one started.
         self._streak = 0
         self._started_mono = clock.monotonic()
+        # What `status` reports of the router's life.
+        self.restarts = 0
         self._down_since: float | None = None
         self._next_retry_at: float | None = None
         self._last_error: str | None = None
-        self.restarts = 0
         self._last_reason: str | None = None
         self._last_restart_at: float | None = None
 

@@ -30,7 +30,7 @@ from keelway import failpoints
 from keelway.clock import Clock
 from keelway.home import Home
 from keelway.runtime import process, tree
-from keelway.runtime.health import Answered, Probe, Refused, describe, listening_on, probe_http
+from keelway.runtime.health import Answered, NotListening, Probe, describe, listening_on, probe_http
 from keelway.runtime.identities import Identities
 from keelway.runtime.logs import log_path
 from keelway.runtime.shell import shell_argv
@@ -38,7 +38,6 @@ from keelway.runtime.tree import ProcessTrees
 from keelway.store import Store
 from keelway.store.lifecycle import GenState
 from keelway.store.records import Generation
-from keelway.testing.danger import refuses_to_die
 
 log = logging.getLogger("keelway.supervisor")
 
@@ -92,10 +91,23 @@ class _Handle:
     watcher: asyncio.Task[None] | None = None
 
 
+def every_process_dies(generation_id: int) -> bool:
+    """The box as it is: SIGKILL ends every process keelway starts."""
+    return False
+
+
+# Whether a generation's process outlives every signal while alive (a process stuck in
+# the kernel would): the danger `remove` must fail closed on. Production passes nothing;
+# the fail-closed tests inject one (keelway/testing/danger.py).
+RefusesToDie = Callable[[int], bool]
+
+
 class Supervisor:
     def __init__(self, store: Store, home: Home, clock: Clock, on_exit: ExitCallback,
-                 trees: ProcessTrees | None = None) -> None:
+                 trees: ProcessTrees | None = None,
+                 refuses_to_die: RefusesToDie = every_process_dies) -> None:
         self.store = store
+        self.refuses_to_die = refuses_to_die
         self.home = home
         self.identities = Identities(store, home)
         self.clock = clock
@@ -245,7 +257,7 @@ class Supervisor:
             if self.clock.monotonic() >= deadline:
                 listening = (listening_on(m.pid for m in self.trees.members(
                     gen.id, (handle.pid, handle.start_ticks)))
-                    if isinstance(seen, Refused) else [])
+                    if isinstance(seen, NotListening) else [])
                 return Readiness(ReadyOutcome.TIMED_OUT, describe(
                     seen, port=gen.port, path=health_path, host=host, listening=listening))
             waits = [asyncio.ensure_future(handle.exited.wait())]
@@ -261,7 +273,7 @@ class Supervisor:
             # A refused connect is cheap, and a wake's held requests wait on it (SPEC §7,
             # <= 25 ms), so those are probed tightly; an app that answers but fails is
             # asked less often: each probe is a request it serves and logs.
-            delay_s = min(delay_s * 2, _PROBE_REFUSED_EVERY_S if isinstance(seen, Refused)
+            delay_s = min(delay_s * 2, _PROBE_REFUSED_EVERY_S if isinstance(seen, NotListening)
                           else _PROBE_FAILING_EVERY_S)
 
     def _exit_said(self, gen: Generation, handle: _Handle | None) -> str:
@@ -326,7 +338,7 @@ class Supervisor:
             return True
         leader = (gen.pid, gen.start_ticks) if gen.pid is not None and (
             gen.start_ticks is not None) else None
-        if leader is not None and refuses_to_die(gen.id) and process.is_alive(*leader):
+        if leader is not None and self.refuses_to_die(gen.id) and process.is_alive(*leader):
             return False
         handle = self._handles.get(gen.id)
         if handle is not None:

@@ -1,15 +1,21 @@
 """A fake of danger: generations that refuse to die, for the fail-closed tests.
 
-`KEELWAY_TESTING_UNKILLABLE=3,7` makes the supervisor report generations 3 and 7 as
-not removable for as long as their process is alive, as a process stuck in the kernel
-would be. Unset (always, outside tests), it changes nothing.
+`unkillable({3, 7})` is a `refuses_to_die` for the supervisor
+(keelway/runtime/supervisor.py): it reports generations 3 and 7 as not removable for as
+long as their process is alive, as a process stuck in the kernel would be. A daemon
+gets it only through keelway/testing/daemon.py, which the test harness starts; the
+daemon keelway ships never reads it.
 """
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable, Iterable
 
 
-def refuses_to_die(generation_id: int) -> bool:
-    raw = os.environ.get("KEELWAY_TESTING_UNKILLABLE", "")
-    return str(generation_id) in {part.strip() for part in raw.split(",")}
+def unkillable(generation_ids: Iterable[int]) -> Callable[[int], bool]:
+    stuck = frozenset(generation_ids)
+
+    def refuses_to_die(generation_id: int) -> bool:
+        return generation_id in stuck
+
+    return refuses_to_die

@@ -11,7 +11,7 @@ import pytest
 
 from keelway.data.objects import (
     LocalObjects,
-    NotFound,
+    ObjectNotFound,
     ObjectStore,
     ObjectStoreError,
     S3Objects,
@@ -54,7 +54,7 @@ def test_a_put_replaces_the_object_under_its_key(objects: ObjectStore, tmp_path:
 
 def test_a_missing_key_raises_not_found_and_writes_no_file(objects: ObjectStore,
                                                            tmp_path: Path) -> None:
-    with pytest.raises(NotFound):
+    with pytest.raises(ObjectNotFound):
         objects.get_file("k/none", tmp_path / "out")
     assert list(tmp_path.iterdir()) == []
     assert objects.exists("k/none") is False

@@ -10,7 +10,7 @@ import pytest
 
 from keelway import names
 from keelway.data import snapshots
-from keelway.data.objects import LocalObjects, NotFound
+from keelway.data.objects import LocalObjects, ObjectNotFound
 from keelway.data.verify import Damaged, verify_file
 from keelway.home import Home
 from tests.disk import fill, mounted_tmpfs
@@ -98,7 +98,7 @@ def test_a_file_that_is_not_a_database_is_refused(tmp_path: Path) -> None:
 
 def test_an_unknown_snapshot_is_not_found(tmp_path: Path) -> None:
     objects = LocalObjects(tmp_path / "objects")
-    with pytest.raises(NotFound):
+    with pytest.raises(ObjectNotFound):
         snapshots.fetch(objects, HOST, "20260101T000000000000Z-0000", tmp_path / "x.db")
 
 

@@ -203,11 +203,11 @@ def test_a_candidate_that_cannot_be_removed_fails_the_instance_closed(
     candidate = max(g.id for g in store.generations.recent_generations("one.test", limit=100)
                     if g.service == "web")
     store.close()
-    os.environ["KEELWAY_TESTING_UNKILLABLE"] = str(candidate)
+    kw.unkillable = frozenset({candidate})
     try:
         kw.up()
     finally:
-        del os.environ["KEELWAY_TESTING_UNKILLABLE"]
+        kw.unkillable = frozenset()
     refused = kw.run("restart", "hello", "--json")
     assert refused.code == 1
     error = refused.json()["error"]

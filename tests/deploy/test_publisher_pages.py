@@ -17,8 +17,8 @@ def test_an_alias_names_its_instance_and_a_primary_host_names_nothing_new() -> N
     table, refused = table_of([_row("one.test", "one.test", RouteState.PARKED),
                                _row("www.one.test", "one.test", RouteState.PARKED)], 1)
     assert refused == {}
-    assert table.routes["one.test"] == rt.Route(rt.RouteState.PARKED)
-    assert table.routes["www.one.test"] == rt.Route(rt.RouteState.PARKED,
+    assert table.routes["one.test"] == rt.Route(rt.Handling.PARKED)
+    assert table.routes["www.one.test"] == rt.Route(rt.Handling.PARKED,
                                                      instance="one.test")
 
 
@@ -35,11 +35,11 @@ def test_a_gated_route_says_stopped_crashed_not_deployed_or_gated() -> None:
     table, _ = table_of(rows, 1, {"crashed.test": 41.2}, standings)
     said = {h: (r.state, r.retry_after_s) for h, r in table.routes.items()}
     assert said == {
-        "stopped.test": (rt.RouteState.STOPPED, 5),
-        "removing.test": (rt.RouteState.STOPPED, 5),
-        "crashed.test": (rt.RouteState.CRASHED, 42),
-        "fresh.test": (rt.RouteState.NO_RELEASE, 5),
-        "fenced.test": (rt.RouteState.GATED, 5),
+        "stopped.test": (rt.Handling.STOPPED, 5),
+        "removing.test": (rt.Handling.STOPPED, 5),
+        "crashed.test": (rt.Handling.CRASHED, 42),
+        "fresh.test": (rt.Handling.NO_RELEASE, 5),
+        "fenced.test": (rt.Handling.GATED, 5),
     }
 
 
@@ -50,7 +50,7 @@ def test_an_instance_without_a_route_row_says_not_deployed_at_every_host() -> No
                  "workers.test": Standing(InstanceState.RUNNING)}  # no web: no page
     table, _ = table_of([], 1, None, standings)
     assert table.routes == {
-        "fresh.test": rt.Route(rt.RouteState.NO_RELEASE),
-        "www.fresh.test": rt.Route(rt.RouteState.NO_RELEASE, instance="fresh.test"),
-        "off.test": rt.Route(rt.RouteState.STOPPED),
+        "fresh.test": rt.Route(rt.Handling.NO_RELEASE),
+        "www.fresh.test": rt.Route(rt.Handling.NO_RELEASE, instance="fresh.test"),
+        "off.test": rt.Route(rt.Handling.STOPPED),
     }

@@ -14,6 +14,6 @@ def test_a_parked_route_is_sent_without_an_upstream_and_is_never_proxied() -> No
     entry = table.routes["one.test"]
     assert refused == {} and entry.upstream is None
     # `parked` where the router knows the word, else `holding` (answered 503 there).
-    known = {s.value for s in rt.RouteState}
+    known = {s.value for s in rt.Handling}
     assert entry.state.value == ("parked" if "parked" in known else "holding")
-    assert rt.action_for(entry.state) is not rt.Action.PROXY
+    assert rt.decide(entry.state) is not rt.Decision.PROXY

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from keelway.cli.client import ApiLost, ApiUnavailable, Client
+from keelway.home import Home
 from keelway.runtime import process
 from keelway.runtime.tree import ProcessTrees
 from keelway.store import SqliteStore
@@ -51,6 +53,11 @@ class Keelway:
     # test turns it off (or KEELWAY_TEST_REPLICATE=0 turns it off in every test).
     replicate: bool = field(
         default_factory=lambda: os.environ.get("KEELWAY_TEST_REPLICATE") != "0")
+    # Generations the next `up` starts a daemon whose supervisor cannot remove while
+    # they live (keelway/testing/danger.py): the fail-closed tests' fake of danger.
+    unkillable: frozenset[int] = frozenset()
+    # Daemons started here rather than by the CLI: reaped at teardown.
+    daemons: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "KEELWAY_HOME": str(self.home),
@@ -69,9 +76,37 @@ class Keelway:
         return result
 
     def up(self, *extra: str) -> None:
+        if self.unkillable:
+            self._up_with_danger(*extra)
+            return
         info = self.ok("up", "-d", "--http", f"127.0.0.1:{self.http_port}", "--json",
                        *extra).json()
         self.daemon_pid = info["pid"]
+
+    def _up_with_danger(self, *extra: str) -> None:
+        """`up -d`, with the daemon keelway/testing/daemon.py runs (the same daemon, its
+        supervisor given `unkillable`) started here, as the CLI would start the real one:
+        detached, its output to the daemon log, ready once the API answers."""
+        home = Home(self.home)
+        home.ensure()
+        argv = [sys.executable, "-m", "keelway.testing.daemon",
+                "--unkillable", ",".join(map(str, sorted(self.unkillable))),
+                "--http", f"127.0.0.1:{self.http_port}", *extra]
+        with open(home.daemon_log, "ab") as log:
+            proc = subprocess.Popen(argv, env=self.env(), stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=log, start_new_session=True)
+        self.daemons.append(proc)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, f"the daemon exited ({proc.returncode})"
+            try:
+                info = Client(home.api_socket, 2.0).request("GET", "/v1/ping")
+            except (ApiUnavailable, ApiLost, OSError):  # not listening yet
+                time.sleep(0.1)
+                continue
+            self.daemon_pid = info["pid"]
+            return
+        raise AssertionError("the daemon did not come up in 120s")
 
     def get(
         self, host: str, path: str = "/", timeout_s: float = 10
@@ -119,6 +154,8 @@ class Keelway:
             if process.is_alive(pid, ticks):
                 process.signal_session(pid, ticks, signal.SIGKILL)
         kill_home_processes(self.home)
+        for daemon in self.daemons:
+            daemon.wait(timeout=10)
 
 
 def kill_home_processes(home: Path) -> None:

@@ -46,7 +46,7 @@ def test_down_syncs_each_replica_last_so_it_restores_every_row(
 def test_a_replicator_that_cannot_be_stopped_warns_and_does_not_fail_the_park(
         kw: Keelway, monkeypatch: pytest.MonkeyPatch) -> None:
     # A fresh home numbers its generations in order: web 1, worker 2, the replicator 3.
-    monkeypatch.setenv("KEELWAY_TESTING_UNKILLABLE", "3")
+    kw.unkillable = frozenset({3})
     _deployed(kw)
     [inst] = kw.ok("status", "--json").json()["apps"][0]["instances"]
     assert [p["id"] for p in inst["processes"] if p["service"] == "replica"] == [3]

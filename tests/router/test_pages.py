@@ -6,20 +6,20 @@ from __future__ import annotations
 import pytest
 
 from keelway.router import responses
-from keelway.router.route_table import RouteState
+from keelway.router.route_table import Handling
 
 PAGES = {
-    RouteState.STOPPED: (b"The site is stopped.", False),
-    RouteState.NO_RELEASE: (b"The site is not deployed yet.", False),
-    RouteState.CRASHED: (b"The site is restarting.", True),
-    RouteState.GATED: (b"The site is down for maintenance.", True),
-    RouteState.HOLDING: (b"The site is busy for a moment.", True),
-    RouteState.PARKED: (b"The site is busy for a moment.", True),
+    Handling.STOPPED: (b"The site is stopped.", False),
+    Handling.NO_RELEASE: (b"The site is not deployed yet.", False),
+    Handling.CRASHED: (b"The site is restarting.", True),
+    Handling.GATED: (b"The site is down for maintenance.", True),
+    Handling.HOLDING: (b"The site is busy for a moment.", True),
+    Handling.PARKED: (b"The site is busy for a moment.", True),
 }
 
 
 @pytest.mark.parametrize("state", list(PAGES))
-def test_each_state_that_does_not_serve_has_its_own_true_page(state: RouteState) -> None:
+def test_each_state_that_does_not_serve_has_its_own_true_page(state: Handling) -> None:
     text, retries = PAGES[state]
     page = responses.refusal(state, 42).keep_alive
     assert page.startswith(b"HTTP/1.1 503 ") and text in page
@@ -27,6 +27,6 @@ def test_each_state_that_does_not_serve_has_its_own_true_page(state: RouteState)
 
 
 def test_only_a_held_request_is_told_the_site_is_busy() -> None:
-    busy = [s for s in RouteState if b"busy" in responses.refusal(s, 5).keep_alive]
-    assert set(busy) == {RouteState.HOLDING, RouteState.PARKED, RouteState.SERVING,
-                         RouteState.DRAINING}  # the last two: a request that could not wait
+    busy = [s for s in Handling if b"busy" in responses.refusal(s, 5).keep_alive]
+    assert set(busy) == {Handling.HOLDING, Handling.PARKED, Handling.SERVING,
+                         Handling.DRAINING}  # the last two: a request that could not wait

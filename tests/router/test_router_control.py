@@ -18,11 +18,11 @@ from keelway.router.client import (
     ping_sync,
     push_table,
 )
-from keelway.router.route_table import Route, RouteState, RouteTable, decode_table
+from keelway.router.route_table import Handling, Route, RouteTable, decode_table
 
 
 def serving(upstream: str) -> Route:
-    return Route(state=RouteState.SERVING, upstream=upstream)
+    return Route(state=Handling.SERVING, upstream=upstream)
 
 
 def status_for(port: int, host: str) -> int:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from keelway.router.route_table import Route, RouteState
+from keelway.router.route_table import Handling, Route
 from tests.router.conftest import RouterProcess, Upstream
 
 LIMIT = 64
@@ -23,7 +23,7 @@ SHORTAGE_LINE = "out of file descriptors (open-files limit 64)"
 
 
 def serving(address: str) -> Route:
-    return Route(state=RouteState.SERVING, upstream=address)
+    return Route(state=Handling.SERVING, upstream=address)
 
 
 def open_fds(router: RouterProcess) -> int:

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import pytest
 
 from keelway.router.proxy import ProxyOptions
-from keelway.router.route_table import Route, RouteState
+from keelway.router.route_table import Handling, Route
 from tests.router.conftest import InProcessRouter
 
 T = TypeVar("T")
@@ -194,7 +194,7 @@ def no_errors_logged(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
 
 
 def serving(upstream: str) -> Route:
-    return Route(state=RouteState.SERVING, upstream=upstream)
+    return Route(state=Handling.SERVING, upstream=upstream)
 
 
 def read_all(sock: socket.socket, timeout_s: float) -> bytes:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from keelway.router.client import activity_sync, ping_sync, push_table_sync
-from keelway.router.route_table import Route, RouteState, RouteTable
+from keelway.router.route_table import Handling, Route, RouteTable
 from keelway.runtime import process
 
 
@@ -118,7 +118,7 @@ def workers(tmp_path: Path) -> Iterator[Workers]:
 
 
 def _route(upstream: str) -> dict[str, Route]:
-    return {"a.test": Route(state=RouteState.SERVING, upstream=upstream)}
+    return {"a.test": Route(state=Handling.SERVING, upstream=upstream)}
 
 
 def test_every_worker_serves_a_pushed_table_before_the_push_is_acknowledged(

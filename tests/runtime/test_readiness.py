@@ -12,7 +12,7 @@ from pathlib import Path
 from keelway.app_path import SYSTEM_PATH
 from keelway.clock import SystemClock
 from keelway.home import Home
-from keelway.runtime.health import Answered, Refused, describe, listening_on
+from keelway.runtime.health import Answered, NotListening, describe, listening_on
 from keelway.runtime.notify import NotifyListener
 from keelway.runtime.ports import pick_free_port
 from keelway.runtime.supervisor import Readiness, ReadyOutcome, Supervisor
@@ -174,5 +174,5 @@ def test_what_the_probe_saw_is_said_for_each_kind_of_answer() -> None:
     assert describe(Answered(502), listening=[], **where) == f"GET /up (Host: {HOST}) answered 502"
     assert describe(Answered(500, b"boom\n\x00  again"), listening=[], **where) == (
         f'GET /up (Host: {HOST}) answered 500: "boom again"')
-    assert describe(Refused(), listening=[("0.0.0.0", 5000)], **where) == (
+    assert describe(NotListening(), listening=[("0.0.0.0", 5000)], **where) == (
         "it is listening on 0.0.0.0:5000, not $PORT (127.0.0.1:4000)")
