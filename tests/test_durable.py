@@ -98,10 +98,9 @@ def test_a_databases_side_paths_are_its_wal_shm_and_journal_beside_it(tmp_path: 
 
 
 # Where SQLite's side files are still named outside durable.py, each by its owner's leave:
-# the store's own helper, swap.SIDES (deploy/restore.py names a staged copy's files by
+# swap.SIDES (deploy/restore.py names a staged copy's files by
 # suffix), and modules of other parts that list the suffixes themselves.
-_NAMED_ELSEWHERE = {"store/base.py", "data/swap.py", "data/snapshots.py", "deploy/seeding.py",
-                    "store/instance_db.py"}
+_NAMED_ELSEWHERE = {"data/swap.py", "data/snapshots.py", "deploy/seeding.py"}
 
 
 def _names_side_files(node: ast.AST) -> bool:

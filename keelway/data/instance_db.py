@@ -13,12 +13,11 @@ never touched. A temp file a crash left is swept by the next lay-down.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sqlite3
 from pathlib import Path
 
-from keelway.durable import PRIVATE_FILE_MODE, fsync_dir, temp_path
+from keelway.durable import PRIVATE_FILE_MODE, fsync_dir, sqlite_side_paths, temp_path
 
 
 def lay_down_db(path: Path) -> bool:
@@ -27,8 +26,8 @@ def lay_down_db(path: Path) -> bool:
     if path.exists():
         return False
     tmp = temp_path(path)
-    for side in ("", "-wal", "-shm", "-journal"):
-        tmp.with_name(tmp.name + side).unlink(missing_ok=True)
+    for stale in (tmp, *sqlite_side_paths(tmp)):
+        stale.unlink(missing_ok=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, PRIVATE_FILE_MODE)
     os.close(fd)
     conn = sqlite3.connect(tmp, isolation_level=None)
@@ -53,9 +52,8 @@ def lay_down_db(path: Path) -> bool:
     except FileExistsError:
         made = False
     finally:
-        for side in ("", "-wal", "-shm"):
-            with contextlib.suppress(FileNotFoundError):
-                tmp.with_name(tmp.name + side).unlink()
+        for done in (tmp, *sqlite_side_paths(tmp)):
+            done.unlink(missing_ok=True)
     fsync_dir(path.parent)
     return made
 

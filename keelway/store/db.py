@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from keelway.clock import Clock, SystemClock
-from keelway.durable import PRIVATE_FILE_MODE, SQLITE_SIDE_FILES, create_private, disk_full
+from keelway.durable import PRIVATE_FILE_MODE, create_private, disk_full, sqlite_side_paths
 from keelway.store import schema
 from keelway.store.errors import Conflict, DiskFull, NotFound, StaleOwner, StoreError
 from keelway.store.lifecycle import Removal
@@ -235,7 +235,7 @@ def _lay_down_private(path: Path) -> None:
     """Create the database file 0600 before SQLite does, and narrow a store an older
     keelway left 0644 (with its side files), once, at open."""
     create_private(path)
-    for candidate in (path, *(path.with_name(path.name + s) for s in SQLITE_SIDE_FILES)):
+    for candidate in (path, *sqlite_side_paths(path)):
         with contextlib.suppress(FileNotFoundError):
             if candidate.stat().st_mode & 0o077:
                 os.chmod(candidate, PRIVATE_FILE_MODE)
