@@ -19,22 +19,22 @@ It is not thread-safe: one writer, as one control plane is the only writer of it
 
 Layout: one module per noun (memory_apps, memory_instances, memory_builds, memory_ops,
 memory_routes, memory_imports, memory_generations, memory_local), each over the shared
-tables; the intents that span nouns are here, composing the nouns' writes inside one
-write of their own (a nested write joins it).
+tables; the intents that span nouns are keelway/store/intents.py's, the same composition
+the SQLite store runs, inside one write of their own (a nested write joins it), and the
+two that need this backend's own writes are here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager
 
 import msgspec
 
 from keelway.clock import Clock, SystemClock
-from keelway.journal import Cause, Inhibition
-from keelway.store import Store
-from keelway.store.errors import NotFound, StaleSchedule
-from keelway.store.lifecycle import GenState, InstanceState, RouteState
-from keelway.store.records import CrashRetry, Generation, Instance, Release, ReleaseDraft
+from keelway.journal import Cause
+from keelway.store import Store, intents
+from keelway.store.lifecycle import RouteState
+from keelway.store.records import CrashRetry, Release, ReleaseDraft
 from keelway.testing.memory_apps import MemoryApps
 from keelway.testing.memory_builds import MemoryBuilds
 from keelway.testing.memory_generations import MemoryGenerations
@@ -74,45 +74,29 @@ class MemoryStore:
         """The same records opened again, as a restarted control plane opens its store."""
         return MemoryStore(self.clock, self.tables, owner=owner)
 
+    # The intents composed over the nouns, one implementation for every backend
+    # (keelway/store/intents.py); each runs inside `writing`.
+    install = intents.install
+    activate_and_route = intents.activate_and_route
+    fall_back = intents.fall_back
+    take_out_of_service = intents.take_out_of_service
+    park = intents.park
+
+    def writing(self, what: str) -> AbstractContextManager[object]:
+        return self._db.write()
+
     def close(self) -> None:
         """Nothing to release: the records stay in `tables` for a reopen."""
 
     # -- what an operation installs or puts back ---------------------------------------
-
-    def install(self, instance: str, *, schedule_rev: int,
-                candidates: Mapping[str, Generation], retiring: Iterable[int],
-                retire_reason: Inhibition, op_id: int,
-                release: ReleaseDraft | None) -> Release | None:
-        """Release row, ACTIVE, retirement marks, route and instance RUNNING in one
-        write; `StaleSchedule` (nothing written) if the schedule moved past
-        `schedule_rev`."""
-        with self._db.write():
-            inst = self._scheduled(instance, schedule_rev)
-            written = self._write_release(release)
-            for service, gen in candidates.items():
-                self.generations.set_active(instance, service, gen.id,
-                                            expected=self.generations.get_active(instance,
-                                                                                 service))
-            for gen_id in retiring:
-                self.generations.add_inhibition(gen_id, retire_reason, op_id)
-            web = candidates.get("web")
-            if web is not None:
-                self.routes.set_route(instance, instance, RouteState.SERVING, web.port,
-                                      web.id, expected=self.routes.get_route(instance))
-            if inst.state is not InstanceState.RUNNING:
-                inst = self.instances.set_instance_state(inst, InstanceState.RUNNING)
-            if inst.pending_release is not None:
-                # What is installed now supersedes a release deferred to a wake.
-                self.clear_pending(instance, inst.pending_release)
-        return written
 
     def defer_release(self, instance: str, *, schedule_rev: int, number: int, cause: Cause,
                       release: ReleaseDraft | None) -> Release | None:
         """Release `number` pending on a parked instance, the release row written when
         `release` is given, in one write; `StaleSchedule` as `install`."""
         with self._db.write() as t:
-            self._scheduled(instance, schedule_rev)
-            written = self._write_release(release)
+            intents.scheduled(self, instance, schedule_rev)
+            written = intents.write_release(self, release)
             if written is not None:
                 number = written.number
             inst = t.instances[instance]
@@ -131,69 +115,6 @@ class MemoryStore:
                 t.instances[instance] = msgspec.structs.replace(
                     inst, pending_release=None, pending_cause=None, version=inst.version + 1)
 
-    def activate_and_route(self, instance: str, generations: Mapping[str, int]) -> None:
-        """ACTIVE for `generations`, and the route to the ACTIVE web if it is not gone."""
-        with self._db.write():
-            for service, gen_id in generations.items():
-                self.generations.set_active(instance, service, gen_id,
-                                            expected=self.generations.get_active(instance,
-                                                                                 service))
-            web_active = self.generations.get_active(instance, "web")
-            web = (self.generations.get_generation(web_active.generation_id)
-                   if web_active else None)
-            if web is not None and web.state is not GenState.GONE:
-                self.routes.set_route(instance, instance, RouteState.SERVING, web.port,
-                                      web.id, expected=self.routes.get_route(instance))
-
-    def fall_back(self, instance: str, *, active: Mapping[str, int], unmark: Iterable[int],
-                  unmark_reason: Inhibition, web: Generation | None) -> bool:
-        """Put back ACTIVE, lift marks, route to `web` (gated if None), in one write.
-        A route already right is left untouched; no route and no web stays no route."""
-        with self._db.write():
-            for service, gen_id in active.items():
-                self.generations.set_active(instance, service, gen_id,
-                                            expected=self.generations.get_active(instance,
-                                                                                 service))
-            for gen_id in unmark:
-                self.generations.remove_inhibition(gen_id, unmark_reason)
-            route = self.routes.get_route(instance)
-            want: tuple[RouteState, int | None, int | None] = (
-                (RouteState.SERVING, web.port, web.id) if web is not None
-                else (RouteState.GATED, None, None))
-            have = (route.state, route.port, route.generation_id) if route else None
-            changed = have != want and (route is not None or web is not None)
-            if changed:
-                self.routes.set_route(instance, instance, *want, expected=route)
-        return changed
-
-    def take_out_of_service(self, instance: str, state: InstanceState,
-                            reason: str | None = None) -> bool:
-        """The instance in `state` and its route gated, in one write; True if the route
-        changed. `NotFound` if there is no such instance."""
-        with self._db.write():
-            inst = self.instances.get_instance(instance)
-            if inst is None:
-                raise NotFound(f"no instance {instance}")
-            if inst.state is not state or inst.down_reason != reason:
-                self.instances.set_instance_state(inst, state, reason)
-            route = self.routes.get_route(instance)
-            if route is None or route.state is RouteState.GATED:
-                return False
-            self.routes.set_route(instance, instance, RouteState.GATED, None, None,
-                                  expected=route)
-            return True
-
-    def park(self, inst: Instance) -> Instance:
-        """The instance PARKED and its route `parked` (no upstream) in one write;
-        compare-and-swap on `inst.version`, the move checked."""
-        with self._db.write():
-            parked = self.instances.set_instance_state(inst, InstanceState.PARKED)
-            route = self.routes.get_route(inst.host)
-            if route is not None and route.state is not RouteState.PARKED:
-                self.routes.set_route(inst.host, inst.host, RouteState.PARKED, None, None,
-                                      expected=route)
-        return parked
-
     def record_crash(self, retry: CrashRetry, *, gate_waiting: bool = False) -> bool:
         """The crash and its retry time, and the route that served the crashed web (with
         `gate_waiting`, a parked or holding one too) gated, in one write."""
@@ -210,23 +131,6 @@ class MemoryStore:
         return gate
 
     # -- inside an intent's write --------------------------------------------------------
-
-    def _scheduled(self, instance: str, schedule_rev: int) -> Instance:
-        inst = self.instances.get_instance(instance)
-        if inst is None or inst.schedule_rev != schedule_rev:
-            raise StaleSchedule(f"{instance} was rescheduled past revision {schedule_rev}")
-        return inst
-
-    def _write_release(self, release: ReleaseDraft | None) -> Release | None:
-        if release is None:
-            return None
-        written = self.builds.create_release(release.app, release.build_digest,
-                                             release.config, release.description)
-        app = self.apps.get_app(release.app)
-        if app is not None and app.config != release.config:
-            self.apps.set_app_config(app, release.config)
-        return written
-
 
 def _is_a_store(clock: Clock | None = None) -> Store:
     """mypy's proof that a `MemoryStore` is a `Store` (every noun, every intent)."""

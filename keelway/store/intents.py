@@ -1,0 +1,167 @@
+"""The intents that span nouns, written once over the noun protocols for every backend.
+
+An intent is one write that changes several nouns together (ACTIVE and the route of an
+install, an instance's state and its route), because the halves mean one thing: a crash
+between them would leave a record set no invariant allows. Each is composed here from
+the nouns' own methods inside the backend's one write (`Composing.writing`, where each
+noun's write joins the outer one), so the SQLite store and the in-memory store
+(keelway/testing/memory_store.py) carry out the same composition, and the contract suite
+(tests/store/contract/test_intents.py) pins it once for both. A backend binds them as
+methods (`install = intents.install`); what only a backend can write in one step (a
+crash retry with its gate, a release deferred) stays in that backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager
+from typing import Protocol
+
+from keelway.journal import Inhibition
+from keelway.store.errors import NotFound, StaleSchedule
+from keelway.store.lifecycle import GenState, InstanceState, RouteState
+from keelway.store.records import Generation, Instance, Release, ReleaseDraft
+from keelway.store.store import Store
+
+
+class Composing(Store, Protocol):
+    """What an intent composes: the store's nouns, and the backend's one write."""
+
+    def writing(self, what: str) -> AbstractContextManager[object]:
+        """One atomic write saying `what` it writes; nested writes join it."""
+        ...
+
+
+def install(store: Composing, instance: str, *, schedule_rev: int,
+            candidates: Mapping[str, Generation], retiring: Iterable[int],
+            retire_reason: Inhibition, op_id: int,
+            release: ReleaseDraft | None) -> Release | None:
+    """Make `candidates` what `instance` runs, in one write: the release row (when
+    `release` is given, with the app's config), ACTIVE, the `retire_reason` mark on
+    each generation `retiring`, the route to the web candidate, the instance RUNNING.
+
+    It compares and swaps on the instance's schedule revision: `StaleSchedule` if a
+    newer intent moved it past `schedule_rev`, and then nothing is written. So ACTIVE
+    never names a release that has no row, and a superseded attempt installs nothing."""
+    with store.writing(f"install on {instance}"):
+        inst = scheduled(store, instance, schedule_rev)
+        written = write_release(store, release)
+        for service, gen in candidates.items():
+            store.generations.set_active(
+                instance, service, gen.id,
+                expected=store.generations.get_active(instance, service))
+        for gen_id in retiring:
+            store.generations.add_inhibition(gen_id, retire_reason, op_id)
+        web = candidates.get("web")
+        if web is not None:
+            store.routes.set_route(instance, instance, RouteState.SERVING, web.port, web.id,
+                                   expected=store.routes.get_route(instance))
+        if inst.state is not InstanceState.RUNNING:
+            inst = store.instances.set_instance_state(inst, InstanceState.RUNNING)
+        if inst.pending_release is not None:
+            # What is installed now supersedes a release deferred to a wake.
+            store.clear_pending(instance, inst.pending_release)
+    return written
+
+
+def activate_and_route(store: Composing, instance: str,
+                       generations: Mapping[str, int]) -> None:
+    """Name `generations` ACTIVE (service -> generation id) and, in the same write,
+    route the instance to its ACTIVE web if that one is not gone: the route never
+    names a web generation that ACTIVE does not."""
+    with store.writing(f"activate and route {instance}"):
+        for service, gen_id in generations.items():
+            store.generations.set_active(
+                instance, service, gen_id,
+                expected=store.generations.get_active(instance, service))
+        web_active = store.generations.get_active(instance, "web")
+        web = (store.generations.get_generation(web_active.generation_id)
+               if web_active else None)
+        if web is not None and web.state is not GenState.GONE:
+            store.routes.set_route(instance, instance, RouteState.SERVING, web.port, web.id,
+                                   expected=store.routes.get_route(instance))
+
+
+def fall_back(store: Composing, instance: str, *, active: Mapping[str, int],
+              unmark: Iterable[int], unmark_reason: Inhibition,
+              web: Generation | None) -> bool:
+    """Put back what a failed attempt replaced, in one write: `active` (service ->
+    generation id) ACTIVE again, the `unmark_reason` mark off each of `unmark`, and
+    the route to `web` (gated when None). True if the route changed.
+
+    A route already right is left untouched (the journal shows the failure, nothing
+    else); an instance that never had a route and has no web gets none."""
+    with store.writing(f"fall back on {instance}"):
+        for service, gen_id in active.items():
+            store.generations.set_active(
+                instance, service, gen_id,
+                expected=store.generations.get_active(instance, service))
+        for gen_id in unmark:
+            store.generations.remove_inhibition(gen_id, unmark_reason)
+        route = store.routes.get_route(instance)
+        want: tuple[RouteState, int | None, int | None] = (
+            (RouteState.SERVING, web.port, web.id) if web is not None
+            else (RouteState.GATED, None, None))
+        have = (route.state, route.port, route.generation_id) if route else None
+        changed = have != want and (route is not None or web is not None)
+        if changed:
+            store.routes.set_route(instance, instance, *want, expected=route)
+    return changed
+
+
+def take_out_of_service(store: Composing, instance: str, state: InstanceState,
+                        reason: str | None = None) -> bool:
+    """Put the instance in `state` (why: `reason`) and gate its route, in one write.
+    True if the route changed, so the caller publishes.
+
+    One write, because the two halves mean one thing: an instance not RUNNING whose
+    route still served would take traffic that nothing restarts (invariant 2), and
+    a gated route on a RUNNING instance would look like a fault to the reconciler.
+    `NotFound` if there is no such instance."""
+    with store.writing(f"take {instance} out of service"):
+        inst = store.instances.get_instance(instance)
+        if inst is None:
+            raise NotFound(f"no instance {instance}")
+        if inst.state is not state or inst.down_reason != reason:
+            store.instances.set_instance_state(inst, state, reason)
+        route = store.routes.get_route(instance)
+        if route is None or route.state is RouteState.GATED:
+            return False
+        store.routes.set_route(instance, instance, RouteState.GATED, None, None,
+                               expected=route)
+        return True
+
+
+def park(store: Composing, inst: Instance) -> Instance:
+    """The instance PARKED and its route (if it has one) `parked`, with no upstream,
+    in one write; compare-and-swap on `inst.version`. So the router is never told to
+    hold a host whose instance is recorded running, nor to serve one recorded parked."""
+    with store.writing(f"park {inst.host}"):
+        parked = store.instances.set_instance_state(inst, InstanceState.PARKED)
+        route = store.routes.get_route(inst.host)
+        if route is not None and route.state is not RouteState.PARKED:
+            store.routes.set_route(inst.host, inst.host, RouteState.PARKED, None, None,
+                                   expected=route)
+    return parked
+
+
+def scheduled(store: Composing, instance: str, schedule_rev: int) -> Instance:
+    """`instance` if its schedule is still at `schedule_rev` (inside an intent's write);
+    `StaleSchedule` if a newer intent moved it on, so the caller writes nothing."""
+    inst = store.instances.get_instance(instance)
+    if inst is None or inst.schedule_rev != schedule_rev:
+        raise StaleSchedule(f"{instance} was rescheduled past revision {schedule_rev}")
+    return inst
+
+
+def write_release(store: Composing, release: ReleaseDraft | None) -> Release | None:
+    """The release row of an install or a deferral, with its config made the app's,
+    inside the intent's write."""
+    if release is None:
+        return None
+    written = store.builds.create_release(release.app, release.build_digest,
+                                          release.config, release.description)
+    app = store.apps.get_app(release.app)
+    if app is not None and app.config != release.config:
+        store.apps.set_app_config(app, release.config)
+    return written
