@@ -9,7 +9,7 @@ from keelway.store.identities import IdSpace, app_names
 from keelway.store.lifecycle import Removal
 from keelway.store.records import App
 from keelway.testing.memory_instances import allocate
-from keelway.testing.memory_tables import MemoryDb, MemoryTables, own
+from keelway.testing.memory_tables import MemoryDb, MemoryTables, own, own_or_none, owned_by_key
 
 
 class MemoryApps:
@@ -17,11 +17,10 @@ class MemoryApps:
         self._db = db
 
     def get_app(self, name: str) -> App | None:
-        app = self._db.tables.apps.get(name)
-        return own(app) if app else None
+        return own_or_none(self._db.tables.apps.get(name))
 
     def list_apps(self) -> list[App]:
-        return [own(a) for _, a in sorted(self._db.tables.apps.items())]
+        return owned_by_key(self._db.tables.apps)
 
     def ensure_app(self, name: str) -> App:
         with self._db.write() as t:

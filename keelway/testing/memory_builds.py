@@ -10,7 +10,7 @@ from keelway.journal import REPLICA
 from keelway.store.errors import NotFound
 from keelway.store.lifecycle import GenState
 from keelway.store.records import Build, Release
-from keelway.testing.memory_tables import MemoryDb, MemoryTables, own
+from keelway.testing.memory_tables import MemoryDb, MemoryTables, own, own_or_none
 
 
 class MemoryBuilds:
@@ -81,8 +81,7 @@ class MemoryBuilds:
                       key=lambda r: -r.number)
 
     def get_release(self, app: str, number: int) -> Release | None:
-        release = self._db.tables.releases.get((app, number))
-        return own(release) if release else None
+        return own_or_none(self._db.tables.releases.get((app, number)))
 
 
 def create_release(t: MemoryTables, app: str, build_digest: str, config: dict[str, str],

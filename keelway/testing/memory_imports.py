@@ -24,7 +24,14 @@ from keelway.store.lifecycle import InstanceState, RouteState, check
 from keelway.store.records import Route
 from keelway.testing.memory_instances import bump_fence
 from keelway.testing.memory_routes import delete_route, mirror_aliases
-from keelway.testing.memory_tables import MemoryDb, MemoryTables, SeedOf, own
+from keelway.testing.memory_tables import (
+    MemoryDb,
+    MemoryTables,
+    SeedOf,
+    own,
+    own_or_none,
+    owned_by_key,
+)
 
 
 class MemoryImports:
@@ -32,11 +39,10 @@ class MemoryImports:
         self._db = db
 
     def get_import(self, instance: str) -> ImportJournal | None:
-        journal = self._db.tables.imports.get(instance)
-        return own(journal) if journal else None
+        return own_or_none(self._db.tables.imports.get(instance))
 
     def list_imports(self) -> list[ImportJournal]:
-        return [own(j) for _, j in sorted(self._db.tables.imports.items())]
+        return owned_by_key(self._db.tables.imports)
 
     def row_at(self, host: str) -> RowAt | None:
         return row_at(self._db.tables, host)

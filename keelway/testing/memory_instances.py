@@ -18,7 +18,7 @@ from keelway.store.lifecycle import GenState, InstanceState, Removal, RouteState
 from keelway.store.records import Alias, Fence, Generation, Instance, InstanceView, Route
 from keelway.testing.memory_ops import latest_operation
 from keelway.testing.memory_routes import delete_route, mirror_aliases
-from keelway.testing.memory_tables import MemoryDb, MemoryTables, own
+from keelway.testing.memory_tables import MemoryDb, MemoryTables, own, own_or_none
 
 
 class MemoryInstances:
@@ -28,8 +28,7 @@ class MemoryInstances:
     # -- instances ---------------------------------------------------------------------
 
     def get_instance(self, host: str) -> Instance | None:
-        inst = self._db.tables.instances.get(host)
-        return own(inst) if inst else None
+        return own_or_none(self._db.tables.instances.get(host))
 
     def list_instances(self, app: str | None = None) -> list[Instance]:
         found = [own(i) for i in self._db.tables.instances.values()

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -133,6 +133,16 @@ def own(record: _R) -> _R:
     fields = _CONTAINERS.get(type(record), ())
     copies = {f: type(v)(v) for f in fields if (v := getattr(record, f)) is not None}
     return msgspec.structs.replace(record, **copies) if copies else record
+
+
+def own_or_none(record: _R | None) -> _R | None:
+    """A read of one record: the caller's own copy, or None when there is none."""
+    return own(record) if record is not None else None
+
+
+def owned_by_key(table: Mapping[Any, _R]) -> list[_R]:
+    """A read of a whole table in its key order (SQLite's primary-key order)."""
+    return [own(record) for _, record in sorted(table.items())]
 
 
 class MemoryDb:
