@@ -75,9 +75,9 @@ from keelway.data.snapshots import Manifest, NoDatabase
 from keelway.data.verify import Damaged, verify_file
 from keelway.deploy import targets
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
+from keelway.deploy.fences import refuse_if_fenced
 from keelway.deploy.locks import Locks
 from keelway.deploy.outcome import Outcome, Result
-from keelway.deploy.parking import refuse_if_fenced
 from keelway.deploy.part import Part
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
@@ -377,7 +377,7 @@ class Snapshots(Part):
 
             try:
                 found, size = await stage(staged)
-                result = await self.journal.run(inst.app, host, kind, work)
+                result = await self.journal.journaled(inst.app, host, kind, work)
                 await self.recovery.converge(host, Pass.MUTATION)
             finally:
                 for side in swap.SIDES:

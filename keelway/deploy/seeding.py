@@ -61,9 +61,9 @@ from keelway.data.objects import NotFound, ObjectStore, ObjectStoreError, manife
 from keelway.data.verify import Damaged
 from keelway.deploy import targets
 from keelway.deploy.errors import OperationError, UserError
+from keelway.deploy.fences import refuse_if_fenced
 from keelway.deploy.locks import Locks
 from keelway.deploy.outcome import Outcome, Result
-from keelway.deploy.parking import refuse_if_fenced
 from keelway.deploy.part import Part
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
@@ -319,7 +319,7 @@ class Seeding(Part):
             async def work(op: Operation) -> Result:
                 return await self._import(op, inst, seed, source, verified, progress)
 
-            result = await self.journal.run(inst.app, host, OpKind.SEED_IMPORT, work)
+            result = await self.journal.journaled(inst.app, host, OpKind.SEED_IMPORT, work)
             journal = self.store.get_import(host)
             if journal is not None and journal.seed == seed and (
                     journal.known is ImportState.IMPORTING):
@@ -470,7 +470,7 @@ class Seeding(Part):
                 return Result(Outcome.DONE)
             return Result(Outcome.FAILED, f"{report.outcome.value}: {report.reason}")
 
-        result = await self.journal.run(app, host, OpKind.SEED_ROLLBACK, work)
+        result = await self.journal.journaled(app, host, OpKind.SEED_ROLLBACK, work)
         if reports:
             return reports[0]
         return SeedReport(host, journal.seed, SeedOutcome.DEFERRED, result.reason)

@@ -223,7 +223,7 @@ class Tenants(Part):
             return Result(Outcome.DONE)
 
         async with self.locks.instance(APP_SCOPE):
-            result = await self.journal.run(name, APP_SCOPE, OpKind.DESTROY, work)
+            result = await self.journal.journaled(name, APP_SCOPE, OpKind.DESTROY, work)
         self._finish_orphans()  # a fault leaves the app's op with no reconciler to end it
         if result.outcome is not Outcome.DONE:
             raise OperationError(f"destroy {name}: {result.reason}",
@@ -306,7 +306,7 @@ class Tenants(Part):
 
         first = hosts[0]
         async with self.locks.instance(first):
-            result = await self.journal.run(app, first, OpKind.ADD_INSTANCES, work)
+            result = await self.journal.journaled(app, first, OpKind.ADD_INSTANCES, work)
         if result.outcome is not Outcome.DONE:
             raise OperationError(f"laying down the instances failed: {result.reason}",
                                  hint="the instances are recorded; `keelway up` lays them "
@@ -330,7 +330,7 @@ class Tenants(Part):
             await self.recovery.converge(host, Pass.MUTATION)  # failed closed refuses
             # The intent first: a crash from here on is carried on by the next boot.
             self.store.mark_removing(host, removal)
-            result = await self.journal.run(
+            result = await self.journal.journaled(
                 inst.app, host, kind, lambda op: self._removal_steps(op, host, removal))
         if result.outcome is not Outcome.DONE:
             raise OperationError(f"removing {host}: {result.reason}",
