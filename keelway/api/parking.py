@@ -37,6 +37,7 @@ from keelway.store.records import Fence
 
 class WakeBody(msgspec.Struct, forbid_unknown_fields=True):
     wait: bool = False
+    dry_run: bool = False
 
 
 class FenceBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -92,6 +93,8 @@ class ParkingApi:
     async def wake(self, request: web.Request) -> web.Response:
         body: WakeBody = await read_body(request, WakeBody)
         host = request.match_info["host"]
+        if body.dry_run:
+            return plan_response(self.parking.dry_wake(host))
         if not body.wait:
             try:
                 self.parking.wake_soon(host)

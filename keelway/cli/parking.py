@@ -37,12 +37,16 @@ def park(host: str, dry_run: bool, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("host")
+@dry_run_option
 @json_option
 @api_call
-def wake(host: str, as_json: bool) -> None:
+def wake(host: str, dry_run: bool, as_json: bool) -> None:
     """Wake a parked instance and wait until it serves."""
-    data = client(None).request("POST", _path(host, "wake"), {"wait": True})
-    if as_json:
+    data = client(None).request("POST", _path(host, "wake"),
+                                {"wait": True, "dry_run": dry_run})
+    if dry_run:
+        echo_plan(data, as_json)
+    elif as_json:
         emit_json(data)
     else:
         click.echo(f"woke {host}" if data["woke"] else f"{host} is awake already")

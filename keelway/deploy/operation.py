@@ -165,6 +165,9 @@ class Spec(Generic[Req, Parts]):
     # Reconcile once more after its outcome is written (a fault converged already).
     converge_after: bool = False
     finalize: Callable[[Operation], Verdict] = by_steps
+    # Still under the lock, after the last converge, once an operation ran: what is
+    # derived from the records and rewritten whole (the `current` link), never journaled.
+    epilogue: Callable[[Parts, Req], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -268,6 +271,8 @@ class Runner:
                                       request_digest=request_digest,
                                       schedule_rev=schedule_rev,
                                       converge_after=spec.converge_after)
+        if spec.epilogue is not None:
+            spec.epilogue(parts, request)
         return Ran(plan, result)
 
     async def journaled(self, app: str, host: str, kind: OpKind,

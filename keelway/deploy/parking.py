@@ -44,15 +44,14 @@ from keelway.deploy.errors import AppFailed, OperationError, UserError
 from keelway.deploy.fences import refuse_if_fenced
 from keelway.deploy.instances import lay_down_step
 from keelway.deploy.locks import Locks
-from keelway.deploy.operation import Bound, Plan, PlannedStep, Spec
+from keelway.deploy.operation import Bound, EffectOf, Ended, Plan, PlannedStep, Spec
 from keelway.deploy.outcome import Outcome, Result
 from keelway.deploy.part import Part
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
-from keelway.deploy.steps import Done, Effect, Failed, Steps
+from keelway.deploy.steps import Done, Effect, Failed
 from keelway.home import Home
 from keelway.journal import REPLICA, Cause, OpKind, StepKind
-from keelway.reconcile.plan import Pass
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
 from keelway.store.lifecycle import InstanceState
@@ -183,78 +182,28 @@ class Parking(Part):
         return await asyncio.shield(self.wake_soon(host, retry_now=True))
 
     async def _wake(self, host: str, retry_now: bool) -> Woken:
-        async with self.locks.instance(host):
-            await self.recovery.converge(host, Pass.MUTATION)
-            inst = self.instance(host)
-            refuse_if_fenced(self.store, host, "wake")
-            match inst.state:
-                case InstanceState.RUNNING:
-                    if retry_now and self.recovery.retry_due(host) is not None:
-                        return await self._retry_now(inst)
-                    return Woken(host, woke=False, generations=self._active(host))
-                case InstanceState.STOPPED | InstanceState.DOWN:
-                    raise UserError(f"{host} is {inst.state.value}, not parked; a wake does "
-                                    "not start it", hint=f"`keelway start {inst.app} "
-                                                         f"--instance {host}`")
-                case InstanceState.PARKED:
-                    pass
-                case _:
-                    assert_never(inst.state)
+        ran = await self.journal.run(WAKE, self, WakeRequest(host, retry_now))
+        if ran.result is None:
+            return Woken(host, woke=False, generations=self._active(host))
+        return self._woken(ran.plan.app, host, ran.result)
 
-            async def work(op: Operation) -> Result:
-                async def running() -> Done:
-                    current = self.store.get_instance(host) or inst
-                    self.store.set_instance_state(current, InstanceState.RUNNING)
-                    return Done()
+    def dry_wake(self, host: str) -> Plan:
+        """The plan an operator's `wake` would run now; nothing is written."""
+        return self.journal.dry_run(WAKE, WakeRequest(host, retry_now=True))
 
-                await Steps(self.store, op.id).run(StepKind.WAKE, running,
-                                                   before=("wake.before",),
-                                                   after=("wake.after",))
-                current = self.store.get_instance(host) or inst
-                if current.pending_release is not None:
-                    deferred = await self._wake_onto_pending(op, current)
-                    if deferred is not None:
-                        return deferred
-                # Web first, published alone: the held requests are released as soon as
-                # it is ready, not after the workers' spawns too; then the workers wake.
-                # A crash between the two leaves a running instance whose ACTIVE workers
-                # are dead, which boot restarts like any other (RECOVER).
-                current = self.store.get_instance(host) or inst
-                workers = frozenset(a.service for a in self.store.list_active(host)
-                                    if a.service != WEB)
-                if workers and len(workers) < len(self.store.list_active(host)):
-                    await self.recovery.respawn_active(op, current, waiting=workers)
-                return await self.recovery.respawn_active(op, current)
-
-            result = await self.journal.journaled(inst.app, host, OpKind.WAKE, work)
-            await self.recovery.converge(host, Pass.MUTATION)
-            targets.link_current(self.store, self.home, host)
-        return self._woken(inst, result)
-
-    async def _retry_now(self, inst: Instance) -> Woken:
-        """Under the instance lock: start now what ACTIVE names that waits out a crash
-        backoff, as a wake operation (a failure is counted as a crash again)."""
-        result = await self.journal.journaled(
-            inst.app, inst.host, OpKind.WAKE,
-            lambda op: self.recovery.respawn_active(op, inst))
-        await self.recovery.converge(inst.host, Pass.MUTATION)
-        targets.link_current(self.store, self.home, inst.host)
-        return self._woken(inst, result)
-
-    def _woken(self, inst: Instance, result: Result) -> Woken:
-        host = inst.host
+    def _woken(self, app: str, host: str, result: Result) -> Woken:
         if result.outcome is not Outcome.DONE:
             retry_at = self.recovery.retry_due(host)
             retry = ("" if retry_at is None else
                      f"; it is retried with the crash backoff, next at "
                      f"{time.strftime('%H:%M:%S', time.localtime(retry_at))} "
-                     f"(`keelway status {inst.app}`), or now by `keelway wake {host}`")
+                     f"(`keelway status {app}`), or now by `keelway wake {host}`")
             raise AppFailed(f"{host}: wake failed: {result.reason}{retry}",
-                            hint=f"see `keelway logs {inst.app} --instance {host}`")
+                            hint=f"see `keelway logs {app} --instance {host}`")
         self.woken_at[host] = self.recovery.clock.monotonic()
         return Woken(host, woke=True, generations=self._active(host))
 
-    async def _wake_onto_pending(self, op: Operation, inst: Instance) -> Result | None:
+    async def wake_onto_pending(self, op: Operation, inst: Instance) -> Result | None:
         """Run the release a rollout deferred to this wake, as the attempt the rollout
         would have run had the instance been awake: candidates, the settle window,
         ACTIVE and the route in one install, and on failure the fallback of its cause
@@ -362,3 +311,110 @@ def _stop(parking: Parking, _request: ParkRequest, step: PlannedStep) -> Bound:
 
 PARK: Spec[ParkRequest, Parking] = Spec(
     OpKind.PARK, plan_park, {"intent": _park_intent, "publish": _publish, "stop": _stop})
+
+
+# -- the wake operation -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WakeRequest:
+    host: str
+    # An operator's wake: a running instance whose services wait out a crash backoff is
+    # started now (a failure counts again) instead of left to its retry.
+    retry_now: bool = False
+
+
+def plan_wake(store: Store, request: WakeRequest) -> Plan:
+    """Wake's plan. A parked instance: RUNNING first (before anything spawns), then the
+    release a rollout deferred to this wake if there is one (an attempt, which journals
+    its own steps), then the web (published alone, so held requests go as soon as it is
+    ready) and the workers. A running one: nothing, or with `retry_now` and a crash
+    retry pending, a start now of what waits out its backoff. A stopped or down one is
+    refused: a wake does not start what its user stopped."""
+    host = request.host
+    inst = targets.instance_named(store, host)
+    match inst.state:
+        case InstanceState.RUNNING:
+            if not (request.retry_now and store.pending_retries(host)):
+                return Plan(OpKind.WAKE, inst.app, host, nothing="running already")
+            return Plan(OpKind.WAKE, inst.app, host, (
+                PlannedStep(StepKind.SPAWN, "start now what ACTIVE names that waits out a "
+                            "crash backoff, and publish its route", "respawn",
+                            journals_own=True),))
+        case InstanceState.STOPPED | InstanceState.DOWN:
+            raise UserError(f"{host} is {inst.state.value}, not parked; a wake does "
+                            "not start it", hint=f"`keelway start {inst.app} "
+                                                 f"--instance {host}`")
+        case InstanceState.PARKED:
+            pass
+        case _:
+            assert_never(inst.state)
+    steps = [PlannedStep(StepKind.WAKE, f"{host} RUNNING, before anything of it spawns",
+                         "running", before=("wake.before",), after=("wake.after",))]
+    if inst.pending_release is not None:
+        steps.append(PlannedStep(
+            StepKind.LAY_DOWN, f"run v{inst.pending_release}, deferred to this wake, as "
+            "an attempt (candidates, the settle window, then ACTIVE and the route; on "
+            "failure its fallback)", "deferred", arg=inst.pending_release,
+            journals_own=True))
+    active = store.list_active(host)
+    workers = frozenset(a.service for a in active if a.service != WEB)
+    # Web first, published alone; then the workers. A crash between the two leaves a
+    # running instance whose ACTIVE workers are dead, which boot restarts (RECOVER).
+    if workers and len(workers) < len(active):
+        steps += [PlannedStep(StepKind.SPAWN, "start the ACTIVE web and publish its route",
+                              "respawn-web", journals_own=True),
+                  PlannedStep(StepKind.SPAWN, "start the ACTIVE workers "
+                              f"({', '.join(sorted(workers))})", "respawn",
+                              journals_own=True)]
+    else:
+        steps.append(PlannedStep(StepKind.SPAWN, "start what ACTIVE names and publish its "
+                                 "route", "respawn", journals_own=True))
+    return Plan(OpKind.WAKE, inst.app, host, tuple(steps))
+
+
+def _wake_running(parking: Parking, request: WakeRequest, _step: PlannedStep) -> Bound:
+    async def running(_op: Operation) -> Done:
+        inst = targets.instance_named(parking.store, request.host)
+        parking.store.set_instance_state(inst, InstanceState.RUNNING)
+        return Done()
+
+    return running
+
+
+def _wake_deferred(parking: Parking, request: WakeRequest, _step: PlannedStep) -> Bound:
+    async def deferred(op: Operation) -> Done | Ended:
+        inst = targets.instance_named(parking.store, request.host)
+        if inst.pending_release is None:
+            return Done()
+        result = await parking.wake_onto_pending(op, inst)
+        return Done() if result is None else Ended(result)
+
+    return deferred
+
+
+def _respawn(waiting_workers: bool) -> EffectOf[Parking, WakeRequest]:
+    def bind(parking: Parking, request: WakeRequest, _step: PlannedStep) -> Bound:
+        async def respawn(op: Operation) -> Done | Failed:
+            store = parking.store
+            inst = targets.instance_named(store, request.host)
+            waiting = frozenset(a.service for a in store.list_active(inst.host)
+                                if a.service != WEB) if waiting_workers else frozenset()
+            result = await parking.recovery.respawn_active(op, inst, waiting=waiting)
+            return Done() if result.outcome is Outcome.DONE else Failed(
+                result.reason or "the start failed")
+
+        return respawn
+
+    return bind
+
+
+def _link_current(parking: Parking, request: WakeRequest) -> None:
+    targets.link_current(parking.store, parking.home, request.host)
+
+
+WAKE: Spec[WakeRequest, Parking] = Spec(
+    OpKind.WAKE, plan_wake,
+    {"running": _wake_running, "deferred": _wake_deferred,
+     "respawn-web": _respawn(waiting_workers=True), "respawn": _respawn(False)},
+    fence_verb="wake", converge_after=True, epilogue=_link_current)

@@ -50,6 +50,10 @@ class Records:
                                   expected=self.store.get_active(host, service))
         return gen
 
+    def gone(self, gen: Generation, exit_code: int | None = 1) -> Generation:
+        """`gen` recorded gone (it exited, or was proven gone)."""
+        return self.store.record_gone(gen.id, exit_code)
+
 
 @pytest.fixture
 def records(tmp_path: Path) -> Iterator[Records]:
