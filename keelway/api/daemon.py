@@ -47,16 +47,16 @@ from keelway.data import swap
 from keelway.data.objects import LocalObjects, ObjectStore, ObjectStoreError, open_objects
 from keelway.data.replicas import ReplicaError, ReplicaOptions, Replicas
 from keelway.deploy import targets
-from keelway.deploy.deployer import Deployer
+from keelway.deploy.deployer import ATTEMPTS, START, STOP, Deployer
 from keelway.deploy.errors import OperationError
 from keelway.deploy.locks import Locks
 from keelway.deploy.operation import finalizers
-from keelway.deploy.parking import PARK, Parking
+from keelway.deploy.parking import PARK, WAKE, Parking
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
 from keelway.deploy.replication import Replication
 from keelway.deploy.restore import Snapshots
-from keelway.deploy.runs import Runs
+from keelway.deploy.runs import RUN, Runs
 from keelway.deploy.seeding import Seeding
 from keelway.deploy.tenants import Tenants
 from keelway.durable import disk_full, disk_full_message, sweep_temp, write_atomic
@@ -113,7 +113,8 @@ def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
     objects = objects or LocalObjects(home.objects_dir)
     recovery = Recovery(store, home, supervisor, publisher, clock, locks, owner, replicas)
     # How the reconciler ends an interrupted operation of each kind with a spec.
-    recovery.reconciler.finalize = finalizers(PARK)
+    ends = finalizers(PARK, WAKE, STOP, START, RUN, *ATTEMPTS.values())
+    recovery.reconciler.finalize, recovery.reconciler.orphan_kinds = ends, ends.orphaned
     deployer = Deployer(store, home, supervisor, publisher, locks, recovery)
     snapshots = Snapshots(store, home, supervisor, publisher, locks, recovery, objects)
     return DeployParts(locks, recovery, deployer,
@@ -264,8 +265,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     for host in swap.finish_all(home.root / "data"):
         log.info("boot: finished the database swap of a restore of %s", host)
     await parts.recovery.boot()
-    runs = Runs(store, home, supervisor, parts.locks, parts.recovery)
-    runs.finalize_interrupted()  # their processes were strays of the boot pass
+    runs = Runs(store, home, supervisor, parts.recovery.journal)
     await parts.tenants.resume()  # interrupted adds, removals and destroys carry on
     await parts.seeding.resume()  # interrupted imports roll back; rollbacks carry on
 

@@ -31,9 +31,10 @@ kind says so). Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, assert_never
 
@@ -87,6 +88,8 @@ class PlannedStep:
     before_gen: int | None = None
     after_gen: int | None = None
     arg: int | None = None
+    # Written with the step at its begin (a run's program name).
+    detail: str | None = None
     # The effect journals its own steps (an attempt, a respawn): no step is written for
     # it, and `kind` is the first step it writes.
     journals_own: bool = False
@@ -169,6 +172,10 @@ class Spec(Generic[Req, Parts]):
     # Reconcile once more after its outcome is written (a fault converged already).
     converge_after: bool = False
     finalize: Callable[[Operation], Verdict] = by_steps
+    # Its interrupted operations are never their instance's latest (a run), or outlive
+    # their instance (a removal): the boot pass finds them by kind and ends them by
+    # `finalize` (keelway/reconcile/apply.py `finalize_orphans`).
+    orphaned: bool = False
     # Still under the lock, after the last converge, once an operation ran: what is
     # derived from the records and rewritten whole (the `current` link), never journaled.
     epilogue: Callable[[Parts, Req], None] | None = None
@@ -220,6 +227,18 @@ class Runner:
     @converger.setter
     def converger(self, converger: Converger) -> None:
         self._converger = converger
+
+    @contextlib.asynccontextmanager
+    async def lent(self, host: str) -> AsyncIterator[None]:
+        """Inside an effect: lend `host`'s lock out (a one-off run may run for hours, and
+        operations on the instance go on meanwhile), and take it back before the step's
+        outcome is written. The operation stays live throughout."""
+        lock = self.locks.instance(host)
+        lock.release()
+        try:
+            yield
+        finally:
+            await lock.acquire()
 
     def dry_run(self, spec: Spec[Req, Parts], request: Req) -> Plan:
         """The plan the runner would run now, from the records alone; nothing is locked,
@@ -409,7 +428,7 @@ async def _journaled_step(steps: Steps, op: Operation, step: PlannedStep,
 
     failed = await steps.run(step.kind, run, before=step.before, after=step.after,
                              service=step.service, before_gen=step.before_gen,
-                             after_gen=step.after_gen)
+                             after_gen=step.after_gen, detail=step.detail)
     if ended:
         return ended[0]
     return Done() if failed is None else failed
@@ -447,6 +466,7 @@ class Finalizers:
     `finalize` by kind, the journal's step rule (`by_steps`) for a kind with none."""
 
     by_kind: Mapping[OpKind, Callable[[Operation], Verdict]] = field(default_factory=dict)
+    orphaned: frozenset[OpKind] = frozenset()
 
     def __call__(self, op: Operation) -> Verdict:
         return self.by_kind.get(op.kind, by_steps)(op)
@@ -454,4 +474,5 @@ class Finalizers:
 
 def finalizers(*specs: Spec[Any, Any]) -> Finalizers:
     """The reconciler's finalizer of every kind these specs describe."""
-    return Finalizers({spec.kind: spec.finalize for spec in specs})
+    return Finalizers({spec.kind: spec.finalize for spec in specs},
+                      frozenset(spec.kind for spec in specs if spec.orphaned))
