@@ -23,7 +23,7 @@ from keelway.builds.manifest import ServiceKind
 from keelway.clock import Clock
 from keelway.deploy import targets
 from keelway.deploy.errors import OperationError
-from keelway.deploy.instances import StartFailed, start_generation
+from keelway.deploy.generation_start import StartFailed, start_generation
 from keelway.deploy.locks import Locks
 from keelway.deploy.operation import Bound, Ended, Plan, PlannedStep, Ran, Runner, Spec, log
 from keelway.deploy.outcome import Outcome, Result

@@ -43,7 +43,8 @@ from keelway import failpoints, names
 from keelway.builds.manifest import ONE_OFF
 from keelway.deploy import targets
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
-from keelway.deploy.instances import Target, layered_config
+from keelway.deploy.generation_start import layered_config
+from keelway.deploy.instances import Target
 from keelway.deploy.operation import Bound, Plan, PlannedStep, Runner, Spec
 from keelway.deploy.steps import Done, Failed
 from keelway.home import Home
