@@ -285,7 +285,8 @@ def _instance_command(verb: str) -> Callable[..., None]:
                                     {"instance": instance, "dry_run": dry_run})
         if dry_run:
             echo_plan(data, as_json)
-        elif as_json:
+            return
+        if as_json:
             emit_json(data)
             return
         done = data["stopped" if verb == "stop" else "started"]

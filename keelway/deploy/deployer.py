@@ -133,15 +133,7 @@ class Deployer:
                                 hint=f"pick another host, or remove it from {claim.app}")
 
     def instances_of(self, app: str, host: str | None) -> list[Instance]:
-        if self.store.get_app(app) is None:
-            raise NotFoundError(f"no app named {app}", hint="see `keelway apps`")
-        instances = self.store.list_instances(app)
-        if host is not None:
-            instances = [i for i in instances if i.host == host]
-            if not instances:
-                raise NotFoundError(f"{app} has no instance {host}",
-                                    hint=f"see `keelway status {app}`")
-        return instances
+        return targets.instances_of(self.store, app, host)
 
     # -- rollouts --------------------------------------------------------------------
 

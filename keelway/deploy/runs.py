@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from keelway import failpoints, names
 from keelway.builds.manifest import ONE_OFF
 from keelway.deploy import targets
-from keelway.deploy.errors import NotFoundError, OperationError, UserError
+from keelway.deploy.errors import OperationError, UserError
 from keelway.deploy.generation_start import layered_config
 from keelway.deploy.instances import Target
 from keelway.deploy.operation import Bound, Plan, PlannedStep, Runner, Spec
@@ -98,15 +98,9 @@ class Runs:
                 names.HOST.check(host)
         except names.InvalidName as exc:
             raise UserError(exc.message, hint=exc.hint) from None
-        if self.store.get_app(app) is None:
-            raise NotFoundError(f"no app named {app}", hint="see `keelway apps`")
-        instances = self.store.list_instances(app)
+        instances = targets.instances_of(self.store, app, host)
         if host is not None:
-            chosen = [i for i in instances if i.host == host]
-            if not chosen:
-                raise NotFoundError(f"{app} has no instance {host}",
-                                    hint=f"see `keelway status {app}`")
-            return chosen[0]
+            return instances[0]
         if not instances:
             raise UserError(f"{app} has no instance to run in", hint=f"deploy {app} first")
         if len(instances) > 1:
