@@ -22,6 +22,7 @@ from keelway.api.operations import Operations
 from keelway.api.parking import ParkingApi
 from keelway.api.plans import plan_response
 from keelway.api.replicas import ReplicasApi
+from keelway.api.run_server import RunPlanApi
 from keelway.api.seed import SeedApi
 from keelway.api.snapshots import SnapshotsApi
 from keelway.api.tenants import TenantsApi
@@ -41,6 +42,7 @@ from keelway.deploy.parking import Parking
 from keelway.deploy.passes import Passes
 from keelway.deploy.replication import Replication
 from keelway.deploy.restore import Snapshots
+from keelway.deploy.runs import Runs
 from keelway.deploy.seeding import Seeding
 from keelway.deploy.tenants import Tenants
 from keelway.home import Home
@@ -56,8 +58,9 @@ class Api:
                  router: RouterSupervisor | None = None,
                  parking: Parking | None = None, tenants: Tenants | None = None,
                  seeding: Seeding | None = None, snapshots: Snapshots | None = None,
-                 replication: Replication | None = None) -> None:
+                 replication: Replication | None = None, runs: Runs | None = None) -> None:
         self.router = router
+        self.runs = RunPlanApi(runs) if runs is not None else None
         self.seeding = SeedApi(seeding) if seeding is not None else None
         self.snapshots = SnapshotsApi(snapshots) if snapshots is not None else None
         self.replicas = ReplicasApi(replication) if replication is not None else None
@@ -94,6 +97,7 @@ class Api:
             *(self.seeding.routes() if self.seeding is not None else []),
             *(self.snapshots.routes() if self.snapshots is not None else []),
             *(self.replicas.routes() if self.replicas is not None else []),
+            *(self.runs.routes() if self.runs is not None else []),
         ])
         return app
 

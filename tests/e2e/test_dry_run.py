@@ -1,5 +1,6 @@
 """`--dry-run` through the real CLI: each operation prints the plan the runner would
-run, as lines or as --json, and nothing is journaled, stopped or started."""
+run, as lines or as --json, and nothing is journaled, stopped or started (a run's
+arguments never leave the CLI: only its program's name is planned)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ def test_every_dry_run_prints_the_runners_plan_and_changes_nothing(kw: Keelway) 
     assert rollback["dry_run"] is True
     assert rollback["plans"][0]["op"] == "rollback"
     assert "attempt v3" in kw.ok("config", "hello", "set", "B=2", "--dry-run").out
+    run = kw.ok("run", "hello", "--dry-run", "--", "python3", "-c", "s3cr3t").out
+    assert f"run {HOST}:" in run and "spawn python3 in v2" in run and "s3cr3t" not in run
 
     assert _ops(kw) == before and kw.app_pids() == pids
     assert kw.get(HOST)[0] == 200
