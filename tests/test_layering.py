@@ -75,8 +75,9 @@ def test_the_cli_starts_without_aiohttp_uvloop_or_rich() -> None:
 # request runs API → deployer → attempt → plan / steps → store, runtime, router and
 # never comes back to a module it has left. A new part takes its place in this list.
 DEPLOY_ORDER = ["errors", "outcome", "locks", "plan", "steps", "instances", "targets",
-                "publisher", "journaled", "attempt", "recovery", "part", "parking", "restore",
-                "runs", "deployer", "tenants", "seeding", "replication"]
+                "generation_start", "fences", "publisher", "operation", "attempt", "crash_restarts",
+                "replica_keeper", "passes", "parking", "restore", "runs", "deployer",
+                "tenants", "seeding", "replication"]
 
 
 def test_the_deploy_path_reads_one_way() -> None:

@@ -1,9 +1,10 @@
 """The control plane: wires store, supervisor, the deploy parts, router and API together.
 
-The deploy parts (`wire`): `Locks` (per-instance locks and live operations), `Recovery`
-(converging, boot, periodic and crash restarts; it holds `Journaled`, the journal's
-edges, and the reconciler), `Deployer` (the operations users ask for) on both, and
-`Tenants` (apps, instances and aliases whole) on all three.
+The deploy parts (`wire`, the one place they are put together): `Locks` (per-instance
+locks and live operations), the `Runner` every operation goes through, `Passes` (the
+reconciler's boot, periodic and mutation passes), `CrashRestarts`, the `ReplicaKeeper`,
+and the parts users reach (`Deployer`, `Parking`, `Runs`, ...), each given only what it
+uses.
 
 Start order keeps every failure clear and harmless: the home lock first (one control
 plane per home), then the router's port (a busy port fails before the store is even
@@ -47,19 +48,23 @@ from keelway.data import swap
 from keelway.data.objects import LocalObjects, ObjectStore, ObjectStoreError, open_objects
 from keelway.data.replicas import ReplicaError, ReplicaOptions, Replicas
 from keelway.deploy import targets
-from keelway.deploy.deployer import Deployer
+from keelway.deploy.crash_restarts import RECOVER, RESTART_CRASHED, CrashRestarts
+from keelway.deploy.deployer import ATTEMPTS, START, STOP, Deployer
 from keelway.deploy.errors import OperationError
 from keelway.deploy.locks import Locks
-from keelway.deploy.parking import Parking
+from keelway.deploy.operation import Runner, finalizers
+from keelway.deploy.parking import PARK, WAKE, Parking
+from keelway.deploy.passes import Passes
 from keelway.deploy.publisher import Publisher
-from keelway.deploy.recovery import Recovery
+from keelway.deploy.replica_keeper import REPLICATE, ReplicaKeeper
 from keelway.deploy.replication import Replication
 from keelway.deploy.restore import Snapshots
-from keelway.deploy.runs import Runs
+from keelway.deploy.runs import RUN, Runs
 from keelway.deploy.seeding import Seeding
 from keelway.deploy.tenants import Tenants
 from keelway.durable import disk_full, disk_full_message, sweep_temp, write_atomic
 from keelway.home import PRIVATE_UMASK, Home
+from keelway.reconcile.apply import Reconciler
 from keelway.runtime import router as router_process
 from keelway.runtime.logs import rotate_if_large
 from keelway.runtime.router import RouterSettings
@@ -91,18 +96,36 @@ class StartupError(Exception):
 @dataclass(frozen=True)
 class DeployParts:
     locks: Locks
-    recovery: Recovery
+    runner: Runner
+    restarts: CrashRestarts
+    keeper: ReplicaKeeper
+    passes: Passes
     deployer: Deployer
     parking: Parking
+    runs: Runs
     tenants: Tenants
     seeding: Seeding
     snapshots: Snapshots
     replication: Replication
 
+    async def boot(self, home: Home) -> None:
+        """The one boot reconciliation (keelway/deploy/passes.py `Passes.boot`), with
+        what each part settles before anything respawns and carries on after."""
+
+        def finish_swaps() -> None:
+            # A restore that committed its swap is carried through, so the instance
+            # comes back on the restored database (keelway/data/swap.py).
+            for host in swap.finish_all(home.root / "data"):
+                log.info("boot: finished the database swap of a restore of %s", host)
+
+        await self.passes.boot(first=(finish_swaps,),
+                               carry_on=(self.tenants.resume, self.seeding.resume))
+
 
 def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher, clock: Clock,
          owner: str, objects: ObjectStore | None = None) -> DeployParts:
-    """The deploy parts of one control plane, sharing one set of locks and live ops."""
+    """The deploy parts of one control plane, each given only what it uses, sharing one
+    set of locks and live operations and one runner. The one place they are wired."""
     locks = Locks()
     # The object store `up --objects` chose decides where replicas go too
     # (keelway/data/replicas.py replica_url): beside its snapshots in S3, or in the
@@ -110,18 +133,32 @@ def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
     s3 = objects.url if objects is not None and objects.url.startswith("s3://") else None
     replicas = Replicas(store, home, supervisor, s3)
     objects = objects or LocalObjects(home.objects_dir)
-    recovery = Recovery(store, home, supervisor, publisher, clock, locks, owner, replicas)
-    deployer = Deployer(store, home, supervisor, publisher, locks, recovery)
-    snapshots = Snapshots(store, home, supervisor, publisher, locks, recovery, objects)
-    return DeployParts(locks, recovery, deployer,
-                       Parking(store, home, supervisor, publisher, locks, recovery),
-                       Tenants(store, home, supervisor, publisher, locks, recovery, deployer,
+    runner = Runner(store, locks, owner)
+    restarts = CrashRestarts(store, home, supervisor, publisher, clock, locks, runner)
+    keeper = ReplicaKeeper(store, supervisor, clock, runner, replicas)
+    # How the reconciler ends an interrupted operation of each kind with a spec.
+    ends = finalizers(PARK, WAKE, STOP, START, RUN, RECOVER, RESTART_CRASHED, REPLICATE,
+                      *ATTEMPTS.values())
+    reconciler = Reconciler(store, supervisor, home, restarts, keeper,
+                            lambda gen: targets.stop_grace_s(store, gen), ends)
+    reconciler.orphan_kinds = ends.orphaned
+    reconciler.replicate = keeper.replicas is not None
+    passes = Passes(store, home, supervisor, publisher, clock, locks, reconciler)
+    # The one cycle: an operation converges through the passes, whose restarts are
+    # operations of this runner; and the replica keeper follows every operation.
+    runner.converger, runner.replica_hook = passes, keeper
+    deployer = Deployer(store, home, supervisor, publisher, locks, runner, restarts)
+    narrow = (locks, passes, restarts, keeper, runner)
+    snapshots = Snapshots(store, home, supervisor, publisher, *narrow, objects)
+    return DeployParts(locks, runner, restarts, keeper, passes, deployer,
+                       Parking(store, home, supervisor, publisher, clock, runner, restarts),
+                       Runs(store, home, supervisor, runner),
+                       Tenants(store, home, supervisor, publisher, *narrow, deployer,
                                replicas, objects),
-                       Seeding(store, home, supervisor, publisher, locks, recovery,
+                       Seeding(store, home, supervisor, publisher, *narrow,
                                delete_replica=replicas.delete, objects=objects),
                        snapshots,
-                       Replication(store, home, supervisor, publisher, locks, recovery,
-                                   snapshots))
+                       Replication(store, home, supervisor, publisher, *narrow, snapshots))
 
 
 def objects_url(home: Home, asked: str | None) -> str | None:
@@ -249,7 +286,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     parts: DeployParts
 
     async def on_exit(gen, code):  # type: ignore[no-untyped-def]
-        await parts.recovery.on_exit(gen, code)
+        await parts.restarts.on_exit(gen, code)
 
     supervisor = Supervisor(store, home, clock, on_exit, refuses_to_die=refuses_to_die)
     if supervisor.identities.in_force:
@@ -259,15 +296,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     publisher = Publisher(store, home.router_socket)
     parts = wire(store, home, supervisor, publisher, clock, owner, objects)
     deployer = parts.deployer
-    # Before boot respawns anything: a restore that committed its swap is carried
-    # through, so the instance comes back on the restored database (keelway/data/swap.py).
-    for host in swap.finish_all(home.root / "data"):
-        log.info("boot: finished the database swap of a restore of %s", host)
-    await parts.recovery.boot()
-    runs = Runs(store, home, supervisor, parts.locks, parts.recovery)
-    runs.finalize_interrupted()  # their processes were strays of the boot pass
-    await parts.tenants.resume()  # interrupted adds, removals and destroys carry on
-    await parts.seeding.resume()  # interrupted imports roll back; rollbacks carry on
+    await parts.boot(home)
 
     if demo:
         await _deploy_demo(home, store, deployer, announce)
@@ -294,9 +323,9 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
         return None
 
     router.watch(push_routes)
-    api = Api(store, home, deployer, parts.recovery, http_port, request_shutdown, router,
+    api = Api(store, home, deployer, parts.passes, http_port, request_shutdown, router,
               parts.parking, parts.tenants, parts.seeding, parts.snapshots,
-              parts.replication)
+              parts.replication, parts.runs)
     # Open log streams (`logs -f`) must not hold a shutdown for long.
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False,
                            shutdown_timeout=2.0)
@@ -309,10 +338,10 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     finally:
         os.umask(old_umask)
     os.chmod(home.api_socket, 0o600)
-    run_server = RunServer(home, runs)
+    run_server = RunServer(home, parts.runs)
     await run_server.start()
     rotation = loop.create_task(_rotate_logs_forever(home))
-    periodic = loop.create_task(parts.recovery.periodic())
+    periodic = loop.create_task(parts.passes.periodic())
     idle_sweep = loop.create_task(Sweep(store, parts.parking, home.router_socket, clock).run())
     snapshot_schedule = loop.create_task(parts.snapshots.schedule())
 
@@ -334,9 +363,10 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     snapshot_schedule.cancel()
     await runner.cleanup()
     home.api_socket.unlink(missing_ok=True)
-    await parts.recovery.close()
+    parts.passes.close()
+    await parts.restarts.close()
     if not keep_apps:
-        await _stop_all(store, supervisor, parts.recovery.replicas)
+        await _stop_all(store, supervisor, parts.keeper.replicas)
     await supervisor.shutdown()
     if not await router.stop(keep_serving=keep_apps):
         announce("warning: the router did not stop; it is still serving")

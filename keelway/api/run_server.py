@@ -22,7 +22,12 @@ import os
 import socket
 import struct
 
+import msgspec
+from aiohttp import web
+
 from keelway import run_wire
+from keelway.api.http import read_body
+from keelway.api.plans import plan_response
 from keelway.deploy.errors import OperationError
 from keelway.deploy.runs import Runs, RunStarted, Signals
 from keelway.home import Home
@@ -243,3 +248,27 @@ async def _send(conn: socket.socket, message: Started | Refused | Exited) -> Non
     with contextlib.suppress(OSError):
         await asyncio.get_running_loop().sock_sendall(conn, run_wire.encode(message))
 
+
+
+class RunPlanBody(msgspec.Struct, forbid_unknown_fields=True):
+    instance: str | None = None
+    argv: list[str] = []
+
+
+class RunPlanApi:
+    """`keelway run --dry-run`: the plan a run would run, over HTTP (the run socket
+    lends a terminal; a dry run needs none).
+
+        POST /v1/apps/{app}/run-plan  {"instance": H|null, "argv": [...]}  -> 200 plan
+    """
+
+    def __init__(self, runs: Runs) -> None:
+        self.runs = runs
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.post("/v1/apps/{app}/run-plan", self.plan)]
+
+    async def plan(self, request: web.Request) -> web.Response:
+        body: RunPlanBody = await read_body(request, RunPlanBody)
+        return plan_response(self.runs.dry_run(request.match_info["app"], body.instance,
+                                               body.argv))

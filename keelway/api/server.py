@@ -20,7 +20,9 @@ from keelway.api import bodies
 from keelway.api.http import app_name, errors_middleware, read_body, send_line
 from keelway.api.operations import Operations
 from keelway.api.parking import ParkingApi
+from keelway.api.plans import plan_response
 from keelway.api.replicas import ReplicasApi
+from keelway.api.run_server import RunPlanApi
 from keelway.api.seed import SeedApi
 from keelway.api.snapshots import SnapshotsApi
 from keelway.api.tenants import TenantsApi
@@ -37,9 +39,10 @@ from keelway.api.views import (
 from keelway.deploy.deployer import Deployer
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
 from keelway.deploy.parking import Parking
-from keelway.deploy.recovery import Recovery
+from keelway.deploy.passes import Passes
 from keelway.deploy.replication import Replication
 from keelway.deploy.restore import Snapshots
+from keelway.deploy.runs import Runs
 from keelway.deploy.seeding import Seeding
 from keelway.deploy.tenants import Tenants
 from keelway.home import Home
@@ -50,13 +53,14 @@ from keelway.store import Store
 
 
 class Api:
-    def __init__(self, store: Store, home: Home, deployer: Deployer, recovery: Recovery,
+    def __init__(self, store: Store, home: Home, deployer: Deployer, passes: Passes,
                  http_port: int | None, on_shutdown: Callable[[bool], None],
                  router: RouterSupervisor | None = None,
                  parking: Parking | None = None, tenants: Tenants | None = None,
                  seeding: Seeding | None = None, snapshots: Snapshots | None = None,
-                 replication: Replication | None = None) -> None:
+                 replication: Replication | None = None, runs: Runs | None = None) -> None:
         self.router = router
+        self.runs = RunPlanApi(runs) if runs is not None else None
         self.seeding = SeedApi(seeding) if seeding is not None else None
         self.snapshots = SnapshotsApi(snapshots) if snapshots is not None else None
         self.replicas = ReplicasApi(replication) if replication is not None else None
@@ -65,7 +69,7 @@ class Api:
         self.store = store
         self.home = home
         self.deployer = deployer
-        self.recovery = recovery
+        self.passes = passes
         self.http_port = http_port
         self.on_shutdown = on_shutdown
         self.operations = Operations(store, home, deployer, http_port, snapshots)
@@ -93,6 +97,7 @@ class Api:
             *(self.seeding.routes() if self.seeding is not None else []),
             *(self.snapshots.routes() if self.snapshots is not None else []),
             *(self.replicas.routes() if self.replicas is not None else []),
+            *(self.runs.routes() if self.runs is not None else []),
         ])
         return app
 
@@ -107,7 +112,7 @@ class Api:
 
     async def reconcile(self, request: web.Request) -> web.Response:
         body: bodies.ReconcileBody = await read_body(request, bodies.ReconcileBody)
-        report = await self.recovery.reconcile_all(body.dry_run)
+        report = await self.passes.reconcile_all(body.dry_run)
         return web.json_response({"dry_run": body.dry_run, "instances": report})
 
     async def apps(self, _request: web.Request) -> web.Response:
@@ -210,19 +215,23 @@ class Api:
         await response.write_eof()
         return response
 
-    async def _instances(self, request: web.Request) -> list[Any]:
+    async def _instances(self, request: web.Request) -> tuple[list[Any], bool]:
         name = app_name(self.store, request)
         body: bodies.InstanceBody = await read_body(request, bodies.InstanceBody)
-        return self.deployer.instances_of(name, body.instance)
+        return self.deployer.instances_of(name, body.instance), body.dry_run
 
     async def stop(self, request: web.Request) -> web.Response:
-        instances = await self._instances(request)
+        instances, dry_run = await self._instances(request)
+        if dry_run:
+            return plan_response(*[self.deployer.dry_stop(inst) for inst in instances])
         for inst in instances:
             await self.deployer.stop_instance(inst)
         return web.json_response({"stopped": [i.host for i in instances]})
 
     async def start(self, request: web.Request) -> web.Response:
-        instances = await self._instances(request)
+        instances, dry_run = await self._instances(request)
+        if dry_run:
+            return plan_response(*[self.deployer.dry_start(inst) for inst in instances])
         for inst in instances:
             await self.deployer.start_instance(inst)
         return web.json_response({"started": [i.host for i in instances]})

@@ -29,8 +29,9 @@ from typing import Any, NoReturn
 import click
 
 from keelway import run_wire
-from keelway.cli.base import cli, json_option
+from keelway.cli.base import api_call, cli, client, json_option
 from keelway.cli.output import EXIT_LOST, fail, fail_json
+from keelway.cli.plans import dry_run_option, echo_plan
 from keelway.home import Home
 from keelway.run_wire import Exited, Forward, Lines, Refused, RunRequest, Started, WireError
 
@@ -43,14 +44,19 @@ _IGNORED = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
               help="The instance to run in (needed when the app has several).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED,
                 metavar="[--] CMD...")
+@dry_run_option
 @json_option
-def run(app: str, host: str | None, command: tuple[str, ...], as_json: bool) -> None:
+def run(app: str, host: str | None, command: tuple[str, ...], dry_run: bool,
+        as_json: bool) -> None:
     """Run CMD once in an instance's build and environment, on this terminal.
 
     Put `--` before CMD when it has options of its own. Exits with CMD's exit code
     (128+N for a signal N); the run is journaled (`keelway ops APP`). With --json, a
     refusal prints JSON on stdout as usual, and the outcome of a run prints on stderr
     (stdout is the command's)."""
+    if dry_run:
+        _dry_run(app, host, command, as_json=as_json)
+        return
     home = Home.from_env()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -159,3 +165,12 @@ def _lost(as_json: bool, command: tuple[str, ...], started: bool) -> NoReturn:
                    err=True)
         sys.exit(EXIT_LOST)
     fail(message, hint, EXIT_LOST)
+
+
+@api_call
+def _dry_run(app: str, host: str | None, command: tuple[str, ...], as_json: bool) -> None:
+    """The plan the run would run; nothing starts. Only the program's name is sent,
+    never its arguments (one may be a secret)."""
+    program = [os.path.basename(command[0])] if command else []
+    echo_plan(client(None).request("POST", f"/v1/apps/{app}/run-plan",
+                                   {"instance": host, "argv": program}), as_json)

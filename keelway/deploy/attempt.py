@@ -32,20 +32,16 @@ from keelway import failpoints
 from keelway.builds.manifest import ServiceSpec
 from keelway.deploy import targets
 from keelway.deploy.errors import OperationError
-from keelway.deploy.instances import (
-    StartFailed,
-    Target,
-    run_release_command,
-    start_generation,
-)
+from keelway.deploy.generation_start import StartFailed, run_release_command, start_generation
+from keelway.deploy.instances import Target
 from keelway.deploy.outcome import Outcome, Progress, Result
 from keelway.deploy.plan import (
     Activate,
     AttemptPlan,
+    AttemptStep,
     BeginHoldExec,
     Fallback,
     MarkGood,
-    PlannedStep,
     Publish,
     Retire,
     RunReleaseCommand,
@@ -139,7 +135,7 @@ class Attempt:
         return Result(Outcome.DONE, generations={s: g.id for s, g in self._candidates.items()},
                       released=self._released)
 
-    async def _apply(self, step: PlannedStep, plan: AttemptPlan,
+    async def _apply(self, step: AttemptStep, plan: AttemptPlan,
                      prior: dict[str, Generation]) -> Failed | None:
         """Carry out one planned step; a failure it expects comes back as a value."""
         match step:

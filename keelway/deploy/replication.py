@@ -17,29 +17,41 @@ from __future__ import annotations
 from typing import Any
 
 from keelway.data.replicas import Drill, ReplicaError
+from keelway.deploy import targets
+from keelway.deploy.crash_restarts import CrashRestarts
 from keelway.deploy.errors import OperationError
 from keelway.deploy.locks import Locks
-from keelway.deploy.part import Part
+from keelway.deploy.operation import Runner
+from keelway.deploy.passes import Passes
 from keelway.deploy.publisher import Publisher
-from keelway.deploy.recovery import Recovery
+from keelway.deploy.replica_keeper import ReplicaKeeper
 from keelway.deploy.restore import Restored, Snapshots
 from keelway.home import Home
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
 
 
-class Replication(Part):
+class Replication:
     def __init__(self, store: Store, home: Home, supervisor: Supervisor,
-                 publisher: Publisher, locks: Locks, recovery: Recovery,
+                 publisher: Publisher, locks: Locks, passes: Passes, restarts: CrashRestarts,
+                 keeper: ReplicaKeeper, runner: Runner,
                  snapshots: Snapshots) -> None:
-        super().__init__(store, home, supervisor, publisher, locks, recovery)
+        self.store = store
+        self.home = home
+        self.supervisor = supervisor
+        self.publisher = publisher
+        self.locks = locks
+        self.passes = passes
+        self.restarts = restarts
+        self.keeper = keeper
+        self.journal = runner
         self.snapshots = snapshots
 
     async def position(self, host: str) -> dict[str, Any]:
         """`db replicas H`: what the replica holds."""
-        inst = self.instance(host)
+        inst = targets.instance_named(self.store, host)
         try:
-            pos = await self.replicas_required().position(host)
+            pos = await self.keeper.required().position(host)
         except ReplicaError as exc:
             raise OperationError(str(exc)) from None
         return {"host": host, "app": inst.app, **pos.view()}
@@ -54,11 +66,11 @@ class Replication(Part):
         """Restore the newest snapshot and the latest replica of `host` (or of every
         instance) to temp files and verify them. A copy an instance has none of yet is
         reported skipped; every other result is an event."""
-        hosts = [self.instance(host).host] if host is not None else [
+        hosts = [targets.instance_named(self.store, host).host] if host is not None else [
             i.host for i in self.store.instances.list_instances()]
         results: list[dict[str, Any]] = []
         for name in hosts:
-            inst = self.instance(name)
+            inst = targets.instance_named(self.store, name)
             snap = await self._drill_snapshot(name)
             replica = await self._drill_replica(name)
             checked = [c for c in (snap, replica) if "skipped" not in c]
@@ -96,7 +108,7 @@ class Replication(Part):
         return {"ok": False, "id": snap_id, "reason": done.reason}
 
     async def _drill_replica(self, host: str) -> dict[str, Any]:
-        replicas = self.recovery.replicas
+        replicas = self.keeper.replicas
         if replicas is None or not replicas.enabled:
             return {"ok": None, "skipped": "replication is off"}
         try:

@@ -74,13 +74,15 @@ from keelway.data.replicas import ReplicaError, in_effect, replica_url
 from keelway.data.snapshots import Manifest, NoDatabase
 from keelway.data.verify import Damaged, verify_file
 from keelway.deploy import targets
+from keelway.deploy.crash_restarts import CrashRestarts
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
+from keelway.deploy.fences import refuse_if_fenced
 from keelway.deploy.locks import Locks
+from keelway.deploy.operation import Runner
 from keelway.deploy.outcome import Outcome, Result
-from keelway.deploy.parking import refuse_if_fenced
-from keelway.deploy.part import Part
+from keelway.deploy.passes import Passes
 from keelway.deploy.publisher import Publisher
-from keelway.deploy.recovery import Recovery
+from keelway.deploy.replica_keeper import ReplicaKeeper
 from keelway.deploy.steps import Done, Failed, Steps
 from keelway.home import Home
 from keelway.journal import OpKind, StepKind
@@ -150,10 +152,19 @@ class Restored:
                 "snapshot": dataclasses.asdict(self.snapshot) if self.snapshot else None}
 
 
-class Snapshots(Part):
+class Snapshots:
     def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
-                 locks: Locks, recovery: Recovery, objects: ObjectStore) -> None:
-        super().__init__(store, home, supervisor, publisher, locks, recovery)
+                 locks: Locks, passes: Passes, restarts: CrashRestarts,
+                 keeper: ReplicaKeeper, runner: Runner, objects: ObjectStore) -> None:
+        self.store = store
+        self.home = home
+        self.supervisor = supervisor
+        self.publisher = publisher
+        self.locks = locks
+        self.passes = passes
+        self.restarts = restarts
+        self.keeper = keeper
+        self.journal = runner
         self.objects = objects
         # When each instance's newest snapshot was taken, as the schedule last saw it
         # (read from the object store once per instance, then kept up by the schedule).
@@ -176,7 +187,7 @@ class Snapshots(Part):
 
     async def snapshot(self, host: str) -> Manifest:
         """Take a verified snapshot of `host`'s database (running or parked)."""
-        self.instance(host)
+        targets.instance_named(self.store, host)
         async with self.locks.instance(host):
             release = self._release(host)
             try:
@@ -184,7 +195,7 @@ class Snapshots(Part):
                 # effect (one rule, replicas.in_effect), so a snapshot is what it served.
                 made = await asyncio.to_thread(
                     snapshots.take, self.objects, self.home, host,
-                    now_s=self.recovery.clock.now(), release=release,
+                    now_s=self.restarts.clock.now(), release=release,
                     db=in_effect(self.store, self.home, host).db)
             except NoDatabase as exc:
                 raise NotFoundError(str(exc), hint="the instance has no database yet") from None
@@ -195,11 +206,11 @@ class Snapshots(Part):
             except ObjectStoreError as exc:
                 raise ObjectStoreFailed(str(exc), hint="check the object store") from None
         self.store.ops.add_event("snapshot", f"snapshot {made.id} taken ({made.size} bytes)",
-                                 app=self.instance(host).app, instance=host)
+                                 app=targets.instance_named(self.store, host).app, instance=host)
         return made
 
     async def stored(self, host: str) -> list[Manifest]:
-        self.instance(host)
+        targets.instance_named(self.store, host)
         try:
             return await asyncio.to_thread(snapshots.list_snapshots, self.objects, host)
         except ObjectStoreError as exc:
@@ -207,7 +218,7 @@ class Snapshots(Part):
 
     async def verify(self, host: str, snap_id: str) -> Manifest:
         """Fetch snapshot `snap_id` and check it; SnapshotRefused if it fails."""
-        self.instance(host)
+        targets.instance_named(self.store, host)
         self.check_id(snap_id)
         try:
             return await asyncio.to_thread(snapshots.verify_stored, self.objects, host,
@@ -270,7 +281,7 @@ class Snapshots(Part):
         """One pass of the schedule: snapshot every instance whose `[data]
         snapshot_every` has passed since its newest snapshot, then prune it to `keep`.
         Returns the hosts snapshotted. A failure is logged and left to the next pass."""
-        now = self.recovery.clock.now()
+        now = self.restarts.clock.now()
         taken = []
         for host, spec in sorted(self._specs_by_host().items()):
             db = self.home.db_path(host)
@@ -306,7 +317,7 @@ class Snapshots(Part):
         """The one loop that takes due snapshots (the daemon runs it; the clock is
         injected, so a test's hour passes at once)."""
         while True:
-            await self.recovery.clock.sleep(SCHEDULE_S)
+            await self.restarts.clock.sleep(SCHEDULE_S)
             try:
                 await self.take_due()
             except Exception:
@@ -320,7 +331,7 @@ class Snapshots(Part):
         """Replace `host`'s database with snapshot `snap_id`, verified first. After
         return the instance is in the state it was (a running one serves again, on the
         restored data). A snapshot that fails verification changes nothing."""
-        self.instance(host)
+        targets.instance_named(self.store, host)
         self.check_id(snap_id)
 
         async def stage(staged: Path) -> tuple[Manifest | None, int]:
@@ -332,9 +343,9 @@ class Snapshots(Part):
     async def restore_replica(self, host: str, at: str | None = None) -> Restored:
         """Replace `host`'s database with its replica (as of `at`, ISO 8601), restored
         and verified first; otherwise as `restore`."""
-        self.instance(host)
+        targets.instance_named(self.store, host)
         when = parse_time(at) if at is not None else None
-        replicas = self.replicas_required()
+        replicas = self.keeper.required()
 
         async def stage(staged: Path) -> tuple[Manifest | None, int]:
             try:
@@ -357,8 +368,8 @@ class Snapshots(Part):
         """The one restore: `stage` writes a verified copy at the staged path (or raises,
         nothing changed); then the journaled operation of the module header."""
         async with self.locks.instance(host):
-            await self.recovery.converge(host, Pass.MUTATION)
-            inst = self.instance(host)
+            await self.passes.converge(host, Pass.MUTATION)
+            inst = targets.instance_named(self.store, host)
             refuse_if_fenced(self.store, host, "be restored")
             if (journal := self.store.imports.get_import(host)) is not None:
                 # A restore replaces the instance's own database, which the import's
@@ -377,8 +388,8 @@ class Snapshots(Part):
 
             try:
                 found, size = await stage(staged)
-                result = await self.journal.run(inst.app, host, kind, work)
-                await self.recovery.converge(host, Pass.MUTATION)
+                result = await self.journal.journaled(inst.app, host, kind, work)
+                await self.passes.converge(host, Pass.MUTATION)
             finally:
                 for side in swap.SIDES:
                     Path(f"{staged}{side}").unlink(missing_ok=True)
@@ -402,7 +413,7 @@ class Snapshots(Part):
         """Every copy a restore kept at `host`: replaced databases, set-aside file
         replicas; oldest first."""
         copies = kept.databases(self.home.db_path(host))
-        replicas = self.recovery.replicas
+        replicas = self.keeper.replicas
         if replicas is not None:
             # The host's own replica, also while an import replicates elsewhere.
             path = _file_path(replica_url(self.home, host, replicas.objects))
@@ -413,13 +424,13 @@ class Snapshots(Part):
 
     async def kept(self, host: str) -> list[KeptCopy]:
         """`db kept H`: what `_kept` lists."""
-        self.instance(host)
+        targets.instance_named(self.store, host)
         return await asyncio.to_thread(self._kept, host)
 
     async def forget(self, host: str, copy_id: str) -> KeptCopy:
         """`db forget H COPY`: remove one kept copy, named by its id exactly as listed
         (never a path: nothing else of the data dir can be named)."""
-        self.instance(host)
+        targets.instance_named(self.store, host)
         async with self.locks.instance(host):
             copies = {c.id: c for c in await asyncio.to_thread(self._kept, host)}
             copy = copies.get(copy_id)
@@ -427,7 +438,7 @@ class Snapshots(Part):
                 raise NotFoundError(f"{host} keeps no copy {copy_id!r}; nothing was changed",
                                     hint=f"`keelway db kept {host}` lists them")
             await asyncio.to_thread(kept.forget, copy)
-        inst = self.instance(host)
+        inst = targets.instance_named(self.store, host)
         self.store.ops.add_event("restore", f"kept copy {copy.id} removed", app=inst.app,
                                  instance=host)
         return copy
@@ -515,7 +526,7 @@ class Snapshots(Part):
             if failed is not None:
                 raise OperationError(failed.reason)
         db = self.home.db_path(host)
-        replicas = self.recovery.replicas
+        replicas = self.keeper.replicas
         if replicas is not None and not replicas.enabled:
             replicas = None
         if replicas is not None:
@@ -553,7 +564,7 @@ class Snapshots(Part):
         if not running:
             return Result(Outcome.DONE)
         current = self.store.instances.get_instance(host) or inst
-        return await self.recovery.respawn_active(op, current)
+        return await self.restarts.respawn_active(op, current)
 
     # -- drill -----------------------------------------------------------------------
 

@@ -60,13 +60,15 @@ from keelway.data import snapshots
 from keelway.data.objects import ObjectNotFound, ObjectStore, ObjectStoreError, manifest_key
 from keelway.data.verify import Damaged
 from keelway.deploy import targets
+from keelway.deploy.crash_restarts import CrashRestarts
 from keelway.deploy.errors import OperationError, UserError
+from keelway.deploy.fences import refuse_if_fenced
 from keelway.deploy.locks import Locks
+from keelway.deploy.operation import Runner
 from keelway.deploy.outcome import Outcome, Result
-from keelway.deploy.parking import refuse_if_fenced
-from keelway.deploy.part import Part
+from keelway.deploy.passes import Passes
 from keelway.deploy.publisher import Publisher
-from keelway.deploy.recovery import Recovery
+from keelway.deploy.replica_keeper import ReplicaKeeper
 from keelway.deploy.steps import Done, Effect, Failed, Steps
 from keelway.durable import TEMP_PREFIX
 from keelway.home import Home
@@ -154,13 +156,22 @@ class SnapshotSource:
         return f"{self.host}/{self.snap_id}" if self.host else self.snap_id
 
 
-class Seeding(Part):
+class Seeding:
     def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
-                 locks: Locks, recovery: Recovery,
+                 locks: Locks, passes: Passes, restarts: CrashRestarts,
+                 keeper: ReplicaKeeper, runner: Runner,
                  delete_replica: DeleteReplica | None = None,
                  objects: ObjectStore | None = None,
                  limits: SeedLimits = SeedLimits()) -> None:
-        super().__init__(store, home, supervisor, publisher, locks, recovery)
+        self.store = store
+        self.home = home
+        self.supervisor = supervisor
+        self.publisher = publisher
+        self.locks = locks
+        self.passes = passes
+        self.restarts = restarts
+        self.keeper = keeper
+        self.journal = runner
         self.objects = objects
         self.delete_replica = delete_replica
         self.limits = limits
@@ -294,7 +305,7 @@ class Seeding(Part):
         if isinstance(source, Path):
             return await self._import_file(host, source, str(source), dry_run,
                                            allow_empty, progress)
-        self.instance(host)
+        targets.instance_named(self.store, host)
         self._refuse_journaled(host)
         async with self._fetched(source) as path:
             return await self._import_file(host, path, f"snapshot {source}", dry_run,
@@ -302,7 +313,7 @@ class Seeding(Part):
 
     async def _import_file(self, host: str, source: Path, said: str, dry_run: bool,
                            allow_empty: bool, progress: Progress) -> SeedReport:
-        inst = self.instance(host)
+        inst = targets.instance_named(self.store, host)
         _, contents = self._refuse_import(host, source, allow_empty)
         if dry_run:
             return SeedReport(host, None, SeedOutcome.DRY_RUN, contents=contents, plan=(
@@ -312,14 +323,14 @@ class Seeding(Part):
                 "mint the import's instance key", "open the gate, lift the fence, start"))
         seed = files.mint_seed_id()
         async with self.locks.instance(host):
-            await self.recovery.converge(host, Pass.MUTATION)
-            inst = self.instance(host)
+            await self.passes.converge(host, Pass.MUTATION)
+            inst = targets.instance_named(self.store, host)
             verified, contents = self._refuse_import(host, source, allow_empty)
 
             async def work(op: Operation) -> Result:
                 return await self._import(op, inst, seed, source, verified, progress)
 
-            result = await self.journal.run(inst.app, host, OpKind.SEED_IMPORT, work)
+            result = await self.journal.journaled(inst.app, host, OpKind.SEED_IMPORT, work)
             journal = self.store.imports.get_import(host)
             if journal is not None and journal.seed == seed and (
                     journal.known is ImportState.IMPORTING):
@@ -330,7 +341,7 @@ class Seeding(Part):
                                      hint=f"see `keelway ops {inst.app} --instance {host}`")
             if result.outcome is not Outcome.DONE:
                 raise OperationError(f"{host}: seed import failed: {result.reason}")
-            await self.recovery.restart_active(host)
+            await self.restarts.restart_active(host)
             targets.link_current(self.store, self.home, host)
         return SeedReport(host, seed, SeedOutcome.IMPORTED, contents=contents)
 
@@ -364,7 +375,7 @@ class Seeding(Part):
         await progress("fenced")
         if (failed := await self._stop_all(steps, host)) is not None:
             return Result(Outcome.FAILED, failed.reason)
-        replicas = self.recovery.replicas
+        replicas = self.keeper.replicas
         if replicas is not None:
             async def sync() -> Done | Failed:
                 # H's own database, every process of H gone: its replica is current
@@ -416,14 +427,15 @@ class Seeding(Part):
         except names.InvalidName as exc:
             raise UserError(exc.message, hint=exc.hint) from None
         if self.store.imports.get_import(host) is None:
-            self.instance(host)  # NotFoundError for a host that is nothing at all
+            # NotFoundError for a host that is nothing at all
+            targets.instance_named(self.store, host)
         if dry_run:
             return self._plan(host)
         async with self.locks.instance(host):
-            await self.recovery.converge(host, Pass.MUTATION)
+            await self.passes.converge(host, Pass.MUTATION)
             report = await self._rollback_locked(host)
             if report.outcome is SeedOutcome.ROLLED_BACK:
-                await self.recovery.restart_active(host)
+                await self.restarts.restart_active(host)
                 targets.link_current(self.store, self.home, host)
         return report
 
@@ -470,7 +482,7 @@ class Seeding(Part):
                 return Result(Outcome.DONE)
             return Result(Outcome.FAILED, f"{report.outcome.value}: {report.reason}")
 
-        result = await self.journal.run(app, host, OpKind.SEED_ROLLBACK, work)
+        result = await self.journal.journaled(app, host, OpKind.SEED_ROLLBACK, work)
         if reports:
             return reports[0]
         return SeedReport(host, journal.seed, SeedOutcome.DEFERRED, result.reason)
@@ -671,7 +683,7 @@ class Seeding(Part):
                 async with self.locks.instance(host):
                     if journal.fence_gen is not None:
                         self.store.instances.unfence(host, journal.fence_gen)
-                    await self.recovery.restart_active(host)
+                    await self.restarts.restart_active(host)
                 return SeedReport(host, journal.seed, SeedOutcome.IMPORTED)
             case (ImportState.IMPORTING | ImportState.ROLLING_BACK
                   | ImportState.CLEANUP_PENDING):
@@ -698,7 +710,7 @@ class Seeding(Part):
         inst = self.store.instances.get_instance(host)
         journal = self.store.imports.get_import(host)
         if inst is None and journal is None:
-            self.instance(host)
+            targets.instance_named(self.store, host)
         record = self.store.imports.seed_record(host)
         db = self.home.seed_db_path(host)
         try:

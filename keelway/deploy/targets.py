@@ -37,6 +37,20 @@ def instance_named(store: Store, host: str) -> Instance:
     return inst
 
 
+def instances_of(store: Store, app: str, host: str | None) -> list[Instance]:
+    """`app`'s instances, or only `host` of them (NotFoundError for no such app, or no
+    such instance of it): what an operation on an app, or one of its instances, acts on."""
+    if store.apps.get_app(app) is None:
+        raise NotFoundError(f"no app named {app}", hint="see `keelway apps`")
+    instances = store.instances.list_instances(app)
+    if host is not None:
+        instances = [i for i in instances if i.host == host]
+        if not instances:
+            raise NotFoundError(f"{app} has no instance {host}",
+                                hint=f"see `keelway status {app}`")
+    return instances
+
+
 def link_current(store: Store, home: Home, host: str) -> None:
     """Point the instance's `current` link at the build its ACTIVE web (or any) runs.
 

@@ -39,14 +39,16 @@ from keelway.builds.tree import remove_tree
 from keelway.data.objects import ObjectStore, ObjectStoreError, instance_prefix
 from keelway.data.replicas import Replicas
 from keelway.deploy import targets
+from keelway.deploy.crash_restarts import CrashRestarts
 from keelway.deploy.deployer import Deployer, InstanceResult
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
 from keelway.deploy.instances import lay_down
 from keelway.deploy.locks import Locks
+from keelway.deploy.operation import Runner
 from keelway.deploy.outcome import Outcome, Progress, Result
-from keelway.deploy.part import Part
+from keelway.deploy.passes import Passes
 from keelway.deploy.publisher import Publisher
-from keelway.deploy.recovery import Recovery
+from keelway.deploy.replica_keeper import ReplicaKeeper
 from keelway.deploy.steps import Done, Failed, Steps
 from keelway.home import Home
 from keelway.journal import OpKind, StepKind
@@ -97,11 +99,20 @@ def _taken(exc: HostTaken) -> UserError:
                      "see `keelway instances list` and `keelway domains list`")
 
 
-class Tenants(Part):
+class Tenants:
     def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
-                 locks: Locks, recovery: Recovery, deployer: Deployer,
+                 locks: Locks, passes: Passes, restarts: CrashRestarts,
+                 keeper: ReplicaKeeper, runner: Runner, deployer: Deployer,
                  replicas: Replicas | None = None, objects: ObjectStore | None = None) -> None:
-        super().__init__(store, home, supervisor, publisher, locks, recovery)
+        self.store = store
+        self.home = home
+        self.supervisor = supervisor
+        self.publisher = publisher
+        self.locks = locks
+        self.passes = passes
+        self.restarts = restarts
+        self.keeper = keeper
+        self.journal = runner
         # Where a purge finds the instance's replica and snapshots; None: not kept here.
         self.replicas = replicas
         self.objects = objects
@@ -223,7 +234,7 @@ class Tenants(Part):
             return Result(Outcome.DONE)
 
         async with self.locks.instance(APP_SCOPE):
-            result = await self.journal.run(name, APP_SCOPE, OpKind.DESTROY, work)
+            result = await self.journal.journaled(name, APP_SCOPE, OpKind.DESTROY, work)
         self._finish_orphans()  # a fault leaves the app's op with no reconciler to end it
         if result.outcome is not Outcome.DONE:
             raise OperationError(f"destroy {name}: {result.reason}",
@@ -306,7 +317,7 @@ class Tenants(Part):
 
         first = hosts[0]
         async with self.locks.instance(first):
-            result = await self.journal.run(app, first, OpKind.ADD_INSTANCES, work)
+            result = await self.journal.journaled(app, first, OpKind.ADD_INSTANCES, work)
         if result.outcome is not Outcome.DONE:
             raise OperationError(f"laying down the instances failed: {result.reason}",
                                  hint="the instances are recorded; `keelway up` lays them "
@@ -327,10 +338,10 @@ class Tenants(Part):
     async def _remove(self, inst: Instance, kind: OpKind, removal: Removal) -> None:
         host = inst.host
         async with self.locks.instance(host):
-            await self.recovery.converge(host, Pass.MUTATION)  # failed closed refuses
+            await self.passes.converge(host, Pass.MUTATION)  # failed closed refuses
             # The intent first: a crash from here on is carried on by the next boot.
             self.store.instances.mark_removing(host, removal)
-            result = await self.journal.run(
+            result = await self.journal.journaled(
                 inst.app, host, kind, lambda op: self._removal_steps(op, host, removal))
         if result.outcome is not Outcome.DONE:
             raise OperationError(f"removing {host}: {result.reason}",

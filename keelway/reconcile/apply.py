@@ -15,12 +15,21 @@ from typing import Protocol, assert_never
 
 from keelway import failpoints
 from keelway.home import Home
-from keelway.journal import REPLICA, Inhibition
-from keelway.reconcile.plan import Action, Kind, Observed, Pass, Records, plan
+from keelway.journal import REPLICA, Inhibition, OpKind
+from keelway.reconcile.plan import (
+    Action,
+    Finalize,
+    Kind,
+    Observed,
+    Pass,
+    Records,
+    by_steps,
+    plan,
+)
 from keelway.runtime import process
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
-from keelway.store.lifecycle import InstanceState, RouteState
+from keelway.store.lifecycle import InstanceState, OpState, RouteState, StepState
 from keelway.store.records import Generation, InstanceView
 
 log = logging.getLogger("keelway.reconcile")
@@ -32,10 +41,14 @@ Grace = Callable[[Generation], float]
 
 
 class ActiveRestarts(Protocol):
-    """The one thing a pass asks of the deploy side: bring back what ACTIVE names on
-    `host` (journaled as its own operation), under the lock the pass holds."""
+    """What a pass asks of the crash restarts: bring back what ACTIVE names on `host`
+    (journaled as its own operation), under the lock the pass holds."""
 
     async def restart_active(self, host: str) -> None: ...
+
+
+class ReplicaUpkeep(Protocol):
+    """What a pass asks of the replica keeper, under the lock the pass holds."""
 
     async def start_replica(self, host: str) -> None:
         """Start `host`'s replicator (keelway/data/replicas.py) as its own operation."""
@@ -113,12 +126,20 @@ def observe(records: Records, supervisor: Supervisor) -> Observed:
 
 class Reconciler:
     def __init__(self, store: Store, supervisor: Supervisor, home: Home,
-                 restarts: ActiveRestarts, grace: Grace) -> None:
+                 restarts: ActiveRestarts, replicas: ReplicaUpkeep, grace: Grace,
+                 finalize: Finalize = by_steps) -> None:
         self.store = store
         self.supervisor = supervisor
         self.home = home
         self.restarts = restarts
+        self.replicas = replicas
         self.grace = grace  # the service's stop_grace: SIGTERM, then SIGKILL after this
+        # How an interrupted operation ends, by its kind (keelway/deploy/operation.py
+        # `Finalizers`: each spec's `finalize`), and the kinds whose interrupted
+        # operations no instance's plan sees (a run is never the latest; a removal's
+        # instance is gone) that `finalize_orphans` ends by it.
+        self.finalize = finalize
+        self.orphan_kinds: frozenset[OpKind] = frozenset()
         # Set by the deploy side when databases are replicated (keelway/data/replicas.py).
         self.replicate = False
 
@@ -126,7 +147,7 @@ class Reconciler:
         records = gather(self.store, host, live_ops, self.replicate)
         if records is None:
             return []
-        return plan(records, observe(records, self.supervisor), mode)
+        return plan(records, observe(records, self.supervisor), mode, self.finalize)
 
     def survey(self, mode: Pass, live_ops: set[int]) -> tuple[list[str], bool]:
         """The instances whose plan does more than republish, planned from one bulk read
@@ -150,7 +171,7 @@ class Reconciler:
 
     def _plan_view(self, view: InstanceView, mode: Pass, live_ops: set[int]) -> list[Action]:
         records = records_of(view, live_ops, self.replicate)
-        return plan(records, observe(records, self.supervisor), mode)
+        return plan(records, observe(records, self.supervisor), mode, self.finalize)
 
     async def reconcile(self, host: str, mode: Pass, live_ops: set[int]) -> Convergence:
         """Plan and apply for one instance; the caller holds (or tried) its lock."""
@@ -220,10 +241,44 @@ class Reconciler:
         if restart:
             await self.restarts.restart_active(host)
         if replicate:
-            await self.restarts.start_replica(host)
+            await self.replicas.start_replica(host)
         if synced:
-            await self.restarts.sync_replica(host)
+            await self.replicas.sync_replica(host)
         return outcome
+
+    def finalize_orphans(self, live_ops: set[int]) -> list[int]:
+        """End every interrupted operation of an `orphan_kinds` kind that no instance's
+        plan sees (not its instance's latest, or its instance gone), by its kind's
+        finalizer: its pending steps, then the operation itself. Run at boot after the
+        instances are reconciled (a run's process was a stray of that pass). Each write
+        is idempotent and the operation's is the last: a crash midway is redone."""
+        ended = []
+        candidates = [op.id for op in self.store.ops.unfinished_runs()]
+        candidates += self.store.ops.unfinished_operations()
+        for op_id in sorted(set(candidates)):
+            op = self.store.ops.get_operation(op_id)
+            if (op is None or op.terminal or op.id in live_ops
+                    or op.kind not in self.orphan_kinds):
+                continue
+            latest = self.store.ops.latest_operation(op.instance)
+            if latest is not None and latest.id == op.id:
+                continue  # its instance's plan finalizes it
+            verdict = self.finalize(op)
+            done = verdict.state is OpState.SUCCEEDED
+            for step in op.steps:
+                if step.state is StepState.PENDING:
+                    self.store.ops.finish_step(op.id, step.seq,
+                                               StepState.SUCCEEDED if done else StepState.FAILED,
+                                               error=None if done else verdict.reason)
+            self.store.ops.finish_operation(self.store.ops.get_operation(op.id) or op,
+                                            verdict.state,
+                                            error=verdict.reason)
+            self.store.ops.add_event("reconcile", f"op {op.id} {op.kind} finalized "
+                                     f"{verdict.state.value}" + (f": {verdict.reason}"
+                                                             if verdict.reason else ""),
+                                     app=op.app, instance=op.instance)
+            ended.append(op.id)
+        return ended
 
     def _gen(self, action: Action) -> Generation | None:
         assert action.generation is not None
