@@ -142,14 +142,14 @@ class Locking(enum.Enum):
     APP = "app"
 
 
-class Request(Protocol):
+class OnInstance(Protocol):
     """What every operation is asked about: the instance it acts on."""
 
     @property
     def host(self) -> str: ...
 
 
-Req = TypeVar("Req", bound=Request)
+Req = TypeVar("Req", bound=OnInstance)
 Parts = TypeVar("Parts")
 
 # The effects of a kind, by the name a planned step gives: each is bound to the parts

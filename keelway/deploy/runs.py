@@ -123,13 +123,13 @@ class Runs:
         """
         inst = self.resolve(app, host)
         one = _OneOff(self, inst.host, tuple(argv), stdio, term, started, signals)
-        await self.runner.run(RUN, one, RunRequest(inst.host, one.program))
+        await self.runner.run(RUN, one, OneOffRequest(inst.host, one.program))
         return one.code
 
     def dry_run(self, app: str, host: str | None, argv: Sequence[str]) -> Plan:
         """The plan `run` would run now; nothing is written or started."""
         inst = self.resolve(app, host)
-        return self.runner.dry_run(RUN, RunRequest(inst.host, _program(argv)))
+        return self.runner.dry_run(RUN, OneOffRequest(inst.host, _program(argv)))
 
     async def attend(self, gen: Generation, exited: asyncio.Future[int | None],
                      signals: Signals) -> bool:
@@ -238,12 +238,12 @@ def _program(argv: Sequence[str]) -> str:
 
 
 @dataclass(frozen=True)
-class RunRequest:
+class OneOffRequest:
     host: str
     program: str
 
 
-def plan_run(store: Store, request: RunRequest) -> Plan:
+def plan_run(store: Store, request: OneOffRequest) -> Plan:
     """A run's plan: its process spawned in the release the instance serves next, then
     attended until it exits. Refused (UserError), nothing written, when the instance is
     fenced, down, or runs no release."""
@@ -260,11 +260,11 @@ def plan_run(store: Store, request: RunRequest) -> Plan:
                     service=RUN_SERVICE)))
 
 
-def _spawn(one: _OneOff, _request: RunRequest, _step: PlannedStep) -> Bound:
+def _spawn(one: _OneOff, _request: OneOffRequest, _step: PlannedStep) -> Bound:
     return one.spawn
 
 
-def _wait(one: _OneOff, _request: RunRequest, _step: PlannedStep) -> Bound:
+def _wait(one: _OneOff, _request: OneOffRequest, _step: PlannedStep) -> Bound:
     async def wait(_op: Operation) -> Done | Failed:
         return await one.wait()
 
@@ -281,7 +281,7 @@ def finalize_run(_op: Operation) -> Verdict:
     return Verdict(OpState.FAILED, INTERRUPTED)
 
 
-RUN: Spec[RunRequest, _OneOff] = Spec(
+RUN: Spec[OneOffRequest, _OneOff] = Spec(
     OpKind.RUN, plan_run, {"spawn": _spawn, "wait": _wait}, finalize=finalize_run,
     orphaned=True)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from keelway.deploy.errors import UserError
-from keelway.deploy.runs import INTERRUPTED, RUN, RunRequest, finalize_run, plan_run
+from keelway.deploy.runs import INTERRUPTED, RUN, OneOffRequest, finalize_run, plan_run
 from keelway.journal import OpKind, StepKind
 from keelway.store.lifecycle import InstanceState, OpState
 from tests.deploy.conftest import Records
@@ -16,7 +16,7 @@ def test_a_run_plans_its_spawn_then_its_exit_in_the_release_that_runs(
         records: Records) -> None:
     records.instance("a.test")
     records.running("a.test", "web")
-    plan = plan_run(records.store, RunRequest("a.test", "psql"))
+    plan = plan_run(records.store, OneOffRequest("a.test", "psql"))
     assert plan.kind is OpKind.RUN
     assert [(s.kind, s.effect) for s in plan.steps] == [(StepKind.RUN, "spawn"),
                                                         (StepKind.RUN_EXIT, "wait")]
@@ -33,7 +33,7 @@ def test_a_fenced_instance_runs_nothing(records: Records) -> None:
     records.running("a.test", "web")
     records.store.instances.fence("a.test", None)
     with pytest.raises(UserError, match="is fenced: nothing of it may start"):
-        plan_run(records.store, RunRequest("a.test", "sh"))
+        plan_run(records.store, OneOffRequest("a.test", "sh"))
 
 
 def test_a_down_instance_runs_nothing(records: Records) -> None:
@@ -41,13 +41,13 @@ def test_a_down_instance_runs_nothing(records: Records) -> None:
     records.running("a.test", "web")
     records.store.take_out_of_service("a.test", InstanceState.DOWN, "hold release failed")
     with pytest.raises(UserError, match="is down: hold release failed"):
-        plan_run(records.store, RunRequest("a.test", "sh"))
+        plan_run(records.store, OneOffRequest("a.test", "sh"))
 
 
 def test_an_instance_that_runs_no_release_runs_nothing(records: Records) -> None:
     records.instance("a.test")
     with pytest.raises(UserError, match="has no release running"):
-        plan_run(records.store, RunRequest("a.test", "sh"))
+        plan_run(records.store, OneOffRequest("a.test", "sh"))
 
 
 def test_a_run_its_control_plane_lost_is_failed_whatever_its_steps_say(

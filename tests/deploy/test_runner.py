@@ -156,7 +156,7 @@ def test_a_prelude_runs_before_the_operation_begins_and_after_sees_how_it_ended(
     seen = Seen(store)
 
     async def prelude(parts: Seen, _ask: Ask) -> None:
-        parts.ran.append(f"prelude, ops so far: {store.latest_operation('a.test')}")
+        parts.ran.append(f"prelude, ops so far: {store.ops.latest_operation('a.test')}")
 
     async def after(parts: Seen, _ask: Ask, ran: Ran) -> None:
         assert ran.result is not None
