@@ -70,18 +70,19 @@ from keelway.builds.manifest import REPLICA, DataSpec
 from keelway.data import kept, snapshots, swap
 from keelway.data.kept import KeptCopy
 from keelway.data.objects import NotFound, ObjectStore, ObjectStoreError
-from keelway.data.replicas import ReplicaError, in_effect, replica_url
+from keelway.data.replicas import ReplicaError, Replicas, in_effect, replica_url
 from keelway.data.snapshots import Manifest, NoDatabase
 from keelway.data.verify import Damaged, verify_file
-from keelway.deploy import targets
+from keelway.deploy import planned, targets
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
 from keelway.deploy.locks import Locks
 from keelway.deploy.outcome import Outcome, Result
 from keelway.deploy.parking import refuse_if_fenced
 from keelway.deploy.part import Part
+from keelway.deploy.planned import Plan, PlannedStep
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
-from keelway.deploy.steps import Done, Failed, Steps
+from keelway.deploy.steps import Done, Effect, Failed, Steps
 from keelway.home import Home
 from keelway.journal import OpKind, StepKind
 from keelway.reconcile.plan import Pass
@@ -371,12 +372,16 @@ class Snapshots(Part):
             staged = swap.staged_path(db, tag)
             op_ids: list[int] = []
 
-            async def work(op: Operation) -> Result:
-                op_ids.append(op.id)
-                return await self._work(op, inst, staged)
-
             try:
                 found, size = await stage(staged)
+                # Read after the stage, under the lock: what the operation then runs.
+                plan = plan_restore(self.store, RestoreRequest(
+                    host, replicating=self._replicating() is not None))
+
+                async def work(op: Operation) -> Result:
+                    op_ids.append(op.id)
+                    return await self._work(op, inst, staged, plan)
+
                 result = await self.journal.run(inst.app, host, kind, work)
                 await self.recovery.converge(host, Pass.MUTATION)
             finally:
@@ -486,74 +491,81 @@ class Snapshots(Part):
                 flushed.result()
         swap.to_wal(staged)
 
-    async def _work(self, op: Operation, inst: Instance, staged: Path) -> Result:
+    async def _work(self, op: Operation, inst: Instance, staged: Path, plan: Plan) -> Result:
+        """Run `plan` (`plan_restore`, read under the lock just before): each step's
+        effect bound by its kind, between its journal write and its failpoints."""
         steps = Steps(self.store, op.id)
         host = inst.host
-        running = inst.state is InstanceState.RUNNING
-        if running:
-            async def hold() -> Done | Failed:
-                route = self.store.get_route(host)
-                if route is not None and route.state is not RouteState.HOLDING:
-                    self.store.set_route(host, host, RouteState.HOLDING, route.port,
-                                         route.generation_id, expected=route)
-                try:
-                    await self.publisher.publish(host)
-                except OperationError as exc:
-                    return Failed(exc.message)
-                return Done()
-
-            held = await steps.run(StepKind.HOLD_ROUTE, hold, before=("restore.hold.before",),
-                                   after=("restore.hold.after",))
-            if held is not None:
-                return Result(Outcome.FAILED, held.reason)
-        # Every generation, the replicator too (unsynced: the replica is about to be set
-        # aside, and nothing may read or write the file while it is swapped).
-        for gen in self.store.live_generations(host):
-            stop = targets.stop_effect(self.store, self.supervisor, gen)
-            failed = await steps.run(StepKind.STOP, stop, service=gen.service,
-                                     before_gen=gen.id)
-            if failed is not None:
-                raise OperationError(failed.reason)
         db = self.home.db_path(host)
-        replicas = self.recovery.replicas
-        if replicas is not None and not replicas.enabled:
-            replicas = None
-        if replicas is not None:
-            # Before the swap: from here on no replica holds what is being replaced, so
-            # no crash window leaves one that would bring it back (module header).
-            url = replicas.url(host)
+        replicas = self._replicating()
 
-            async def aside() -> Done:
-                await asyncio.to_thread(_set_replica_aside, url)
-                return Done("the replica set aside (it holds the database being replaced)")
+        async def hold() -> Done | Failed:
+            route = self.store.get_route(host)
+            if route is not None and route.state is not RouteState.HOLDING:
+                self.store.set_route(host, host, RouteState.HOLDING, route.port,
+                                     route.generation_id, expected=route)
+            try:
+                await self.publisher.publish(host)
+            except OperationError as exc:
+                return Failed(exc.message)
+            return Done()
 
-            await steps.run(StepKind.REPLICA_RESET, aside, before=("restore.replica.before",),
-                            after=("restore.replica.after",))
+        async def aside() -> Done:
+            assert replicas is not None
+            await asyncio.to_thread(_set_replica_aside, replicas.url(host))
+            return Done("the replica set aside (it holds the database being replaced)")
 
         async def swapped() -> Done:
             await asyncio.to_thread(swap.swap, db, staged)
             return Done(f"database replaced; the old one kept in {kept.KEPT}/")
 
-        await steps.run(StepKind.SWAP_DB, swapped, before=("restore.swap.before",),
-                        after=("restore.swap.after",))
-        if replicas is not None:
-            begun = replicas
+        async def begin() -> Done | Failed:
+            assert replicas is not None
+            if (why := await replicas.stop(host, sync=True)) is not None:
+                return Failed(why)
+            return Done("a new replica begun from the restored file")
 
-            async def begin() -> Done | Failed:
-                if (why := await begun.stop(host, sync=True)) is not None:
-                    return Failed(why)
-                return Done("a new replica begun from the restored file")
+        async def gone() -> Done:
+            return Done("gone already")
 
-            failed = await steps.run(StepKind.REPLICA_STOP, begin, service=REPLICA)
-            if failed is not None:
-                # The database is restored; a replicator started later begins the new
-                # replica anyway (module header). Said, not undone.
-                log.warning("restore of %s: no replica begun from it yet: %s", host,
-                            failed.reason)
-        if not running:
-            return Result(Outcome.DONE)
-        current = self.store.get_instance(host) or inst
-        return await self.recovery.respawn_active(op, current)
+        for step in plan.steps:
+            if step.delegated:
+                # The verified start path journals its own spawn and ready steps.
+                current = self.store.get_instance(host) or inst
+                return await self.recovery.respawn_active(op, current)
+            match step.kind:
+                case StepKind.HOLD_ROUTE:
+                    effect: Effect = hold
+                case StepKind.STOP:
+                    gen = self.store.get_generation(step.before_gen or 0)
+                    effect = (gone if gen is None else
+                              targets.stop_effect(self.store, self.supervisor, gen))
+                case StepKind.REPLICA_RESET:
+                    effect = aside
+                case StepKind.SWAP_DB:
+                    effect = swapped
+                case StepKind.REPLICA_STOP:
+                    effect = begin
+                case _:
+                    raise AssertionError(f"a restore plans no {step.kind} step")
+            failed = await planned.run(steps, step, effect)
+            if failed is None:
+                continue
+            match step.kind:
+                case StepKind.HOLD_ROUTE:
+                    return Result(Outcome.FAILED, failed.reason)
+                case StepKind.REPLICA_STOP:
+                    # The database is restored; a replicator started later begins the
+                    # new replica anyway (module header). Said, not undone.
+                    log.warning("restore of %s: no replica begun from it yet: %s", host,
+                                failed.reason)
+                case _:
+                    raise OperationError(failed.reason)
+        return Result(Outcome.DONE)
+
+    def _replicating(self) -> Replicas | None:
+        replicas = self.recovery.replicas
+        return replicas if replicas is not None and replicas.enabled else None
 
     # -- drill -----------------------------------------------------------------------
 
@@ -582,6 +594,53 @@ class Snapshots(Part):
 
 
 Stage = Callable[[Path], Awaitable[tuple[Manifest | None, int]]]
+
+
+@dataclass(frozen=True)
+class RestoreRequest:
+    host: str
+    # Whether this box replicates: the replica is set aside before the swap and a new
+    # one begun after it (module header).
+    replicating: bool
+
+
+def plan_restore(store: Store, request: RestoreRequest) -> Plan:
+    """The steps of a restore of `request.host`, from its records (reads only): a
+    running instance's route held, every live generation (the replicator too) stopped,
+    the replica set aside, the swap, a new replica begun, and a running instance's
+    ACTIVE services started again through the verified start path (delegated: it
+    journals its own spawn and ready steps). A parked or stopped instance has nothing to
+    hold, stop or start. The same for a snapshot's restore and the replica's: only what
+    is staged differs."""
+    host = request.host
+    inst = store.get_instance(host)
+    if inst is None:
+        return Plan(refused=f"no instance {host}")
+    running = inst.state is InstanceState.RUNNING
+    steps: list[PlannedStep] = []
+    if running:
+        steps.append(PlannedStep(StepKind.HOLD_ROUTE, f"hold {host}'s route (requests "
+                                 "wait) and publish it", before=("restore.hold.before",),
+                                 after=("restore.hold.after",)))
+    steps += [PlannedStep(StepKind.STOP, f"stop {gen.service} generation {gen.id}, proven "
+                          "gone", service=gen.service, before_gen=gen.id)
+              for gen in store.live_generations(host)]
+    if request.replicating:
+        steps.append(PlannedStep(StepKind.REPLICA_RESET, f"set {host}'s replica aside",
+                                 before=("restore.replica.before",),
+                                 after=("restore.replica.after",)))
+    steps.append(PlannedStep(StepKind.SWAP_DB, "swap the verified copy in for the "
+                             f"database, the old one kept in {kept.KEPT}/",
+                             before=("restore.swap.before",), after=("restore.swap.after",)))
+    if request.replicating:
+        steps.append(PlannedStep(StepKind.REPLICA_STOP, "begin a new replica from the "
+                                 "restored file", service=REPLICA))
+    if running:
+        steps += [PlannedStep(StepKind.SPAWN, f"start {active.service} again (generation "
+                              f"{active.generation_id}'s build) through the verified start "
+                              "path", service=active.service, delegated=True)
+                  for active in store.list_active(host)]
+    return Plan(tuple(steps))
 
 
 @dataclass(frozen=True)

@@ -59,12 +59,13 @@ from keelway.data import seed as files
 from keelway.data import snapshots
 from keelway.data.objects import NotFound, ObjectStore, ObjectStoreError, manifest_key
 from keelway.data.verify import Damaged
-from keelway.deploy import targets
+from keelway.deploy import planned, targets
 from keelway.deploy.errors import OperationError, UserError
 from keelway.deploy.locks import Locks
 from keelway.deploy.outcome import Outcome, Result
 from keelway.deploy.parking import refuse_if_fenced
 from keelway.deploy.part import Part
+from keelway.deploy.planned import Plan, PlannedStep
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
 from keelway.deploy.steps import Done, Effect, Failed, Steps
@@ -129,12 +130,15 @@ class SeedReport:
     outcome: SeedOutcome
     reason: str | None = None
     plan: tuple[str, ...] = field(default=())
+    # The planned steps the lines of `plan` are (a dry run's).
+    steps: tuple[PlannedStep, ...] = field(default=())
     # What the import brings (an import and its dry run), None for a rollback.
     contents: files.Contents | None = None
 
     def view(self) -> dict[str, object]:
         return {"host": self.host, "seed": self.seed, "outcome": self.outcome.value,
                 "reason": self.reason, "plan": list(self.plan),
+                "steps": [step.view() for step in self.steps],
                 "contents": self.contents.view() if self.contents else None}
 
 
@@ -305,19 +309,18 @@ class Seeding(Part):
         inst = self.instance(host)
         _, contents = self._refuse_import(host, source, allow_empty)
         if dry_run:
-            return SeedReport(host, None, SeedOutcome.DRY_RUN, contents=contents, plan=(
-                f"verify and store a copy of {said}", "journal the import and close "
-                f"{host}'s gate", f"fence and stop {host}",
-                f"lay down {self.home.seed_db_path(host)} with its seed marker",
-                "mint the import's instance key", "open the gate, lift the fence, start"))
+            plan = plan_import(self.store, self._import_request(host, said))
+            return SeedReport(host, None, SeedOutcome.DRY_RUN, contents=contents,
+                              plan=plan.lines(), steps=plan.steps)
         seed = files.mint_seed_id()
         async with self.locks.instance(host):
             await self.recovery.converge(host, Pass.MUTATION)
             inst = self.instance(host)
             verified, contents = self._refuse_import(host, source, allow_empty)
+            plan = plan_import(self.store, self._import_request(host, said))
 
             async def work(op: Operation) -> Result:
-                return await self._import(op, inst, seed, source, verified, progress)
+                return await self._import(op, inst, seed, source, verified, progress, plan)
 
             result = await self.journal.run(inst.app, host, OpKind.SEED_IMPORT, work)
             journal = self.store.get_import(host)
@@ -335,11 +338,16 @@ class Seeding(Part):
         return SeedReport(host, seed, SeedOutcome.IMPORTED, contents=contents)
 
     async def _import(self, op: Operation, inst: Instance, seed: str, source: Path,
-                      verified: files.Verified, progress: Progress) -> Result:
+                      verified: files.Verified, progress: Progress, plan: Plan) -> Result:
+        """Run `plan` (`plan_import`): each step's effect bound by its kind."""
         host = inst.host
         steps = Steps(self.store, op.id)
         copy = self.home.seed_copy(seed)
+        db = self.home.seed_db_path(host)
         stored: list[files.Verified] = []
+        fenced: list[ImportJournal] = []
+        before: dict[str, str | None] = {}
+        replicas = self.recovery.replicas
 
         async def store_copy() -> Done | Failed:
             try:
@@ -348,34 +356,21 @@ class Seeding(Part):
                 return Failed(exc.message)
             return Done(f"{seed}: {verified.size_bytes} bytes verified")
 
-        if (failed := await self._step(steps, "store", StepKind.SEED_STORE,
-                                       store_copy)) is not None:
-            return Result(Outcome.FAILED, failed.reason)
-        await progress("stored")
-        before = files.env_before(self.home.env_file(host))
-
         async def begin() -> Done:
             self.store.begin_import(host, seed, env_before=before, sha256=stored[0].sha256)
             await self._publish(host)
             return Done(seed)
 
-        await self._step(steps, "journal", StepKind.SEED_JOURNAL, begin)
-        journal = await self._fence(steps, host, seed)
-        await progress("fenced")
-        if (failed := await self._stop_all(steps, host)) is not None:
-            return Result(Outcome.FAILED, failed.reason)
-        replicas = self.recovery.replicas
-        if replicas is not None:
-            async def sync() -> Done | Failed:
-                # H's own database, every process of H gone: its replica is current
-                # and then left alone until the rollback (the import's goes elsewhere).
-                failed = await replicas.stop(host, sync=True)
-                return Done("synced") if failed is None else Failed(failed)
+        async def fence() -> Done:
+            fenced.append(self.store.fence_import(host, seed))
+            return Done(f"generation {fenced[0].fence_gen}")
 
-            if (failed := await self._step(steps, "sync", StepKind.REPLICA_STOP,
-                                           sync)) is not None:
-                return Result(Outcome.FAILED, failed.reason)
-        db = self.home.seed_db_path(host)
+        async def sync() -> Done | Failed:
+            # H's own database, every process of H gone: its replica is current and
+            # then left alone until the rollback (the import's goes elsewhere).
+            assert replicas is not None
+            failed = await replicas.stop(host, sync=True)
+            return Done("synced") if failed is None else Failed(failed)
 
         async def lay_down() -> Done | Failed:
             try:
@@ -384,25 +379,56 @@ class Seeding(Part):
                 return Failed(exc.message)
             return Done(str(db))
 
-        if (failed := await self._step(steps, "lay-down", StepKind.SEED_LAY_DOWN,
-                                       lay_down)) is not None:
-            return Result(Outcome.FAILED, failed.reason)
-
         async def key() -> Done:
             minted = files.write_import_env(self.home.env_file(host), db, before)
             return Done("minted" if minted else "kept")
-
-        await self._step(steps, "key", StepKind.SEED_KEY, key)
 
         async def open_gate() -> Done:
             self.store.open_import_gate(host, seed)
             return Done()
 
-        await self._step(steps, "open", StepKind.SEED_OPEN, open_gate)
-        await self._unfence(steps, host, journal.fence_gen)
-        await progress("open")
+        for step in plan.steps:
+            if step.delegated:
+                continue  # the start, after the operation (`_import_file`)
+            match step.kind:
+                case StepKind.SEED_STORE:
+                    effect: Effect = store_copy
+                case StepKind.SEED_JOURNAL:
+                    before.update(files.env_before(self.home.env_file(host)))
+                    effect = begin
+                case StepKind.SEED_FENCE:
+                    effect = fence
+                case StepKind.STOP:
+                    effect = self._stop_effect(step)
+                case StepKind.REPLICA_STOP:
+                    effect = sync
+                case StepKind.SEED_LAY_DOWN:
+                    effect = lay_down
+                case StepKind.SEED_KEY:
+                    effect = key
+                case StepKind.SEED_OPEN:
+                    effect = open_gate
+                case StepKind.SEED_UNFENCE:
+                    effect = self._unfence_effect(host, fenced[0].fence_gen)
+                case _:
+                    raise AssertionError(f"an import plans no {step.kind} step")
+            if (failed := await planned.run(steps, step, effect)) is not None:
+                return Result(Outcome.FAILED, failed.reason)
+            match step.kind:
+                case StepKind.SEED_STORE:
+                    await progress("stored")
+                case StepKind.SEED_FENCE:
+                    await progress("fenced")
+                case StepKind.SEED_UNFENCE:
+                    await progress("open")
+                case _:
+                    pass
         self.store.add_event("seed", f"seed {seed} imported", app=inst.app, instance=host)
         return Result(Outcome.DONE)
+
+    def _import_request(self, host: str, said: str) -> ImportRequest:
+        return ImportRequest(host, said, self.home.seed_db_path(host),
+                             replicating=self.recovery.replicas is not None)
 
     # -- rollback ----------------------------------------------------------------------
 
@@ -428,31 +454,18 @@ class Seeding(Part):
         return report
 
     def _plan(self, host: str) -> SeedReport:
+        """The dry run: the plan the rollback would run now, from the records."""
         journal = self.store.get_import(host)
         if journal is None:
             return SeedReport(host, None, SeedOutcome.DRY_RUN, "no import is journaled")
-        state = journal.known
-        route: tuple[str, ...] = (
-            "close the gate under a new fence generation", "fence and stop the instance",
-            "retire the import's key, remove the import's local data",
-            "restore the original route", "lift the fence")
-        cleanup: tuple[str, ...] = (
-            "delete the seed's copy and the import's replica", "delete the journal row",
-            "mark the record rolled back")
-        match state:
-            case None:
-                return SeedReport(host, journal.seed, SeedOutcome.DRY_RUN,
-                                  f"unknown journal state {journal.state!r}: left alone")
-            case ImportState.IMPORTING | ImportState.SWAPPED:
-                plan: tuple[str, ...] = route + cleanup
-            case ImportState.ROLLING_BACK:
-                plan = route[1:] + cleanup
-            case ImportState.CLEANUP_PENDING:
-                plan = cleanup
-            case _:
-                assert_never(state)
+        if journal.known is None:
+            return SeedReport(host, journal.seed, SeedOutcome.DRY_RUN,
+                              f"unknown journal state {journal.state!r}: left alone")
+        plan = plan_rollback(self.store, host)
+        if plan.refused is not None:
+            return SeedReport(host, journal.seed, SeedOutcome.DRY_RUN, plan.refused)
         return SeedReport(host, journal.seed, SeedOutcome.DRY_RUN,
-                          f"would roll back from {journal.state}", plan)
+                          f"would roll back from {journal.state}", plan.lines(), plan.steps)
 
     async def _rollback_locked(self, host: str) -> SeedReport:
         journal = self.store.get_import(host)
@@ -463,8 +476,10 @@ class Seeding(Part):
         app = journal.record.partition("/")[0]
         reports: list[SeedReport] = []
 
+        plan = plan_rollback(self.store, host)
+
         async def work(op: Operation) -> Result:
-            reports.append(await self._roll_back(op, journal))
+            reports.append(await self._roll_back(op, journal, plan))
             report = reports[0]
             if report.outcome is SeedOutcome.ROLLED_BACK:
                 return Result(Outcome.DONE)
@@ -483,103 +498,37 @@ class Seeding(Part):
                              instance=journal.instance)
         return SeedReport(journal.instance, journal.seed, SeedOutcome.UNKNOWN_STATE, why)
 
-    async def _roll_back(self, op: Operation, journal: ImportJournal) -> SeedReport:
+    async def _roll_back(self, op: Operation, journal: ImportJournal,
+                         plan: Plan) -> SeedReport:
+        """Run `plan` (`plan_rollback`). The plan is what the journal's state calls for
+        when nothing moves under the fence; the records are read again where the header
+        says so (the row at the host before its data goes, the record before the
+        replica goes), and what they say then stops or narrows the run."""
         steps = Steps(self.store, op.id)
-        state = journal.known
-        match state:
-            case None:
-                return self._unknown(journal)
-            case ImportState.IMPORTING | ImportState.SWAPPED | ImportState.ROLLING_BACK:
-                held = await self._roll_back_route(steps, journal)
-                if held is not None:
-                    return held
-            case ImportState.CLEANUP_PENDING:
-                # Step 5 again: a crash between the restore and the lift leaves the
-                # journal's generation held, and only that generation is lifted.
-                await self._unfence(steps, journal.instance, journal.fence_gen)
-            case _:
-                assert_never(state)
-        return await self._clean_up(steps, journal)
-
-    async def _roll_back_route(self, steps: Steps, journal: ImportJournal) -> SeedReport | None:
-        """Steps 1 to 5; None when the journal is CLEANUP_PENDING after them, else the
-        report of why the rollback stopped."""
         host, seed = journal.instance, journal.seed
+        if journal.known is None:
+            return self._unknown(journal)
         row = self.store.row_at(host)
-        if row is not None and row.seed != seed:
+        if journal.known is not ImportState.CLEANUP_PENDING and (
+                row is not None and row.seed != seed):
             # A fence an earlier pass kept for this rollback must not hold the host for
             # whoever owns it now: only our generation is lifted.
             if journal.known is ImportState.ROLLING_BACK and journal.fence_gen:
                 self.store.unfence(host, journal.fence_gen)
             return self._held(journal, "the route at the host is not the import's, so "
                                        "nothing there is touched")
-        if journal.known in (ImportState.IMPORTING, ImportState.SWAPPED):
-            async def close() -> Done:
-                self.store.close_import_gate(host, seed)
-                await self._publish(host)
-                return Done()
-
-            await self._step(steps, "close", StepKind.SEED_CLOSE, close)
-        journal = await self._fence(steps, host, seed)
-        if (failed := await self._stop_all(steps, host)) is not None:
-            # Under the fence still: the next pass finds it its own and resumes.
-            return SeedReport(host, seed, SeedOutcome.DEFERRED, failed.reason)
-        row = self.store.row_at(host)
         db = self.home.seed_db_path(host)
-        if row is None:
-            left = await self._remove_orphaned(steps, journal, db)
-            if left is not None:
-                return left
-        elif row.seed != seed or row.state is not RouteState.GATED:
-            self._lift(journal)
-            return self._held(journal, "the route changed under the fence, so nothing "
-                                       "there is touched")
-        else:
-            await self._retire_and_remove(steps, journal, db)
+        env_file = self.home.env_file(host)
+        current = [journal]
 
-        async def restore() -> Done | Failed:
-            try:
-                self.store.restore_import_route(host, seed)
-            except Conflict as exc:
-                return Failed(str(exc))
+        async def close() -> Done:
+            self.store.close_import_gate(host, seed)
             await self._publish(host)
             return Done()
 
-        if (failed := await self._step(steps, "restore", StepKind.SEED_RESTORE,
-                                       restore)) is not None:
-            self._lift(journal)
-            return self._held(journal, failed.reason)
-        await self._unfence(steps, host, journal.fence_gen)
-        return None
-
-    async def _remove_orphaned(self, steps: Steps, journal: ImportJournal,
-                               db: Path) -> SeedReport | None:
-        """Step 3 with no row at the host: the local data goes only when its marker
-        names this seed and the host still has no row; else it is left (None either
-        way: the rollback goes on). A marker that cannot be read defers, fence lifted."""
-        host, seed = journal.instance, journal.seed
-        try:
-            named = files.local_seed_id(db)
-        except OSError as exc:
-            self._lift(journal)
-            return SeedReport(host, seed, SeedOutcome.DEFERRED,
-                              f"the seed marker beside {db} cannot be read: {exc}")
-        if named != seed:
-            log.info("%s: import %s has no route; %s is left: its marker names %r",
-                     host, seed, db, named)
-            return None
-        if self.store.row_at(host) is not None:
-            self._lift(journal)
-            return SeedReport(host, seed, SeedOutcome.DEFERRED,
-                              "a route appeared at the host; its data is left")
-        await self._retire_and_remove(steps, journal, db)
-        return None
-
-    async def _retire_and_remove(self, steps: Steps, journal: ImportJournal,
-                                 db: Path) -> None:
-        """The key before the database: the marker that proves the installation is
-        the import's is removed with the database, last."""
-        env_file = self.home.env_file(journal.instance)
+        async def fence() -> Done:
+            current[0] = self.store.fence_import(host, seed)
+            return Done(f"generation {current[0].fence_gen}")
 
         async def retire() -> Done:
             changed = files.retire_import_env(env_file, journal.env_before)
@@ -589,48 +538,33 @@ class Seeding(Part):
             removed = files.remove_local(db)
             return Done(", ".join(removed) or "nothing left")
 
-        await self._step(steps, "retire-key", StepKind.SEED_RETIRE_KEY, retire)
-        await self._step(steps, "remove-data", StepKind.SEED_REMOVE_DATA, remove)
+        async def restore() -> Done | Failed:
+            try:
+                self.store.restore_import_route(host, seed)
+            except Conflict as exc:
+                return Failed(str(exc))
+            await self._publish(host)
+            return Done()
 
-    async def _clean_up(self, steps: Steps, journal: ImportJournal) -> SeedReport:
-        """Steps 6 to 8, from CLEANUP_PENDING; nothing is fenced or stopped here."""
-        host, seed = journal.instance, journal.seed
-        valid = names.SEED_ID.accepts(seed)
-        if valid:
-            async def delete_copy() -> Done:
-                copy = self.home.seed_copy(seed)
-                existed = copy.exists()
-                copy.unlink(missing_ok=True)
-                return Done("deleted" if existed else "gone already")
+        async def delete_copy() -> Done:
+            copy = self.home.seed_copy(seed)
+            existed = copy.exists()
+            copy.unlink(missing_ok=True)
+            return Done("deleted" if existed else "gone already")
 
-            await self._step(steps, "delete-copy", StepKind.SEED_DELETE_COPY, delete_copy)
-        # Read again right before the replica: the replica is keyed by host, not seed.
-        record = self.store.seed_record(host)
-        ours, why = replica_is_the_imports(journal, record)
-        if valid and ours:
-            async def delete_replica() -> Done | Failed:
-                if self.delete_replica is None:
-                    return Done("no replicas on this box")
-                try:
-                    # The import's own replica (replicas/<host>/<seed>), never the
-                    # host's: that one stayed as it was through the import.
-                    await self.delete_replica(host, seed)
-                except ObjectStoreError as exc:
-                    return Failed(f"the import's replica could not be deleted: {exc}")
-                return Done("deleted")
-
-            if (failed := await self._step(steps, "delete-replica",
-                                           StepKind.SEED_DELETE_REPLICA,
-                                           delete_replica)) is not None:
-                # CLEANUP_PENDING still: the next pass deletes it and goes on.
-                return SeedReport(host, seed, SeedOutcome.DEFERRED, failed.reason)
-        elif valid:
-            log.info("%s: import %s: the replica is left alone: %s", host, seed, why)
+        async def delete_replica() -> Done | Failed:
+            if self.delete_replica is None:
+                return Done("no replicas on this box")
+            try:
+                # The import's own replica (replicas/<host>/<seed>), never the host's:
+                # that one stayed as it was through the import.
+                await self.delete_replica(host, seed)
+            except ObjectStoreError as exc:
+                return Failed(f"the import's replica could not be deleted: {exc}")
+            return Done("deleted")
 
         async def forget() -> Done:
             return Done("deleted" if self.store.delete_import(host, seed) else "gone")
-
-        await self._step(steps, "forget", StepKind.SEED_FORGET, forget)
 
         async def cas() -> Done:
             moved = self.store.cas_seed_record(journal.record, seed,
@@ -639,10 +573,94 @@ class Seeding(Part):
             return Done("rolled back" if moved else "the record names another seed "
                         "or is done")
 
-        await self._step(steps, "record", StepKind.SEED_RECORD, cas)
+        skip: set[StepKind] = set()
+        for step in plan.steps:
+            if step.kind in skip:
+                continue
+            match step.kind:
+                case StepKind.SEED_CLOSE:
+                    effect: Effect = close
+                case StepKind.SEED_FENCE:
+                    effect = fence
+                case StepKind.STOP:
+                    effect = self._stop_effect(step)
+                case StepKind.SEED_RETIRE_KEY:
+                    # The row again, under the fence and with every process gone.
+                    stopped = await self._before_data(current[0], db)
+                    if isinstance(stopped, SeedReport):
+                        return stopped
+                    if stopped:
+                        skip |= {StepKind.SEED_RETIRE_KEY, StepKind.SEED_REMOVE_DATA}
+                        continue
+                    effect = retire
+                case StepKind.SEED_REMOVE_DATA:
+                    effect = remove
+                case StepKind.SEED_RESTORE:
+                    effect = restore
+                case StepKind.SEED_UNFENCE:
+                    effect = self._unfence_effect(host, current[0].fence_gen)
+                case StepKind.SEED_DELETE_COPY:
+                    effect = delete_copy
+                case StepKind.SEED_DELETE_REPLICA:
+                    # Read again right before the replica: it is keyed by host, not seed.
+                    ours, why = replica_is_the_imports(journal, self.store.seed_record(host))
+                    if not ours:
+                        log.info("%s: import %s: the replica is left alone: %s", host,
+                                 seed, why)
+                        continue
+                    effect = delete_replica
+                case StepKind.SEED_FORGET:
+                    effect = forget
+                case StepKind.SEED_RECORD:
+                    effect = cas
+                case _:
+                    raise AssertionError(f"a rollback plans no {step.kind} step")
+            if (failed := await planned.run(steps, step, effect)) is None:
+                continue
+            match step.kind:
+                case StepKind.STOP | StepKind.SEED_DELETE_REPLICA:
+                    # Under the fence still (a stop), or CLEANUP_PENDING (the replica):
+                    # the next pass finds it its own and resumes.
+                    return SeedReport(host, seed, SeedOutcome.DEFERRED, failed.reason)
+                case StepKind.SEED_RESTORE:
+                    self._lift(current[0])
+                    return self._held(current[0], failed.reason)
+                case _:
+                    raise OperationError(failed.reason)
         self.store.add_event("seed", f"seed {seed} rolled back",
                              app=journal.record.partition("/")[0], instance=host)
         return SeedReport(host, seed, SeedOutcome.ROLLED_BACK)
+
+    async def _before_data(self, journal: ImportJournal, db: Path) -> SeedReport | bool:
+        """Step 3's guard, the row at the host read again under the fence: False when
+        the import's data goes (the row is the import's gated one, or there is none and
+        the marker names this seed), True when it is left and the rollback goes on (no
+        row, and the marker names another seed or none), a report when the rollback
+        stops here (the row changed under the fence; a marker that cannot be read, or a
+        row that appeared: deferred), its fence lifted."""
+        host, seed = journal.instance, journal.seed
+        row = self.store.row_at(host)
+        if row is not None:
+            if row.seed != seed or row.state is not RouteState.GATED:
+                self._lift(journal)
+                return self._held(journal, "the route changed under the fence, so nothing "
+                                           "there is touched")
+            return False
+        try:
+            named = files.local_seed_id(db)
+        except OSError as exc:
+            self._lift(journal)
+            return SeedReport(host, seed, SeedOutcome.DEFERRED,
+                              f"the seed marker beside {db} cannot be read: {exc}")
+        if named != seed:
+            log.info("%s: import %s has no route; %s is left: its marker names %r",
+                     host, seed, db, named)
+            return True
+        if self.store.row_at(host) is not None:
+            self._lift(journal)
+            return SeedReport(host, seed, SeedOutcome.DEFERRED,
+                              "a route appeared at the host; its data is left")
+        return False
 
     # -- boot ----------------------------------------------------------------------------
 
@@ -723,29 +741,23 @@ class Seeding(Part):
 
     # -- shared steps --------------------------------------------------------------------
 
-    async def _step(self, steps: Steps, point: str, kind: StepKind,
-                    effect: Effect) -> Failed | None:
-        return await steps.run(kind, effect, before=(f"seed.{point}.before",),
-                               after=(f"seed.{point}.after",))
-
-    async def _fence(self, steps: Steps, host: str, seed: str) -> ImportJournal:
-        fenced: list[ImportJournal] = []
-
-        async def fence() -> Done:
-            fenced.append(self.store.fence_import(host, seed))
-            return Done(f"generation {fenced[0].fence_gen}")
-
-        await self._step(steps, "fence", StepKind.SEED_FENCE, fence)
-        return fenced[0]
-
-    async def _unfence(self, steps: Steps, host: str, generation: int | None) -> None:
+    def _unfence_effect(self, host: str, generation: int | None) -> Effect:
         async def unfence() -> Done:
             if generation is None:
                 return Done("no fence")
             _, lifted = self.store.unfence(host, generation)
             return Done(f"generation {generation} " + ("lifted" if lifted else "not held"))
 
-        await self._step(steps, "unfence", StepKind.SEED_UNFENCE, unfence)
+        return unfence
+
+    def _stop_effect(self, step: PlannedStep) -> Effect:
+        gen = self.store.get_generation(step.before_gen or 0)
+        if gen is None:
+            async def gone() -> Done:
+                return Done("gone already")
+
+            return gone
+        return targets.stop_effect(self.store, self.supervisor, gen)
 
     def _lift(self, journal: ImportJournal) -> None:
         if journal.fence_gen is not None:
@@ -755,15 +767,6 @@ class Seeding(Part):
         log.warning("%s: import %s is not rolled back: %s", journal.instance,
                     journal.seed, why)
         return SeedReport(journal.instance, journal.seed, SeedOutcome.HELD, why)
-
-    async def _stop_all(self, steps: Steps, host: str) -> Failed | None:
-        for gen in self.store.live_generations(host):
-            stop = targets.stop_effect(self.store, self.supervisor, gen)
-            failed = await steps.run(StepKind.STOP, stop, service=gen.service,
-                                     before_gen=gen.id)
-            if failed is not None:
-                return failed
-        return None
 
     async def _publish(self, host: str) -> None:
         try:
@@ -788,3 +791,103 @@ def replica_is_the_imports(journal: ImportJournal,
     if record.state not in ABANDONED:
         return False, f"its record names this seed as {record.state}, not abandoned"
     return True, ""
+
+
+# -- plans -------------------------------------------------------------------------------
+
+def _seed_step(kind: StepKind, point: str, says: str, phase: int = 0) -> PlannedStep:
+    return PlannedStep(kind, says, before=(f"seed.{point}.before",),
+                       after=(f"seed.{point}.after",), phase=phase)
+
+
+@dataclass(frozen=True)
+class ImportRequest:
+    host: str
+    said: str  # the seed as the operator named it (a path, a snapshot)
+    seed_db: Path  # where the seeded database is laid down
+    # Whether this box replicates: the host's own replica is synced and stopped first.
+    replicating: bool
+
+
+def plan_import(store: Store, request: ImportRequest) -> Plan:
+    """The steps of a seed import into `request.host`, from its records (reads only):
+    the header's sequence, a STOP for each live generation, and the start on the seed
+    (delegated: the verified start path, after the operation) when ACTIVE names
+    something to start."""
+    host = request.host
+    steps = [
+        _seed_step(StepKind.SEED_STORE, "store", f"verify and store a copy of {request.said}"),
+        _seed_step(StepKind.SEED_JOURNAL, "journal",
+                   f"journal the import and close {host}'s gate"),
+        _seed_step(StepKind.SEED_FENCE, "fence", f"fence {host}"),
+        *(PlannedStep(StepKind.STOP, f"stop {gen.service} generation {gen.id}, proven gone",
+                      service=gen.service, before_gen=gen.id)
+          for gen in store.live_generations(host)),
+    ]
+    if request.replicating:
+        steps.append(_seed_step(StepKind.REPLICA_STOP, "sync",
+                                f"sync {host}'s own replica and stop its replicator"))
+    steps += [
+        _seed_step(StepKind.SEED_LAY_DOWN, "lay-down",
+                   f"lay down {request.seed_db} with its seed marker"),
+        _seed_step(StepKind.SEED_KEY, "key", "mint the import's instance key"),
+        _seed_step(StepKind.SEED_OPEN, "open", "open the gate"),
+        _seed_step(StepKind.SEED_UNFENCE, "unfence", "lift the import's fence"),
+        *(PlannedStep(StepKind.SPAWN, f"start {active.service} on the seed through the "
+                      "verified start path", service=active.service, delegated=True)
+          for active in store.list_active(host)),
+    ]
+    return Plan(tuple(steps))
+
+
+def plan_rollback(store: Store, host: str) -> Plan:
+    """The steps of the rollback of the import journaled at `host`, from its journal's
+    state (reads only), numbered as the module header numbers them (a dry run prints
+    one line per number). Refused, with no steps, when there is no import, its state is
+    unknown, or the route at the host is someone else's."""
+    journal = store.get_import(host)
+    if journal is None:
+        return Plan(refused="no import is journaled")
+    state = journal.known
+    seed = journal.seed
+    steps: list[PlannedStep] = []
+    match state:
+        case None:
+            return Plan(refused=f"unknown journal state {journal.state!r}: left alone")
+        case ImportState.IMPORTING | ImportState.SWAPPED | ImportState.ROLLING_BACK:
+            row = store.row_at(host)
+            if row is not None and row.seed != seed:
+                return Plan(refused="the route at the host is not the import's, so "
+                                    "nothing there is touched")
+            if state is not ImportState.ROLLING_BACK:
+                steps.append(_seed_step(StepKind.SEED_CLOSE, "close",
+                                        "close the gate under a new fence generation", 1))
+            steps.append(_seed_step(StepKind.SEED_FENCE, "fence", f"fence {host}", 2))
+            steps += [PlannedStep(StepKind.STOP, f"stop {gen.service} generation {gen.id}",
+                                  service=gen.service, before_gen=gen.id, phase=2)
+                      for gen in store.live_generations(host)]
+            steps += [
+                _seed_step(StepKind.SEED_RETIRE_KEY, "retire-key",
+                           "retire the import's key", 3),
+                _seed_step(StepKind.SEED_REMOVE_DATA, "remove-data",
+                           "remove the import's local data", 3),
+                _seed_step(StepKind.SEED_RESTORE, "restore", "restore the original route", 4),
+            ]
+        case ImportState.CLEANUP_PENDING:
+            pass
+        case _:
+            assert_never(state)
+    # Again from CLEANUP_PENDING: a crash between the restore and the lift leaves the
+    # journal's generation held, and only that generation is lifted.
+    steps.append(_seed_step(StepKind.SEED_UNFENCE, "unfence", "lift the fence", 5))
+    if names.SEED_ID.accepts(seed):
+        steps.append(_seed_step(StepKind.SEED_DELETE_COPY, "delete-copy",
+                                "delete the seed's copy", 6))
+        # Whether the replica is the import's is read when the step comes (the
+        # rollback's own close aborts the record): planned always, run when it is.
+        steps.append(_seed_step(StepKind.SEED_DELETE_REPLICA, "delete-replica",
+                                "delete the import's replica, if its record still names "
+                                "this seed abandoned", 6))
+    steps += [_seed_step(StepKind.SEED_FORGET, "forget", "delete the journal row", 7),
+              _seed_step(StepKind.SEED_RECORD, "record", "mark the record rolled back", 8)]
+    return Plan(tuple(steps))

@@ -38,16 +38,17 @@ from keelway.builds import gc as builds_gc
 from keelway.builds.tree import remove_tree
 from keelway.data.objects import ObjectStore, ObjectStoreError, instance_prefix
 from keelway.data.replicas import Replicas
-from keelway.deploy import targets
+from keelway.deploy import planned, targets
 from keelway.deploy.deployer import Deployer, InstanceResult
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
 from keelway.deploy.instances import lay_down
 from keelway.deploy.locks import Locks
 from keelway.deploy.outcome import Outcome, Progress, Result
 from keelway.deploy.part import Part
+from keelway.deploy.planned import Plan, PlannedStep
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
-from keelway.deploy.steps import Done, Failed, Steps
+from keelway.deploy.steps import Done, Effect, Failed, Steps
 from keelway.home import Home
 from keelway.journal import OpKind, StepKind
 from keelway.reconcile.plan import Pass
@@ -203,6 +204,8 @@ class Tenants(Part):
         return removed
 
     async def _forget_app(self, name: str) -> None:
+        plan = plan_forget_app(name)
+
         async def work(op: Operation) -> Result:
             steps = Steps(self.store, op.id)
 
@@ -216,10 +219,14 @@ class Tenants(Part):
                 self.store.forget_app(name)
                 return Done(f"app {name}")
 
-            await steps.run(StepKind.REMOVE_BUILDS, remove_builds,
-                            before=("destroy.builds.before",), after=("destroy.builds.after",))
-            await steps.run(StepKind.FORGET, forget, before=("destroy.forget.before",),
-                            after=("destroy.forget.after",), detail=f"app {name}")
+            for step in plan.steps:
+                match step.kind:
+                    case StepKind.REMOVE_BUILDS:
+                        await planned.run(steps, step, remove_builds)
+                    case StepKind.FORGET:
+                        await planned.run(steps, step, forget)
+                    case _:
+                        raise AssertionError(f"an app's destroy plans no {step.kind} step")
             return Result(Outcome.DONE)
 
         async with self.locks.instance(APP_SCOPE):
@@ -294,14 +301,19 @@ class Tenants(Part):
         """One LAY_DOWN step for every host, journaled on the first. Crash inside: the
         step stays pending, the reconciler finalizes the operation, and boot lays the
         instances still marked `adding` down again (each file is made only if missing)."""
+        plan = plan_add(self.store, AddRequest(app, tuple(hosts)))
+
         async def work(op: Operation) -> Result:
             async def lay_down() -> Done:
                 made = await asyncio.to_thread(self._lay_down_files, hosts)
                 return Done(f"{len(hosts)} instances; {made} databases made")
 
-            await Steps(self.store, op.id).run(
-                StepKind.LAY_DOWN, lay_down, before=("laydown.before",),
-                after=("laydown.after",), detail=f"{len(hosts)} instances")
+            steps = Steps(self.store, op.id)
+            for step in plan.steps:
+                if step.delegated:
+                    continue  # each start is an attempt of its own (`_finish_add`)
+                assert step.kind is StepKind.LAY_DOWN, step
+                await planned.run(steps, step, lay_down)
             return Result(Outcome.DONE)
 
         first = hosts[0]
@@ -330,48 +342,59 @@ class Tenants(Part):
             await self.recovery.converge(host, Pass.MUTATION)  # failed closed refuses
             # The intent first: a crash from here on is carried on by the next boot.
             self.store.mark_removing(host, removal)
+            plan = plan_remove(self.store, self._remove_request(host, removal))
             result = await self.journal.run(
-                inst.app, host, kind, lambda op: self._removal_steps(op, host, removal))
+                inst.app, host, kind, lambda op: self._removal_steps(op, host, removal, plan))
         if result.outcome is not Outcome.DONE:
             raise OperationError(f"removing {host}: {result.reason}",
                                  hint=f"see `keelway ops {inst.app} --instance {host}`; "
                                       "removing it again carries on")
 
-    async def _removal_steps(self, op: Operation, host: str, removal: Removal) -> Result:
+    def _remove_request(self, host: str, removal: Removal) -> RemoveRequest:
+        return RemoveRequest(host, removal, replicas=self.replicas is not None,
+                             objects=self.objects is not None)
+
+    async def _removal_steps(self, op: Operation, host: str, removal: Removal,
+                             plan: Plan) -> Result:
+        """Run `plan` (`plan_remove`): each step's effect bound by its kind."""
         steps = Steps(self.store, op.id)
+        replicas, objects = self.replicas, self.objects
 
         async def withdraw() -> Done:
             if self.store.withdraw_instance(host, removal):
                 await self.publisher.publish()
             return Done("stopped; routes gated")
 
-        await steps.run(StepKind.WITHDRAW, withdraw, before=("remove.withdraw.before",),
-                        after=("remove.withdraw.after",))
-        for gen in self.store.live_generations(host):
-            async def stop(gen_id: int = gen.id) -> Done | Failed:
+        def stop(gen_id: int) -> Effect:
+            async def stop() -> Done | Failed:
                 current = self.store.get_generation(gen_id)
                 if current is None or await self.supervisor.stop(
                         current, targets.stop_grace_s(self.store, current)):
                     return Done("gone")
                 return Failed(f"generation {gen_id} (pid {current.pid}) did not stop")
 
-            failed = await steps.run(StepKind.STOP, stop, service=gen.service,
-                                     before_gen=gen.id, before=("remove.stop.before",),
-                                     after=("remove.stop.after",))
-            if failed is not None:
-                return Result(Outcome.FAILED, failed.reason)
-        # What `current` links to is derived; it goes with the records, data or not.
-        self.home.current_link(host).unlink(missing_ok=True)
-        if removal is Removal.PURGE_DATA:
-            async def purge() -> Done:
-                await asyncio.to_thread(remove_tree, self.home.data_dir(host))
-                self.home.env_file(host).unlink(missing_ok=True)
-                return Done("data dir and env file removed")
+            return stop
 
-            await steps.run(StepKind.PURGE_DATA, purge, before=("remove.purge.before",),
-                            after=("remove.purge.after",))
-            if (failed := await self._purge_stored(steps, host)) is not None:
-                return Result(Outcome.FAILED, failed.reason)
+        async def purge() -> Done:
+            await asyncio.to_thread(remove_tree, self.home.data_dir(host))
+            self.home.env_file(host).unlink(missing_ok=True)
+            return Done("data dir and env file removed")
+
+        async def purge_replica() -> Done | Failed:
+            assert replicas is not None
+            try:
+                count = await replicas.delete(host)
+            except ObjectStoreError as exc:
+                return Failed(f"the replica of {host} could not be deleted: {exc}")
+            return Done(f"{count} objects")
+
+        async def purge_snapshots() -> Done | Failed:
+            assert objects is not None
+            try:
+                count = await asyncio.to_thread(objects.delete_prefix, instance_prefix(host))
+            except ObjectStoreError as exc:
+                return Failed(f"the snapshots of {host} could not be deleted: {exc}")
+            return Done(f"{count} objects")
 
         async def forget() -> Done:
             self.store.forget_instance(host)
@@ -379,42 +402,31 @@ class Tenants(Part):
             await self.publisher.publish()
             return Done(f"instance {host}")
 
-        await steps.run(StepKind.FORGET, forget, before=("remove.forget.before",),
-                        after=("remove.forget.after",), detail=f"instance {host}")
+        for step in plan.steps:
+            match step.kind:
+                case StepKind.WITHDRAW:
+                    effect: Effect = withdraw
+                case StepKind.STOP:
+                    effect = stop(step.before_gen or 0)
+                case StepKind.PURGE_DATA:
+                    effect = purge
+                case StepKind.PURGE_REPLICA:
+                    effect = purge_replica
+                case StepKind.PURGE_SNAPSHOTS:
+                    effect = purge_snapshots
+                case StepKind.FORGET:
+                    effect = forget
+                case _:
+                    raise AssertionError(f"a removal plans no {step.kind} step")
+            if step.kind in (StepKind.PURGE_DATA, StepKind.FORGET):
+                # Every process is proven gone: what `current` links to is derived, and
+                # it goes with the records, data or not (idempotent).
+                self.home.current_link(host).unlink(missing_ok=True)
+            if (failed := await planned.run(steps, step, effect)) is not None:
+                # A purge that failed fails the removal, which carries on from here
+                # when run again.
+                return Result(Outcome.FAILED, failed.reason)
         return Result(Outcome.DONE)
-
-    async def _purge_stored(self, steps: Steps, host: str) -> Failed | None:
-        """What the object store keeps of `host`: its replica (its seed imports' under
-        it), then its snapshots; what `--purge-data` says goes with the data (SPEC §5.7).
-        Its processes are proven gone, so nothing replicates there any more. A failure
-        fails the removal, which carries on from here when run again."""
-        replicas, objects = self.replicas, self.objects
-        if replicas is not None:
-            async def purge_replica() -> Done | Failed:
-                try:
-                    count = await replicas.delete(host)
-                except ObjectStoreError as exc:
-                    return Failed(f"the replica of {host} could not be deleted: {exc}")
-                return Done(f"{count} objects")
-
-            failed = await steps.run(StepKind.PURGE_REPLICA, purge_replica,
-                                     before=("remove.purge-replica.before",),
-                                     after=("remove.purge-replica.after",))
-            if failed is not None:
-                return failed
-        if objects is not None:
-            async def purge_snapshots() -> Done | Failed:
-                try:
-                    count = await asyncio.to_thread(objects.delete_prefix,
-                                                    instance_prefix(host))
-                except ObjectStoreError as exc:
-                    return Failed(f"the snapshots of {host} could not be deleted: {exc}")
-                return Done(f"{count} objects")
-
-            return await steps.run(StepKind.PURGE_SNAPSHOTS, purge_snapshots,
-                                   before=("remove.purge-snapshots.before",),
-                                   after=("remove.purge-snapshots.after",))
-        return None
 
     async def set_instance_config(self, app: str, host: str,
                                   changes: Mapping[str, str | None],
@@ -509,3 +521,87 @@ class Tenants(Part):
             self.store.finish_operation(
                 fresh, OpState.SUCCEEDED if done else OpState.FAILED,
                 error=None if done else "interrupted by a control-plane crash")
+
+
+# -- plans -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AddRequest:
+    app: str
+    hosts: tuple[str, ...]
+    parked: bool = False
+
+
+def plan_add(store: Store, request: AddRequest) -> Plan:
+    """The steps of `instances add` (reads only): one LAY_DOWN for every host, then,
+    unless they are added parked, each one started on the app's current release if it
+    has one (delegated: an attempt of its own per instance)."""
+    hosts = request.hosts
+    steps = [PlannedStep(StepKind.LAY_DOWN, f"lay down {len(hosts)} instances: data dir, "
+                         "empty database, env file with a minted key",
+                         before=("laydown.before",), after=("laydown.after",),
+                         detail=f"{len(hosts)} instances")]
+    releases = store.list_releases(request.app)
+    if releases and not request.parked:
+        number = max(r.number for r in releases)
+        steps += [PlannedStep(StepKind.SPAWN, f"start {host} on v{number} (an attempt of "
+                              "its own)", delegated=True) for host in hosts]
+    return Plan(tuple(steps))
+
+
+@dataclass(frozen=True)
+class RemoveRequest:
+    host: str
+    removal: Removal
+    # Whether this box keeps replicas and snapshots (what a purge deletes there).
+    replicas: bool
+    objects: bool
+
+
+def plan_remove(store: Store, request: RemoveRequest) -> Plan:
+    """The steps of removing `request.host` (reads only): WITHDRAW, a STOP per live
+    generation, the purge when asked (data dir and env file, the replica, the
+    snapshots), FORGET. The same for each instance of `apps destroy`."""
+    host = request.host
+    steps = [PlannedStep(StepKind.WITHDRAW, f"{host} stopped and its routes gated, then "
+                         "published", before=("remove.withdraw.before",),
+                         after=("remove.withdraw.after",))]
+    steps += [PlannedStep(StepKind.STOP, f"stop {gen.service} generation {gen.id}, proven "
+                          "gone", service=gen.service, before_gen=gen.id,
+                          before=("remove.stop.before",), after=("remove.stop.after",))
+              for gen in store.live_generations(host)]
+    if request.removal is Removal.PURGE_DATA:
+        steps.append(PlannedStep(StepKind.PURGE_DATA, f"remove {host}'s data dir and env "
+                                 "file", before=("remove.purge.before",),
+                                 after=("remove.purge.after",)))
+        if request.replicas:
+            steps.append(PlannedStep(StepKind.PURGE_REPLICA, f"delete {host}'s replica",
+                                     before=("remove.purge-replica.before",),
+                                     after=("remove.purge-replica.after",)))
+        if request.objects:
+            steps.append(PlannedStep(StepKind.PURGE_SNAPSHOTS, f"delete {host}'s "
+                                     "snapshots", before=("remove.purge-snapshots.before",),
+                                     after=("remove.purge-snapshots.after",)))
+    steps.append(PlannedStep(StepKind.FORGET, f"forget {host}'s records",
+                             before=("remove.forget.before",), after=("remove.forget.after",),
+                             detail=f"instance {host}"))
+    return Plan(tuple(steps))
+
+
+def plan_forget_app(name: str) -> Plan:
+    """The app's own operation of `apps destroy`, once its instances are removed."""
+    return Plan((
+        PlannedStep(StepKind.REMOVE_BUILDS, f"remove {name}'s staged builds",
+                    before=("destroy.builds.before",), after=("destroy.builds.after",)),
+        PlannedStep(StepKind.FORGET, f"forget app {name}", before=("destroy.forget.before",),
+                    after=("destroy.forget.after",), detail=f"app {name}")))
+
+
+def plan_destroy(store: Store, name: str, removal: Removal, *, replicas: bool,
+                 objects: bool) -> list[tuple[str, Plan]]:
+    """`apps destroy` (reads only): each instance's removal, then the app's own
+    operation (under APP_SCOPE), in the order they run."""
+    plans = [(inst.host, plan_remove(store, RemoveRequest(inst.host, removal, replicas,
+                                                          objects)))
+             for inst in store.list_instances(name)]
+    return [*plans, (APP_SCOPE, plan_forget_app(name))]

@@ -22,6 +22,7 @@ from keelway.data.replicas import Replicas, replica_key
 from keelway.deploy.errors import Fenced, UserError
 from keelway.deploy.seeding import SeedLimits, SeedOutcome, SnapshotSource
 from keelway.home import Home
+from keelway.journal import OpKind
 from keelway.runtime.environment import INSTANCE_KEY, read_env_file
 from keelway.store import SqliteStore
 from keelway.store.seeds import ImportState, SeedState
@@ -649,3 +650,23 @@ def test_a_seed_bigger_than_the_free_space_is_refused_with_nothing_changed(
         report = asyncio.run(deploy.seeding.import_seed(HOST, small))
         assert report.outcome is SeedOutcome.IMPORTED
         store.close()
+
+
+def _journaled(store: SqliteStore, kind: OpKind) -> list[str]:
+    op = store.latest_operation_of(HOST, {kind})
+    assert op is not None
+    return [step.kind for step in store.steps(op.id)]
+
+
+def test_the_dry_runs_steps_are_the_steps_the_import_and_its_rollback_journal(
+        parts: tuple[DeployParts, SqliteStore, Home], tmp_path: Path) -> None:
+    deploy, store, _ = parts
+    seed = _seed_file(tmp_path, ["s"])
+    said = asyncio.run(deploy.seeding.import_seed(HOST, seed, dry_run=True))
+    asyncio.run(deploy.seeding.import_seed(HOST, seed))
+    assert _journaled(store, OpKind.SEED_IMPORT) == [
+        s.kind for s in said.steps if not s.delegated]
+    said = asyncio.run(deploy.seeding.rollback(HOST, dry_run=True))
+    assert said.view()["steps"] and said.plan
+    asyncio.run(deploy.seeding.rollback(HOST))
+    assert _journaled(store, OpKind.SEED_ROLLBACK) == [s.kind for s in said.steps]
