@@ -3,8 +3,10 @@
     POST /v1/instances/{host}/snapshots               {} -> 200 snapshot
     GET  /v1/instances/{host}/snapshots                  -> 200 {"host","snapshots":[snapshot]}
     POST /v1/instances/{host}/snapshots/{id}/verify   {} -> 200 snapshot + {"ok":true}
-    POST /v1/instances/{host}/snapshots/{id}/restore  {} -> 200 {"host","state","source",
-        "op","size_bytes","kept":[copy],"retention_s","snapshot"} (Restored.view)
+    POST /v1/instances/{host}/snapshots/{id}/restore  {"dry_run": bool} -> 200 {"host",
+        "state","source","op","size_bytes","kept":[copy],"retention_s","snapshot"}
+        (Restored.view); a dry run: {"host","source","snapshot","dry_run","refused",
+        "plan":[line],"steps":[step]} (keelway/deploy/planned.py)
     GET    /v1/instances/{host}/kept                 -> 200 {"host","kept":[copy],
         "retention_s"}
     POST /v1/instances/{host}/kept/{copy}/forget   {} -> 200 copy (it is removed)
@@ -31,6 +33,10 @@ from keelway.deploy.restore import Snapshots
 
 class Empty(msgspec.Struct, forbid_unknown_fields=True):
     pass
+
+
+class RestoreBody(msgspec.Struct, forbid_unknown_fields=True):
+    dry_run: bool = False
 
 
 def snapshot_view(found: Manifest) -> dict[str, Any]:
@@ -68,9 +74,13 @@ class SnapshotsApi:
         return web.json_response(snapshot_view(found) | {"ok": True})
 
     async def restore(self, request: web.Request) -> web.Response:
-        await read_body(request, Empty)
-        done = await self.snapshots.restore(request.match_info["host"],
-                                            request.match_info["id"])
+        body: RestoreBody = await read_body(request, RestoreBody)
+        host, snap_id = request.match_info["host"], request.match_info["id"]
+        if body.dry_run:
+            plan = await self.snapshots.plan(host, snap_id)
+            return web.json_response({"host": host, "source": "snapshot",
+                                      "snapshot": snap_id, **plan.dry_run()})
+        done = await self.snapshots.restore(host, snap_id)
         return web.json_response(done.view())
 
     async def kept(self, request: web.Request) -> web.Response:

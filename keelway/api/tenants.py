@@ -64,6 +64,14 @@ class TenantsApi:
     async def destroy_app(self, request: web.Request) -> web.Response:
         name = app_name(self.store, request)
         body: bodies.DestroyBody = await read_body(request, bodies.DestroyBody)
+        if body.dry_run:
+            plans = self.tenants.plan_destroy_app(name, _removal(body.purge_data))
+            return web.json_response({
+                "app": name, "dry_run": True,
+                "plan": [f"{scope or name}: {line}" for scope, plan in plans
+                         for line in plan.lines()],
+                "operations": [{"instance": scope or None, **plan.dry_run()}
+                               for scope, plan in plans]})
         if not body.yes:
             raise UserError(f"destroying {name} stops and removes every instance, its "
                             "routes, builds and records"
@@ -85,6 +93,10 @@ class TenantsApi:
     async def add_instances(self, request: web.Request) -> web.Response:
         name = app_name(self.store, request)
         body: bodies.AddInstancesBody = await read_body(request, bodies.AddInstancesBody)
+        if body.dry_run:
+            plan = self.tenants.plan_add_instances(name, body.hosts, body.config,
+                                                   parked=body.parked)
+            return web.json_response({"app": name, **plan.dry_run()})
         began = time.monotonic()
         added = await self.tenants.add_instances(name, body.hosts, body.config,
                                                  parked=body.parked)
@@ -98,6 +110,9 @@ class TenantsApi:
         name = app_name(self.store, request)
         host = request.match_info["host"]
         body: bodies.RemoveInstanceBody = await read_body(request, bodies.RemoveInstanceBody)
+        if body.dry_run:
+            plan = self.tenants.plan_removal(name, host, _removal(body.purge_data))
+            return web.json_response({"app": name, "instance": host, **plan.dry_run()})
         await self.tenants.remove_instance(name, host, _removal(body.purge_data))
         return web.json_response({"app": name, "removed": host,
                                   "purged_data": body.purge_data})

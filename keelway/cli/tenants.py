@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from keelway.cli.base import api_call, cli, client, json_option
+from keelway.cli.base import api_call, cli, client, dry_run_option, json_option, say_plan
 from keelway.cli.output import emit_json, fail, fail_json, plural, table
 
 
@@ -59,15 +59,20 @@ def apps_create(app: str, as_json: bool) -> None:
 @click.argument("app")
 @click.option("--yes", is_flag=True, help="Yes, stop and remove everything of APP.")
 @click.option("--purge-data", is_flag=True, help="Remove the instances' data dirs too.")
+@dry_run_option
 @json_option
 @api_call
-def apps_destroy(app: str, yes: bool, purge_data: bool, as_json: bool) -> None:
+def apps_destroy(app: str, yes: bool, purge_data: bool, dry_run: bool,
+                 as_json: bool) -> None:
     """Stop and remove every instance of APP, its routes, builds and records (data dirs
     stay unless --purge-data); the name can then be used again."""
     data = client(None).request("POST", f"/v1/apps/{app}/destroy",
-                                {"yes": yes, "purge_data": purge_data})
+                                {"yes": yes, "purge_data": purge_data, "dry_run": dry_run})
     if as_json:
         emit_json(data)
+        return
+    if dry_run:
+        say_plan(data)
         return
     kept = "" if purge_data else "; data dirs kept"
     click.echo(f"destroyed {app} ({plural(len(data['instances']), 'instance', 'instances')})"
@@ -85,18 +90,23 @@ def instances() -> None:
 @click.option("--config", "pairs", multiple=True, help="K=V of the instances' own config.")
 @click.option("--parked", is_flag=True,
               help="Add them parked: nothing runs until a first request wakes each one.")
+@dry_run_option
 @json_option
 @api_call
 def instances_add(app: str, hosts: tuple[str, ...], pairs: tuple[str, ...], parked: bool,
-                  as_json: bool) -> None:
+                  dry_run: bool, as_json: bool) -> None:
     """Add instances of APP at HOSTS, laid down whole (data dir, empty database, env file
     with a key) and started on APP's release if it has one (with --parked, started by
     their first request instead). One request for all."""
     config = _config_pairs(pairs, as_json)
     data = client(None).request("POST", f"/v1/apps/{app}/instances",
-                                {"hosts": list(hosts), "config": config, "parked": parked})
+                                {"hosts": list(hosts), "config": config, "parked": parked,
+                                 "dry_run": dry_run})
     if as_json:
         emit_json(data)
+        return
+    if dry_run:
+        say_plan(data)
         return
     click.echo(f"added {plural(len(data['added']), 'instance', 'instances')} of {app} in "
                f"{data['seconds']}s")
@@ -112,15 +122,20 @@ def instances_add(app: str, hosts: tuple[str, ...], pairs: tuple[str, ...], park
 @click.argument("app")
 @click.argument("host")
 @click.option("--purge-data", is_flag=True, help="Remove its data dir and env file too.")
+@dry_run_option
 @json_option
 @api_call
-def instances_remove(app: str, host: str, purge_data: bool, as_json: bool) -> None:
+def instances_remove(app: str, host: str, purge_data: bool, dry_run: bool,
+                     as_json: bool) -> None:
     """Stop HOST's processes, withdraw its routes and forget it (data kept unless
     --purge-data)."""
     data = client(None).request("POST", f"/v1/apps/{app}/instances/{host}/remove",
-                                {"purge_data": purge_data})
+                                {"purge_data": purge_data, "dry_run": dry_run})
     if as_json:
         emit_json(data)
+        return
+    if dry_run:
+        say_plan(data)
         return
     click.echo(f"removed {host}" + ("" if purge_data else "; its data dir is kept"))
 

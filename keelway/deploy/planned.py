@@ -66,6 +66,11 @@ class Plan:
     def view(self) -> list[dict[str, object]]:
         return [step.view() for step in self.steps]
 
+    def dry_run(self) -> dict[str, object]:
+        """What every `--dry-run` answers (the API's JSON): the lines and the steps."""
+        return {"dry_run": True, "refused": self.refused, "plan": list(self.lines()),
+                "steps": self.view()}
+
 
 async def run(steps: Steps, step: PlannedStep, effect: Effect) -> Failed | None:
     """Journal and run one planned step (keelway/deploy/steps.py)."""

@@ -354,19 +354,41 @@ class Snapshots(Part):
         return await self._restore(host, OpKind.RESTORE_REPLICA,
                                    f"replica-{os.urandom(4).hex()}", stage)
 
+    async def plan(self, host: str, snap_id: str | None, at: str | None = None) -> Plan:
+        """The dry run of a restore from snapshot `snap_id` (None: from the replica, as
+        of `at`): every refusal the restore itself makes before it stages anything,
+        then the plan it would run now. Nothing is fetched or changed; the copy is
+        staged and verified only by the restore."""
+        self.instance(host)
+        if snap_id is None:
+            if at is not None:
+                parse_time(at)
+            self.replicas_required()
+        else:
+            self.check_id(snap_id)
+            if snap_id not in {m.id for m in await self.stored(host)}:
+                raise NotFoundError(f"{host} has no snapshot {snap_id}",
+                                    hint=f"see `keelway db snapshots {host}`")
+        self._refuse_restore(host)
+        return plan_restore(self.store, RestoreRequest(
+            host, replicating=self._replicating() is not None))
+
+    def _refuse_restore(self, host: str) -> None:
+        refuse_if_fenced(self.store, host, "be restored")
+        if (journal := self.store.get_import(host)) is not None:
+            # A restore replaces the instance's own database, which the import's
+            # rollback must find exactly as it was (SPEC §4 Seed import).
+            raise ImportInEffect(
+                f"{host} has a seed import in effect ({journal.seed}); nothing was "
+                "changed", hint=f"roll it back first: `keelway seed rollback {host}`")
+
     async def _restore(self, host: str, kind: OpKind, tag: str, stage: Stage) -> Restored:
         """The one restore: `stage` writes a verified copy at the staged path (or raises,
         nothing changed); then the journaled operation of the module header."""
         async with self.locks.instance(host):
             await self.recovery.converge(host, Pass.MUTATION)
             inst = self.instance(host)
-            refuse_if_fenced(self.store, host, "be restored")
-            if (journal := self.store.get_import(host)) is not None:
-                # A restore replaces the instance's own database, which the import's
-                # rollback must find exactly as it was (SPEC §4 Seed import).
-                raise ImportInEffect(
-                    f"{host} has a seed import in effect ({journal.seed}); nothing was "
-                    "changed", hint=f"roll it back first: `keelway seed rollback {host}`")
+            self._refuse_restore(host)
             db = self.home.db_path(host)
             db.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             staged = swap.staged_path(db, tag)

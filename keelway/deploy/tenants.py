@@ -203,6 +203,13 @@ class Tenants(Part):
             await self._forget_app(name)
         return removed
 
+    def plan_destroy_app(self, name: str, removal: Removal) -> list[tuple[str, Plan]]:
+        """The dry run of `apps destroy`: each instance's removal and the app's own
+        operation, as they would run now. Nothing is changed."""
+        self.app(name)
+        return plan_destroy(self.store, name, removal, replicas=self.replicas is not None,
+                            objects=self.objects is not None)
+
     async def _forget_app(self, name: str) -> None:
         plan = plan_forget_app(name)
 
@@ -263,6 +270,15 @@ class Tenants(Part):
             progress(f"recorded {len(instances)} instances")
             started = await self._finish_add(app_name, list(hosts), progress)
         return Added(instances, started)
+
+    def plan_add_instances(self, app_name: str, hosts: Sequence[str],
+                           config: Mapping[str, str], parked: bool = False) -> Plan:
+        """The dry run of `instances add`: every check the add makes, then its plan.
+        Nothing is changed."""
+        app = self.app(app_name)
+        self.check_hosts(hosts)
+        self.checked_config(app, {}, dict(config))
+        return plan_add(self.store, AddRequest(app_name, tuple(hosts), parked))
 
     async def _finish_add(self, app: str, hosts: list[str],
                           progress: Progress) -> list[InstanceResult]:
@@ -330,6 +346,11 @@ class Tenants(Part):
 
         with ThreadPoolExecutor(LAY_DOWN_THREADS) as pool:
             return sum(pool.map(one, hosts))
+
+    def plan_removal(self, app: str, host: str, removal: Removal) -> Plan:
+        """The dry run of `instances remove`: its plan as it would run now."""
+        self.instance_of(app, host)
+        return plan_remove(self.store, self._remove_request(host, removal))
 
     async def remove_instance(self, app: str, host: str, removal: Removal) -> None:
         inst = self.instance_of(app, host)

@@ -225,3 +225,24 @@ def test_a_kept_copy_is_removed_by_forget_or_by_gc_once_past_the_retention(
 
     asyncio.run(run())
     assert _rows(db) == ["a"]
+
+
+def test_a_restores_dry_run_changes_nothing_and_is_the_plan_the_restore_journals(
+        parts: tuple[DeployParts, SqliteStore, Home]) -> None:
+    deploy, store, home = parts
+    db = home.db_path(HOST)
+
+    async def run() -> None:
+        _add(db, "a")
+        snap = await deploy.snapshots.snapshot(HOST)
+        _add(db, "b")
+        with pytest.raises(NotFoundError):
+            await deploy.snapshots.plan(HOST, "20991231T000000000000Z-ffff")
+        before = store.dump()
+        plan = await deploy.snapshots.plan(HOST, snap.id)
+        assert store.dump() == before and _rows(db) == ["a", "b"]
+        assert plan.dry_run()["plan"] == list(plan.lines())
+        done = await deploy.snapshots.restore(HOST, snap.id)
+        assert _steps(store, done.op_id) == [s.kind for s in plan.steps if not s.delegated]
+
+    asyncio.run(run())

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from keelway.deploy.errors import NotFoundError, UserError
+from keelway.deploy.publisher import Publisher
 from keelway.deploy.tenants import Tenants
 from keelway.home import Home
 from keelway.journal import OpKind, StepKind
@@ -97,3 +98,37 @@ def test_a_destroy_needs_the_app_and_forgets_it_with_its_builds(
     with pytest.raises(NotFoundError):
         asyncio.run(tenants.destroy_app("shop", Removal.KEEP_DATA))
     tenants.create_app("shop")  # the name is free again
+
+
+class _NoRouter(Publisher):
+    """No router here: a removal's publish has nothing to push to."""
+
+    async def publish(self, instance: str | None = None) -> int:
+        return 0
+
+
+def test_the_dry_runs_of_add_remove_and_destroy_change_nothing_and_are_what_they_journal(
+        tmp_path: Path) -> None:
+    deploy, store, home = wired(tmp_path, _NoRouter)
+    tenants = deploy.tenants
+    tenants.create_app("shop")
+    before = store.dump()
+    add = tenants.plan_add_instances("shop", ["a.test", "b.test"], {})
+    assert store.dump() == before and not (home.root / "data" / "a.test").exists()
+    asyncio.run(tenants.add_instances("shop", ["a.test", "b.test"], {}))
+    (op,) = store.list_operations("shop")
+    assert [s.kind for s in op.steps] == [s.kind for s in add.steps if not s.delegated]
+    before = store.dump()
+    remove = tenants.plan_removal("shop", "a.test", Removal.PURGE_DATA)
+    destroy = tenants.plan_destroy_app("shop", Removal.KEEP_DATA)
+    assert store.dump() == before
+    asyncio.run(tenants.remove_instance("shop", "a.test", Removal.PURGE_DATA))
+    (op,) = store.list_operations("shop", "a.test")[:1]
+    assert [s.kind for s in op.steps] == list(remove.kinds())
+    assert [scope for scope, _ in destroy] == ["a.test", "b.test", ""]
+    destroy = tenants.plan_destroy_app("shop", Removal.KEEP_DATA)
+    asyncio.run(tenants.destroy_app("shop", Removal.KEEP_DATA))
+    for scope, plan in destroy:
+        (op,) = [o for o in store.list_operations("shop", scope)
+                 if o.kind is OpKind.DESTROY]
+        assert [s.kind for s in op.steps] == list(plan.kinds())
