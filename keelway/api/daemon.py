@@ -54,9 +54,10 @@ from keelway.deploy.parking import Parking
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
 from keelway.deploy.replication import Replication
-from keelway.deploy.restore import Snapshots
+from keelway.deploy.restore import Restore
 from keelway.deploy.runs import Runs
 from keelway.deploy.seeding import Seeding
+from keelway.deploy.snapshots import Snapshots
 from keelway.deploy.tenants import Tenants
 from keelway.durable import disk_full, disk_full_message, sweep_temp, write_atomic
 from keelway.home import PRIVATE_UMASK, Home
@@ -98,6 +99,7 @@ class DeployParts:
     seeding: Seeding
     snapshots: Snapshots
     replication: Replication
+    restore: Restore
 
 
 def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher, clock: Clock,
@@ -112,7 +114,8 @@ def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
     objects = objects or LocalObjects(home.objects_dir)
     recovery = Recovery(store, home, supervisor, publisher, clock, locks, owner, replicas)
     deployer = Deployer(store, home, supervisor, publisher, locks, recovery)
-    snapshots = Snapshots(store, home, supervisor, publisher, locks, recovery, objects)
+    snapshots = Snapshots(store, home, locks, clock, objects)
+    restore = Restore(store, home, supervisor, publisher, locks, recovery, objects)
     return DeployParts(locks, recovery, deployer,
                        Parking(store, home, supervisor, publisher, locks, recovery),
                        Tenants(store, home, supervisor, publisher, locks, recovery, deployer,
@@ -120,8 +123,8 @@ def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
                        Seeding(store, home, supervisor, publisher, locks, recovery,
                                delete_replica=replicas.delete, objects=objects),
                        snapshots,
-                       Replication(store, home, supervisor, publisher, locks, recovery,
-                                   snapshots))
+                       Replication(store, recovery.replicas, restore, snapshots),
+                       restore)
 
 
 def objects_url(home: Home, asked: str | None) -> str | None:
@@ -293,7 +296,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     router.watch(push_routes)
     api = Api(store, home, deployer, parts.recovery, http_port, request_shutdown, router,
               parts.parking, parts.tenants, parts.seeding, parts.snapshots,
-              parts.replication)
+              parts.replication, parts.restore)
     # Open log streams (`logs -f`) must not hold a shutdown for long.
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False,
                            shutdown_timeout=2.0)

@@ -48,7 +48,7 @@ class ReplicasApi:
         body: RestoreBody = await read_body(request, RestoreBody)
         host = request.match_info["host"]
         if body.dry_run:
-            plan = await self.replication.snapshots.plan(host, None, body.at)
+            plan = await self.replication.restorer.plan(host, None, body.at)
             return web.json_response({"host": host, "source": "replica", "at": body.at,
                                       **plan.dry_run()})
         done = await self.replication.restore(host, body.at)

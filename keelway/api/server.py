@@ -39,8 +39,9 @@ from keelway.deploy.errors import NotFoundError, OperationError, UserError
 from keelway.deploy.parking import Parking
 from keelway.deploy.recovery import Recovery
 from keelway.deploy.replication import Replication
-from keelway.deploy.restore import Snapshots
+from keelway.deploy.restore import Restore
 from keelway.deploy.seeding import Seeding
+from keelway.deploy.snapshots import Snapshots
 from keelway.deploy.tenants import Tenants
 from keelway.home import Home
 from keelway.runtime.logs import parse_log_name, read_from, tail_lines
@@ -55,10 +56,12 @@ class Api:
                  router: RouterSupervisor | None = None,
                  parking: Parking | None = None, tenants: Tenants | None = None,
                  seeding: Seeding | None = None, snapshots: Snapshots | None = None,
-                 replication: Replication | None = None) -> None:
+                 replication: Replication | None = None,
+                 restore: Restore | None = None) -> None:
         self.router = router
         self.seeding = SeedApi(seeding) if seeding is not None else None
-        self.snapshots = SnapshotsApi(snapshots) if snapshots is not None else None
+        self.snapshots = (SnapshotsApi(snapshots, restore)
+                          if snapshots is not None and restore is not None else None)
         self.replicas = ReplicasApi(replication) if replication is not None else None
         self.parking = ParkingApi(parking) if parking is not None else None
         self.tenants = TenantsApi(store, tenants, http_port) if tenants is not None else None
@@ -68,7 +71,7 @@ class Api:
         self.recovery = recovery
         self.http_port = http_port
         self.on_shutdown = on_shutdown
-        self.operations = Operations(store, home, deployer, http_port, snapshots)
+        self.operations = Operations(store, home, deployer, http_port, snapshots, restore)
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[errors_middleware], client_max_size=1024 * 1024)

@@ -27,8 +27,9 @@ from aiohttp import web
 
 from keelway.api.http import read_body
 from keelway.data import kept
-from keelway.data.snapshots import Manifest
-from keelway.deploy.restore import Snapshots
+from keelway.data.snapshots import SnapshotManifest
+from keelway.deploy.restore import Restore
+from keelway.deploy.snapshots import Snapshots
 
 
 class Empty(msgspec.Struct, forbid_unknown_fields=True):
@@ -39,13 +40,14 @@ class RestoreBody(msgspec.Struct, forbid_unknown_fields=True):
     dry_run: bool = False
 
 
-def snapshot_view(found: Manifest) -> dict[str, Any]:
+def snapshot_view(found: SnapshotManifest) -> dict[str, Any]:
     return asdict(found)
 
 
 class SnapshotsApi:
-    def __init__(self, snapshots: Snapshots) -> None:
+    def __init__(self, snapshots: Snapshots, restorer: Restore) -> None:
         self.snapshots = snapshots
+        self.restorer = restorer
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -77,20 +79,20 @@ class SnapshotsApi:
         body: RestoreBody = await read_body(request, RestoreBody)
         host, snap_id = request.match_info["host"], request.match_info["id"]
         if body.dry_run:
-            plan = await self.snapshots.plan(host, snap_id)
+            plan = await self.restorer.plan(host, snap_id)
             return web.json_response({"host": host, "source": "snapshot",
                                       "snapshot": snap_id, **plan.dry_run()})
-        done = await self.snapshots.restore(host, snap_id)
+        done = await self.restorer.restore(host, snap_id)
         return web.json_response(done.view())
 
     async def kept(self, request: web.Request) -> web.Response:
         host = request.match_info["host"]
-        copies = await self.snapshots.kept(host)
+        copies = await self.restorer.kept(host)
         return web.json_response({"host": host, "kept": [c.view() for c in copies],
                                   "retention_s": kept.retention_s()})
 
     async def forget(self, request: web.Request) -> web.Response:
         await read_body(request, Empty)
-        gone = await self.snapshots.forget(request.match_info["host"],
+        gone = await self.restorer.forget(request.match_info["host"],
                                            request.match_info["copy"])
         return web.json_response(gone.view())

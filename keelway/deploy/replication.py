@@ -1,8 +1,8 @@
 """Replicas by hand: what a replica holds, restoring a database from it, and the drill.
 
-A part beside `Parking`, on the same `Locks` and `Recovery` (wired in
-keelway/api/daemon.py); the replicators themselves follow their instances through
-`Recovery.keep_replica` and the reconciler. Rules:
+A part beside `Restore` and `Snapshots` (wired in keelway/api/daemon.py); the
+replicators themselves follow their instances through `Recovery.keep_replica` and the
+reconciler. Rules:
 - Restore from a replica is the one restore of keelway/deploy/restore.py (the copy
   restored by litestream beside the database and verified before anything changes;
   then hold, stop, swap, the replica reset, start): nothing of it is here.
@@ -16,37 +16,39 @@ from __future__ import annotations
 
 from typing import Any
 
-from keelway.data.replicas import Drill, ReplicaError
+from keelway.data.replicas import Drill, ReplicaError, Replicas
+from keelway.deploy import targets
 from keelway.deploy.errors import OperationError
-from keelway.deploy.locks import Locks
-from keelway.deploy.part import Part
-from keelway.deploy.publisher import Publisher
-from keelway.deploy.recovery import Recovery
-from keelway.deploy.restore import Restored, Snapshots
-from keelway.home import Home
-from keelway.runtime.supervisor import Supervisor
+from keelway.deploy.restore import Restore, Restored, replicas_required
+from keelway.deploy.snapshots import Snapshots
 from keelway.store import Store
+from keelway.store.records import Instance
 
 
-class Replication(Part):
-    def __init__(self, store: Store, home: Home, supervisor: Supervisor,
-                 publisher: Publisher, locks: Locks, recovery: Recovery,
+class Replication:
+    def __init__(self, store: Store, replicas: Replicas | None, restorer: Restore,
                  snapshots: Snapshots) -> None:
-        super().__init__(store, home, supervisor, publisher, locks, recovery)
+        self.store = store
+        # None: replication is off on this box (no `litestream`).
+        self.replicas = replicas
+        self.restorer = restorer
         self.snapshots = snapshots
+
+    def instance(self, host: str) -> Instance:
+        return targets.instance_named(self.store, host)
 
     async def position(self, host: str) -> dict[str, Any]:
         """`db replicas H`: what the replica holds."""
         inst = self.instance(host)
         try:
-            pos = await self.replicas_required().position(host)
+            pos = await replicas_required(self.replicas).position(host)
         except ReplicaError as exc:
             raise OperationError(str(exc)) from None
         return {"host": host, "app": inst.app, **pos.view()}
 
     async def restore(self, host: str, at: str | None = None) -> Restored:
         """`db restore H --from-replica [--at]`: keelway/deploy/restore.py."""
-        return await self.snapshots.restore_replica(host, at)
+        return await self.restorer.restore_replica(host, at)
 
     # -- drill -----------------------------------------------------------------------
 
@@ -96,7 +98,7 @@ class Replication(Part):
         return {"ok": False, "id": snap_id, "reason": done.reason}
 
     async def _drill_replica(self, host: str) -> dict[str, Any]:
-        replicas = self.recovery.replicas
+        replicas = self.replicas
         if replicas is None or not replicas.enabled:
             return {"ok": None, "skipped": "replication is off"}
         try:

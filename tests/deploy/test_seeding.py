@@ -440,7 +440,7 @@ def test_during_an_import_a_snapshot_is_of_the_seed_and_a_restore_is_refused(
     snapshots.fetch(deploy.snapshots.objects, HOST, during.id, out)
     assert _rows(out) == ["seeded"]  # what the app was using, not the file it left
     with pytest.raises(UserError, match="seed import in effect"):
-        asyncio.run(deploy.snapshots.restore(HOST, taken.id))
+        asyncio.run(deploy.restore.restore(HOST, taken.id))
     assert _sums(home, HOST) == own and store.get_import(HOST) is not None
 
 
