@@ -3,7 +3,7 @@
 The deploy parts (`wire`): `Locks` (per-instance locks and live operations), `Recovery`
 (converging, boot, periodic and crash restarts; it holds `Journaled`, the journal's
 edges, and the reconciler), `Deployer` (the operations users ask for) on both, and
-`Tenants` (apps, instances and aliases whole) on all three.
+`Apps`, `Instances` and `Domains` on all three.
 
 Start order keeps every failure clear and harmless: the home lock first (one control
 plane per home), then the router's port (a busy port fails before the store is even
@@ -47,8 +47,11 @@ from keelway.data import swap
 from keelway.data.objects import LocalObjects, ObjectStore, ObjectStoreError, open_objects
 from keelway.data.replicas import ReplicaError, ReplicaOptions, Replicas
 from keelway.deploy import targets
+from keelway.deploy.apps import Apps
 from keelway.deploy.deployer import Deployer
+from keelway.deploy.domains import Domains
 from keelway.deploy.errors import OperationError
+from keelway.deploy.instances import Instances
 from keelway.deploy.locks import Locks
 from keelway.deploy.parking import Parking
 from keelway.deploy.publisher import Publisher
@@ -58,7 +61,6 @@ from keelway.deploy.restore import Restore
 from keelway.deploy.runs import Runs
 from keelway.deploy.seeding import Seeding
 from keelway.deploy.snapshots import Snapshots
-from keelway.deploy.tenants import Tenants
 from keelway.durable import disk_full, disk_full_message, sweep_temp, write_atomic
 from keelway.home import PRIVATE_UMASK, Home
 from keelway.runtime import router as router_process
@@ -95,7 +97,9 @@ class DeployParts:
     recovery: Recovery
     deployer: Deployer
     parking: Parking
-    tenants: Tenants
+    apps: Apps
+    instances: Instances
+    domains: Domains
     seeding: Seeding
     snapshots: Snapshots
     replication: Replication
@@ -116,10 +120,12 @@ def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
     deployer = Deployer(store, home, supervisor, publisher, locks, recovery)
     snapshots = Snapshots(store, home, locks, clock, objects)
     restore = Restore(store, home, supervisor, publisher, locks, recovery, objects)
+    instances = Instances(store, home, supervisor, publisher, locks, recovery,
+                          recovery.journal, deployer, replicas, objects)
     return DeployParts(locks, recovery, deployer,
                        Parking(store, home, supervisor, publisher, locks, recovery),
-                       Tenants(store, home, supervisor, publisher, locks, recovery, deployer,
-                               replicas, objects),
+                       Apps(store, home, locks, recovery.journal, instances), instances,
+                       Domains(store, publisher, locks),
                        Seeding(store, home, supervisor, publisher, locks, recovery,
                                delete_replica=replicas.delete, objects=objects),
                        snapshots,
@@ -266,7 +272,8 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     await parts.recovery.boot()
     runs = Runs(store, home, supervisor, parts.locks, parts.recovery)
     runs.finalize_interrupted()  # their processes were strays of the boot pass
-    await parts.tenants.resume()  # interrupted adds, removals and destroys carry on
+    await parts.apps.resume()  # interrupted destroys carry on
+    await parts.instances.resume()  # interrupted removals and adds carry on
     await parts.seeding.resume()  # interrupted imports roll back; rollbacks carry on
 
     if demo:
@@ -295,8 +302,8 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
 
     router.watch(push_routes)
     api = Api(store, home, deployer, parts.recovery, http_port, request_shutdown, router,
-              parts.parking, parts.tenants, parts.seeding, parts.snapshots,
-              parts.replication, parts.restore)
+              parts.parking, parts.apps, parts.instances, parts.domains, parts.seeding,
+              parts.snapshots, parts.replication, parts.restore)
     # Open log streams (`logs -f`) must not hold a shutdown for long.
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False,
                            shutdown_timeout=2.0)

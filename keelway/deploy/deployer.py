@@ -22,11 +22,12 @@ from keelway.builds.manifest import Mode
 from keelway.deploy import targets
 from keelway.deploy.attempt import Attempt
 from keelway.deploy.errors import AppFailed, NotFoundError, OperationError, UserError
-from keelway.deploy.instances import Target, lay_down_step
+from keelway.deploy.instances import lay_down_step
 from keelway.deploy.outcome import Outcome, Progress, Result
 from keelway.deploy.parking import refuse_if_fenced
 from keelway.deploy.part import Part
 from keelway.deploy.steps import Done, Failed, Steps
+from keelway.deploy.targets import Target
 from keelway.journal import REPLICA, Cause, OpKind, StepKind
 from keelway.reconcile.plan import Pass
 from keelway.store import StaleSchedule

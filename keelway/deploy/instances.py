@@ -1,36 +1,83 @@
-"""Starting one generation of one service of one instance, as journaled steps.
+"""Instances: added (laid down whole, then started), removed, their own config; and
+starting one generation of one service of one instance, as journaled steps.
 
-Shared by every path that starts something (deploy, restart, config, rollback, start,
-recovery): journal the generation and its port claim, re-check the attempt's gate at
-the spawn, spawn, record the pid, wait for ready. Each effect sits between a step
-written `pending` (naming the candidate in `after_gen`) and the step's outcome, so the
-reconciler can always find the candidate of an interrupted start.
+Each operation on instances here is journaled, its effects run through `Steps` with a
+failpoint before and after each one, and each is rolled forward after a crash, from a
+durable intent written before its first effect:
+- `instances add`: the records of every new instance in one write, each marked
+  `adding` (the intent); then one LAY_DOWN step lays every instance's files down (data
+  dir, an empty WAL database at KEELWAY_DB, the env file with a minted key: each of
+  them idempotent), then, if the app has a release, each instance is started on it; the
+  mark is cleared last. Crash anywhere: boot (`resume`) lays down and starts what is
+  still marked.
+- `instances remove` and each instance of `apps destroy` (keelway/deploy/apps.py): the
+  intent `removing` written before the operation begins, then WITHDRAW (the instance
+  STOPPED so nothing restarts it, its routes gated, in one write; then the router
+  told), a STOP per generation (proven gone, SPEC §5.5: the records go only after),
+  PURGE_DATA when asked, FORGET (the records, in one write). Crash anywhere: the
+  reconciler finalizes the operation, and boot removes the instance again from its
+  start, every step a no-op where already done.
+
+Starting a generation is shared by every path that starts something (deploy, restart,
+config, rollback, start, recovery): journal the generation and its port claim, re-check
+the attempt's gate at the spawn, spawn, record the pid, wait for ready. Each effect sits
+between a step written `pending` (naming the candidate in `after_gen`) and the step's
+outcome, so the reconciler can always find the candidate of an interrupted start.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
-from typing import assert_never
+from typing import Any, Protocol, assert_never
 
-from keelway import failpoints
-from keelway.builds.manifest import Manifest, Mode, ServiceKind, ServiceSpec, load_manifest
-from keelway.deploy.steps import Done, Failed, Steps
+from keelway import failpoints, names
+from keelway.builds.manifest import ServiceKind, ServiceSpec
+from keelway.builds.tree import remove_tree
+from keelway.data.objects import ObjectStore, ObjectStoreError, instance_prefix
+from keelway.data.replicas import Replicas
+from keelway.deploy import apps, planned, targets
+from keelway.deploy.errors import NotFoundError, OperationError, UserError, checked, refused_name
+from keelway.deploy.journaled import Converger, Journaled
+from keelway.deploy.locks import Locks
+from keelway.deploy.outcome import Outcome, Progress, Result
+from keelway.deploy.planned import Plan, PlannedStep
+from keelway.deploy.publisher import Publisher
+from keelway.deploy.steps import Done, Effect, Failed, Steps
+from keelway.deploy.targets import Target
 from keelway.home import Home
-from keelway.journal import StepKind
+from keelway.journal import OpKind, StepKind
+from keelway.reconcile.plan import Pass
 from keelway.runtime.environment import ensure_instance_key, process_env
 from keelway.runtime.notify import NotifyListener
 from keelway.runtime.ports import pick_free_port
 from keelway.runtime.supervisor import ReadyOutcome, Supervisor
-from keelway.store import Store
+from keelway.store import NotFound, Store
+from keelway.store.hosts import HostTaken
 from keelway.store.instance_db import lay_down_db
-from keelway.store.lifecycle import GenState
-from keelway.store.records import Generation
+from keelway.store.lifecycle import GenState, InstanceState, Removal
+from keelway.store.records import App, Generation, Instance, Operation
 
 failpoints.declare("plan.before", "plan.after", "ready.after", "laydown.one.before",
                    "laydown.one.after")
+failpoints.declare(
+    "laydown.before", "laydown.after",
+    "remove.withdraw.before", "remove.withdraw.after",
+    "remove.stop.before", "remove.stop.after",
+    "remove.purge.before", "remove.purge.after",
+    "remove.purge-replica.before", "remove.purge-replica.after",
+    "remove.purge-snapshots.before", "remove.purge-snapshots.after",
+    "remove.forget.before", "remove.forget.after",
+    "adding.finish.before",
+)
+
+log = logging.getLogger("keelway.instances")
+
+# Files are laid down in parallel: each is a few fsyncs, which wait on the disk.
+LAY_DOWN_THREADS = 8
 
 RELEASE_TIMEOUT_S = 600.0
 RELEASE_SERVICE = "release"
@@ -43,29 +90,6 @@ Gate = Callable[[str], None]
 
 def _open_gate(_point: str) -> None:
     pass
-
-
-@dataclass(frozen=True)
-class Target:
-    """What to run: one release of an app, resolved to its build and manifest."""
-
-    app: str
-    release: int
-    build_digest: str
-    build_path: Path
-    config: dict[str, str]
-    manifest: Manifest
-
-    @classmethod
-    def load(cls, app: str, release: int, build_digest: str, build_path: Path,
-             config: dict[str, str], mode: Mode | None = None) -> Target:
-        manifest = load_manifest(build_path)
-        if mode is not None:
-            # `deploy --mode`: this release swaps every service in the given mode.
-            manifest = dataclasses.replace(manifest, services={
-                name: dataclasses.replace(spec, mode=mode)
-                for name, spec in manifest.services.items()})
-        return cls(app, release, build_digest, build_path, config, manifest)
 
 
 def layered_config(store: Store, instance: str, app_config: dict[str, str]) -> dict[str, str]:
@@ -230,3 +254,442 @@ async def lay_down_step(store: Store, home: Home, op_id: int, instance: str) -> 
 
     await Steps(store, op_id).run(StepKind.LAY_DOWN, step, before=("laydown.one.before",),
                                   after=("laydown.one.after",))
+
+
+# -- instances: looked up, checked ------------------------------------------------------
+
+def named(store: Store, host: str) -> Instance:
+    """The instance named `host`, its name checked first: the one instance lookup
+    (UserError for a bad name; NotFoundError, saying so when `host` is an alias)."""
+    checked(names.HOST, host)
+    inst = store.get_instance(host)
+    if inst is None:
+        claim = store.claim(host)
+        hint = (f"{host} is an alias of {claim.instance}" if claim is not None
+                else "see `keelway instances list APP`")
+        raise NotFoundError(f"no instance {host}", hint=hint)
+    return inst
+
+
+def of_app(store: Store, app: str, host: str) -> Instance:
+    """Instance `host` of app `app` (NotFoundError if it is not one of its instances)."""
+    apps.named(store, app)
+    inst = store.get_instance(host)
+    if inst is None or inst.app != app:
+        raise NotFoundError(f"{app} has no instance {host}",
+                            hint=f"see `keelway instances list {app}`")
+    return inst
+
+
+def taken(exc: HostTaken) -> UserError:
+    """A host that names something already, as the user hears it."""
+    return UserError(str(exc), hint="a host names one instance or one alias; "
+                     "see `keelway instances list` and `keelway domains list`")
+
+
+def check_hosts(store: Store, hosts: Sequence[str]) -> None:
+    """Every host valid, none given twice, none naming anything yet."""
+    if not hosts:
+        raise UserError("name at least one host")
+    seen: set[str] = set()
+    for host in hosts:
+        checked(names.HOST, host)
+        if host in seen:
+            raise UserError(f"{host} is given twice")
+        seen.add(host)
+        claim = store.claim(host)
+        if claim is not None:
+            raise taken(HostTaken(host, claim))
+
+
+def checked_config(app: App, base: Mapping[str, str],
+                   changes: Mapping[str, str | None]) -> dict[str, str]:
+    """`base` with `changes` (None unsets), refused unless it and the app's config
+    layered under it pass the config rules: every process carries both."""
+    config = dict(base)
+    try:
+        for name, value in changes.items():
+            if value is None:
+                names.CONFIG_NAME.check(name)
+                config.pop(name, None)
+            else:
+                names.check_config_set(name, value)
+                config[name] = value
+        names.check_config({**app.config, **config})
+    except names.InvalidName as exc:
+        raise refused_name(exc) from None
+    return config
+
+
+async def publish_pages(publisher: Publisher) -> None:
+    """Publish for hosts with no route row, whose router page only says "not deployed
+    yet" (keelway/deploy/publisher.py): nothing is routed by it, so a router that
+    cannot be told now learns it from the next publish (its restart pushes the
+    whole table) and the command does not fail for it."""
+    try:
+        await publisher.publish()
+    except OperationError as exc:
+        log.info("publishing the router's pages: %s", exc.message)
+
+
+def _quiet(_message: str) -> None:
+    pass
+
+
+class Started(Protocol):
+    """An instance started on a release (keelway/deploy/deployer.py InstanceResult)."""
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def release(self) -> int: ...
+
+    @property
+    def outcome(self) -> str: ...
+
+
+class Starter(Protocol):
+    """What starts instances on the app's release: keelway/deploy/deployer.py
+    `Deployer`, a part above this module (it starts through this module's start path),
+    so it is handed in, never imported."""
+
+    async def start_new(self, app: str, hosts: list[str],
+                        progress: Progress = ...) -> Sequence[Started]: ...
+
+    async def restart(self, app: str, host: str | None,
+                      progress: Progress = ...) -> Sequence[Started]: ...
+
+
+@dataclass(frozen=True)
+class Added:
+    instances: list[Instance]
+    started: Sequence[Started]
+
+
+class Instances:
+    def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
+                 locks: Locks, converger: Converger, journal: Journaled, starter: Starter,
+                 replicas: Replicas | None = None, objects: ObjectStore | None = None) -> None:
+        self.store = store
+        self.home = home
+        self.supervisor = supervisor
+        self.publisher = publisher
+        self.locks = locks
+        self.converger = converger
+        self.journal = journal
+        self.deployer = starter
+        # Where a purge finds the instance's replica and snapshots; None: not kept here.
+        self.replicas = replicas
+        self.objects = objects
+
+    async def add_instances(self, app_name: str, hosts: Sequence[str],
+                            config: Mapping[str, str], progress: Progress = _quiet,
+                            parked: bool = False) -> Added:
+        """Lay new instances down whole (records in one write, then their files), then
+        start them on the app's current release if it has one. Bad input changes
+        nothing: every host and the config are checked first, and the records are
+        written all or none.
+
+        `parked`: recorded PARKED with parked routes, the app's current release (if any)
+        deferred to each one's first wake; nothing is started here, so adding 10,000
+        idle tenants costs records and files only."""
+        app = apps.named(self.store, app_name)
+        check_hosts(self.store, hosts)
+        layered = checked_config(app, {}, dict(config))
+        async with self.locks.app(app_name):
+            try:
+                instances = self.store.add_instances(app_name, list(hosts), layered,
+                                                     parked=parked)
+            except HostTaken as exc:
+                raise taken(exc) from None
+            except NotFound:
+                raise NotFoundError(f"no app named {app_name}") from None
+            progress(f"recorded {len(instances)} instances")
+            started = await self._finish_add(app_name, list(hosts), progress)
+        return Added(instances, started)
+
+    def plan_add_instances(self, app_name: str, hosts: Sequence[str],
+                           config: Mapping[str, str], parked: bool = False) -> Plan:
+        """The dry run of `instances add`: every check the add makes, then its plan.
+        Nothing is changed."""
+        app = apps.named(self.store, app_name)
+        check_hosts(self.store, hosts)
+        checked_config(app, {}, dict(config))
+        return plan_add(self.store, AddRequest(app_name, tuple(hosts), parked))
+
+    async def _finish_add(self, app: str, hosts: list[str],
+                          progress: Progress) -> Sequence[Started]:
+        await self._lay_down(app, hosts)
+        progress(f"laid down {len(hosts)} instances")
+        started: Sequence[Started] = []
+        # Only what runs nothing yet and is not parked: after a crash past a start, that
+        # start counts; a parked instance starts at its first wake.
+        idle = [host for host in hosts if not self.store.list_active(host)
+                and (inst := self.store.get_instance(host)) is not None
+                and inst.state is InstanceState.RUNNING]
+        released = bool(self.store.list_releases(app))
+        if idle and released:
+            started = await self.deployer.start_new(app, idle, progress)
+        if len(idle) < len(hosts):
+            # Parked ones have parked routes: the router must hold their first request
+            # and ask for the wake, not answer 404.
+            await self.publisher.publish()
+        elif not released:
+            await publish_pages(self.publisher)
+        failpoints.hit("adding.finish.before")
+        self.store.finish_adding(hosts)
+        return started
+
+    async def _lay_down(self, app: str, hosts: list[str]) -> None:
+        """One LAY_DOWN step for every host, journaled on the first. Crash inside: the
+        step stays pending, the reconciler finalizes the operation, and boot lays the
+        instances still marked `adding` down again (each file is made only if missing)."""
+        plan = plan_add(self.store, AddRequest(app, tuple(hosts)))
+
+        async def work(op: Operation) -> Result:
+            async def lay_down() -> Done:
+                made = await asyncio.to_thread(self._lay_down_files, hosts)
+                return Done(f"{len(hosts)} instances; {made} databases made")
+
+            steps = Steps(self.store, op.id)
+            for step in plan.steps:
+                if step.delegated:
+                    continue  # each start is an attempt of its own (`_finish_add`)
+                assert step.kind is StepKind.LAY_DOWN, step
+                await planned.run(steps, step, lay_down)
+            return Result(Outcome.DONE)
+
+        first = hosts[0]
+        async with self.locks.instance(first):
+            result = await self.journal.run(app, first, OpKind.ADD_INSTANCES, work)
+        if result.outcome is not Outcome.DONE:
+            raise OperationError(f"laying down the instances failed: {result.reason}",
+                                 hint="the instances are recorded; `keelway up` lays them "
+                                      "down again, or remove them with `instances remove`")
+
+    def _lay_down_files(self, hosts: list[str]) -> int:
+        def one(host: str) -> bool:
+            return lay_down(self.home, host).database
+
+        with ThreadPoolExecutor(LAY_DOWN_THREADS) as pool:
+            return sum(pool.map(one, hosts))
+
+    def plan_removal(self, app: str, host: str, removal: Removal) -> Plan:
+        """The dry run of `instances remove`: its plan as it would run now."""
+        of_app(self.store, app, host)
+        return self.removal_plan(host, removal)
+
+    def removal_plan(self, host: str, removal: Removal) -> Plan:
+        return plan_remove(self.store, self._remove_request(host, removal))
+
+    async def remove_instance(self, app: str, host: str, removal: Removal) -> None:
+        inst = of_app(self.store, app, host)
+        async with self.locks.app(app):
+            await self.remove(inst, OpKind.REMOVE_INSTANCE, removal)
+
+    async def remove(self, inst: Instance, kind: OpKind, removal: Removal) -> None:
+        """Remove `inst` as one journaled operation of `kind` (a removal, or one
+        instance of a destroy), under its lock, after convergence."""
+        host = inst.host
+        async with self.locks.instance(host):
+            await self.converger.converge(host, Pass.MUTATION)  # failed closed refuses
+            # The intent first: a crash from here on is carried on by the next boot.
+            self.store.mark_removing(host, removal)
+            plan = plan_remove(self.store, self._remove_request(host, removal))
+            result = await self.journal.run(
+                inst.app, host, kind, lambda op: self._removal_steps(op, host, removal, plan))
+        if result.outcome is not Outcome.DONE:
+            raise OperationError(f"removing {host}: {result.reason}",
+                                 hint=f"see `keelway ops {inst.app} --instance {host}`; "
+                                      "removing it again carries on")
+
+    @property
+    def purges(self) -> Purges:
+        return Purges(replica=self.replicas is not None, snapshots=self.objects is not None)
+
+    def _remove_request(self, host: str, removal: Removal) -> RemoveRequest:
+        return RemoveRequest(host, removal, self.purges)
+
+    async def _removal_steps(self, op: Operation, host: str, removal: Removal,
+                             plan: Plan) -> Result:
+        """Run `plan` (`plan_remove`): each step's effect bound by its kind."""
+        steps = Steps(self.store, op.id)
+        replicas, objects = self.replicas, self.objects
+
+        async def withdraw() -> Done:
+            if self.store.withdraw_instance(host, removal):
+                await self.publisher.publish()
+            return Done("stopped; routes gated")
+
+        def stop(gen_id: int) -> Effect:
+            async def stop() -> Done | Failed:
+                current = self.store.get_generation(gen_id)
+                if current is None or await self.supervisor.stop(
+                        current, targets.stop_grace_s(self.store, current)):
+                    return Done("gone")
+                return Failed(f"generation {gen_id} (pid {current.pid}) did not stop")
+
+            return stop
+
+        async def purge() -> Done:
+            await asyncio.to_thread(remove_tree, self.home.data_dir(host))
+            self.home.env_file(host).unlink(missing_ok=True)
+            return Done("data dir and env file removed")
+
+        async def purge_replica() -> Done | Failed:
+            assert replicas is not None
+            try:
+                count = await replicas.delete(host)
+            except ObjectStoreError as exc:
+                return Failed(f"the replica of {host} could not be deleted: {exc}")
+            return Done(f"{count} objects")
+
+        async def purge_snapshots() -> Done | Failed:
+            assert objects is not None
+            try:
+                count = await asyncio.to_thread(objects.delete_prefix, instance_prefix(host))
+            except ObjectStoreError as exc:
+                return Failed(f"the snapshots of {host} could not be deleted: {exc}")
+            return Done(f"{count} objects")
+
+        async def forget() -> Done:
+            self.store.forget_instance(host)
+            # The router drops the gated rows too: the host is unknown again (404).
+            await self.publisher.publish()
+            return Done(f"instance {host}")
+
+        for step in plan.steps:
+            match step.kind:
+                case StepKind.WITHDRAW:
+                    effect: Effect = withdraw
+                case StepKind.STOP:
+                    effect = stop(step.before_gen or 0)
+                case StepKind.PURGE_DATA:
+                    effect = purge
+                case StepKind.PURGE_REPLICA:
+                    effect = purge_replica
+                case StepKind.PURGE_SNAPSHOTS:
+                    effect = purge_snapshots
+                case StepKind.FORGET:
+                    effect = forget
+                case _:
+                    raise AssertionError(f"a removal plans no {step.kind} step")
+            if step.kind in (StepKind.PURGE_DATA, StepKind.FORGET):
+                # Every process is proven gone: what `current` links to is derived, and
+                # it goes with the records, data or not (idempotent).
+                self.home.current_link(host).unlink(missing_ok=True)
+            if (failed := await planned.run(steps, step, effect)) is not None:
+                # A purge that failed fails the removal, which carries on from here
+                # when run again.
+                return Result(Outcome.FAILED, failed.reason)
+        return Result(Outcome.DONE)
+
+    async def set_instance_config(self, app: str, host: str,
+                                  changes: Mapping[str, str | None],
+                                  progress: Progress = _quiet) -> Sequence[Started]:
+        """Change an instance's own config; it restarts (per mode) if it runs."""
+        inst = of_app(self.store, app, host)
+        config = checked_config(apps.named(self.store, app), inst.config, changes)
+        async with self.locks.instance(host):
+            current = self.store.get_instance(host) or inst
+            self.store.set_instance_config(current, config)
+        if targets.running_target(self.store, host) is None:
+            return []
+        return await self.deployer.restart(app, host, progress)
+
+    async def resume(self) -> None:
+        """At boot, after the reconciler's pass, the destroys (`Apps.resume`) and before the
+        API opens: carry on every interrupted removal and add from its durable intent."""
+        for inst in self.store.removing_instances():
+            await self._carry_on(f"remove {inst.host}", self.remove_instance(
+                inst.app, inst.host, Removal(inst.removing or Removal.KEEP_DATA)))
+        pending: dict[str, list[str]] = {}
+        for inst in self.store.adding_instances():
+            pending.setdefault(inst.app, []).append(inst.host)
+        for name, hosts in sorted(pending.items()):
+            await self._carry_on(f"add {len(hosts)} instances of {name}",
+                                 self._carry_on_add(name, hosts))
+        apps.finish_orphans(self.store, self.locks)
+
+    async def _carry_on_add(self, app: str, hosts: list[str]) -> None:
+        async with self.locks.app(app):
+            await self._finish_add(app, hosts, _quiet)
+
+    async def _carry_on(self, what: str, work: Coroutine[Any, Any, object]) -> None:
+        try:
+            await work
+        except OperationError as exc:
+            log.warning("boot: %s: %s", what, exc.message)
+
+
+# -- plans ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AddRequest:
+    app: str
+    hosts: tuple[str, ...]
+    parked: bool = False
+
+
+def plan_add(store: Store, request: AddRequest) -> Plan:
+    """The steps of `instances add` (reads only): one LAY_DOWN for every host, then,
+    unless they are added parked, each one started on the app's current release if it
+    has one (delegated: an attempt of its own per instance)."""
+    hosts = request.hosts
+    steps = [PlannedStep(StepKind.LAY_DOWN, f"lay down {len(hosts)} instances: data dir, "
+                         "empty database, env file with a minted key",
+                         before=("laydown.before",), after=("laydown.after",),
+                         detail=f"{len(hosts)} instances")]
+    releases = store.list_releases(request.app)
+    if releases and not request.parked:
+        number = max(r.number for r in releases)
+        steps += [PlannedStep(StepKind.SPAWN, f"start {host} on v{number} (an attempt of "
+                              "its own)", delegated=True) for host in hosts]
+    return Plan(tuple(steps))
+
+
+@dataclass(frozen=True)
+class Purges:
+    """What a purge deletes beyond the data dir: whether this box keeps replicas and
+    snapshots of its instances."""
+
+    replica: bool
+    snapshots: bool
+
+
+@dataclass(frozen=True)
+class RemoveRequest:
+    host: str
+    removal: Removal
+    purges: Purges
+
+
+def plan_remove(store: Store, request: RemoveRequest) -> Plan:
+    """The steps of removing `request.host` (reads only): WITHDRAW, a STOP per live
+    generation, the purge when asked (data dir and env file, the replica, the
+    snapshots), FORGET. The same for each instance of `apps destroy`."""
+    host = request.host
+    steps = [PlannedStep(StepKind.WITHDRAW, f"{host} stopped and its routes gated, then "
+                         "published", before=("remove.withdraw.before",),
+                         after=("remove.withdraw.after",))]
+    steps += [PlannedStep(StepKind.STOP, f"stop {gen.service} generation {gen.id}, proven "
+                          "gone", service=gen.service, before_gen=gen.id,
+                          before=("remove.stop.before",), after=("remove.stop.after",))
+              for gen in store.live_generations(host)]
+    if request.removal is Removal.PURGE_DATA:
+        steps.append(PlannedStep(StepKind.PURGE_DATA, f"remove {host}'s data dir and env "
+                                 "file", before=("remove.purge.before",),
+                                 after=("remove.purge.after",)))
+        if request.purges.replica:
+            steps.append(PlannedStep(StepKind.PURGE_REPLICA, f"delete {host}'s replica",
+                                     before=("remove.purge-replica.before",),
+                                     after=("remove.purge-replica.after",)))
+        if request.purges.snapshots:
+            steps.append(PlannedStep(StepKind.PURGE_SNAPSHOTS, f"delete {host}'s "
+                                     "snapshots", before=("remove.purge-snapshots.before",),
+                                     after=("remove.purge-snapshots.after",)))
+    steps.append(PlannedStep(StepKind.FORGET, f"forget {host}'s records",
+                             before=("remove.forget.before",), after=("remove.forget.after",),
+                             detail=f"instance {host}"))
+    return Plan(tuple(steps))

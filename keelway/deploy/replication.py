@@ -17,12 +17,11 @@ from __future__ import annotations
 from typing import Any
 
 from keelway.data.replicas import Drill, ReplicaError, Replicas
-from keelway.deploy import targets
+from keelway.deploy import instances
 from keelway.deploy.errors import OperationError
 from keelway.deploy.restore import Restore, Restored, replicas_required
 from keelway.deploy.snapshots import Snapshots
 from keelway.store import Store
-from keelway.store.records import Instance
 
 
 class Replication:
@@ -34,12 +33,9 @@ class Replication:
         self.restorer = restorer
         self.snapshots = snapshots
 
-    def instance(self, host: str) -> Instance:
-        return targets.instance_named(self.store, host)
-
     async def position(self, host: str) -> dict[str, Any]:
         """`db replicas H`: what the replica holds."""
-        inst = self.instance(host)
+        inst = instances.named(self.store, host)
         try:
             pos = await replicas_required(self.replicas).position(host)
         except ReplicaError as exc:
@@ -56,11 +52,11 @@ class Replication:
         """Restore the newest snapshot and the latest replica of `host` (or of every
         instance) to temp files and verify them. A copy an instance has none of yet is
         reported skipped; every other result is an event."""
-        hosts = [self.instance(host).host] if host is not None else [
+        hosts = [instances.named(self.store, host).host] if host is not None else [
             i.host for i in self.store.list_instances()]
         results: list[dict[str, Any]] = []
         for name in hosts:
-            inst = self.instance(name)
+            inst = instances.named(self.store, name)
             snap = await self._drill_snapshot(name)
             replica = await self._drill_replica(name)
             checked = [c for c in (snap, replica) if "skipped" not in c]

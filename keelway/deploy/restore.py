@@ -68,7 +68,7 @@ from keelway.data.objects import NotFound, ObjectStore, ObjectStoreError
 from keelway.data.replicas import ReplicaError, Replicas, replica_url
 from keelway.data.snapshots import SnapshotManifest
 from keelway.data.verify import Damaged, verify_file
-from keelway.deploy import planned, targets
+from keelway.deploy import instances, planned, targets
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
 from keelway.deploy.locks import Locks
 from keelway.deploy.outcome import Outcome, Result
@@ -140,14 +140,11 @@ class Restore:
         self.journal = recovery.journal
         self.objects = objects
 
-    def instance(self, host: str) -> Instance:
-        return targets.instance_named(self.store, host)
-
     async def restore(self, host: str, snap_id: str) -> Restored:
         """Replace `host`'s database with snapshot `snap_id`, verified first. After
         return the instance is in the state it was (a running one serves again, on the
         restored data). A snapshot that fails verification changes nothing."""
-        self.instance(host)
+        instances.named(self.store, host)
         check_id(snap_id)
 
         async def stage(staged: Path) -> tuple[SnapshotManifest | None, int]:
@@ -159,7 +156,7 @@ class Restore:
     async def restore_replica(self, host: str, at: str | None = None) -> Restored:
         """Replace `host`'s database with its replica (as of `at`, ISO 8601), restored
         and verified first; otherwise as `restore`."""
-        self.instance(host)
+        instances.named(self.store, host)
         when = parse_time(at) if at is not None else None
         replicas = replicas_required(self.recovery.replicas)
 
@@ -185,7 +182,7 @@ class Restore:
         of `at`): every refusal the restore itself makes before it stages anything,
         then the plan it would run now. Nothing is fetched or changed; the copy is
         staged and verified only by the restore."""
-        self.instance(host)
+        instances.named(self.store, host)
         if snap_id is None:
             if at is not None:
                 parse_time(at)
@@ -217,7 +214,7 @@ class Restore:
         nothing changed); then the journaled operation of the module header."""
         async with self.locks.instance(host):
             await self.recovery.converge(host, Pass.MUTATION)
-            inst = self.instance(host)
+            inst = instances.named(self.store, host)
             self._refuse_restore(host)
             db = self.home.db_path(host)
             db.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -270,13 +267,13 @@ class Restore:
 
     async def kept(self, host: str) -> list[KeptCopy]:
         """`db kept H`: what `_kept` lists."""
-        self.instance(host)
+        instances.named(self.store, host)
         return await asyncio.to_thread(self._kept, host)
 
     async def forget(self, host: str, copy_id: str) -> KeptCopy:
         """`db forget H COPY`: remove one kept copy, named by its id exactly as listed
         (never a path: nothing else of the data dir can be named)."""
-        self.instance(host)
+        instances.named(self.store, host)
         async with self.locks.instance(host):
             copies = {c.id: c for c in await asyncio.to_thread(self._kept, host)}
             copy = copies.get(copy_id)
@@ -284,7 +281,7 @@ class Restore:
                 raise NotFoundError(f"{host} keeps no copy {copy_id!r}; nothing was changed",
                                     hint=f"`keelway db kept {host}` lists them")
             await asyncio.to_thread(kept.forget, copy)
-        inst = self.instance(host)
+        inst = instances.named(self.store, host)
         self.store.add_event("restore", f"kept copy {copy.id} removed", app=inst.app,
                              instance=host)
         return copy

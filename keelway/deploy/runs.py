@@ -43,11 +43,12 @@ from keelway import failpoints, names
 from keelway.builds.manifest import ONE_OFF
 from keelway.deploy import targets
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
-from keelway.deploy.instances import Target, layered_config
+from keelway.deploy.instances import layered_config
 from keelway.deploy.locks import Locks
 from keelway.deploy.outcome import Outcome, Result
 from keelway.deploy.recovery import Recovery
 from keelway.deploy.steps import Done, Failed, Steps
+from keelway.deploy.targets import Target
 from keelway.home import Home
 from keelway.journal import OpKind, StepKind
 from keelway.reconcile.plan import Pass

@@ -59,12 +59,11 @@ from keelway.data import seed as files
 from keelway.data import snapshots
 from keelway.data.objects import NotFound, ObjectStore, ObjectStoreError, manifest_key
 from keelway.data.verify import Damaged
-from keelway.deploy import planned, targets
-from keelway.deploy.errors import OperationError, UserError
+from keelway.deploy import instances, planned, targets
+from keelway.deploy.errors import OperationError, UserError, checked
 from keelway.deploy.locks import Locks
 from keelway.deploy.outcome import Outcome, Result
 from keelway.deploy.parking import refuse_if_fenced
-from keelway.deploy.part import Part
 from keelway.deploy.planned import Plan, PlannedStep
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
@@ -158,13 +157,19 @@ class SnapshotSource:
         return f"{self.host}/{self.snap_id}" if self.host else self.snap_id
 
 
-class Seeding(Part):
+class Seeding:
     def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
                  locks: Locks, recovery: Recovery,
                  delete_replica: DeleteReplica | None = None,
                  objects: ObjectStore | None = None,
                  limits: SeedLimits = SeedLimits()) -> None:
-        super().__init__(store, home, supervisor, publisher, locks, recovery)
+        self.store = store
+        self.home = home
+        self.supervisor = supervisor
+        self.publisher = publisher
+        self.locks = locks
+        self.recovery = recovery
+        self.journal = recovery.journal
         self.objects = objects
         self.delete_replica = delete_replica
         self.limits = limits
@@ -298,7 +303,7 @@ class Seeding(Part):
         if isinstance(source, Path):
             return await self._import_file(host, source, str(source), dry_run,
                                            allow_empty, progress)
-        self.instance(host)
+        instances.named(self.store, host)
         self._refuse_journaled(host)
         async with self._fetched(source) as path:
             return await self._import_file(host, path, f"snapshot {source}", dry_run,
@@ -306,7 +311,7 @@ class Seeding(Part):
 
     async def _import_file(self, host: str, source: Path, said: str, dry_run: bool,
                            allow_empty: bool, progress: Progress) -> SeedReport:
-        inst = self.instance(host)
+        inst = instances.named(self.store, host)
         _, contents = self._refuse_import(host, source, allow_empty)
         if dry_run:
             plan = plan_import(self.store, self._import_request(host, said))
@@ -315,7 +320,7 @@ class Seeding(Part):
         seed = files.mint_seed_id()
         async with self.locks.instance(host):
             await self.recovery.converge(host, Pass.MUTATION)
-            inst = self.instance(host)
+            inst = instances.named(self.store, host)
             verified, contents = self._refuse_import(host, source, allow_empty)
             plan = plan_import(self.store, self._import_request(host, said))
 
@@ -437,12 +442,9 @@ class Seeding(Part):
         in, under the instance lock; then start the instance on its own data if it was
         running. The report says how far it got (HELD, DEFERRED: the journal keeps the
         rest for a later pass; UNKNOWN_STATE: nothing was done)."""
-        try:
-            names.HOST.check(host)
-        except names.InvalidName as exc:
-            raise UserError(exc.message, hint=exc.hint) from None
+        checked(names.HOST, host)
         if self.store.get_import(host) is None:
-            self.instance(host)  # NotFoundError for a host that is nothing at all
+            instances.named(self.store, host)  # NotFoundError for a host that is nothing at all
         if dry_run:
             return self._plan(host)
         async with self.locks.instance(host):
@@ -716,7 +718,7 @@ class Seeding(Part):
         inst = self.store.get_instance(host)
         journal = self.store.get_import(host)
         if inst is None and journal is None:
-            self.instance(host)
+            instances.named(self.store, host)
         record = self.store.seed_record(host)
         db = self.home.seed_db_path(host)
         try:

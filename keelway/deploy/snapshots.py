@@ -25,8 +25,8 @@ from keelway.data.objects import NotFound, ObjectStore, ObjectStoreError
 from keelway.data.replicas import in_effect
 from keelway.data.snapshots import NoDatabase, SnapshotManifest
 from keelway.data.verify import Damaged
-from keelway.deploy import targets
-from keelway.deploy.errors import NotFoundError, OperationError, UserError
+from keelway.deploy import instances, targets
+from keelway.deploy.errors import NotFoundError, OperationError, UserError, checked
 from keelway.deploy.locks import Locks
 from keelway.home import Home
 from keelway.store import Store
@@ -64,10 +64,7 @@ class ObjectStoreFailed(OperationError):
 
 
 def check_id(snap_id: str) -> str:
-    try:
-        return names.SNAPSHOT_ID.check(snap_id)
-    except names.InvalidName as exc:
-        raise UserError(exc.message, hint=exc.hint) from None
+    return checked(names.SNAPSHOT_ID, snap_id)
 
 
 class Snapshots:
@@ -83,9 +80,6 @@ class Snapshots:
         self._last: dict[str, float] = {}
         self._specs: dict[tuple[str, str], DataSpec] = {}
 
-    def instance(self, host: str) -> None:
-        targets.instance_named(self.store, host)
-
     def _release(self, host: str) -> int | None:
         for active in self.store.list_active(host):
             gen = self.store.get_generation(active.generation_id)
@@ -95,7 +89,7 @@ class Snapshots:
 
     async def snapshot(self, host: str) -> SnapshotManifest:
         """Take a verified snapshot of `host`'s database (running or parked)."""
-        self.instance(host)
+        instances.named(self.store, host)
         async with self.locks.instance(host):
             release = self._release(host)
             try:
@@ -114,11 +108,11 @@ class Snapshots:
             except ObjectStoreError as exc:
                 raise ObjectStoreFailed(str(exc), hint="check the object store") from None
         self.store.add_event("snapshot", f"snapshot {made.id} taken ({made.size} bytes)",
-                             app=targets.instance_named(self.store, host).app, instance=host)
+                             app=instances.named(self.store, host).app, instance=host)
         return made
 
     async def stored(self, host: str) -> list[SnapshotManifest]:
-        self.instance(host)
+        instances.named(self.store, host)
         try:
             return await asyncio.to_thread(snapshots.list_snapshots, self.objects, host)
         except ObjectStoreError as exc:
@@ -126,7 +120,7 @@ class Snapshots:
 
     async def verify(self, host: str, snap_id: str) -> SnapshotManifest:
         """Fetch snapshot `snap_id` and check it; SnapshotRefused if it fails."""
-        self.instance(host)
+        instances.named(self.store, host)
         check_id(snap_id)
         try:
             return await asyncio.to_thread(snapshots.verify_stored, self.objects, host,

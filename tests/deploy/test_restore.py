@@ -26,8 +26,8 @@ OTHER = "globex.shop.test"
 @pytest.fixture
 def parts(tmp_path: Path) -> tuple[DeployParts, SqliteStore, Home]:
     deploy, store, home = wired(tmp_path)
-    deploy.tenants.create_app("shop")
-    asyncio.run(deploy.tenants.add_instances("shop", [HOST, OTHER], {}))
+    deploy.apps.create_app("shop")
+    asyncio.run(deploy.instances.add_instances("shop", [HOST, OTHER], {}))
     for host in (HOST, OTHER):  # no router here to publish a held route to
         inst = store.get_instance(host)
         assert inst is not None

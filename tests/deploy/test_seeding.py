@@ -36,8 +36,8 @@ OTHER = "globex.shop.test"
 @pytest.fixture
 def parts(tmp_path: Path) -> tuple[DeployParts, SqliteStore, Home]:
     deploy, store, home = wired(tmp_path)
-    deploy.tenants.create_app("shop")
-    asyncio.run(deploy.tenants.add_instances("shop", [HOST, OTHER], {}))
+    deploy.apps.create_app("shop")
+    asyncio.run(deploy.instances.add_instances("shop", [HOST, OTHER], {}))
     for host, rows in ((HOST, ["original"]), (OTHER, ["other"])):
         _fill(home.db_path(host), rows)
     return deploy, store, home
@@ -632,8 +632,8 @@ def test_a_seed_bigger_than_the_free_space_is_refused_with_nothing_changed(
         tmp_path: Path) -> None:
     for disk in mounted_tmpfs(tmp_path / "disk", 48 * MIB):
         deploy, store, home = wired(disk)
-        deploy.tenants.create_app("shop")
-        asyncio.run(deploy.tenants.add_instances("shop", [HOST], {}))
+        deploy.apps.create_app("shop")
+        asyncio.run(deploy.instances.add_instances("shop", [HOST], {}))
         _fill(home.db_path(HOST), ["original"])
         deploy.seeding.limits = SeedLimits(reserve_bytes=4 * MIB)
         seed = tmp_path / "big.sqlite3"  # 24 MiB of data, off the small disk
