@@ -53,7 +53,8 @@ from keelway.deploy.domains import Domains
 from keelway.deploy.errors import OperationError
 from keelway.deploy.instances import Instances
 from keelway.deploy.locks import Locks
-from keelway.deploy.parking import Parking
+from keelway.deploy.operation import finalizers
+from keelway.deploy.parking import PARK, Parking
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
 from keelway.deploy.replication import Replication
@@ -117,6 +118,8 @@ def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
     replicas = Replicas(store, home, supervisor, s3)
     objects = objects or LocalObjects(home.objects_dir)
     recovery = Recovery(store, home, supervisor, publisher, clock, locks, owner, replicas)
+    # How the reconciler ends an interrupted operation of each kind with a spec.
+    recovery.reconciler.finalize = finalizers(PARK)
     deployer = Deployer(store, home, supervisor, publisher, locks, recovery)
     snapshots = Snapshots(store, home, locks, clock, objects)
     restore = Restore(store, home, supervisor, publisher, locks, recovery, objects)

@@ -27,6 +27,8 @@ import msgspec
 from aiohttp import web
 
 from keelway.api.http import error_response, read_body
+from keelway.api.plans import plan_response
+from keelway.deploy import fences
 from keelway.deploy.parking import CrashBackoff, Parking
 from keelway.journal import OpKind, StepKind
 from keelway.store.lifecycle import StepState
@@ -35,6 +37,7 @@ from keelway.store.records import Fence
 
 class WakeBody(msgspec.Struct, forbid_unknown_fields=True):
     wait: bool = False
+    dry_run: bool = False
 
 
 class FenceBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -45,8 +48,8 @@ class UnfenceBody(msgspec.Struct, forbid_unknown_fields=True):
     generation: int
 
 
-class Empty(msgspec.Struct, forbid_unknown_fields=True):
-    pass
+class ParkBody(msgspec.Struct, forbid_unknown_fields=True):
+    dry_run: bool = False
 
 
 def fence_view(host: str, fence: Fence | None) -> dict[str, Any]:
@@ -70,7 +73,9 @@ class ParkingApi:
         ]
 
     async def park(self, request: web.Request) -> web.Response:
-        await read_body(request, Empty)
+        body: ParkBody = await read_body(request, ParkBody)
+        if body.dry_run:
+            return plan_response(self.parking.dry_park(request.match_info["host"]))
         done = await self.parking.park(request.match_info["host"])
         return web.json_response({"host": done.host, "state": "parked", "parked": done.parked,
                                   "stopped": list(done.stopped),
@@ -88,6 +93,8 @@ class ParkingApi:
     async def wake(self, request: web.Request) -> web.Response:
         body: WakeBody = await read_body(request, WakeBody)
         host = request.match_info["host"]
+        if body.dry_run:
+            return plan_response(self.parking.dry_wake(host))
         if not body.wait:
             try:
                 self.parking.wake_soon(host)
@@ -105,12 +112,13 @@ class ParkingApi:
     async def fence(self, request: web.Request) -> web.Response:
         body: FenceBody = await read_body(request, FenceBody)
         host = request.match_info["host"]
-        return web.json_response(fence_view(host, self.parking.fence(host, body.reason)))
+        held = fences.fence(self.parking.store, host, body.reason)
+        return web.json_response(fence_view(host, held))
 
     async def unfence(self, request: web.Request) -> web.Response:
         body: UnfenceBody = await read_body(request, UnfenceBody)
         host = request.match_info["host"]
-        fence, lifted = self.parking.unfence(host, body.generation)
+        fence, lifted = fences.unfence(self.parking.store, host, body.generation)
         return web.json_response(fence_view(host, fence) | {"lifted": lifted})
 
     async def get_fence(self, request: web.Request) -> web.Response:

@@ -8,6 +8,7 @@ import click
 
 from keelway.cli.base import api_call, cli, client, json_option
 from keelway.cli.output import emit_json, plural
+from keelway.cli.plans import dry_run_option, echo_plan
 
 
 def _path(host: str, verb: str) -> str:
@@ -17,12 +18,15 @@ def _path(host: str, verb: str) -> str:
 
 @cli.command()
 @click.argument("host")
+@dry_run_option
 @json_option
 @api_call
-def park(host: str, as_json: bool) -> None:
+def park(host: str, dry_run: bool, as_json: bool) -> None:
     """Scale an instance to zero: stop its processes; its next request wakes it."""
-    data = client(None).request("POST", _path(host, "park"), {})
-    if as_json:
+    data = client(None).request("POST", _path(host, "park"), {"dry_run": dry_run})
+    if dry_run:
+        echo_plan(data, as_json)
+    elif as_json:
         emit_json(data)
     elif data["parked"]:
         count = data.get("processes_stopped", len(data["stopped"]))
@@ -33,12 +37,16 @@ def park(host: str, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("host")
+@dry_run_option
 @json_option
 @api_call
-def wake(host: str, as_json: bool) -> None:
+def wake(host: str, dry_run: bool, as_json: bool) -> None:
     """Wake a parked instance and wait until it serves."""
-    data = client(None).request("POST", _path(host, "wake"), {"wait": True})
-    if as_json:
+    data = client(None).request("POST", _path(host, "wake"),
+                                {"wait": True, "dry_run": dry_run})
+    if dry_run:
+        echo_plan(data, as_json)
+    elif as_json:
         emit_json(data)
     else:
         click.echo(f"woke {host}" if data["woke"] else f"{host} is awake already")

@@ -20,8 +20,8 @@ from keelway import failpoints, names
 from keelway.builds import gc as builds_gc
 from keelway.deploy import planned
 from keelway.deploy.errors import NotFoundError, OperationError, UserError, checked
-from keelway.deploy.journaled import Journaled
 from keelway.deploy.locks import Locks
+from keelway.deploy.operation import Runner
 from keelway.deploy.outcome import Outcome, Result
 from keelway.deploy.planned import Plan, PlannedStep
 from keelway.deploy.steps import Done, Steps
@@ -60,7 +60,7 @@ class Remover(Protocol):
 
 
 class Apps:
-    def __init__(self, store: Store, home: Home, locks: Locks, journal: Journaled,
+    def __init__(self, store: Store, home: Home, locks: Locks, journal: Runner,
                  instances: Remover) -> None:
         self.store = store
         self.home = home
@@ -128,7 +128,7 @@ class Apps:
             return Result(Outcome.DONE)
 
         async with self.locks.instance(APP_SCOPE):
-            result = await self.journal.run(name, APP_SCOPE, OpKind.DESTROY, work)
+            result = await self.journal.journaled(name, APP_SCOPE, OpKind.DESTROY, work)
         # A fault leaves the app's op with no reconciler to end it.
         finish_orphans(self.store, self.locks)
         if result.outcome is not Outcome.DONE:

@@ -22,9 +22,9 @@ from keelway.builds.manifest import Mode
 from keelway.deploy import targets
 from keelway.deploy.attempt import Attempt
 from keelway.deploy.errors import AppFailed, NotFoundError, OperationError, UserError
+from keelway.deploy.fences import refuse_if_fenced
 from keelway.deploy.instances import lay_down_step
 from keelway.deploy.outcome import Outcome, Progress, Result
-from keelway.deploy.parking import refuse_if_fenced
 from keelway.deploy.part import Part
 from keelway.deploy.steps import Done, Failed, Steps
 from keelway.deploy.targets import Target
@@ -304,7 +304,7 @@ class Deployer(Part):
                     target=rollout.target, rev=rev, release=rollout.release,
                     progress=rollout.progress).run()
 
-            result = await self.journal.run(rollout.app, host, rollout.kind, attempt,
+            result = await self.journal.journaled(rollout.app, host, rollout.kind, attempt,
                                             key=rollout.key,
                                             request_digest=rollout.request_digest,
                                             schedule_rev=rev, converge_after=True)
@@ -341,7 +341,7 @@ class Deployer(Part):
             return Result(Outcome.DONE, "deferred to the next wake", released=released,
                           deferred=True)
 
-        return await self.journal.run(rollout.app, host, rollout.kind, defer,
+        return await self.journal.journaled(rollout.app, host, rollout.kind, defer,
                                       key=rollout.key, request_digest=rollout.request_digest,
                                       schedule_rev=rev)
 
@@ -372,7 +372,7 @@ class Deployer(Part):
                                                   "check `ps`")
                 return Result(Outcome.DONE)
 
-            result = await self.journal.run(inst.app, inst.host, OpKind.STOP, stop)
+            result = await self.journal.journaled(inst.app, inst.host, OpKind.STOP, stop)
             if result.outcome is not Outcome.DONE:
                 raise OperationError(result.reason or "stop failed")
 
@@ -407,7 +407,7 @@ class Deployer(Part):
                 current = self.store.get_instance(inst.host) or inst
                 return await self.recovery.respawn_active(op, current)
 
-            result = await self.journal.run(inst.app, inst.host, OpKind.START, start)
+            result = await self.journal.journaled(inst.app, inst.host, OpKind.START, start)
             await self.recovery.converge(inst.host, Pass.MUTATION)
             targets.link_current(self.store, self.home, inst.host)
             if result.outcome is not Outcome.DONE:

@@ -41,8 +41,8 @@ from keelway.data.objects import ObjectStore, ObjectStoreError, instance_prefix
 from keelway.data.replicas import Replicas
 from keelway.deploy import apps, planned, targets
 from keelway.deploy.errors import NotFoundError, OperationError, UserError, checked, refused_name
-from keelway.deploy.journaled import Converger, Journaled
 from keelway.deploy.locks import Locks
+from keelway.deploy.operation import Converger, Runner
 from keelway.deploy.outcome import Outcome, Progress, Result
 from keelway.deploy.planned import Plan, PlannedStep
 from keelway.deploy.publisher import Publisher
@@ -369,7 +369,7 @@ class Added:
 
 class Instances:
     def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
-                 locks: Locks, converger: Converger, journal: Journaled, starter: Starter,
+                 locks: Locks, converger: Converger, journal: Runner, starter: Starter,
                  replicas: Replicas | None = None, objects: ObjectStore | None = None) -> None:
         self.store = store
         self.home = home
@@ -462,7 +462,7 @@ class Instances:
 
         first = hosts[0]
         async with self.locks.instance(first):
-            result = await self.journal.run(app, first, OpKind.ADD_INSTANCES, work)
+            result = await self.journal.journaled(app, first, OpKind.ADD_INSTANCES, work)
         if result.outcome is not Outcome.DONE:
             raise OperationError(f"laying down the instances failed: {result.reason}",
                                  hint="the instances are recorded; `keelway up` lays them "
@@ -497,7 +497,7 @@ class Instances:
             # The intent first: a crash from here on is carried on by the next boot.
             self.store.mark_removing(host, removal)
             plan = plan_remove(self.store, self._remove_request(host, removal))
-            result = await self.journal.run(
+            result = await self.journal.journaled(
                 inst.app, host, kind, lambda op: self._removal_steps(op, host, removal, plan))
         if result.outcome is not Outcome.DONE:
             raise OperationError(f"removing {host}: {result.reason}",

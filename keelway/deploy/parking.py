@@ -25,12 +25,7 @@ after convergence, their effects run as steps (keelway/deploy/steps.py):
   backoff (parked while it did) refuses it (`CrashBackoff`, 503), so its requests get
   503 at once until the retry is due, and the first request after that wakes it.
 
-Fences (SPEC §1, §5.6): `fence` writes a new, held generation, one more than any before;
-`unfence` lifts only the generation it names. While fenced, wake, start and restart are
-refused (`Fenced`) and crash restarts do not run; parking and stopping still may.
-A fence is written without the instance lock: it must take effect while an operation
-runs; an operation already past its fence check finishes (its own steps are journaled),
-and nothing new starts after the fence is written.
+Fences live in keelway/deploy/fences.py; a held one refuses a wake (`fence_verb`).
 """
 
 from __future__ import annotations
@@ -45,21 +40,22 @@ from keelway import failpoints, names
 from keelway.builds.manifest import WEB
 from keelway.deploy import targets
 from keelway.deploy.attempt import Attempt
-from keelway.deploy.errors import AppFailed, Fenced, OperationError, UserError
+from keelway.deploy.errors import AppFailed, OperationError, UserError
+from keelway.deploy.fences import refuse_if_fenced
 from keelway.deploy.instances import lay_down_step
 from keelway.deploy.locks import Locks
+from keelway.deploy.operation import Bound, EffectOf, Ended, Plan, PlannedStep, Spec
 from keelway.deploy.outcome import Outcome, Result
 from keelway.deploy.part import Part
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
-from keelway.deploy.steps import Done, Effect, Failed, Steps
+from keelway.deploy.steps import Done, Effect, Failed
 from keelway.home import Home
 from keelway.journal import REPLICA, Cause, OpKind, StepKind
-from keelway.reconcile.plan import Pass
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
 from keelway.store.lifecycle import InstanceState
-from keelway.store.records import Fence, Instance, Operation
+from keelway.store.records import Instance, Operation
 
 log = logging.getLogger("keelway.parking")
 
@@ -68,16 +64,6 @@ def _quiet(_message: str) -> None:
     pass
 
 failpoints.declare("park.before", "park.after", "wake.before", "wake.after")
-
-
-def refuse_if_fenced(store: Store, host: str, verb: str) -> None:
-    """Raise `Fenced` if a fence is held on `host`: nothing wakes, starts or restarts it."""
-    fence = store.get_fence(host)
-    if fence is not None and fence.held:
-        why = f" ({fence.reason})" if fence.reason else ""
-        raise Fenced(f"{host} is fenced at generation {fence.generation}{why}: "
-                     f"it cannot {verb}",
-                     hint=f"the fence's holder lifts it; by hand: `keelway unfence {host}`")
 
 
 class CrashBackoff(OperationError):
@@ -122,59 +108,22 @@ class Parking(Part):
         every generation of it proven gone. A stopped or down instance is refused
         (nothing runs to scale to zero, and a request must not wake what its user
         stopped); a parked one is left as it is."""
-        self.instance(host)
-        async with self.locks.instance(host):
-            await self.recovery.converge(host, Pass.MUTATION)
-            inst = self.instance(host)
-            match inst.state:
-                case InstanceState.PARKED:
-                    return Parked(host, parked=False)
-                case InstanceState.STOPPED | InstanceState.DOWN:
-                    raise UserError(f"{host} is {inst.state.value}; only a running instance "
-                                    "parks", hint=f"`keelway start {inst.app} --instance "
-                                                  f"{host}` first")
-                case InstanceState.RUNNING:
-                    pass
-                case _:
-                    assert_never(inst.state)
-            stopped: list[int] = []
-
-            async def work(op: Operation) -> Result:
-                steps = Steps(self.store, op.id)
-
-                async def intent() -> Done:
-                    self.store.park(self.store.get_instance(host) or inst)
-                    return Done(f"parked ({why})")
-
-                await steps.run(StepKind.PARK, intent, before=("park.before",),
-                                after=("park.after",))
-                published = await steps.run(StepKind.PUBLISH, self._publish(host))
-                if published is not None:
-                    # The router may still send requests to what would be stopped: the op
-                    # fails here and the reconciler's rule for a parked instance (plan.py)
-                    # stops them at its next pass, after which boot and the periodic
-                    # pass republish. A router that cannot be reached serves nothing
-                    # better meanwhile.
-                    return Result(Outcome.FAILED, published.reason)
-                for gen in self.store.live_generations(host):
-                    if gen.service == REPLICA:
-                        continue  # after the app, with a last sync (Recovery.keep_replica)
-                    stop = targets.stop_effect(self.store, self.supervisor, gen)
-                    failed = await steps.run(StepKind.STOP, stop, service=gen.service,
-                                             before_gen=gen.id)
-                    if failed is not None:
-                        raise OperationError(failed.reason)
-                    stopped.append(gen.id)
-                return Result(Outcome.DONE)
-
-            result = await self.journal.run(inst.app, host, OpKind.PARK, work)
-        if result.outcome is not Outcome.DONE:
-            raise OperationError(f"{host}: park failed: {result.reason}",
-                                 hint=f"see `keelway ops {inst.app} --instance {host}`")
+        ran = await self.journal.run(PARK, self, ParkRequest(host, why))
+        if ran.result is None:
+            return Parked(host, parked=False)
+        if not ran.done:
+            raise OperationError(f"{host}: park failed: {ran.result.reason}",
+                                 hint=f"see `keelway ops {ran.plan.app} --instance {host}`")
         self.woken_at.pop(host, None)
-        return Parked(host, parked=True, stopped=tuple(stopped))
+        return Parked(host, parked=True, stopped=tuple(
+            s.before_gen for s in ran.plan.steps
+            if s.kind is StepKind.STOP and s.before_gen is not None))
 
-    def _publish(self, host: str) -> Effect:
+    def dry_park(self, host: str) -> Plan:
+        """The plan `park` would run now; nothing is written."""
+        return self.journal.dry_run(PARK, ParkRequest(host))
+
+    def publish_effect(self, host: str) -> Effect:
         async def publish() -> Done | Failed:
             try:
                 await self.publisher.publish(host)
@@ -233,78 +182,28 @@ class Parking(Part):
         return await asyncio.shield(self.wake_soon(host, retry_now=True))
 
     async def _wake(self, host: str, retry_now: bool) -> Woken:
-        async with self.locks.instance(host):
-            await self.recovery.converge(host, Pass.MUTATION)
-            inst = self.instance(host)
-            refuse_if_fenced(self.store, host, "wake")
-            match inst.state:
-                case InstanceState.RUNNING:
-                    if retry_now and self.recovery.retry_due(host) is not None:
-                        return await self._retry_now(inst)
-                    return Woken(host, woke=False, generations=self._active(host))
-                case InstanceState.STOPPED | InstanceState.DOWN:
-                    raise UserError(f"{host} is {inst.state.value}, not parked; a wake does "
-                                    "not start it", hint=f"`keelway start {inst.app} "
-                                                         f"--instance {host}`")
-                case InstanceState.PARKED:
-                    pass
-                case _:
-                    assert_never(inst.state)
+        ran = await self.journal.run(WAKE, self, WakeRequest(host, retry_now))
+        if ran.result is None:
+            return Woken(host, woke=False, generations=self._active(host))
+        return self._woken(ran.plan.app, host, ran.result)
 
-            async def work(op: Operation) -> Result:
-                async def running() -> Done:
-                    current = self.store.get_instance(host) or inst
-                    self.store.set_instance_state(current, InstanceState.RUNNING)
-                    return Done()
+    def dry_wake(self, host: str) -> Plan:
+        """The plan an operator's `wake` would run now; nothing is written."""
+        return self.journal.dry_run(WAKE, WakeRequest(host, retry_now=True))
 
-                await Steps(self.store, op.id).run(StepKind.WAKE, running,
-                                                   before=("wake.before",),
-                                                   after=("wake.after",))
-                current = self.store.get_instance(host) or inst
-                if current.pending_release is not None:
-                    deferred = await self._wake_onto_pending(op, current)
-                    if deferred is not None:
-                        return deferred
-                # Web first, published alone: the held requests are released as soon as
-                # it is ready, not after the workers' spawns too; then the workers wake.
-                # A crash between the two leaves a running instance whose ACTIVE workers
-                # are dead, which boot restarts like any other (RECOVER).
-                current = self.store.get_instance(host) or inst
-                workers = frozenset(a.service for a in self.store.list_active(host)
-                                    if a.service != WEB)
-                if workers and len(workers) < len(self.store.list_active(host)):
-                    await self.recovery.respawn_active(op, current, waiting=workers)
-                return await self.recovery.respawn_active(op, current)
-
-            result = await self.journal.run(inst.app, host, OpKind.WAKE, work)
-            await self.recovery.converge(host, Pass.MUTATION)
-            targets.link_current(self.store, self.home, host)
-        return self._woken(inst, result)
-
-    async def _retry_now(self, inst: Instance) -> Woken:
-        """Under the instance lock: start now what ACTIVE names that waits out a crash
-        backoff, as a wake operation (a failure is counted as a crash again)."""
-        result = await self.journal.run(
-            inst.app, inst.host, OpKind.WAKE,
-            lambda op: self.recovery.respawn_active(op, inst))
-        await self.recovery.converge(inst.host, Pass.MUTATION)
-        targets.link_current(self.store, self.home, inst.host)
-        return self._woken(inst, result)
-
-    def _woken(self, inst: Instance, result: Result) -> Woken:
-        host = inst.host
+    def _woken(self, app: str, host: str, result: Result) -> Woken:
         if result.outcome is not Outcome.DONE:
             retry_at = self.recovery.retry_due(host)
             retry = ("" if retry_at is None else
                      f"; it is retried with the crash backoff, next at "
                      f"{time.strftime('%H:%M:%S', time.localtime(retry_at))} "
-                     f"(`keelway status {inst.app}`), or now by `keelway wake {host}`")
+                     f"(`keelway status {app}`), or now by `keelway wake {host}`")
             raise AppFailed(f"{host}: wake failed: {result.reason}{retry}",
-                            hint=f"see `keelway logs {inst.app} --instance {host}`")
+                            hint=f"see `keelway logs {app} --instance {host}`")
         self.woken_at[host] = self.recovery.clock.monotonic()
         return Woken(host, woke=True, generations=self._active(host))
 
-    async def _wake_onto_pending(self, op: Operation, inst: Instance) -> Result | None:
+    async def wake_onto_pending(self, op: Operation, inst: Instance) -> Result | None:
         """Run the release a rollout deferred to this wake, as the attempt the rollout
         would have run had the instance been awake: candidates, the settle window,
         ACTIVE and the route in one install, and on failure the fallback of its cause
@@ -337,30 +236,185 @@ class Parking(Part):
     def _active(self, host: str) -> dict[str, int]:
         return {a.service: a.generation_id for a in self.store.list_active(host)}
 
-    # -- fences ----------------------------------------------------------------------
 
-    def fence(self, host: str, reason: str | None) -> Fence:
-        """Hold a new fence generation on `host` (one more than any before)."""
-        inst = self.instance(host)
-        if reason is not None:
-            try:
-                names.FENCE_REASON.check(reason)
-            except names.InvalidName as exc:
-                raise UserError(exc.message, hint=exc.hint) from None
-        fence = self.store.fence(host, reason)
-        self.store.add_event("fence", f"fenced at generation {fence.generation}"
-                             + (f" ({reason})" if reason else ""), app=inst.app,
-                             instance=host)
-        return fence
+# -- the park operation -------------------------------------------------------------
 
-    def unfence(self, host: str, generation: int) -> tuple[Fence | None, bool]:
-        """Lift fence `generation` of `host` if it is the one held; (the fence now,
-        whether this lifted it). A stale generation changes nothing."""
-        inst = self.instance(host)
-        if generation < 1:
-            raise UserError("a fence generation is a whole number from 1")
-        fence, lifted = self.store.unfence(host, generation)
-        if lifted:
-            self.store.add_event("fence", f"fence generation {generation} lifted",
-                                 app=inst.app, instance=host)
-        return fence, lifted
+
+@dataclass(frozen=True)
+class ParkRequest:
+    host: str
+    why: str = "by hand"
+
+
+def plan_park(store: Store, request: ParkRequest) -> Plan:
+    """Park's plan: the intent (instance PARKED and route parked, one write), the
+    publish, then a stop of every live generation but the replicator (stopped after the
+    app with a last sync, by the replication hook). A parked instance has nothing to do;
+    a stopped or down one is refused (UserError)."""
+    host = request.host
+    inst = targets.instance_named(store, host)
+    match inst.state:
+        case InstanceState.PARKED:
+            return Plan(OpKind.PARK, inst.app, host, nothing="parked already")
+        case InstanceState.STOPPED | InstanceState.DOWN:
+            raise UserError(f"{host} is {inst.state.value}; only a running instance "
+                            "parks", hint=f"`keelway start {inst.app} --instance "
+                                          f"{host}` first")
+        case InstanceState.RUNNING:
+            pass
+        case _:
+            assert_never(inst.state)
+    stops = tuple(
+        PlannedStep(StepKind.STOP, f"stop {gen.service} generation {gen.id} and prove it "
+                    "gone", "stop", service=gen.service, before_gen=gen.id)
+        for gen in store.live_generations(host) if gen.service != REPLICA)
+    return Plan(OpKind.PARK, inst.app, host, (
+        PlannedStep(StepKind.PARK, f"{host} PARKED and its route parked, in one write "
+                    f"({request.why})", "intent", before=("park.before",),
+                    after=("park.after",)),
+        # A failed publish ends the plan: the router may still send requests to what
+        # would be stopped, and the reconciler's rule for a parked instance (plan.py)
+        # stops them at its next pass, after which boot and the periodic pass
+        # republish. A router that cannot be reached serves nothing better meanwhile.
+        PlannedStep(StepKind.PUBLISH, "publish the route table", "publish"),
+        *stops))
+
+
+def _park_intent(parking: Parking, request: ParkRequest, _step: PlannedStep) -> Bound:
+    async def intent(_op: Operation) -> Done:
+        inst = targets.instance_named(parking.store, request.host)
+        parking.store.park(inst)
+        return Done(f"parked ({request.why})")
+
+    return intent
+
+
+def _publish(parking: Parking, request: ParkRequest, _step: PlannedStep) -> Bound:
+    effect = parking.publish_effect(request.host)
+
+    async def publish(_op: Operation) -> Done | Failed:
+        return await effect()
+
+    return publish
+
+
+def _stop(parking: Parking, _request: ParkRequest, step: PlannedStep) -> Bound:
+    async def stop(_op: Operation) -> Done | Failed:
+        assert step.before_gen is not None
+        gen = parking.store.get_generation(step.before_gen)
+        if gen is None:
+            return Done("no record")
+        return await targets.stop_effect(parking.store, parking.supervisor, gen)()
+
+    return stop
+
+
+PARK: Spec[ParkRequest, Parking] = Spec(
+    OpKind.PARK, plan_park, {"intent": _park_intent, "publish": _publish, "stop": _stop})
+
+
+# -- the wake operation -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WakeRequest:
+    host: str
+    # An operator's wake: a running instance whose services wait out a crash backoff is
+    # started now (a failure counts again) instead of left to its retry.
+    retry_now: bool = False
+
+
+def plan_wake(store: Store, request: WakeRequest) -> Plan:
+    """Wake's plan. A parked instance: RUNNING first (before anything spawns), then the
+    release a rollout deferred to this wake if there is one (an attempt, which journals
+    its own steps), then the web (published alone, so held requests go as soon as it is
+    ready) and the workers. A running one: nothing, or with `retry_now` and a crash
+    retry pending, a start now of what waits out its backoff. A stopped or down one is
+    refused: a wake does not start what its user stopped."""
+    host = request.host
+    inst = targets.instance_named(store, host)
+    match inst.state:
+        case InstanceState.RUNNING:
+            if not (request.retry_now and store.pending_retries(host)):
+                return Plan(OpKind.WAKE, inst.app, host, nothing="running already")
+            return Plan(OpKind.WAKE, inst.app, host, (
+                PlannedStep(StepKind.SPAWN, "start now what ACTIVE names that waits out a "
+                            "crash backoff, and publish its route", "respawn",
+                            journals_own=True),))
+        case InstanceState.STOPPED | InstanceState.DOWN:
+            raise UserError(f"{host} is {inst.state.value}, not parked; a wake does "
+                            "not start it", hint=f"`keelway start {inst.app} "
+                                                 f"--instance {host}`")
+        case InstanceState.PARKED:
+            pass
+        case _:
+            assert_never(inst.state)
+    steps = [PlannedStep(StepKind.WAKE, f"{host} RUNNING, before anything of it spawns",
+                         "running", before=("wake.before",), after=("wake.after",))]
+    if inst.pending_release is not None:
+        steps.append(PlannedStep(
+            StepKind.LAY_DOWN, f"run v{inst.pending_release}, deferred to this wake, as "
+            "an attempt (candidates, the settle window, then ACTIVE and the route; on "
+            "failure its fallback)", "deferred", arg=inst.pending_release,
+            journals_own=True))
+    active = store.list_active(host)
+    workers = frozenset(a.service for a in active if a.service != WEB)
+    # Web first, published alone; then the workers. A crash between the two leaves a
+    # running instance whose ACTIVE workers are dead, which boot restarts (RECOVER).
+    if workers and len(workers) < len(active):
+        steps += [PlannedStep(StepKind.SPAWN, "start the ACTIVE web and publish its route",
+                              "respawn-web", journals_own=True),
+                  PlannedStep(StepKind.SPAWN, "start the ACTIVE workers "
+                              f"({', '.join(sorted(workers))})", "respawn",
+                              journals_own=True)]
+    else:
+        steps.append(PlannedStep(StepKind.SPAWN, "start what ACTIVE names and publish its "
+                                 "route", "respawn", journals_own=True))
+    return Plan(OpKind.WAKE, inst.app, host, tuple(steps))
+
+
+def _wake_running(parking: Parking, request: WakeRequest, _step: PlannedStep) -> Bound:
+    async def running(_op: Operation) -> Done:
+        inst = targets.instance_named(parking.store, request.host)
+        parking.store.set_instance_state(inst, InstanceState.RUNNING)
+        return Done()
+
+    return running
+
+
+def _wake_deferred(parking: Parking, request: WakeRequest, _step: PlannedStep) -> Bound:
+    async def deferred(op: Operation) -> Done | Ended:
+        inst = targets.instance_named(parking.store, request.host)
+        if inst.pending_release is None:
+            return Done()
+        result = await parking.wake_onto_pending(op, inst)
+        return Done() if result is None else Ended(result)
+
+    return deferred
+
+
+def _respawn(waiting_workers: bool) -> EffectOf[Parking, WakeRequest]:
+    def bind(parking: Parking, request: WakeRequest, _step: PlannedStep) -> Bound:
+        async def respawn(op: Operation) -> Done | Failed:
+            store = parking.store
+            inst = targets.instance_named(store, request.host)
+            waiting = frozenset(a.service for a in store.list_active(inst.host)
+                                if a.service != WEB) if waiting_workers else frozenset()
+            result = await parking.recovery.respawn_active(op, inst, waiting=waiting)
+            return Done() if result.outcome is Outcome.DONE else Failed(
+                result.reason or "the start failed")
+
+        return respawn
+
+    return bind
+
+
+def _link_current(parking: Parking, request: WakeRequest) -> None:
+    targets.link_current(parking.store, parking.home, request.host)
+
+
+WAKE: Spec[WakeRequest, Parking] = Spec(
+    OpKind.WAKE, plan_wake,
+    {"running": _wake_running, "deferred": _wake_deferred,
+     "respawn-web": _respawn(waiting_workers=True), "respawn": _respawn(False)},
+    fence_verb="wake", converge_after=True, epilogue=_link_current)

@@ -27,8 +27,8 @@ from keelway.data.replicas import ReplicaError, Replicas
 from keelway.deploy import targets
 from keelway.deploy.errors import OperationError
 from keelway.deploy.instances import StartFailed, start_generation
-from keelway.deploy.journaled import Journaled, log
 from keelway.deploy.locks import Locks
+from keelway.deploy.operation import Runner, log
 from keelway.deploy.outcome import Outcome, Result
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.steps import Done, Failed, Steps
@@ -61,7 +61,7 @@ class Recovery:
         self.publisher = publisher
         self.clock = clock
         self.locks = locks
-        self.journal = Journaled(store, locks, owner, self)
+        self.journal = Runner(store, locks, owner, self)
         self.reconciler = Reconciler(store, supervisor, home, self,
                                      lambda gen: targets.stop_grace_s(store, gen))
         self._restarts: dict[tuple[str, str], asyncio.Task[None]] = {}
@@ -198,7 +198,7 @@ class Recovery:
         if all(a.service in waiting or self._running(a.generation_id)
                for a in self.store.list_active(host)):
             return
-        await self.journal.run(inst.app, host, OpKind.RECOVER,
+        await self.journal.journaled(inst.app, host, OpKind.RECOVER,
                                lambda op: self.respawn_active(op, inst, waiting))
 
     async def start_replica(self, host: str) -> None:
@@ -217,7 +217,7 @@ class Recovery:
             return
         self._replica_retry_at.pop(host, None)
         backoff.started(now)
-        await self.journal.run(inst.app, host, OpKind.REPLICATE, lambda _op: _done())
+        await self.journal.journaled(inst.app, host, OpKind.REPLICATE, lambda _op: _done())
 
     async def sync_replica(self, host: str) -> None:
         """The reconciler's last sync, under the lock the pass holds, once it stopped the
@@ -354,7 +354,7 @@ class Recovery:
                 # crash stays recorded (its route gated), and once the fence is lifted
                 # the periodic pass restarts it (RESTART_ACTIVE).
                 return
-            result = await self.journal.run(gen.app, gen.instance, OpKind.RESTART_CRASHED,
+            result = await self.journal.journaled(gen.app, gen.instance, OpKind.RESTART_CRASHED,
                                             lambda op: self.respawn_active(op, inst))
             try:
                 await self.converge(gen.instance, Pass.MUTATION)

@@ -70,9 +70,9 @@ from keelway.data.snapshots import SnapshotManifest
 from keelway.data.verify import Damaged, verify_file
 from keelway.deploy import instances, planned, targets
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
+from keelway.deploy.fences import refuse_if_fenced
 from keelway.deploy.locks import Locks
 from keelway.deploy.outcome import Outcome, Result
-from keelway.deploy.parking import refuse_if_fenced
 from keelway.deploy.planned import Plan, PlannedStep
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
@@ -231,7 +231,7 @@ class Restore:
                     op_ids.append(op.id)
                     return await self._work(op, inst, staged, plan)
 
-                result = await self.journal.run(inst.app, host, kind, work)
+                result = await self.journal.journaled(inst.app, host, kind, work)
                 await self.recovery.converge(host, Pass.MUTATION)
             finally:
                 for side in swap.SIDES:

@@ -162,7 +162,7 @@ class Runs:
             await self.recovery.converge(inst.host, Pass.MUTATION)
             inst = self.store.get_instance(inst.host) or inst
             one = _OneOff(self, inst, self._refuse(inst), tuple(argv), stdio, term)
-            await self.recovery.journal.run(
+            await self.recovery.journal.journaled(
                 inst.app, inst.host, OpKind.RUN,
                 lambda op: one.run(op, lock, started, signals))
         return one.code

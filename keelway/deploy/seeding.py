@@ -61,9 +61,9 @@ from keelway.data.objects import NotFound, ObjectStore, ObjectStoreError, manife
 from keelway.data.verify import Damaged
 from keelway.deploy import instances, planned, targets
 from keelway.deploy.errors import OperationError, UserError, checked
+from keelway.deploy.fences import refuse_if_fenced
 from keelway.deploy.locks import Locks
 from keelway.deploy.outcome import Outcome, Result
-from keelway.deploy.parking import refuse_if_fenced
 from keelway.deploy.planned import Plan, PlannedStep
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
@@ -327,7 +327,7 @@ class Seeding:
             async def work(op: Operation) -> Result:
                 return await self._import(op, inst, seed, source, verified, progress, plan)
 
-            result = await self.journal.run(inst.app, host, OpKind.SEED_IMPORT, work)
+            result = await self.journal.journaled(inst.app, host, OpKind.SEED_IMPORT, work)
             journal = self.store.get_import(host)
             if journal is not None and journal.seed == seed and (
                     journal.known is ImportState.IMPORTING):
@@ -487,7 +487,7 @@ class Seeding:
                 return Result(Outcome.DONE)
             return Result(Outcome.FAILED, f"{report.outcome.value}: {report.reason}")
 
-        result = await self.journal.run(app, host, OpKind.SEED_ROLLBACK, work)
+        result = await self.journal.journaled(app, host, OpKind.SEED_ROLLBACK, work)
         if reports:
             return reports[0]
         return SeedReport(host, journal.seed, SeedOutcome.DEFERRED, result.reason)

@@ -16,7 +16,16 @@ from typing import Protocol, assert_never
 from keelway import failpoints
 from keelway.home import Home
 from keelway.journal import REPLICA, Inhibition
-from keelway.reconcile.plan import Action, Kind, Observed, Pass, Records, plan
+from keelway.reconcile.plan import (
+    Action,
+    Finalize,
+    Kind,
+    Observed,
+    Pass,
+    Records,
+    by_steps,
+    plan,
+)
 from keelway.runtime import process
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
@@ -112,12 +121,16 @@ def observe(records: Records, supervisor: Supervisor) -> Observed:
 
 class Reconciler:
     def __init__(self, store: Store, supervisor: Supervisor, home: Home,
-                 restarts: ActiveRestarts, grace: Grace) -> None:
+                 restarts: ActiveRestarts, grace: Grace,
+                 finalize: Finalize = by_steps) -> None:
         self.store = store
         self.supervisor = supervisor
         self.home = home
         self.restarts = restarts
         self.grace = grace  # the service's stop_grace: SIGTERM, then SIGKILL after this
+        # How an interrupted operation ends, by its kind (keelway/deploy/operation.py
+        # `Finalizers`: each spec's `finalize`).
+        self.finalize = finalize
         # Set by the deploy side when databases are replicated (keelway/data/replicas.py).
         self.replicate = False
 
@@ -125,7 +138,7 @@ class Reconciler:
         records = gather(self.store, host, live_ops, self.replicate)
         if records is None:
             return []
-        return plan(records, observe(records, self.supervisor), mode)
+        return plan(records, observe(records, self.supervisor), mode, self.finalize)
 
     def survey(self, mode: Pass, live_ops: set[int]) -> tuple[list[str], bool]:
         """The instances whose plan does more than republish, planned from one bulk read
@@ -149,7 +162,7 @@ class Reconciler:
 
     def _plan_view(self, view: InstanceView, mode: Pass, live_ops: set[int]) -> list[Action]:
         records = records_of(view, live_ops, self.replicate)
-        return plan(records, observe(records, self.supervisor), mode)
+        return plan(records, observe(records, self.supervisor), mode, self.finalize)
 
     async def reconcile(self, host: str, mode: Pass, live_ops: set[int]) -> Convergence:
         """Plan and apply for one instance; the caller holds (or tried) its lock."""

@@ -39,6 +39,7 @@ The rules (SPEC §4 Reconciler, §5):
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from keelway.journal import REPLICA, Inhibition, OpKind, StepKind
@@ -143,7 +144,32 @@ def steps_to_converge(op: Operation, interrupted: bool) -> list[Step]:
             and (interrupted or op.terminal)]
 
 
-def plan(records: Records, observed: Observed, mode: Pass) -> list[Action]:
+@dataclass(frozen=True)
+class Verdict:
+    """How an interrupted operation ends: its state, and why when it failed."""
+
+    state: OpState
+    reason: str | None = None
+
+
+# How an interrupted operation of a kind is finalized from its journal (its spec's
+# `finalize`, keelway/deploy/operation.py); `by_steps` for a kind that says nothing.
+Finalize = Callable[[Operation], Verdict]
+
+
+def by_steps(op: Operation) -> Verdict:
+    """The journal's rule: succeeded only when it has steps and every one succeeded.
+    The replicator's steps follow an operation's work (`keep_replica`), after its
+    effect on traffic: one left pending or failed decides only a `replicate` op."""
+    failed = [s for s in op.steps if s.state is not StepState.SUCCEEDED
+              and (op.kind is OpKind.REPLICATE or s.kind not in REPLICATOR_STEPS)]
+    if op.steps and not failed:
+        return Verdict(OpState.SUCCEEDED)
+    return Verdict(OpState.FAILED, _why_interrupted(op))
+
+
+def plan(records: Records, observed: Observed, mode: Pass,
+         finalize: Finalize = by_steps) -> list[Action]:
     actions: list[Action] = []
     op = records.latest
     active_ids = set(records.active.values())
@@ -154,12 +180,6 @@ def plan(records: Records, observed: Observed, mode: Pass) -> list[Action]:
         candidates.update(s.after_gen for s in op.steps if s.after_gen is not None)
     elif op is not None:
         interrupted = not op.terminal
-        # The replicator's steps follow an operation's work (`Recovery.keep_replica`),
-        # after its effect on traffic: one left pending or failed by a crash decides only
-        # a `replicate` operation; any other is decided by its own steps, and the
-        # replicator rules below finish the replicator's job.
-        failed_steps = {s.seq for s in op.steps if s.state is not StepState.SUCCEEDED
-                        and (op.kind is OpKind.REPLICATE or s.kind not in REPLICATOR_STEPS)}
         for step in steps_to_converge(op, interrupted):
             assert step.after_gen is not None
             published = step.after_gen in active_ids
@@ -169,7 +189,6 @@ def plan(records: Records, observed: Observed, mode: Pass) -> list[Action]:
             if interrupted and step.state is not StepState.SUCCEEDED:
                 error = ("interrupted; the published generation is kept" if published
                          else "interrupted before publication; the candidate is removed")
-                failed_steps.add(step.seq)
             actions.append(Action(
                 Kind.KEEP_CANDIDATE if published else Kind.REMOVE_CANDIDATE,
                 generation=step.after_gen, op_id=op.id, seq=step.seq, reason=error,
@@ -183,7 +202,10 @@ def plan(records: Records, observed: Observed, mode: Pass) -> list[Action]:
                     actions.append(Action(Kind.CLEAR_INHIBITION, generation=before,
                                           reason=reason))
         if interrupted:
-            ok = bool(op.steps) and not failed_steps
+            # Its kind decides how it ends (the journal's step rule unless its spec
+            # says otherwise); the replicator rules below finish the replicator's job.
+            verdict = finalize(op)
+            ok = verdict.state is OpState.SUCCEEDED
             # The evidence step alone decides: it is journaled only by an attempt onto a
             # new release in hold mode (a deploy, a rollback, or a wake running a
             # release deferred to it), so its kind need not be asked.
@@ -194,11 +216,8 @@ def plan(records: Records, observed: Observed, mode: Pass) -> list[Action]:
                     reason="a hold-mode release was interrupted after it executed; it may "
                            "have migrated data, so the previous build is not restarted",
                 ))
-            actions.append(Action(
-                Kind.FINALIZE, op_id=op.id,
-                state=OpState.SUCCEEDED if ok else OpState.FAILED,
-                reason=None if ok else _why_interrupted(op),
-            ))
+            actions.append(Action(Kind.FINALIZE, op_id=op.id, state=verdict.state,
+                                  reason=verdict.reason))
 
     # An instance marked down by this very plan is treated as down already, so one
     # pass converges it (a second one must find nothing to do).

@@ -1,0 +1,14 @@
+"""A dry run as the API answers it: the plan the runner would run, step by step, as
+`plan.as_json()` plus the lines `--dry-run` prints (keelway/deploy/operation.py), so the
+CLI shows the runner's own description and never a second list of its own."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from keelway.deploy.operation import Plan
+
+
+def plan_response(plan: Plan) -> web.Response:
+    return web.json_response({"dry_run": True, "plan": plan.as_json(),
+                              "lines": plan.lines()})

@@ -1,0 +1,423 @@
+"""Every operation a plan: a spec per operation kind, and the one runner that carries
+any of them out.
+
+A spec (`Spec`) says what an operation of its kind is: its `OpKind`, what it locks, the
+verb a held fence refuses it with (None: a fence does not refuse it), a pure
+`plan(store, request) -> Plan` that only reads, the effect bound to each planned step,
+and how an interrupted operation of the kind is finalized (`finalize`, called by the
+reconciler, keelway/reconcile/plan.py). A plan is the ordered list of steps the runner
+journals, each with its `StepKind`, one line for `--dry-run`, its failpoints and its
+service / generations, so `--dry-run` prints exactly what the runner would run.
+
+The runner (`Runner.run`) is the one sequence every operation goes through:
+name check → the lock → converge (Pass.MUTATION) → the fence → plan → begin (journal)
+→ each step: journal write, `before` failpoints, effect, `after` failpoints, outcome
+(keelway/deploy/steps.py) → the replication hook → finish → converge again (if the
+kind says so). Invariants:
+- Nothing is written before the operation is begun: a plan that refuses (a bad state)
+  or has nothing to do (`Plan.nothing`) leaves no operation behind.
+- An operation is live (`Locks.live_ops`, which the reconciler leaves alone) exactly
+  while this runner runs it; its outcome is written once, after its work
+  (`finish.before` is the last window).
+- A step whose effect says `Failed` stops the plan: the operation fails with that
+  reason, and later steps are never journaled. `Ended` stops it with a whole `Result`
+  (an attempt's outcome, a deferral).
+- An exception raised inside the work is journaled as a `fault` step and the instance
+  converged at once, as after a crash: its effects are in an unknown state.
+- A dynamic step (`PlannedStep.journals_own`) writes no step of its own: its effect
+  journals the steps it decides as it goes (an attempt's spawns and fallback, a respawn
+  of ACTIVE), through the same `Steps` runner, so the crash windows are the same.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar, assert_never
+
+from keelway import failpoints
+from keelway.deploy import fences, targets
+from keelway.deploy.errors import OperationError
+from keelway.deploy.locks import Locks
+from keelway.deploy.outcome import Outcome, Result
+from keelway.deploy.steps import Done, Failed, Steps
+from keelway.journal import OpKind, StepKind
+from keelway.reconcile.plan import Pass, Verdict, by_steps
+from keelway.store import Store
+from keelway.store.lifecycle import OpState, StepState
+from keelway.store.records import Operation
+
+log = logging.getLogger("keelway.deployer")
+
+failpoints.declare("finish.before")
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A dynamic step ends the plan here with this outcome (done or not): what an
+    attempt run inside another operation decided, say."""
+
+    result: Result
+
+
+# The effect bound to one planned step. It is given the operation it runs in (a dynamic
+# step journals its own steps of it) and says how it went as a value.
+Bound = Callable[[Operation], Awaitable[Done | Failed | Ended]]
+
+
+@dataclass(frozen=True)
+class PlannedStep:
+    """One step of a plan: what the journal will say of it, and where it can crash.
+
+    `effect` names the spec's effect that carries it out (`Spec.effects`); `arg` is the
+    effect's one parameter the plan decided (a generation id, a release number)."""
+
+    kind: StepKind
+    describe: str
+    effect: str
+    before: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()
+    service: str | None = None
+    before_gen: int | None = None
+    after_gen: int | None = None
+    arg: int | None = None
+    # The effect journals its own steps (an attempt, a respawn): no step is written for
+    # it, and `kind` is the first step it writes.
+    journals_own: bool = False
+
+    def as_json(self) -> dict[str, object]:
+        shown: dict[str, object] = {"step": self.kind.value, "describe": self.describe}
+        if self.service is not None:
+            shown["service"] = self.service
+        if self.before_gen is not None:
+            shown["before_gen"] = self.before_gen
+        if self.after_gen is not None:
+            shown["after_gen"] = self.after_gen
+        if self.before or self.after:
+            shown["failpoints"] = [*self.before, *self.after]
+        if self.journals_own:
+            shown["dynamic"] = True
+        return shown
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What an operation of `kind` on `host` would do, from the records alone.
+
+    `nothing`: why there is nothing to do (no operation is journaled; the caller says
+    so). Otherwise the runner journals exactly `steps`, in order."""
+
+    kind: OpKind
+    app: str
+    host: str
+    steps: tuple[PlannedStep, ...] = ()
+    nothing: str | None = None
+
+    def lines(self) -> list[str]:
+        """The plan as `--dry-run` prints it, one line per step."""
+        if self.nothing is not None:
+            return [f"{self.kind.value} {self.host}: nothing to do ({self.nothing})"]
+        return [f"{self.kind.value} {self.host}:"] + [
+            f"  {n}. {s.kind.value}: {s.describe}" for n, s in enumerate(self.steps, 1)]
+
+    def as_json(self) -> dict[str, object]:
+        return {"op": self.kind.value, "app": self.app, "instance": self.host,
+                "nothing": self.nothing, "steps": [s.as_json() for s in self.steps]}
+
+
+class Locking(enum.Enum):
+    """What an operation of a kind holds while it runs."""
+
+    INSTANCE = "instance"  # its instance's lock
+    # Its app's lock around its instance's (a rollout: release numbers never interleave).
+    APP = "app"
+
+
+class Request(Protocol):
+    """What every operation is asked about: the instance it acts on."""
+
+    @property
+    def host(self) -> str: ...
+
+
+Req = TypeVar("Req", bound=Request)
+Parts = TypeVar("Parts")
+
+# The effects of a kind, by the name a planned step gives: each is bound to the parts
+# it uses, the request, and the planned step it carries out.
+EffectOf = Callable[[Parts, Req, PlannedStep], Bound]
+
+
+@dataclass(frozen=True)
+class Spec(Generic[Req, Parts]):
+    """One operation kind. `plan` only reads the store; `effects` carry its steps out;
+    `finalize` decides an interrupted one's end from its journal (the reconciler calls
+    it, never the runner)."""
+
+    kind: OpKind
+    plan: Callable[[Store, Req], Plan]
+    effects: Mapping[str, EffectOf[Parts, Req]]
+    locks: Locking = Locking.INSTANCE
+    # A held fence refuses it, saying "it cannot <verb>"; None: fences do not refuse it.
+    fence_verb: str | None = None
+    # Reconcile once more after its outcome is written (a fault converged already).
+    converge_after: bool = False
+    finalize: Callable[[Operation], Verdict] = by_steps
+    # Still under the lock, after the last converge, once an operation ran: what is
+    # derived from the records and rewritten whole (the `current` link), never journaled.
+    epilogue: Callable[[Parts, Req], None] | None = None
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What the runner did: the plan it ran, and how the operation ended (None: the
+    plan had nothing to do and nothing was journaled)."""
+
+    plan: Plan
+    result: Result | None
+
+    @property
+    def done(self) -> bool:
+        return self.result is None or self.result.outcome is Outcome.DONE
+
+
+class Converger(Protocol):
+    """Reconcile one instance under the lock its caller holds, and keep its replicator
+    (the crash-restart side, keelway/deploy/crash_restarts.py)."""
+
+    async def converge(self, host: str, mode: Pass) -> None: ...
+
+    async def keep_replica(self, op: Operation, host: str) -> str | None:
+        """Start or sync-and-stop `host`'s replicator as the instance now wants, as steps
+        of `op`; what failed there (already a warning of `op`), if anything."""
+        ...
+
+
+class Runner:
+    """The one way an operation runs (see the module header)."""
+
+    def __init__(self, store: Store, locks: Locks, owner: str,
+                 converger: Converger | None = None) -> None:
+        self.store = store
+        self.locks = locks
+        self.owner = owner
+        # The one cycle of the parts: a fault converges, converging may restart what
+        # ACTIVE names, and that restart is itself an operation of this runner. Set
+        # once at wiring (keelway/api/daemon.py `wire`).
+        self._converger = converger
+
+    @property
+    def converger(self) -> Converger:
+        assert self._converger is not None, "wire() sets the converger"
+        return self._converger
+
+    @converger.setter
+    def converger(self, converger: Converger) -> None:
+        self._converger = converger
+
+    def dry_run(self, spec: Spec[Req, Parts], request: Req) -> Plan:
+        """The plan the runner would run now, from the records alone; nothing is locked,
+        converged or written. Refusals raise as the run would (a bad name, a fence)."""
+        targets.instance_named(self.store, request.host)
+        if spec.fence_verb is not None:
+            fences.refuse_if_fenced(self.store, request.host, spec.fence_verb)
+        return spec.plan(self.store, request)
+
+    async def run(self, spec: Spec[Req, Parts], parts: Parts, request: Req, *,
+                  key: str | None = None, request_digest: str | None = None) -> Ran:
+        """Lock, converge, refuse a fence, plan, and run the plan as one operation.
+
+        After return the operation (if any) is terminal and the lock released. A plan
+        that refuses raises its error with nothing written."""
+        host = request.host
+        inst = targets.instance_named(self.store, host)
+        match spec.locks:
+            case Locking.APP:
+                async with self.locks.app(inst.app), self.locks.instance(host):
+                    return await self._run_locked(spec, parts, request, key,
+                                                  request_digest)
+            case Locking.INSTANCE:
+                async with self.locks.instance(host):
+                    return await self._run_locked(spec, parts, request, key,
+                                                  request_digest)
+            case _:
+                assert_never(spec.locks)
+
+    async def _run_locked(self, spec: Spec[Req, Parts], parts: Parts, request: Req,
+                          key: str | None, request_digest: str | None) -> Ran:
+        await self.converger.converge(request.host, Pass.MUTATION)
+        if spec.fence_verb is not None:
+            fences.refuse_if_fenced(self.store, request.host, spec.fence_verb)
+        return await self.run_held(spec, parts, request, key=key,
+                                   request_digest=request_digest)
+
+    async def run_held(self, spec: Spec[Req, Parts], parts: Parts, request: Req, *,
+                       key: str | None = None, request_digest: str | None = None,
+                       schedule_rev: int = 0) -> Ran:
+        """Plan and run under the lock the caller holds, converged already (the
+        reconciler's passes, a crash restart, the steps of a rollout)."""
+        plan = spec.plan(self.store, request)
+        if plan.nothing is not None:
+            return Ran(plan, None)
+        bound = [(step, spec.effects[step.effect](parts, request, step))
+                 for step in plan.steps]
+
+        async def work(op: Operation) -> Result:
+            return await _run_steps(self.store, op, bound)
+
+        result = await self.journaled(plan.app, plan.host, spec.kind, work, key=key,
+                                      request_digest=request_digest,
+                                      schedule_rev=schedule_rev,
+                                      converge_after=spec.converge_after)
+        if spec.epilogue is not None:
+            spec.epilogue(parts, request)
+        return Ran(plan, result)
+
+    async def journaled(self, app: str, host: str, kind: OpKind,
+                        work: Callable[[Operation], Awaitable[Result]], *,
+                        key: str | None = None, request_digest: str | None = None,
+                        schedule_rev: int = 0, converge_after: bool = False) -> Result:
+        """Run `work` as one journaled operation owned by this control plane, under
+        `host`'s lock (held by the caller). A crash inside `work` leaves it unfinished,
+        for the reconciler to finalize (its kind's `finalize`); an exception is
+        journaled as a fault and converged at once. `converge_after` reconciles once
+        more after an outcome that was written (a fault has converged already)."""
+        op = self.store.begin_operation(app, host, kind, self.owner, key=key,
+                                        request_digest=request_digest,
+                                        schedule_rev=schedule_rev)
+        self.locks.live_ops.add(op.id)
+        faulted = False
+        try:
+            result = await work(op)
+            # The one hook of replication (keelway/data/replicas.py): after any operation,
+            # the replicator follows what the instance now is (running: started once its
+            # web is; parked or stopped: synced and stopped, proven gone), as steps of
+            # this same operation, so every place that brings an instance up or down is
+            # covered without a call of its own. It changes the outcome of a `replicate`
+            # operation only (its whole work): what any other did to traffic is done,
+            # and the reconciler keeps the replicator.
+            failed = await self.converger.keep_replica(op, host)
+            if failed is not None and kind is OpKind.REPLICATE and (
+                    result.outcome is Outcome.DONE):
+                result = Result(Outcome.FAILED, failed)
+        except OperationError as exc:
+            result = Result(Outcome.FAILED, exc.message)
+        except Exception as exc:
+            result, faulted = Result(Outcome.FAILED, self._record_fault(op, exc)), True
+        finally:
+            self.locks.live_ops.discard(op.id)
+        if faulted:
+            await self._converge_fault(host)
+        else:
+            self._finish(op, result)
+            if converge_after:
+                await self.converger.converge(host, Pass.MUTATION)
+        return result
+
+    def _finish(self, op: Operation, result: Result) -> None:
+        failpoints.hit("finish.before")
+        latest = self.store.get_operation(op.id) or op
+        if not latest.terminal:
+            if result.outcome is Outcome.DONE:
+                self.store.finish_operation(latest, OpState.SUCCEEDED)
+            else:
+                self.store.finish_operation(latest, OpState.FAILED, error=result.reason)
+        message = f"{op.kind} {'succeeded' if result.outcome is Outcome.DONE else 'failed'}"
+        if result.reason:
+            message += f": {result.reason}"
+        self.store.add_event("op", message, app=op.app, instance=op.instance)
+
+    def _record_fault(self, op: Operation, exc: Exception) -> str:
+        """Journal an exception raised inside `op` as a failed `fault` step; returns the
+        error as the operation's outcome will say it. Call from the `except` block.
+
+        `except Exception` around an operation is the journal's edge, like the top of a
+        loop: whatever went wrong, the journal must say it, never "a crash". The op stays
+        unfinished, not live: the reconciler converges it (`_converge_fault`).
+        """
+        log.exception("op %d %s on %s raised", op.id, op.kind, op.instance)
+        error = f"{type(exc).__name__}: {exc}"
+        try:
+            latest = self.store.get_operation(op.id) or op
+            pending = [s.name for s in latest.steps if s.state is StepState.PENDING]
+            if pending:
+                error = f"{pending[-1]}: {error}"  # where it happened, then what
+            seq = self.store.begin_step(op.id, StepKind.FAULT)
+            self.store.finish_step(op.id, seq, StepState.FAILED, error=error)
+        except Exception:
+            # The store itself fails (a full disk, say): the op converges as interrupted,
+            # and the caller still hears the real error.
+            log.exception("op %d: could not journal its fault", op.id)
+        return error
+
+    async def _converge_fault(self, host: str) -> None:
+        """Converge a faulted operation now, under the lock the caller holds, so it is
+        terminal when the caller answers; a failure here is left to the next pass (the
+        op stays unfinished and not live), and the caller still answers the fault."""
+        try:
+            await self.converger.converge(host, Pass.MUTATION)
+        except OperationError as exc:
+            log.warning("after a fault on %s: %s", host, exc.message)
+        except Exception:
+            # Whatever raised inside the operation may well raise here too (a full disk).
+            log.exception("after a fault on %s: could not converge it yet", host)
+
+
+async def _run_steps(store: Store, op: Operation,
+                     bound: Sequence[tuple[PlannedStep, Bound]]) -> Result:
+    """Each planned step in order: a journaled one through `Steps.run` (its journal
+    write, its failpoints around its effect, its outcome), a dynamic one as its effect
+    journals it. The first `Failed` or `Ended` ends the plan."""
+    steps = Steps(store, op.id)
+    for step, effect in bound:
+        if step.journals_own:
+            end = await effect(op)
+        else:
+            end = await _journaled_step(steps, op, step, effect)
+        match end:
+            case Done():
+                continue
+            case Failed(reason=reason):
+                return Result(Outcome.FAILED, reason)
+            case Ended(result=result):
+                return result
+            case _:
+                assert_never(end)
+    return Result(Outcome.DONE)
+
+
+async def _journaled_step(steps: Steps, op: Operation, step: PlannedStep,
+                          effect: Bound) -> Done | Failed | Ended:
+    ended: list[Ended] = []
+
+    async def run() -> Done | Failed:
+        end = await effect(op)
+        if isinstance(end, Ended):
+            ended.append(end)
+            return Done()
+        return end
+
+    failed = await steps.run(step.kind, run, before=step.before, after=step.after,
+                             service=step.service, before_gen=step.before_gen,
+                             after_gen=step.after_gen)
+    if ended:
+        return ended[0]
+    return Done() if failed is None else failed
+
+
+@dataclass(frozen=True)
+class Finalizers:
+    """How the reconciler finalizes an interrupted operation of each kind: the spec's
+    `finalize` by kind, the journal's step rule (`by_steps`) for a kind with none."""
+
+    by_kind: Mapping[OpKind, Callable[[Operation], Verdict]] = field(default_factory=dict)
+
+    def __call__(self, op: Operation) -> Verdict:
+        return self.by_kind.get(op.kind, by_steps)(op)
+
+
+def finalizers(*specs: Spec[Any, Any]) -> Finalizers:
+    """The reconciler's finalizer of every kind these specs describe."""
+    return Finalizers({spec.kind: spec.finalize for spec in specs})
