@@ -45,11 +45,8 @@ class AppsApi:
         if body.dry_run:
             plans = self.apps.plan_destroy_app(name, removal(body.purge_data))
             return web.json_response({
-                "app": name, "dry_run": True,
-                "plan": [f"{scope or name}: {line}" for scope, plan in plans
-                         for line in plan.lines()],
-                "operations": [{"instance": scope or None, **plan.dry_run()}
-                               for scope, plan in plans]})
+                "dry_run": True, "plans": [plan.as_json() for _, plan in plans],
+                "lines": [line for _, plan in plans for line in plan.lines()]})
         if not body.yes:
             raise UserError(f"destroying {name} stops and removes every instance, its "
                             "routes, builds and records"

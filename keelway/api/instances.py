@@ -16,10 +16,11 @@ from keelway.api import bodies
 from keelway.api.apps import removal
 from keelway.api.http import app_name, read_body
 from keelway.api.instance_state import label
+from keelway.api.plans import plan_response
 from keelway.api.views import instance_status
 from keelway.deploy import apps, instances
 from keelway.deploy.errors import UserError
-from keelway.deploy.instances import Instances
+from keelway.deploy.instances import AddRequest, Instances, starts_after_add
 from keelway.store import Store
 from keelway.store.records import Instance
 
@@ -61,7 +62,11 @@ class InstancesApi:
         if body.dry_run:
             plan = self.instances.plan_add_instances(name, body.hosts, body.config,
                                                    parked=body.parked)
-            return web.json_response({"app": name, **plan.dry_run()})
+            # What follows the operation: each instance's start, an attempt of its own.
+            starts = starts_after_add(self.store, AddRequest(
+                body.hosts[0], name, tuple(body.hosts), body.parked))
+            return web.json_response({"dry_run": True, "plan": plan.as_json(),
+                                      "lines": plan.lines() + starts})
         began = time.monotonic()
         added = await self.instances.add_instances(name, body.hosts, body.config,
                                                  parked=body.parked)
@@ -77,7 +82,7 @@ class InstancesApi:
         body: bodies.RemoveInstanceBody = await read_body(request, bodies.RemoveInstanceBody)
         if body.dry_run:
             plan = self.instances.plan_removal(name, host, removal(body.purge_data))
-            return web.json_response({"app": name, "instance": host, **plan.dry_run()})
+            return plan_response(plan)
         await self.instances.remove_instance(name, host, removal(body.purge_data))
         return web.json_response({"app": name, "removed": host,
                                   "purged_data": body.purge_data})

@@ -18,6 +18,7 @@ import msgspec
 from aiohttp import web
 
 from keelway.api.http import read_body
+from keelway.api.plans import plan_response
 from keelway.deploy.replication import Replication
 
 
@@ -49,8 +50,7 @@ class ReplicasApi:
         host = request.match_info["host"]
         if body.dry_run:
             plan = await self.replication.restorer.plan(host, None, body.at)
-            return web.json_response({"host": host, "source": "replica", "at": body.at,
-                                      **plan.dry_run()})
+            return plan_response(plan)
         done = await self.replication.restore(host, body.at)
         return web.json_response(done.view())
 

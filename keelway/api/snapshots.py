@@ -26,6 +26,7 @@ import msgspec
 from aiohttp import web
 
 from keelway.api.http import read_body
+from keelway.api.plans import plan_response
 from keelway.data import kept
 from keelway.data.snapshots import SnapshotManifest
 from keelway.deploy.restore import Restore
@@ -80,8 +81,7 @@ class SnapshotsApi:
         host, snap_id = request.match_info["host"], request.match_info["id"]
         if body.dry_run:
             plan = await self.restorer.plan(host, snap_id)
-            return web.json_response({"host": host, "source": "snapshot",
-                                      "snapshot": snap_id, **plan.dry_run()})
+            return plan_response(plan)
         done = await self.restorer.restore(host, snap_id)
         return web.json_response(done.view())
 

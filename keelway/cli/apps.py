@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import click
 
-from keelway.cli.base import api_call, cli, client, dry_run_option, json_option, say_plan
+from keelway.cli.base import api_call, cli, client, json_option
 from keelway.cli.output import emit_json, plural, table
+from keelway.cli.plans import dry_run_option, echo_plan
 
 
 @cli.group(invoke_without_command=True)
@@ -54,11 +55,11 @@ def apps_destroy(app: str, yes: bool, purge_data: bool, dry_run: bool,
     stay unless --purge-data); the name can then be used again."""
     data = client(None).request("POST", f"/v1/apps/{app}/destroy",
                                 {"yes": yes, "purge_data": purge_data, "dry_run": dry_run})
+    if dry_run:
+        echo_plan(data, as_json)
+        return
     if as_json:
         emit_json(data)
-        return
-    if dry_run:
-        say_plan(data)
         return
     kept = "" if purge_data else "; data dirs kept"
     click.echo(f"destroyed {app} ({plural(len(data['instances']), 'instance', 'instances')})"

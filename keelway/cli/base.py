@@ -50,21 +50,6 @@ def json_option(func: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON.")(func)
 
 
-def dry_run_option(func: F) -> F:
-    return click.option("--dry-run", is_flag=True,
-                        help="Print the steps it would run now; change nothing.")(func)
-
-
-def say_plan(data: dict[str, Any]) -> None:
-    """A dry run's answer (keelway/deploy/planned.py Plan.dry_run), one step a line."""
-    if data.get("refused"):
-        click.echo(f"dry run: nothing would run: {data['refused']}")
-        return
-    click.echo("dry run: would run")
-    for line in data["plan"]:
-        click.echo(f"  - {line}")
-
-
 def api_call(func: F) -> F:
     """Turn API and connection failures into one clear error line (or JSON)."""
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import click
 
-from keelway.cli.base import api_call, cli, client, dry_run_option, json_option, say_plan
+from keelway.cli.base import api_call, cli, client, json_option
 from keelway.cli.output import emit_json, fail, fail_json, plural, table
+from keelway.cli.plans import dry_run_option, echo_plan
 
 
 def _config_pairs(pairs: tuple[str, ...], as_json: bool) -> dict[str, str]:
@@ -44,11 +45,11 @@ def instances_add(app: str, hosts: tuple[str, ...], pairs: tuple[str, ...], park
     data = client(None).request("POST", f"/v1/apps/{app}/instances",
                                 {"hosts": list(hosts), "config": config, "parked": parked,
                                  "dry_run": dry_run})
+    if dry_run:
+        echo_plan(data, as_json)
+        return
     if as_json:
         emit_json(data)
-        return
-    if dry_run:
-        say_plan(data)
         return
     click.echo(f"added {plural(len(data['added']), 'instance', 'instances')} of {app} in "
                f"{data['seconds']}s")
@@ -73,11 +74,11 @@ def instances_remove(app: str, host: str, purge_data: bool, dry_run: bool,
     --purge-data)."""
     data = client(None).request("POST", f"/v1/apps/{app}/instances/{host}/remove",
                                 {"purge_data": purge_data, "dry_run": dry_run})
+    if dry_run:
+        echo_plan(data, as_json)
+        return
     if as_json:
         emit_json(data)
-        return
-    if dry_run:
-        say_plan(data)
         return
     click.echo(f"removed {host}" + ("" if purge_data else "; its data dir is kept"))
 

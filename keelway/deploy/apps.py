@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from keelway import failpoints, names
@@ -21,10 +22,9 @@ from keelway.builds import gc as builds_gc
 from keelway.deploy import planned
 from keelway.deploy.errors import NotFoundError, OperationError, UserError, checked
 from keelway.deploy.locks import Locks
-from keelway.deploy.operation import Runner
-from keelway.deploy.outcome import Outcome, Result
-from keelway.deploy.planned import Plan, PlannedStep
-from keelway.deploy.steps import Done, Steps
+from keelway.deploy.operation import Bound, Plan, PlannedStep, Ran, Runner, Spec
+from keelway.deploy.outcome import Outcome
+from keelway.deploy.steps import Done
 from keelway.home import Home
 from keelway.journal import OpKind, StepKind
 from keelway.store import Conflict, Store
@@ -102,37 +102,14 @@ class Apps:
                             lambda host: self.instances.removal_plan(host, removal))
 
     async def _forget_app(self, name: str) -> None:
-        plan = plan_forget_app(name)
+        async def after(_ran: Ran) -> None:
+            # A fault leaves the app's op with no reconciler to end it.
+            finish_orphans(self.store, self.locks)
 
-        async def work(op: Operation) -> Result:
-            steps = Steps(self.store, op.id)
-
-            async def remove_builds() -> Done:
-                staged = builds_gc.staged_builds(self.home.builds_dir)
-                keep = {build for build in staged if build[0] != name}
-                gone = await asyncio.to_thread(builds_gc.collect, self.home.builds_dir, keep)
-                return Done(f"{len(gone)} builds removed")
-
-            async def forget() -> Done:
-                self.store.forget_app(name)
-                return Done(f"app {name}")
-
-            for step in plan.steps:
-                match step.kind:
-                    case StepKind.REMOVE_BUILDS:
-                        await planned.run(steps, step, remove_builds)
-                    case StepKind.FORGET:
-                        await planned.run(steps, step, forget)
-                    case _:
-                        raise AssertionError(f"an app's destroy plans no {step.kind} step")
-            return Result(Outcome.DONE)
-
-        async with self.locks.instance(APP_SCOPE):
-            result = await self.journal.journaled(name, APP_SCOPE, OpKind.DESTROY, work)
-        # A fault leaves the app's op with no reconciler to end it.
-        finish_orphans(self.store, self.locks)
-        if result.outcome is not Outcome.DONE:
-            raise OperationError(f"destroy {name}: {result.reason}",
+        ran = await planned.run(self.journal, FORGET_APP, self, AppRequest(APP_SCOPE, name),
+                                after=after)
+        if ran.result is not None and ran.result.outcome is not Outcome.DONE:
+            raise OperationError(f"destroy {name}: {ran.result.reason}",
                                  hint="`keelway apps destroy` again carries it on")
 
     async def resume(self) -> None:
@@ -146,13 +123,44 @@ class Apps:
                 log.warning("boot: destroy %s: %s", app.name, exc.message)
 
 
-def plan_forget_app(name: str) -> Plan:
+@dataclass(frozen=True)
+class AppRequest:
+    host: str  # APP_SCOPE: the app's own operation names no instance
+    app: str
+
+
+def plan_forget_app(_store: Store, request: AppRequest) -> Plan:
     """The app's own operation of `apps destroy`, once its instances are removed."""
-    return Plan((
+    name = request.app
+    return Plan(OpKind.DESTROY, name, APP_SCOPE, (
         PlannedStep(StepKind.REMOVE_BUILDS, f"remove {name}'s staged builds",
-                    before=("destroy.builds.before",), after=("destroy.builds.after",)),
-        PlannedStep(StepKind.FORGET, f"forget app {name}", before=("destroy.forget.before",),
-                    after=("destroy.forget.after",), detail=f"app {name}")))
+                    "remove-builds", before=("destroy.builds.before",),
+                    after=("destroy.builds.after",)),
+        PlannedStep(StepKind.FORGET, f"forget app {name}", "forget",
+                    before=("destroy.forget.before",), after=("destroy.forget.after",))))
+
+
+def _remove_builds(apps: Apps, request: AppRequest, _step: PlannedStep) -> Bound:
+    async def remove_builds(_op: Operation) -> Done:
+        builds = apps.home.builds_dir
+        staged = builds_gc.staged_builds(builds)
+        keep = {build for build in staged if build[0] != request.app}
+        gone = await asyncio.to_thread(builds_gc.collect, builds, keep)
+        return Done(f"{len(gone)} builds removed")
+
+    return remove_builds
+
+
+def _forget(apps: Apps, request: AppRequest, _step: PlannedStep) -> Bound:
+    async def forget(_op: Operation) -> Done:
+        apps.store.forget_app(request.app)
+        return Done(f"app {request.app}")
+
+    return forget
+
+
+FORGET_APP: Spec[AppRequest, Apps] = Spec(
+    OpKind.DESTROY, plan_forget_app, {"remove-builds": _remove_builds, "forget": _forget})
 
 
 def plan_destroy(store: Store, name: str,
@@ -161,7 +169,7 @@ def plan_destroy(store: Store, name: str,
     host: keelway/deploy/instances.py plan_remove), then the app's own operation (under
     APP_SCOPE), in the order they run."""
     plans = [(inst.host, removal_plan(inst.host)) for inst in store.list_instances(name)]
-    return [*plans, (APP_SCOPE, plan_forget_app(name))]
+    return [*plans, (APP_SCOPE, plan_forget_app(store, AppRequest(APP_SCOPE, name)))]
 
 
 def finish_orphans(store: Store, locks: Locks) -> None:

@@ -42,15 +42,22 @@ from keelway.data.replicas import Replicas
 from keelway.deploy import apps, planned, targets
 from keelway.deploy.errors import NotFoundError, OperationError, UserError, checked, refused_name
 from keelway.deploy.locks import Locks
-from keelway.deploy.operation import Converger, Runner
-from keelway.deploy.outcome import Outcome, Progress, Result
-from keelway.deploy.planned import Plan, PlannedStep
+from keelway.deploy.operation import (
+    Bound,
+    Converger,
+    EffectOf,
+    Locking,
+    Plan,
+    PlannedStep,
+    Runner,
+    Spec,
+)
+from keelway.deploy.outcome import Outcome, Progress
 from keelway.deploy.publisher import Publisher
-from keelway.deploy.steps import Done, Effect, Failed, Steps
+from keelway.deploy.steps import Done, Failed, Steps
 from keelway.deploy.targets import Target
 from keelway.home import Home
 from keelway.journal import OpKind, StepKind
-from keelway.reconcile.plan import Pass
 from keelway.runtime.environment import ensure_instance_key, process_env
 from keelway.runtime.notify import NotifyListener
 from keelway.runtime.ports import pick_free_port
@@ -416,7 +423,7 @@ class Instances:
         app = apps.named(self.store, app_name)
         check_hosts(self.store, hosts)
         checked_config(app, {}, dict(config))
-        return plan_add(self.store, AddRequest(app_name, tuple(hosts), parked))
+        return plan_add(self.store, AddRequest(hosts[0], app_name, tuple(hosts), parked))
 
     async def _finish_add(self, app: str, hosts: list[str],
                           progress: Progress) -> Sequence[Started]:
@@ -442,33 +449,18 @@ class Instances:
         return started
 
     async def _lay_down(self, app: str, hosts: list[str]) -> None:
-        """One LAY_DOWN step for every host, journaled on the first. Crash inside: the
-        step stays pending, the reconciler finalizes the operation, and boot lays the
-        instances still marked `adding` down again (each file is made only if missing)."""
-        plan = plan_add(self.store, AddRequest(app, tuple(hosts)))
-
-        async def work(op: Operation) -> Result:
-            async def lay_down() -> Done:
-                made = await asyncio.to_thread(self._lay_down_files, hosts)
-                return Done(f"{len(hosts)} instances; {made} databases made")
-
-            steps = Steps(self.store, op.id)
-            for step in plan.steps:
-                if step.delegated:
-                    continue  # each start is an attempt of its own (`_finish_add`)
-                assert step.kind is StepKind.LAY_DOWN, step
-                await planned.run(steps, step, lay_down)
-            return Result(Outcome.DONE)
-
-        first = hosts[0]
-        async with self.locks.instance(first):
-            result = await self.journal.journaled(app, first, OpKind.ADD_INSTANCES, work)
-        if result.outcome is not Outcome.DONE:
-            raise OperationError(f"laying down the instances failed: {result.reason}",
+        """One LAY_DOWN step for every host, journaled on the first (`ADD`), under the
+        app lock the caller holds. Crash inside: the step stays pending, the reconciler
+        finalizes the operation, and boot lays the instances still marked `adding` down
+        again (each file is made only if missing)."""
+        ran = await planned.run(self.journal, ADD, self,
+                                AddRequest(hosts[0], app, tuple(hosts)), converge=False)
+        if ran.result is not None and ran.result.outcome is not Outcome.DONE:
+            raise OperationError(f"laying down the instances failed: {ran.result.reason}",
                                  hint="the instances are recorded; `keelway up` lays them "
                                       "down again, or remove them with `instances remove`")
 
-    def _lay_down_files(self, hosts: list[str]) -> int:
+    def lay_down_files(self, hosts: list[str]) -> int:
         def one(host: str) -> bool:
             return lay_down(self.home, host).database
 
@@ -481,26 +473,31 @@ class Instances:
         return self.removal_plan(host, removal)
 
     def removal_plan(self, host: str, removal: Removal) -> Plan:
-        return plan_remove(self.store, self._remove_request(host, removal))
+        return plan_remove(self.store, self._remove_request(host, removal, OpKind.DESTROY))
 
     async def remove_instance(self, app: str, host: str, removal: Removal) -> None:
-        inst = of_app(self.store, app, host)
-        async with self.locks.app(app):
-            await self.remove(inst, OpKind.REMOVE_INSTANCE, removal)
+        of_app(self.store, app, host)
+        await self._remove(REMOVE, host, removal)
 
     async def remove(self, inst: Instance, kind: OpKind, removal: Removal) -> None:
-        """Remove `inst` as one journaled operation of `kind` (a removal, or one
-        instance of a destroy), under its lock, after convergence."""
-        host = inst.host
-        async with self.locks.instance(host):
-            await self.converger.converge(host, Pass.MUTATION)  # failed closed refuses
-            # The intent first: a crash from here on is carried on by the next boot.
+        """Remove `inst` as one instance of `apps destroy` (`DESTROY_ONE`), under the
+        app lock its caller holds."""
+        assert kind is OpKind.DESTROY
+        await self._remove(DESTROY_ONE, inst.host, removal)
+
+    async def _remove(self, spec: Spec[RemoveRequest, Instances], host: str,
+                      removal: Removal) -> None:
+        async def intent() -> None:
+            # The intent first, after convergence (failed closed refuses): a crash from
+            # here on is carried on by the next boot.
             self.store.mark_removing(host, removal)
-            plan = plan_remove(self.store, self._remove_request(host, removal))
-            result = await self.journal.journaled(
-                inst.app, host, kind, lambda op: self._removal_steps(op, host, removal, plan))
-        if result.outcome is not Outcome.DONE:
-            raise OperationError(f"removing {host}: {result.reason}",
+
+        inst = named(self.store, host)
+        ran = await planned.run(self.journal, spec, self,
+                                self._remove_request(host, removal, spec.kind),
+                                prelude=intent)
+        if ran.result is not None and ran.result.outcome is not Outcome.DONE:
+            raise OperationError(f"removing {host}: {ran.result.reason}",
                                  hint=f"see `keelway ops {inst.app} --instance {host}`; "
                                       "removing it again carries on")
 
@@ -508,82 +505,9 @@ class Instances:
     def purges(self) -> Purges:
         return Purges(replica=self.replicas is not None, snapshots=self.objects is not None)
 
-    def _remove_request(self, host: str, removal: Removal) -> RemoveRequest:
-        return RemoveRequest(host, removal, self.purges)
-
-    async def _removal_steps(self, op: Operation, host: str, removal: Removal,
-                             plan: Plan) -> Result:
-        """Run `plan` (`plan_remove`): each step's effect bound by its kind."""
-        steps = Steps(self.store, op.id)
-        replicas, objects = self.replicas, self.objects
-
-        async def withdraw() -> Done:
-            if self.store.withdraw_instance(host, removal):
-                await self.publisher.publish()
-            return Done("stopped; routes gated")
-
-        def stop(gen_id: int) -> Effect:
-            async def stop() -> Done | Failed:
-                current = self.store.get_generation(gen_id)
-                if current is None or await self.supervisor.stop(
-                        current, targets.stop_grace_s(self.store, current)):
-                    return Done("gone")
-                return Failed(f"generation {gen_id} (pid {current.pid}) did not stop")
-
-            return stop
-
-        async def purge() -> Done:
-            await asyncio.to_thread(remove_tree, self.home.data_dir(host))
-            self.home.env_file(host).unlink(missing_ok=True)
-            return Done("data dir and env file removed")
-
-        async def purge_replica() -> Done | Failed:
-            assert replicas is not None
-            try:
-                count = await replicas.delete(host)
-            except ObjectStoreError as exc:
-                return Failed(f"the replica of {host} could not be deleted: {exc}")
-            return Done(f"{count} objects")
-
-        async def purge_snapshots() -> Done | Failed:
-            assert objects is not None
-            try:
-                count = await asyncio.to_thread(objects.delete_prefix, instance_prefix(host))
-            except ObjectStoreError as exc:
-                return Failed(f"the snapshots of {host} could not be deleted: {exc}")
-            return Done(f"{count} objects")
-
-        async def forget() -> Done:
-            self.store.forget_instance(host)
-            # The router drops the gated rows too: the host is unknown again (404).
-            await self.publisher.publish()
-            return Done(f"instance {host}")
-
-        for step in plan.steps:
-            match step.kind:
-                case StepKind.WITHDRAW:
-                    effect: Effect = withdraw
-                case StepKind.STOP:
-                    effect = stop(step.before_gen or 0)
-                case StepKind.PURGE_DATA:
-                    effect = purge
-                case StepKind.PURGE_REPLICA:
-                    effect = purge_replica
-                case StepKind.PURGE_SNAPSHOTS:
-                    effect = purge_snapshots
-                case StepKind.FORGET:
-                    effect = forget
-                case _:
-                    raise AssertionError(f"a removal plans no {step.kind} step")
-            if step.kind in (StepKind.PURGE_DATA, StepKind.FORGET):
-                # Every process is proven gone: what `current` links to is derived, and
-                # it goes with the records, data or not (idempotent).
-                self.home.current_link(host).unlink(missing_ok=True)
-            if (failed := await planned.run(steps, step, effect)) is not None:
-                # A purge that failed fails the removal, which carries on from here
-                # when run again.
-                return Result(Outcome.FAILED, failed.reason)
-        return Result(Outcome.DONE)
+    def _remove_request(self, host: str, removal: Removal,
+                        kind: OpKind = OpKind.REMOVE_INSTANCE) -> RemoveRequest:
+        return RemoveRequest(host, removal, self.purges, kind)
 
     async def set_instance_config(self, app: str, host: str,
                                   changes: Mapping[str, str | None],
@@ -627,26 +551,45 @@ class Instances:
 
 @dataclass(frozen=True)
 class AddRequest:
+    host: str  # the first of `hosts`: its lock is taken, its name journaled
     app: str
     hosts: tuple[str, ...]
     parked: bool = False
 
 
 def plan_add(store: Store, request: AddRequest) -> Plan:
-    """The steps of `instances add` (reads only): one LAY_DOWN for every host, then,
-    unless they are added parked, each one started on the app's current release if it
-    has one (delegated: an attempt of its own per instance)."""
+    """The operation of `instances add` (reads only): one LAY_DOWN for every host. The
+    starts that follow (unless the instances are added parked, or the app has no
+    release) are attempts of their own, one per instance (keelway/deploy/deployer.py
+    start_new), never steps of this operation."""
     hosts = request.hosts
-    steps = [PlannedStep(StepKind.LAY_DOWN, f"lay down {len(hosts)} instances: data dir, "
-                         "empty database, env file with a minted key",
-                         before=("laydown.before",), after=("laydown.after",),
-                         detail=f"{len(hosts)} instances")]
+    return Plan(OpKind.ADD_INSTANCES, request.app, request.host, (
+        PlannedStep(StepKind.LAY_DOWN, f"lay down {len(hosts)} instances: data dir, empty "
+                    "database, env file with a minted key", "lay-down",
+                    before=("laydown.before",), after=("laydown.after",)),))
+
+
+def starts_after_add(store: Store, request: AddRequest) -> list[str]:
+    """What `instances add` starts once its instances are laid down: each one on the
+    app's current release, an attempt of its own (none when parked or unreleased)."""
     releases = store.list_releases(request.app)
-    if releases and not request.parked:
-        number = max(r.number for r in releases)
-        steps += [PlannedStep(StepKind.SPAWN, f"start {host} on v{number} (an attempt of "
-                              "its own)", delegated=True) for host in hosts]
-    return Plan(tuple(steps))
+    if not releases or request.parked:
+        return []
+    number = max(r.number for r in releases)
+    return [f"start {host} on v{number} (an attempt of its own)" for host in request.hosts]
+
+
+def _lay_down(part: Instances, request: AddRequest, _step: PlannedStep) -> Bound:
+    async def lay_down(_op: Operation) -> Done:
+        hosts = list(request.hosts)
+        made = await asyncio.to_thread(part.lay_down_files, hosts)
+        return Done(f"{len(hosts)} instances; {made} databases made")
+
+    return lay_down
+
+
+ADD: Spec[AddRequest, Instances] = Spec(OpKind.ADD_INSTANCES, plan_add,
+                                        {"lay-down": _lay_down})
 
 
 @dataclass(frozen=True)
@@ -663,6 +606,7 @@ class RemoveRequest:
     host: str
     removal: Removal
     purges: Purges
+    kind: OpKind = OpKind.REMOVE_INSTANCE  # or DESTROY: one instance of `apps destroy`
 
 
 def plan_remove(store: Store, request: RemoveRequest) -> Plan:
@@ -670,26 +614,122 @@ def plan_remove(store: Store, request: RemoveRequest) -> Plan:
     generation, the purge when asked (data dir and env file, the replica, the
     snapshots), FORGET. The same for each instance of `apps destroy`."""
     host = request.host
+    inst = named(store, host)
     steps = [PlannedStep(StepKind.WITHDRAW, f"{host} stopped and its routes gated, then "
-                         "published", before=("remove.withdraw.before",),
+                         "published", "withdraw", before=("remove.withdraw.before",),
                          after=("remove.withdraw.after",))]
     steps += [PlannedStep(StepKind.STOP, f"stop {gen.service} generation {gen.id}, proven "
-                          "gone", service=gen.service, before_gen=gen.id,
+                          "gone", "stop", service=gen.service, before_gen=gen.id,
                           before=("remove.stop.before",), after=("remove.stop.after",))
               for gen in store.live_generations(host)]
     if request.removal is Removal.PURGE_DATA:
         steps.append(PlannedStep(StepKind.PURGE_DATA, f"remove {host}'s data dir and env "
-                                 "file", before=("remove.purge.before",),
+                                 "file", "purge", before=("remove.purge.before",),
                                  after=("remove.purge.after",)))
         if request.purges.replica:
             steps.append(PlannedStep(StepKind.PURGE_REPLICA, f"delete {host}'s replica",
-                                     before=("remove.purge-replica.before",),
+                                     "purge-replica", before=("remove.purge-replica.before",),
                                      after=("remove.purge-replica.after",)))
         if request.purges.snapshots:
             steps.append(PlannedStep(StepKind.PURGE_SNAPSHOTS, f"delete {host}'s "
-                                     "snapshots", before=("remove.purge-snapshots.before",),
+                                     "snapshots", "purge-snapshots",
+                                     before=("remove.purge-snapshots.before",),
                                      after=("remove.purge-snapshots.after",)))
-    steps.append(PlannedStep(StepKind.FORGET, f"forget {host}'s records",
-                             before=("remove.forget.before",), after=("remove.forget.after",),
-                             detail=f"instance {host}"))
-    return Plan(tuple(steps))
+    steps.append(PlannedStep(StepKind.FORGET, f"forget {host}'s records", "forget",
+                             before=("remove.forget.before",), after=("remove.forget.after",)))
+    return Plan(request.kind, inst.app, host, tuple(steps))
+
+
+def _withdraw(part: Instances, request: RemoveRequest, _step: PlannedStep) -> Bound:
+    async def withdraw(_op: Operation) -> Done:
+        if part.store.withdraw_instance(request.host, request.removal):
+            await part.publisher.publish()
+        return Done("stopped; routes gated")
+
+    return withdraw
+
+
+def _stop(part: Instances, _request: RemoveRequest, step: PlannedStep) -> Bound:
+    gen_id = step.before_gen or 0
+
+    async def stop(_op: Operation) -> Done | Failed:
+        current = part.store.get_generation(gen_id)
+        if current is None or await part.supervisor.stop(
+                current, targets.stop_grace_s(part.store, current)):
+            return Done("gone")
+        return Failed(f"generation {gen_id} (pid {current.pid}) did not stop")
+
+    return stop
+
+
+def _unlink_current(part: Instances, host: str) -> None:
+    # Every process is proven gone: what `current` links to is derived, and it goes
+    # with the records, data or not (idempotent).
+    part.home.current_link(host).unlink(missing_ok=True)
+
+
+def _purge(part: Instances, request: RemoveRequest, _step: PlannedStep) -> Bound:
+    host = request.host
+
+    async def purge(_op: Operation) -> Done:
+        _unlink_current(part, host)
+        await asyncio.to_thread(remove_tree, part.home.data_dir(host))
+        part.home.env_file(host).unlink(missing_ok=True)
+        return Done("data dir and env file removed")
+
+    return purge
+
+
+def _purge_replica(part: Instances, request: RemoveRequest, _step: PlannedStep) -> Bound:
+    """What the object store keeps of the host goes with its data (SPEC §5.7): its
+    replica (its seed imports' under it). Its processes are proven gone, so nothing
+    replicates there any more. A failure fails the removal, which carries on from
+    here when run again."""
+    host = request.host
+
+    async def purge_replica(_op: Operation) -> Done | Failed:
+        assert part.replicas is not None
+        try:
+            count = await part.replicas.delete(host)
+        except ObjectStoreError as exc:
+            return Failed(f"the replica of {host} could not be deleted: {exc}")
+        return Done(f"{count} objects")
+
+    return purge_replica
+
+
+def _purge_snapshots(part: Instances, request: RemoveRequest, _step: PlannedStep) -> Bound:
+    host = request.host
+
+    async def purge_snapshots(_op: Operation) -> Done | Failed:
+        assert part.objects is not None
+        try:
+            count = await asyncio.to_thread(part.objects.delete_prefix, instance_prefix(host))
+        except ObjectStoreError as exc:
+            return Failed(f"the snapshots of {host} could not be deleted: {exc}")
+        return Done(f"{count} objects")
+
+    return purge_snapshots
+
+
+def _forget(part: Instances, request: RemoveRequest, _step: PlannedStep) -> Bound:
+    host = request.host
+
+    async def forget(_op: Operation) -> Done:
+        _unlink_current(part, host)
+        part.store.forget_instance(host)
+        # The router drops the gated rows too: the host is unknown again (404).
+        await part.publisher.publish()
+        return Done(f"instance {host}")
+
+    return forget
+
+
+_REMOVAL: dict[str, EffectOf[Instances, RemoveRequest]] = {
+    "withdraw": _withdraw, "stop": _stop, "purge": _purge, "purge-replica": _purge_replica,
+    "purge-snapshots": _purge_snapshots, "forget": _forget}
+# `instances remove`: under its app's lock and its own.
+REMOVE: Spec[RemoveRequest, Instances] = Spec(OpKind.REMOVE_INSTANCE, plan_remove, _REMOVAL,
+                                              locks=Locking.APP)
+# One instance of `apps destroy`, under the app lock the destroy holds.
+DESTROY_ONE: Spec[RemoveRequest, Instances] = Spec(OpKind.DESTROY, plan_remove, _REMOVAL)

@@ -1,79 +1,65 @@
-"""A planned step: what an operation will journal and run, read from the records before
-anything changes, so that `--dry-run` prints exactly the list the operation runs.
+"""The runner (keelway/deploy/operation.py) with the two hooks the data and membership
+operations need and its seam does not have yet (/work/briefs/dataops-needs.md 2-4), so
+their lock, convergence and fence check are written here once, not in each part:
 
-A plan is computed under the instance lock, after convergence, by a pure function of
-the records (`plan(store, request) -> Plan`: reads only); the operation then runs its
-steps in order, each through `Steps.run` between its failpoints. A step whose effect
-finds, when it runs, that the records moved under it (a route taken over under a fence,
-say) stops the operation there, as a value: the plan says what is done when nothing
-moves, never more than that.
+- `prelude`: work under the lock, after convergence and the fence check, before the
+  plan is read and the operation begins: an intent the next boot carries on from
+  (`instances remove` marks the instance `removing`), or a verified copy staged (a
+  restore refuses a bad copy with nothing journaled).
+- `after`: async work under the same lock once the operation ended, seeing how (a
+  failed seed import rolled back at once, the instance started again on its data).
+- an operation of no instance (`host == ""`: the app's own operation of `apps
+  destroy`) takes the lock of that empty name and converges nothing.
 
-A `delegated` step is journaled by the path it names (the verified start path journals
-its own spawn and ready steps; an attempt is an operation of its own): listed so the
-dry run shows it, not journaled again by the operation that reaches it.
+Sequence: the name check → the lock (`spec.locks`) → converge (Pass.MUTATION) → the
+fence (`spec.fence_verb`) → `prelude` → `Runner.run_held` (plan, journal, steps, finish,
+`converge_after`, `epilogue`) → `after`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
-from keelway.deploy.steps import Effect, Failed, Steps
-from keelway.journal import StepKind
+from keelway import names
+from keelway.deploy import fences, targets
+from keelway.deploy.errors import checked
+from keelway.deploy.operation import Locking, Ran, Request, Runner, Spec
+from keelway.reconcile.plan import Pass
 
-
-@dataclass(frozen=True)
-class PlannedStep:
-    kind: StepKind
-    # One line for `--dry-run`: what this step does, to what.
-    says: str
-    before: tuple[str, ...] = ()
-    after: tuple[str, ...] = ()
-    service: str | None = None
-    before_gen: int | None = None
-    detail: str | None = None
-    delegated: bool = False
-    # Steps of one phase (the numbered steps of an operation's header: "fence and stop
-    # the instance") print as one line of the dry run; 0: a line of its own.
-    phase: int = 0
-
-    def view(self) -> dict[str, object]:
-        return {"kind": self.kind.value, "says": self.says, "service": self.service,
-                "generation": self.before_gen, "delegated": self.delegated,
-                "failpoints": [*self.before, *self.after]}
+Req = TypeVar("Req", bound=Request)
+Parts = TypeVar("Parts")
 
 
-@dataclass(frozen=True)
-class Plan:
-    steps: tuple[PlannedStep, ...] = field(default=())
-    # Why the operation does nothing (or stops before its first step), when it does.
-    refused: str | None = None
-
-    def lines(self) -> tuple[str, ...]:
-        """The dry run: one line per step, or per phase for steps that name one."""
-        lines: list[str] = []
-        last = 0
-        for step in self.steps:
-            if step.phase and step.phase == last:
-                lines[-1] += f"; {step.says}"
-            else:
-                lines.append(step.says)
-            last = step.phase
-        return tuple(lines)
-
-    def kinds(self) -> tuple[StepKind, ...]:
-        return tuple(step.kind for step in self.steps)
-
-    def view(self) -> list[dict[str, object]]:
-        return [step.view() for step in self.steps]
-
-    def dry_run(self) -> dict[str, object]:
-        """What every `--dry-run` answers (the API's JSON): the lines and the steps."""
-        return {"dry_run": True, "refused": self.refused, "plan": list(self.lines()),
-                "steps": self.view()}
-
-
-async def run(steps: Steps, step: PlannedStep, effect: Effect) -> Failed | None:
-    """Journal and run one planned step (keelway/deploy/steps.py)."""
-    return await steps.run(step.kind, effect, before=step.before, after=step.after,
-                           service=step.service, before_gen=step.before_gen,
-                           detail=step.detail)
+async def run(runner: Runner, spec: Spec[Req, Parts], parts: Parts, request: Req, *,
+              prelude: Callable[[], Awaitable[None]] | None = None,
+              after: Callable[[Ran], Awaitable[None]] | None = None,
+              converge: bool = True) -> Ran:
+    """`Runner.run` with `prelude` and `after` (module header). After return the
+    operation, if any, is terminal and the lock released; a refusal raises with nothing
+    journaled (what `prelude` wrote stays: it is an intent). `converge` False: an
+    operation that must not converge first (the lay-down of instances just recorded,
+    under the app lock its caller holds)."""
+    host = request.host
+    async with contextlib.AsyncExitStack() as held:
+        if host:
+            # An instance's operation; the instance itself may be gone (a seed import's
+            # journal outlives it), unless its app's lock is taken.
+            checked(names.HOST, host)
+            if spec.locks is Locking.APP:
+                inst = targets.instance_named(runner.store, host)
+                await held.enter_async_context(runner.locks.app(inst.app))
+            await held.enter_async_context(runner.locks.instance(host))
+            if converge:
+                await runner.converger.converge(host, Pass.MUTATION)
+            if spec.fence_verb is not None:
+                fences.refuse_if_fenced(runner.store, host, spec.fence_verb)
+        else:
+            await held.enter_async_context(runner.locks.instance(host))
+        if prelude is not None:
+            await prelude()
+        ran = await runner.run_held(spec, parts, request)
+        if after is not None:
+            await after(ran)
+    return ran

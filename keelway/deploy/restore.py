@@ -70,21 +70,19 @@ from keelway.data.snapshots import SnapshotManifest
 from keelway.data.verify import Damaged, verify_file
 from keelway.deploy import instances, planned, targets
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
-from keelway.deploy.fences import refuse_if_fenced
 from keelway.deploy.locks import Locks
-from keelway.deploy.outcome import Outcome, Result
-from keelway.deploy.planned import Plan, PlannedStep
+from keelway.deploy.operation import Bound, EffectOf, Ended, Plan, PlannedStep, Spec
+from keelway.deploy.outcome import Outcome
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
 from keelway.deploy.snapshots import ObjectStoreFailed, SnapshotRefused, check_id
-from keelway.deploy.steps import Done, Effect, Failed, Steps
+from keelway.deploy.steps import Done, Failed
 from keelway.home import Home
 from keelway.journal import OpKind, StepKind
-from keelway.reconcile.plan import Pass
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
 from keelway.store.lifecycle import InstanceState, RouteState
-from keelway.store.records import Instance, Operation
+from keelway.store.records import Operation
 
 failpoints.declare("restore.hold.before", "restore.hold.after", "restore.swap.before",
                    "restore.swap.after", "restore.replica.before", "restore.replica.after")
@@ -196,59 +194,49 @@ class Restore:
             if snap_id not in {m.id for m in listed}:
                 raise NotFoundError(f"{host} has no snapshot {snap_id}",
                                     hint=f"see `keelway db snapshots {host}`")
-        self._refuse_restore(host)
-        return plan_restore(self.store, RestoreRequest(
-            host, replicating=self._replicating() is not None))
+        return self.journal.dry_run(self._spec(snap_id is None), self._request(host, None))
 
-    def _refuse_restore(self, host: str) -> None:
-        refuse_if_fenced(self.store, host, "be restored")
-        if (journal := self.store.get_import(host)) is not None:
-            # A restore replaces the instance's own database, which the import's
-            # rollback must find exactly as it was (SPEC §4 Seed import).
-            raise ImportInEffect(
-                f"{host} has a seed import in effect ({journal.seed}); nothing was "
-                "changed", hint=f"roll it back first: `keelway seed rollback {host}`")
+    def _spec(self, from_replica: bool) -> Spec[RestoreRequest, Restore]:
+        return RESTORE_REPLICA if from_replica else RESTORE
+
+    def _request(self, host: str, staged: Path | None) -> RestoreRequest:
+        return RestoreRequest(host, replicating=self._replicating() is not None,
+                              staged=staged)
 
     async def _restore(self, host: str, kind: OpKind, tag: str, stage: Stage) -> Restored:
-        """The one restore: `stage` writes a verified copy at the staged path (or raises,
-        nothing changed); then the journaled operation of the module header."""
-        async with self.locks.instance(host):
-            await self.recovery.converge(host, Pass.MUTATION)
-            inst = instances.named(self.store, host)
-            self._refuse_restore(host)
-            db = self.home.db_path(host)
+        """The one restore: `stage` writes a verified copy at the staged path under the
+        lock (or raises, nothing journaled); then the operation of the module header,
+        run by the runner (`RESTORE`, `RESTORE_REPLICA`)."""
+        inst = instances.named(self.store, host)
+        db = self.home.db_path(host)
+        staged = swap.staged_path(db, tag)
+        staged_as: list[tuple[SnapshotManifest | None, int]] = []
+
+        async def prelude() -> None:
+            # The plan refuses an import in effect; so must the stage, before it fetches.
+            refuse_import(self.store, host)
             db.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            staged = swap.staged_path(db, tag)
-            op_ids: list[int] = []
+            staged_as.append(await stage(staged))
 
-            try:
-                found, size = await stage(staged)
-                # Read after the stage, under the lock: what the operation then runs.
-                plan = plan_restore(self.store, RestoreRequest(
-                    host, replicating=self._replicating() is not None))
-
-                async def work(op: Operation) -> Result:
-                    op_ids.append(op.id)
-                    return await self._work(op, inst, staged, plan)
-
-                result = await self.journal.journaled(inst.app, host, kind, work)
-                await self.recovery.converge(host, Pass.MUTATION)
-            finally:
-                for side in swap.SIDES:
-                    Path(f"{staged}{side}").unlink(missing_ok=True)
-            if inst.state is InstanceState.RUNNING:
-                targets.link_current(self.store, self.home, host)
+        try:
+            ran = await planned.run(self.journal, self._spec(kind is OpKind.RESTORE_REPLICA),
+                                    self, self._request(host, staged), prelude=prelude)
+        finally:
+            for side in swap.SIDES:
+                Path(f"{staged}{side}").unlink(missing_ok=True)
+        found, size = staged_as[0]
         source = f"snapshot {found.id}" if found is not None else "its replica"
-        if result.outcome is not Outcome.DONE:
-            raise OperationError(f"{host}: restore from {source} failed: {result.reason}",
+        if ran.result is not None and ran.result.outcome is not Outcome.DONE:
+            raise OperationError(f"{host}: restore from {source} failed: {ran.result.reason}",
                                  hint=f"see `keelway ops {inst.app} --instance {host}`")
+        op = self.store.latest_operation_of(host, {kind})
         copies = await asyncio.to_thread(self._kept, host)
         self.store.add_event("restore", f"restored from {source}; kept: "
                              f"{', '.join(c.id for c in copies) or 'nothing'}",
                              app=inst.app, instance=host)
         now = self.store.get_instance(host) or inst
         return Restored(host, found, now.state, "snapshot" if found else "replica",
-                        op_ids[0] if op_ids else None, size, copies, kept.retention_s())
+                        op.id if op is not None else None, size, copies, kept.retention_s())
 
     # -- kept copies -----------------------------------------------------------------
 
@@ -340,81 +328,14 @@ class Restore:
                 flushed.result()
         swap.to_wal(staged)
 
-    async def _work(self, op: Operation, inst: Instance, staged: Path, plan: Plan) -> Result:
-        """Run `plan` (`plan_restore`, read under the lock just before): each step's
-        effect bound by its kind, between its journal write and its failpoints."""
-        steps = Steps(self.store, op.id)
-        host = inst.host
-        db = self.home.db_path(host)
-        replicas = self._replicating()
-
-        async def hold() -> Done | Failed:
-            route = self.store.get_route(host)
-            if route is not None and route.state is not RouteState.HOLDING:
-                self.store.set_route(host, host, RouteState.HOLDING, route.port,
-                                     route.generation_id, expected=route)
-            try:
-                await self.publisher.publish(host)
-            except OperationError as exc:
-                return Failed(exc.message)
-            return Done()
-
-        async def aside() -> Done:
-            assert replicas is not None
-            await asyncio.to_thread(_set_replica_aside, replicas.url(host))
-            return Done("the replica set aside (it holds the database being replaced)")
-
-        async def swapped() -> Done:
-            await asyncio.to_thread(swap.swap, db, staged)
-            return Done(f"database replaced; the old one kept in {kept.KEPT}/")
-
-        async def begin() -> Done | Failed:
-            assert replicas is not None
-            if (why := await replicas.stop(host, sync=True)) is not None:
-                return Failed(why)
-            return Done("a new replica begun from the restored file")
-
-        async def gone() -> Done:
-            return Done("gone already")
-
-        for step in plan.steps:
-            if step.delegated:
-                # The verified start path journals its own spawn and ready steps.
-                current = self.store.get_instance(host) or inst
-                return await self.recovery.respawn_active(op, current)
-            match step.kind:
-                case StepKind.HOLD_ROUTE:
-                    effect: Effect = hold
-                case StepKind.STOP:
-                    gen = self.store.get_generation(step.before_gen or 0)
-                    effect = (gone if gen is None else
-                              targets.stop_effect(self.store, self.supervisor, gen))
-                case StepKind.REPLICA_RESET:
-                    effect = aside
-                case StepKind.SWAP_DB:
-                    effect = swapped
-                case StepKind.REPLICA_STOP:
-                    effect = begin
-                case _:
-                    raise AssertionError(f"a restore plans no {step.kind} step")
-            failed = await planned.run(steps, step, effect)
-            if failed is None:
-                continue
-            match step.kind:
-                case StepKind.HOLD_ROUTE:
-                    return Result(Outcome.FAILED, failed.reason)
-                case StepKind.REPLICA_STOP:
-                    # The database is restored; a replicator started later begins the
-                    # new replica anyway (module header). Said, not undone.
-                    log.warning("restore of %s: no replica begun from it yet: %s", host,
-                                failed.reason)
-                case _:
-                    raise OperationError(failed.reason)
-        return Result(Outcome.DONE)
-
     def _replicating(self) -> Replicas | None:
         replicas = self.recovery.replicas
         return replicas if replicas is not None and replicas.enabled else None
+
+    def replicas_on(self) -> Replicas:
+        replicas = self._replicating()
+        assert replicas is not None, "planned only when this box replicates"
+        return replicas
 
 
 Stage = Callable[[Path], Awaitable[tuple[SnapshotManifest | None, int]]]
@@ -426,45 +347,141 @@ class RestoreRequest:
     # Whether this box replicates: the replica is set aside before the swap and a new
     # one begun after it (module header).
     replicating: bool
+    # The verified copy the swap puts in (None: a dry run, nothing staged).
+    staged: Path | None = None
+
+
+def refuse_import(store: Store, host: str) -> None:
+    """A restore replaces the instance's own database, which an import's rollback must
+    find exactly as it was (SPEC §4 Seed import): refused while one is journaled."""
+    if (journal := store.get_import(host)) is not None:
+        raise ImportInEffect(
+            f"{host} has a seed import in effect ({journal.seed}); nothing was "
+            "changed", hint=f"roll it back first: `keelway seed rollback {host}`")
 
 
 def plan_restore(store: Store, request: RestoreRequest) -> Plan:
     """The steps of a restore of `request.host`, from its records (reads only): a
     running instance's route held, every live generation (the replicator too) stopped,
     the replica set aside, the swap, a new replica begun, and a running instance's
-    ACTIVE services started again through the verified start path (delegated: it
-    journals its own spawn and ready steps). A parked or stopped instance has nothing to
-    hold, stop or start. The same for a snapshot's restore and the replica's: only what
-    is staged differs."""
+    ACTIVE services started again through the verified start path (one dynamic step:
+    it journals its own spawn and ready steps). A parked or stopped instance has
+    nothing to hold, stop or start. The same for a snapshot's restore and the
+    replica's: only what is staged differs. Refused while an import is in effect."""
     host = request.host
-    inst = store.get_instance(host)
-    if inst is None:
-        return Plan(refused=f"no instance {host}")
+    inst = targets.instance_named(store, host)
+    refuse_import(store, host)
     running = inst.state is InstanceState.RUNNING
     steps: list[PlannedStep] = []
     if running:
         steps.append(PlannedStep(StepKind.HOLD_ROUTE, f"hold {host}'s route (requests "
-                                 "wait) and publish it", before=("restore.hold.before",),
+                                 "wait) and publish it", "hold",
+                                 before=("restore.hold.before",),
                                  after=("restore.hold.after",)))
     steps += [PlannedStep(StepKind.STOP, f"stop {gen.service} generation {gen.id}, proven "
-                          "gone", service=gen.service, before_gen=gen.id)
+                          "gone", "stop", service=gen.service, before_gen=gen.id)
               for gen in store.live_generations(host)]
     if request.replicating:
         steps.append(PlannedStep(StepKind.REPLICA_RESET, f"set {host}'s replica aside",
-                                 before=("restore.replica.before",),
+                                 "aside", before=("restore.replica.before",),
                                  after=("restore.replica.after",)))
     steps.append(PlannedStep(StepKind.SWAP_DB, "swap the verified copy in for the "
-                             f"database, the old one kept in {kept.KEPT}/",
+                             f"database, the old one kept in {kept.KEPT}/", "swap",
                              before=("restore.swap.before",), after=("restore.swap.after",)))
     if request.replicating:
         steps.append(PlannedStep(StepKind.REPLICA_STOP, "begin a new replica from the "
-                                 "restored file", service=REPLICA))
-    if running:
-        steps += [PlannedStep(StepKind.SPAWN, f"start {active.service} again (generation "
-                              f"{active.generation_id}'s build) through the verified start "
-                              "path", service=active.service, delegated=True)
-                  for active in store.list_active(host)]
-    return Plan(tuple(steps))
+                                 "restored file", "begin-replica", service=REPLICA))
+    if running and store.list_active(host):
+        steps.append(PlannedStep(StepKind.SPAWN, "start what ACTIVE names again ("
+                                 + ", ".join(a.service for a in store.list_active(host))
+                                 + ") through the verified start path", "start",
+                                 journals_own=True))
+    return Plan(OpKind.RESTORE, inst.app, host, tuple(steps))
+
+
+def _hold(restore: Restore, request: RestoreRequest, _step: PlannedStep) -> Bound:
+    host = request.host
+
+    async def hold(_op: Operation) -> Done | Failed:
+        route = restore.store.get_route(host)
+        if route is not None and route.state is not RouteState.HOLDING:
+            restore.store.set_route(host, host, RouteState.HOLDING, route.port,
+                                    route.generation_id, expected=route)
+        try:
+            await restore.publisher.publish(host)
+        except OperationError as exc:
+            return Failed(exc.message)
+        return Done()
+
+    return hold
+
+
+def _stop(restore: Restore, _request: RestoreRequest, step: PlannedStep) -> Bound:
+    async def stop(_op: Operation) -> Done | Failed:
+        gen = restore.store.get_generation(step.before_gen or 0)
+        if gen is None:
+            return Done("gone already")
+        return await targets.stop_effect(restore.store, restore.supervisor, gen)()
+
+    return stop
+
+
+def _aside(restore: Restore, request: RestoreRequest, _step: PlannedStep) -> Bound:
+    async def aside(_op: Operation) -> Done:
+        # Before the swap: from here on no replica holds what is being replaced, so no
+        # crash window leaves one that would bring it back (module header).
+        replicas = restore.replicas_on()
+        await asyncio.to_thread(_set_replica_aside, replicas.url(request.host))
+        return Done("the replica set aside (it holds the database being replaced)")
+
+    return aside
+
+
+def _swap(restore: Restore, request: RestoreRequest, _step: PlannedStep) -> Bound:
+    async def swapped(_op: Operation) -> Done:
+        assert request.staged is not None, "a dry run runs nothing"
+        await asyncio.to_thread(swap.swap, restore.home.db_path(request.host), request.staged)
+        return Done(f"database replaced; the old one kept in {kept.KEPT}/")
+
+    return swapped
+
+
+def _begin_replica(restore: Restore, request: RestoreRequest, _step: PlannedStep) -> Bound:
+    async def begin(_op: Operation) -> Done:
+        why = await restore.replicas_on().stop(request.host, sync=True)
+        if why is None:
+            return Done("a new replica begun from the restored file")
+        # The database is restored; a replicator started later begins the new replica
+        # anyway (module header). Said, not undone: the restore goes on.
+        log.warning("restore of %s: no replica begun from it yet: %s", request.host, why)
+        return Done(f"no replica begun yet: {why}")
+
+    return begin
+
+
+def _start(restore: Restore, request: RestoreRequest, _step: PlannedStep) -> Bound:
+    async def start(op: Operation) -> Ended:
+        current = instances.named(restore.store, request.host)
+        return Ended(await restore.recovery.respawn_active(op, current))
+
+    return start
+
+
+def _link_current(restore: Restore, request: RestoreRequest) -> None:
+    inst = restore.store.get_instance(request.host)
+    if inst is not None and inst.state is InstanceState.RUNNING:
+        targets.link_current(restore.store, restore.home, request.host)
+
+
+_EFFECTS: dict[str, EffectOf[Restore, RestoreRequest]] = {
+    "hold": _hold, "stop": _stop, "aside": _aside, "swap": _swap,
+    "begin-replica": _begin_replica, "start": _start}
+RESTORE: Spec[RestoreRequest, Restore] = Spec(
+    OpKind.RESTORE, plan_restore, _EFFECTS, fence_verb="be restored", converge_after=True,
+    epilogue=_link_current)
+RESTORE_REPLICA: Spec[RestoreRequest, Restore] = Spec(
+    OpKind.RESTORE_REPLICA, plan_restore, _EFFECTS, fence_verb="be restored",
+    converge_after=True, epilogue=_link_current)
 
 
 def _fsync(path: Path) -> None:
