@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from keelway.cli.base import api_call, cli, client, json_option
-from keelway.cli.output import emit_json, plural, table
-from keelway.cli.plans import dry_run_option, echo_plan
+from keelway.cli.base import answered, api_call, cli, client, json_option
+from keelway.cli.output import plural, table
+from keelway.cli.plans import dry_run_option
 
 
 @cli.group(invoke_without_command=True)
@@ -18,8 +18,7 @@ def apps(ctx: click.Context, as_json: bool) -> None:
     if ctx.invoked_subcommand is not None:
         return
     data = client().request("GET", "/v1/apps")
-    if as_json:
-        emit_json(data)
+    if answered(data, as_json):
         return
     if not data["apps"]:
         click.echo("no apps yet: deploy one with `keelway deploy NAME PATH`")
@@ -35,8 +34,7 @@ def apps(ctx: click.Context, as_json: bool) -> None:
 def apps_create(app: str, as_json: bool) -> None:
     """Create APP with no instances, so config can be set before its first deploy."""
     data = client().request("POST", "/v1/apps", {"app": app})
-    if as_json:
-        emit_json(data)
+    if answered(data, as_json):
         return
     click.echo(f"created {app}; next: `keelway config {app} set K=V`, "
                f"`keelway instances add {app} HOST`, `keelway deploy {app} PATH`")
@@ -55,11 +53,7 @@ def apps_destroy(app: str, yes: bool, purge_data: bool, dry_run: bool,
     stay unless --purge-data); the name can then be used again."""
     data = client(None).request("POST", f"/v1/apps/{app}/destroy",
                                 {"yes": yes, "purge_data": purge_data, "dry_run": dry_run})
-    if dry_run:
-        echo_plan(data, as_json)
-        return
-    if as_json:
-        emit_json(data)
+    if answered(data, as_json, dry_run):
         return
     kept = "" if purge_data else "; data dirs kept"
     click.echo(f"destroyed {app} ({plural(len(data['instances']), 'instance', 'instances')})"

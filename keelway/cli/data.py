@@ -8,9 +8,9 @@ from typing import Any
 
 import click
 
-from keelway.cli.base import api_call, cli, client, json_option
+from keelway.cli.base import answered, api_call, cli, client, json_option
 from keelway.cli.output import emit_json
-from keelway.cli.plans import dry_run_option, echo_plan
+from keelway.cli.plans import dry_run_option
 
 
 def _path(host: str, *rest: str) -> str:
@@ -108,11 +108,7 @@ def restore(host: str, snap_id: str | None, from_replica: bool, at: str | None,
         assert snap_id is not None
         data = client(None).request("POST", _path(host, snap_id, "restore"),
                                     {"dry_run": dry_run})
-    if dry_run:
-        echo_plan(data, as_json)
-        return
-    if as_json:
-        emit_json(data)
+    if answered(data, as_json, dry_run):
         return
     source = f"snapshot {data['snapshot']['id']}" if data["snapshot"] else "its replica"
     click.echo(f"restored {host} from {source} ({data['size_bytes']} bytes, verified); "

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import click
 
-from keelway.cli.base import api_call, cli, client, json_option
-from keelway.cli.output import emit_json
+from keelway.cli.base import answered, api_call, cli, client, json_option
 
 
 @cli.group()
@@ -21,12 +20,7 @@ def domains() -> None:
 @api_call
 def domains_add(host: str, aliases: tuple[str, ...], as_json: bool) -> None:
     """Serve instance HOST at ALIASES too."""
-    data = client(None).request("POST", f"/v1/instances/{host}/domains",
-                                {"aliases": list(aliases)})
-    if as_json:
-        emit_json(data)
-        return
-    click.echo(f"{host} is served at {', '.join([host, *data['aliases']])}")
+    _change(host, "", aliases, as_json)
 
 
 @domains.command("remove")
@@ -36,10 +30,13 @@ def domains_add(host: str, aliases: tuple[str, ...], as_json: bool) -> None:
 @api_call
 def domains_remove(host: str, aliases: tuple[str, ...], as_json: bool) -> None:
     """Stop serving instance HOST at ALIASES."""
-    data = client(None).request("POST", f"/v1/instances/{host}/domains/remove",
+    _change(host, "/remove", aliases, as_json)
+
+
+def _change(host: str, verb: str, aliases: tuple[str, ...], as_json: bool) -> None:
+    data = client(None).request("POST", f"/v1/instances/{host}/domains{verb}",
                                 {"aliases": list(aliases)})
-    if as_json:
-        emit_json(data)
+    if answered(data, as_json):
         return
     click.echo(f"{host} is served at {', '.join([host, *data['aliases']])}")
 
@@ -51,8 +48,7 @@ def domains_remove(host: str, aliases: tuple[str, ...], as_json: bool) -> None:
 def domains_list(host: str, as_json: bool) -> None:
     """The aliases of instance HOST."""
     data = client().request("GET", f"/v1/instances/{host}/domains")
-    if as_json:
-        emit_json(data)
+    if answered(data, as_json):
         return
     click.echo(f"{host} (app {data['app']})")
     for alias in data["aliases"]:

@@ -4,22 +4,9 @@ from __future__ import annotations
 
 import click
 
-from keelway.cli.base import api_call, cli, client, json_option
-from keelway.cli.output import emit_json, fail, fail_json, plural, table
-from keelway.cli.plans import dry_run_option, echo_plan
-
-
-def _config_pairs(pairs: tuple[str, ...], as_json: bool) -> dict[str, str]:
-    values: dict[str, str] = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            message, hint = f"{pair!r} is not K=V", "write NAME=value"
-            if as_json:
-                fail_json("bad-request", message, hint)
-            fail(message, hint)
-        values[name] = value
-    return values
+from keelway.cli.base import answered, api_call, cli, client, config_pairs, json_option
+from keelway.cli.output import fail, plural, table
+from keelway.cli.plans import dry_run_option
 
 
 @cli.group()
@@ -41,15 +28,11 @@ def instances_add(app: str, hosts: tuple[str, ...], pairs: tuple[str, ...], park
     """Add instances of APP at HOSTS, laid down whole (data dir, empty database, env file
     with a key) and started on APP's release if it has one (with --parked, started by
     their first request instead). One request for all."""
-    config = _config_pairs(pairs, as_json)
+    config = config_pairs(pairs, as_json)
     data = client(None).request("POST", f"/v1/apps/{app}/instances",
                                 {"hosts": list(hosts), "config": config, "parked": parked,
                                  "dry_run": dry_run})
-    if dry_run:
-        echo_plan(data, as_json)
-        return
-    if as_json:
-        emit_json(data)
+    if answered(data, as_json, dry_run):
         return
     click.echo(f"added {plural(len(data['added']), 'instance', 'instances')} of {app} in "
                f"{data['seconds']}s")
@@ -74,11 +57,7 @@ def instances_remove(app: str, host: str, purge_data: bool, dry_run: bool,
     --purge-data)."""
     data = client(None).request("POST", f"/v1/apps/{app}/instances/{host}/remove",
                                 {"purge_data": purge_data, "dry_run": dry_run})
-    if dry_run:
-        echo_plan(data, as_json)
-        return
-    if as_json:
-        emit_json(data)
+    if answered(data, as_json, dry_run):
         return
     click.echo(f"removed {host}" + ("" if purge_data else "; its data dir is kept"))
 
@@ -90,8 +69,7 @@ def instances_remove(app: str, host: str, purge_data: bool, dry_run: bool,
 def instances_list(app: str, as_json: bool) -> None:
     """APP's instances, their state and aliases."""
     data = client().request("GET", f"/v1/apps/{app}/instances")
-    if as_json:
-        emit_json(data)
+    if answered(data, as_json):
         return
     if not data["instances"]:
         click.echo(f"{app} has no instances: `keelway instances add {app} HOST`")

@@ -417,13 +417,7 @@ def _hold(restore: Restore, request: RestoreRequest, _step: PlannedStep) -> Boun
 
 
 def _stop(restore: Restore, _request: RestoreRequest, step: PlannedStep) -> Bound:
-    async def stop(_op: Operation) -> Done | Failed:
-        gen = restore.store.get_generation(step.before_gen or 0)
-        if gen is None:
-            return Done("gone already")
-        return await targets.stop_effect(restore.store, restore.supervisor, gen)()
-
-    return stop
+    return planned.stop(restore.store, restore.supervisor, step)
 
 
 def _aside(restore: Restore, request: RestoreRequest, _step: PlannedStep) -> Bound:

@@ -674,13 +674,7 @@ def _fence_import(seeding: Seeding, request: ImportRequest, _step: PlannedStep) 
 
 
 def _stop(seeding: Seeding, _request: object, step: PlannedStep) -> Bound:
-    async def stop(_op: Operation) -> Done | Failed:
-        gen = seeding.store.get_generation(step.before_gen or 0)
-        if gen is None:
-            return Done("gone already")
-        return await targets.stop_effect(seeding.store, seeding.supervisor, gen)()
-
-    return stop
+    return planned.stop(seeding.store, seeding.supervisor, step)
 
 
 def _sync(seeding: Seeding, request: ImportRequest, _step: PlannedStep) -> Bound:
