@@ -29,12 +29,14 @@ class DeployBody(msgspec.Struct, forbid_unknown_fields=True):
 class RestartBody(msgspec.Struct, forbid_unknown_fields=True):
     instance: str | None = None
     key: str | None = None
+    dry_run: bool = False  # answer the plan it would run; change nothing
 
 
 class ConfigBody(msgspec.Struct, forbid_unknown_fields=True):
     set: dict[str, str] = {}
     unset: list[str] = []
     key: str | None = None
+    dry_run: bool = False  # answer the plan it would run; change nothing
 
     def changes(self) -> dict[str, str | None]:
         """The checked changes, None for an unset (a name both unset and set is set)."""
@@ -50,6 +52,7 @@ class ConfigBody(msgspec.Struct, forbid_unknown_fields=True):
 class RollbackBody(msgspec.Struct, forbid_unknown_fields=True):
     to: int | None = None
     key: str | None = None
+    dry_run: bool = False  # answer the plan it would run; change nothing
 
 
 class ReconcileBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -58,6 +61,7 @@ class ReconcileBody(msgspec.Struct, forbid_unknown_fields=True):
 
 class InstanceBody(msgspec.Struct, forbid_unknown_fields=True):
     instance: str | None = None
+    dry_run: bool = False  # answer the plan it would run; change nothing
 
 
 class GcBody(msgspec.Struct, forbid_unknown_fields=True):

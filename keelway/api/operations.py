@@ -20,6 +20,7 @@ from aiohttp import web
 
 from keelway.api import bodies
 from keelway.api.http import app_name, error_response, log, read_body, send_line
+from keelway.api.plans import plan_response
 from keelway.builds import cache as deps_cache
 from keelway.builds import gc as builds_gc
 from keelway.builds.errors import BuildCommandError, BuildError
@@ -69,7 +70,8 @@ def _source_of(source: Path, staged: StagedBuild, ref: str | None) -> dict[str, 
 
 def _digest(kind: str, body: msgspec.Struct) -> str:
     """What a key names: the request without its key, canonically encoded."""
-    fields = {f: getattr(body, f) for f in body.__struct_fields__ if f != "key"}
+    fields = {f: getattr(body, f) for f in body.__struct_fields__
+              if f not in ("key", "dry_run")}
     encoded = msgspec.json.encode({"kind": kind, **fields}, order="sorted")
     return hashlib.sha256(encoded).hexdigest()
 
@@ -171,6 +173,8 @@ class Operations:
         name = app_name(self.store, request)
         body: bodies.RestartBody = await read_body(request, bodies.RestartBody)
         self.deployer.instances_of(name, body.instance)
+        if body.dry_run:
+            return plan_response(*self.deployer.dry_restart(name, body.instance))
         digest = _digest(f"restart {name}", body)
 
         async def work(progress: Progress) -> dict[str, Any]:
@@ -189,6 +193,8 @@ class Operations:
         # The whole resulting config, checked before the answer starts streaming, so a
         # refusal is a 400 that changed nothing; set_config checks it again at its start.
         self.deployer.new_config(name, changes)
+        if body.dry_run:
+            return plan_response(*self.deployer.dry_config(name, changes))
         digest = _digest(f"config {name}", body)
 
         async def work(progress: Progress) -> dict[str, Any]:
@@ -201,6 +207,8 @@ class Operations:
     async def rollback(self, request: web.Request) -> web.StreamResponse:
         name = app_name(self.store, request)
         body: bodies.RollbackBody = await read_body(request, bodies.RollbackBody)
+        if body.dry_run:
+            return plan_response(*self.deployer.dry_rollback(name, body.to))
         digest = _digest(f"rollback {name}", body)
 
         async def work(progress: Progress) -> dict[str, Any]:

@@ -9,6 +9,8 @@ from aiohttp import web
 from keelway.deploy.operation import Plan
 
 
-def plan_response(plan: Plan) -> web.Response:
-    return web.json_response({"dry_run": True, "plan": plan.as_json(),
-                              "lines": plan.lines()})
+def plan_response(*plans: Plan) -> web.Response:
+    """The plans an operation would run (one per instance, in the order it would run
+    them), as JSON and as the lines `--dry-run` prints."""
+    return web.json_response({"dry_run": True, "plans": [p.as_json() for p in plans],
+                              "lines": [line for p in plans for line in p.lines()]})

@@ -23,6 +23,7 @@ from keelway.api.http import app_name, errors_middleware, read_body, send_line
 from keelway.api.instances import InstancesApi
 from keelway.api.operations import Operations
 from keelway.api.parking import ParkingApi
+from keelway.api.plans import plan_response
 from keelway.api.replicas import ReplicasApi
 from keelway.api.seed import SeedApi
 from keelway.api.snapshots import SnapshotsApi
@@ -223,19 +224,23 @@ class Api:
         await response.write_eof()
         return response
 
-    async def _instances(self, request: web.Request) -> list[Any]:
+    async def _instances(self, request: web.Request) -> tuple[list[Any], bool]:
         name = app_name(self.store, request)
         body: bodies.InstanceBody = await read_body(request, bodies.InstanceBody)
-        return self.deployer.instances_of(name, body.instance)
+        return self.deployer.instances_of(name, body.instance), body.dry_run
 
     async def stop(self, request: web.Request) -> web.Response:
-        instances = await self._instances(request)
+        instances, dry_run = await self._instances(request)
+        if dry_run:
+            return plan_response(*[self.deployer.dry_stop(inst) for inst in instances])
         for inst in instances:
             await self.deployer.stop_instance(inst)
         return web.json_response({"stopped": [i.host for i in instances]})
 
     async def start(self, request: web.Request) -> web.Response:
-        instances = await self._instances(request)
+        instances, dry_run = await self._instances(request)
+        if dry_run:
+            return plan_response(*[self.deployer.dry_start(inst) for inst in instances])
         for inst in instances:
             await self.deployer.start_instance(inst)
         return web.json_response({"started": [i.host for i in instances]})

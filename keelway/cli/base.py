@@ -11,7 +11,6 @@ import click
 
 from keelway.cli.client import ApiError, ApiLost, ApiUnavailable, Client
 from keelway.cli.output import EXIT_LOST, emit_json, fail, fail_json
-from keelway.cli.plans import echo_plan
 from keelway.home import Home
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -69,6 +68,10 @@ def answered(data: dict[str, Any], as_json: bool, dry_run: bool = False) -> bool
     """Print what needs no words of the command's own: a dry run's plan, or `--json`'s
     answer. True when printed (the command is done)."""
     if dry_run:
+        # keelway/cli/plans.py sends dry runs through this module's client: imported
+        # here, not at the top, so neither module needs the other to load first.
+        from keelway.cli.plans import echo_plan
+
         echo_plan(data, as_json)
         return True
     if as_json:

@@ -11,6 +11,7 @@ import click
 
 from keelway.cli.base import api_call, cli, client, config_pairs, json_option
 from keelway.cli.output import EXIT_LOST, emit_json, fail, fail_json, shown_value
+from keelway.cli.plans import dry_run_operation, dry_run_option, echo_plan
 
 
 def run_operation(path: str, body: dict[str, Any], as_json: bool, what: str,
@@ -85,21 +86,27 @@ def deploy(app: str, source: str, hosts: tuple[str, ...], ref: str | None, use_g
 @click.argument("app")
 @click.option("--instance", default=None, help="Only this hostname.")
 @key_option
+@dry_run_option
 @json_option
 @api_call
-def restart(app: str, instance: str | None, key: str | None, as_json: bool) -> None:
+def restart(app: str, instance: str | None, key: str | None, dry_run: bool,
+            as_json: bool) -> None:
     """Start new processes of what APP runs (overlap or hold per service)."""
-    run_operation(f"/v1/apps/{app}/restart", {"instance": instance, "key": key}, as_json,
-                  f"restarted {app}", app)
+    body = {"instance": instance, "key": key}
+    if dry_run:
+        return dry_run_operation(f"/v1/apps/{app}/restart", body, as_json)
+    run_operation(f"/v1/apps/{app}/restart", body, as_json, f"restarted {app}", app)
 
 
 @cli.command()
 @click.argument("app")
 @click.argument("release", required=False)
 @key_option
+@dry_run_option
 @json_option
 @api_call
-def rollback(app: str, release: str | None, key: str | None, as_json: bool) -> None:
+def rollback(app: str, release: str | None, key: str | None, dry_run: bool,
+             as_json: bool) -> None:
     """Release the build and config of an older release (default: the one before)."""
     number: int | None = None
     if release is not None:
@@ -110,6 +117,8 @@ def rollback(app: str, release: str | None, key: str | None, as_json: bool) -> N
                 fail_json("bad-request", message, hint)
             fail(message, hint)
         number = int(digits)
+    if dry_run:
+        return dry_run_operation(f"/v1/apps/{app}/rollback", {"to": number}, as_json)
     run_operation(f"/v1/apps/{app}/rollback", {"to": number, "key": key}, as_json,
                   f"rolled back {app}", app)
 
@@ -181,17 +190,30 @@ def _instance_config(app: str, instance: str, body: dict[str, Any], as_json: boo
     click.echo("; ".join(said))
 
 
+def _dry_config(app: str, instance: str | None, body: dict[str, Any],
+                as_json: bool) -> None:
+    if instance is not None:
+        message, hint = ("--dry-run plans an app's config release", "drop --instance")
+        if as_json:
+            fail_json("bad-request", message, hint)
+        fail(message, hint)
+    dry_run_operation(f"/v1/apps/{app}/config", body, as_json)
+
+
 @config.command("set")
 @click.argument("pairs", nargs=-1, required=True)
 @key_option
+@dry_run_option
 @json_option
 @click.pass_obj
 @api_call
 def config_set(obj: tuple[str, str | None], pairs: tuple[str, ...], key: str | None,
-               as_json: bool) -> None:
+               dry_run: bool, as_json: bool) -> None:
     """Set K=V (a new release; processes restart per mode)."""
     app, instance = obj
     values = config_pairs(pairs, as_json)
+    if dry_run:
+        return _dry_config(app, instance, {"set": values}, as_json)
     if instance is not None:
         _instance_config(app, instance, {"set": values}, as_json,
                          f"set {', '.join(values)} on {instance}")
@@ -203,13 +225,16 @@ def config_set(obj: tuple[str, str | None], pairs: tuple[str, ...], key: str | N
 @config.command("unset")
 @click.argument("names", nargs=-1, required=True)
 @key_option
+@dry_run_option
 @json_option
 @click.pass_obj
 @api_call
 def config_unset(obj: tuple[str, str | None], names: tuple[str, ...], key: str | None,
-                 as_json: bool) -> None:
+                 dry_run: bool, as_json: bool) -> None:
     """Remove config vars (a new release)."""
     app, instance = obj
+    if dry_run:
+        return _dry_config(app, instance, {"unset": list(names)}, as_json)
     if instance is not None:
         _instance_config(app, instance, {"unset": list(names)}, as_json,
                          f"unset {', '.join(names)} on {instance}")
@@ -244,11 +269,15 @@ def reconcile(dry_run: bool, as_json: bool) -> None:
 def _instance_command(verb: str) -> Callable[..., None]:
     @click.argument("app")
     @click.option("--instance", default=None, help="Only this hostname.")
+    @dry_run_option
     @json_option
     @api_call
-    def command(app: str, instance: str | None, as_json: bool) -> None:
-        data = client(None).request("POST", f"/v1/apps/{app}/{verb}", {"instance": instance})
-        if as_json:
+    def command(app: str, instance: str | None, dry_run: bool, as_json: bool) -> None:
+        data = client(None).request("POST", f"/v1/apps/{app}/{verb}",
+                                    {"instance": instance, "dry_run": dry_run})
+        if dry_run:
+            echo_plan(data, as_json)
+        elif as_json:
             emit_json(data)
             return
         done = data["stopped" if verb == "stop" else "started"]

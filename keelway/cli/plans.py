@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 import click
 
+from keelway.cli.base import client
 from keelway.cli.output import emit_json
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -25,3 +26,8 @@ def echo_plan(data: dict[str, Any], as_json: bool) -> None:
         return
     for line in data["lines"]:
         click.echo(line)
+
+
+def dry_run_operation(path: str, body: dict[str, Any], as_json: bool) -> None:
+    """POST `body` as a dry run to `path` and show the plan it answers."""
+    echo_plan(client(None).request("POST", path, body | {"dry_run": True}), as_json)

@@ -37,10 +37,10 @@ from keelway.deploy.outcome import Outcome, Progress, Result
 from keelway.deploy.plan import (
     Activate,
     AttemptPlan,
+    AttemptStep,
     BeginHoldExec,
     Fallback,
     MarkGood,
-    PlannedStep,
     Publish,
     Retire,
     RunReleaseCommand,
@@ -134,7 +134,7 @@ class Attempt:
         return Result(Outcome.DONE, generations={s: g.id for s, g in self._candidates.items()},
                       released=self._released)
 
-    async def _apply(self, step: PlannedStep, plan: AttemptPlan,
+    async def _apply(self, step: AttemptStep, plan: AttemptPlan,
                      prior: dict[str, Generation]) -> Failed | None:
         """Carry out one planned step; a failure it expects comes back as a value."""
         match step:

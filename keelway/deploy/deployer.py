@@ -24,15 +24,24 @@ from keelway.deploy.attempt import Attempt
 from keelway.deploy.errors import AppFailed, NotFoundError, OperationError, UserError
 from keelway.deploy.fences import refuse_if_fenced
 from keelway.deploy.instances import lay_down_step
+from keelway.deploy.operation import (
+    Bound,
+    Ended,
+    Plan,
+    PlannedStep,
+    Spec,
+    stop_generation,
+    stop_steps,
+)
 from keelway.deploy.outcome import Outcome, Progress, Result
 from keelway.deploy.part import Part
-from keelway.deploy.steps import Done, Failed, Steps
+from keelway.deploy.plan import describe_step, fallback_of, plan_attempt
+from keelway.deploy.steps import Done, Failed
 from keelway.deploy.targets import Target
-from keelway.journal import REPLICA, Cause, OpKind, StepKind
-from keelway.reconcile.plan import Pass
-from keelway.store import StaleSchedule
-from keelway.store.lifecycle import InstanceState
-from keelway.store.records import Generation, Instance, Operation, ReleaseDraft
+from keelway.journal import Cause, OpKind, StepKind
+from keelway.store import StaleSchedule, Store
+from keelway.store.lifecycle import GenState, InstanceState
+from keelway.store.records import Instance, Operation, ReleaseDraft
 
 failpoints.declare("defer.before", "defer.after",
                    "service.out.before", "service.out.after", "service.in.before",
@@ -151,19 +160,31 @@ class Deployer(Part):
                          progress: Progress = _quiet, key: str | None = None,
                          request_digest: str | None = None) -> list[InstanceResult]:
         """A new release with changed config vars (None unsets); restarts per mode."""
-        config = self.new_config(app, changes)
-        app_record = self.store.get_app(app)
-        if app_record is not None and not self.store.list_releases(app):
+        intent = self._config_intent(app, changes, progress, key, request_digest)
+        if intent is None:
             # `apps create`, then config before the first deploy: nothing runs yet, so
             # there is nothing to roll out; the first deploy's release carries it.
-            self.store.set_app_config(app_record, config)
+            app_record = self.store.get_app(app)
+            assert app_record is not None
+            self.store.set_app_config(app_record, self.new_config(app, changes))
             return []
+        return await self._rollout(intent)
+
+    def dry_config(self, app: str, changes: dict[str, str | None]) -> list[Plan]:
+        intent = self._config_intent(app, changes, _quiet, None, None)
+        return [] if intent is None else self._dry_rollout(intent)
+
+    def _config_intent(self, app: str, changes: dict[str, str | None], progress: Progress,
+                       key: str | None, request_digest: str | None) -> Intent | None:
+        config = self.new_config(app, changes)
+        if not self.store.list_releases(app):
+            return None
         current = targets.current_release(self.store, app)
         changed = ", ".join(sorted(changes))
         verb = "Set" if all(v is not None for v in changes.values()) else "Update"
-        return await self._rollout(Intent(
-            app, OpKind.CONFIG, Cause.CONFIG, current.build_digest, current.build_path,
-            config, f"{verb} {changed}", self._hosts(app), progress, key, request_digest))
+        return Intent(app, OpKind.CONFIG, Cause.CONFIG, current.build_digest,
+                      current.build_path, config, f"{verb} {changed}", self._hosts(app),
+                      progress, key, request_digest)
 
     def new_config(self, app: str, changes: dict[str, str | None]) -> dict[str, str]:
         """`app`'s config with `changes` applied (None unsets), refused with a UserError
@@ -188,6 +209,14 @@ class Deployer(Part):
                        request_digest: str | None = None) -> list[InstanceResult]:
         """A new release with the build and config of an older one (default: the one
         before the latest)."""
+        return await self._rollout(self._rollback_intent(app, to, progress, key,
+                                                         request_digest))
+
+    def dry_rollback(self, app: str, to: int | None) -> list[Plan]:
+        return self._dry_rollout(self._rollback_intent(app, to, _quiet, None, None))
+
+    def _rollback_intent(self, app: str, to: int | None, progress: Progress,
+                         key: str | None, request_digest: str | None) -> Intent:
         releases = self.store.list_releases(app)
         if self.store.get_app(app) is None:
             raise NotFoundError(f"no app named {app}", hint="see `keelway apps`")
@@ -204,10 +233,9 @@ class Deployer(Part):
         if build is None:
             raise UserError(f"the build of v{to} is no longer staged",
                             hint="deploy its source again")
-        return await self._rollout(Intent(
-            app, OpKind.ROLLBACK, Cause.RELEASE, chosen.build_digest, build,
-            dict(chosen.config), f"Rollback to v{to}", self._hosts(app), progress, key,
-            request_digest))
+        return Intent(app, OpKind.ROLLBACK, Cause.RELEASE, chosen.build_digest, build,
+                      dict(chosen.config), f"Rollback to v{to}", self._hosts(app), progress,
+                      key, request_digest)
 
     def _hosts(self, app: str) -> tuple[str, ...]:
         return tuple(i.host for i in self.store.list_instances(app))
@@ -217,21 +245,14 @@ class Deployer(Part):
         # older attempt, still running, stand down at its next check.
         revs = {host: self.store.bump_schedule(host) for host in intent.hosts}
         async with self.locks.app(intent.app):
-            number = self.store.next_release_number(intent.app)
-            rollout = Rollout(
-                intent.app, intent.kind, intent.cause,
-                Target.load(intent.app, number, intent.build_digest, intent.build_path,
-                            dict(intent.config), intent.mode),
-                revs, ReleaseDraft(intent.app, intent.build_digest, dict(intent.config),
-                                   intent.description),
-                intent.progress, intent.key, intent.request_digest)
+            rollout = self._scheduled(intent, revs)
             results: list[InstanceResult] = []
             for host in intent.hosts:
                 result = await self._attempt_on(rollout, host)
                 if result.released:
                     # The first install wrote the release; the rest install that one.
                     rollout = dataclasses.replace(rollout, release=None)
-                results.append(InstanceResult(host, number, _said(result),
+                results.append(InstanceResult(host, rollout.target.release, _said(result),
                                               result.generations))
                 if result.outcome is not Outcome.DONE:
                     raise AppFailed(
@@ -240,6 +261,26 @@ class Deployer(Part):
                         hint=f"see `keelway logs {intent.app} --instance {host}` and "
                              f"`keelway ops {intent.app}`")
             return results
+
+    def _scheduled(self, intent: Intent, revs: Mapping[str, int]) -> Rollout:
+        """The rollout of `intent` at schedule `revs`: its target is the app's next
+        release (read under the app's lock by a rollout that runs)."""
+        number = self.store.next_release_number(intent.app)
+        return Rollout(
+            intent.app, intent.kind, intent.cause,
+            Target.load(intent.app, number, intent.build_digest, intent.build_path,
+                        dict(intent.config), intent.mode),
+            revs, ReleaseDraft(intent.app, intent.build_digest, dict(intent.config),
+                               intent.description),
+            intent.progress, intent.key, intent.request_digest)
+
+    def _dry_rollout(self, intent: Intent) -> list[Plan]:
+        """Each instance's plan, as the rollout would run it were it scheduled now
+        (every instance is planned, though a real rollout halts at its first failure)."""
+        revs = {host: targets.instance_named(self.store, host).schedule_rev
+                for host in intent.hosts}
+        rollout = self._scheduled(intent, revs)
+        return [self.dry_attempt(rollout, host) for host in intent.hosts]
 
     async def start_new(self, app: str, hosts: list[str],
                         progress: Progress = _quiet) -> list[InstanceResult]:
@@ -264,16 +305,12 @@ class Deployer(Part):
         """New generations of what each instance runs now (overlap or hold per service)."""
         results = []
         for inst in self.instances_of(app, host):
-            if inst.state is InstanceState.PARKED:
+            target = self._restart_target(inst)
+            if target is None:
                 # Nothing runs to restart; its next wake starts fresh processes anyway,
                 # and a pending release is not to be replaced by what ran before.
                 results.append(InstanceResult(inst.host, 0, "parked", {}))
                 continue
-            refuse_if_fenced(self.store, inst.host, "restart")
-            target = targets.running_target(self.store, inst.host)
-            if target is None:
-                raise UserError(f"{inst.host} runs nothing to restart",
-                                hint=f"deploy {app} first, or `keelway start {app}`")
             rev = self.store.bump_schedule(inst.host)
             result = await self._attempt_on(
                 Rollout(app, OpKind.RESTART, Cause.RESTART, target, {inst.host: rev}, None,
@@ -285,137 +322,243 @@ class Deployer(Part):
                                 hint=f"see `keelway logs {app} --instance {inst.host}`")
         return results
 
+    def dry_restart(self, app: str, host: str | None) -> list[Plan]:
+        plans = []
+        for inst in self.instances_of(app, host):
+            target = self._restart_target(inst)
+            if target is None:
+                plans.append(Plan(OpKind.RESTART, app, inst.host,
+                                  nothing="parked: its next wake starts fresh processes"))
+                continue
+            plans.append(self.dry_attempt(
+                Rollout(app, OpKind.RESTART, Cause.RESTART, target,
+                        {inst.host: inst.schedule_rev}, None, _quiet, None, None),
+                inst.host))
+        return plans
+
+    def _restart_target(self, inst: Instance) -> Target | None:
+        """What a restart of `inst` starts again (None: parked, nothing runs); refused
+        before anything is scheduled when fenced or when it runs nothing."""
+        if inst.state is InstanceState.PARKED:
+            return None
+        refuse_if_fenced(self.store, inst.host, "restart")
+        target = targets.running_target(self.store, inst.host)
+        if target is None:
+            raise UserError(f"{inst.host} runs nothing to restart",
+                            hint=f"deploy {inst.app} first, or `keelway start {inst.app}`")
+        return target
+
     async def _attempt_on(self, rollout: Rollout, host: str) -> Result:
-        rev = rollout.revisions[host]
-        async with self.locks.instance(host):
-            await self.recovery.converge(host, Pass.MUTATION)
-            inst = self.store.get_instance(host)
-            if inst is None or inst.schedule_rev != rev:
-                return Result(Outcome.SUPERSEDED, "superseded before it started")
-            if inst.state is InstanceState.PARKED:
-                return await self._defer(rollout, host, rev)
-            refuse_if_fenced(self.store, host, rollout.kind.value)
+        ran = await self.journal.run(ATTEMPTS[rollout.kind], self,
+                                     AttemptRequest(host, rollout), key=rollout.key,
+                                     request_digest=rollout.request_digest,
+                                     schedule_rev=rollout.revisions[host])
+        if ran.result is None:
+            return Result(Outcome.SUPERSEDED, ran.plan.nothing)
+        return ran.result
 
-            async def attempt(op: Operation) -> Result:
-                await lay_down_step(self.store, self.home, op.id, host)
-                return await Attempt(
-                    store=self.store, home=self.home, supervisor=self.supervisor,
-                    publisher=self.publisher, op=op, host=host, cause=rollout.cause,
-                    target=rollout.target, rev=rev, release=rollout.release,
-                    progress=rollout.progress).run()
-
-            result = await self.journal.journaled(rollout.app, host, rollout.kind, attempt,
-                                            key=rollout.key,
-                                            request_digest=rollout.request_digest,
-                                            schedule_rev=rev, converge_after=True)
-            targets.link_current(self.store, self.home, host)
-            return result
-
-    async def _defer(self, rollout: Rollout, host: str, rev: int) -> Result:
-        """A parked instance stays parked: the rollout's release is left pending for its
-        next wake, which runs it as an attempt with the settle window and the fallback
-        of `rollout.cause`. Nothing starts now; the caller holds the instance lock."""
-        released = False
-
-        async def defer(op: Operation) -> Result:
-            nonlocal released
-
-            async def pending() -> Done | Failed:
-                nonlocal released
-                try:
-                    written = self.store.defer_release(
-                        host, schedule_rev=rev, number=rollout.target.release,
-                        cause=rollout.cause, release=rollout.release)
-                except StaleSchedule:
-                    return Failed("superseded by a newer operation before it was deferred")
-                released = written is not None
-                return Done(f"v{rollout.target.release}")
-
-            failed = await Steps(self.store, op.id).run(StepKind.DEFER, pending,
-                                                        before=("defer.before",),
-                                                        after=("defer.after",))
-            if failed is not None:
-                return Result(Outcome.SUPERSEDED, failed.reason)
-            rollout.progress(f"{host} is parked: v{rollout.target.release} starts at its "
-                             "next wake")
-            return Result(Outcome.DONE, "deferred to the next wake", released=released,
-                          deferred=True)
-
-        return await self.journal.journaled(rollout.app, host, rollout.kind, defer,
-                                      key=rollout.key, request_digest=rollout.request_digest,
-                                      schedule_rev=rev)
+    def dry_attempt(self, rollout: Rollout, host: str) -> Plan:
+        return self.journal.dry_run(ATTEMPTS[rollout.kind], AttemptRequest(host, rollout))
 
     # -- stop / start ----------------------------------------------------------------
 
     async def stop_instance(self, inst: Instance) -> None:
         """Take the instance out of service (STOPPED, route gated: 503), then stop every
         generation and prove it gone; ACTIVE stays, so start respawns what ran."""
-        async with self.locks.instance(inst.host):
-            await self.recovery.converge(inst.host, Pass.MUTATION)
-
-            async def stop(op: Operation) -> Result:
-                steps = Steps(self.store, op.id)
-
-                async def out_of_service() -> Done:
-                    if self.store.take_out_of_service(inst.host, InstanceState.STOPPED):
-                        await self.publisher.publish()
-                    return Done()
-
-                await steps.run(StepKind.OUT_OF_SERVICE, out_of_service,
-                                before=("service.out.before",), after=("service.out.after",))
-                for gen in self.store.live_generations(inst.host):
-                    if gen.service == REPLICA:
-                        continue  # after the app, with a last sync (Recovery.keep_replica)
-                    if (failed := await self._stop(steps, gen)) is not None:
-                        raise OperationError(failed.reason,
-                                             hint="the process is stuck in the kernel; "
-                                                  "check `ps`")
-                return Result(Outcome.DONE)
-
-            result = await self.journal.journaled(inst.app, inst.host, OpKind.STOP, stop)
-            if result.outcome is not Outcome.DONE:
-                raise OperationError(result.reason or "stop failed")
-
-    async def _stop(self, steps: Steps, gen: Generation) -> Failed | None:
-        async def halt() -> Done | Failed:
-            if await self.supervisor.stop(gen, targets.stop_grace_s(self.store, gen)):
-                return Done()
-            return Failed(f"generation {gen.id} (pid {gen.pid}) did not stop")
-
-        return await steps.run(StepKind.STOP, halt, service=gen.service, before_gen=gen.id)
+        ran = await self.journal.run(STOP, self, HostRequest(inst.host))
+        if not ran.done:
+            assert ran.result is not None
+            raise OperationError(ran.result.reason or "stop failed")
 
     async def start_instance(self, inst: Instance) -> None:
         """Put the instance back in service (RUNNING), then respawn what ACTIVE names and
         publish its route: the same path as a restart after a crash."""
-        async with self.locks.instance(inst.host):
-            await self.recovery.converge(inst.host, Pass.MUTATION)
-            inst = self.store.get_instance(inst.host) or inst
-            refuse_if_fenced(self.store, inst.host, "start")
+        ran = await self.journal.run(START, self, HostRequest(inst.host))
+        if not ran.done:
+            assert ran.result is not None
+            raise AppFailed(f"{inst.host}: {ran.result.reason}",
+                            hint=f"see `keelway logs {inst.app} --instance {inst.host}`")
 
-            async def start(op: Operation) -> Result:
-                async def in_service() -> Done:
-                    current = self.store.get_instance(inst.host)
-                    if current is None:
-                        raise NotFoundError(f"no instance {inst.host}")
-                    if current.state is not InstanceState.RUNNING:
-                        self.store.set_instance_state(current, InstanceState.RUNNING)
-                    return Done()
+    def dry_stop(self, inst: Instance) -> Plan:
+        return self.journal.dry_run(STOP, HostRequest(inst.host))
 
-                await Steps(self.store, op.id).run(
-                    StepKind.IN_SERVICE, in_service,
-                    before=("service.in.before",), after=("service.in.after",))
-                current = self.store.get_instance(inst.host) or inst
-                return await self.recovery.respawn_active(op, current)
-
-            result = await self.journal.journaled(inst.app, inst.host, OpKind.START, start)
-            await self.recovery.converge(inst.host, Pass.MUTATION)
-            targets.link_current(self.store, self.home, inst.host)
-            if result.outcome is not Outcome.DONE:
-                raise AppFailed(f"{inst.host}: {result.reason}",
-                                hint=f"see `keelway logs {inst.app} --instance {inst.host}`")
-
+    def dry_start(self, inst: Instance) -> Plan:
+        return self.journal.dry_run(START, HostRequest(inst.host))
 
 
 def _said(result: Result) -> str:
     """An instance's outcome as a rollout reports it: `deferred` for a parked one."""
     return "deferred" if result.deferred else result.outcome.value
+
+
+# -- the attempt kinds: deploy, config, rollback, restart ---------------------------
+
+
+@dataclass(frozen=True)
+class AttemptRequest:
+    host: str
+    rollout: Rollout
+
+
+def plan_attempt_on(store: Store, request: AttemptRequest) -> Plan:
+    """One instance's step of a rollout. Superseded (a newer schedule) before it
+    starts: nothing. A parked instance: its release deferred to its next wake (one
+    DEFER step), nothing started; a fenced one is deferred too, since nothing runs. A
+    fenced running one is refused. Otherwise the instance laid down whole, then the
+    attempt of deploy/plan.py, which journals its own steps and falls back by its
+    table (its line lists the steps it plans now)."""
+    rollout, host = request.rollout, request.host
+    inst = targets.instance_named(store, host)
+    kind = rollout.kind
+    if inst.schedule_rev != rollout.revisions[host]:
+        return Plan(kind, inst.app, host, nothing="superseded before it started")
+    release = rollout.target.release
+    if inst.state is InstanceState.PARKED:
+        return Plan(kind, inst.app, host, (PlannedStep(
+            StepKind.DEFER, f"{host} is parked: v{release} is left pending for its next "
+            "wake", "defer", before=("defer.before",), after=("defer.after",),
+            arg=release),))
+    refuse_if_fenced(store, host, kind.value)
+    prior = {a.service: gen for a in store.list_active(host)
+             if (gen := store.get_generation(a.generation_id)) is not None
+             and gen.state is not GenState.GONE}
+    attempt = plan_attempt(rollout.target.manifest, prior, rollout.cause,
+                           routed=store.get_route(host) is not None)
+    said = ", ".join(describe_step(step) for step in attempt.steps)
+    return Plan(kind, inst.app, host, (
+        PlannedStep(StepKind.LAY_DOWN, f"lay {host} down whole (data dir, databases, "
+                    "env file)", "lay-down", journals_own=True),
+        PlannedStep(StepKind.SPAWN, f"attempt v{release} "
+                    f"({rollout.target.build_digest[:12]}, {attempt.mode.value}): {said}; "
+                    f"on failure: {fallback_of(rollout.cause, attempt.mode)}", "attempt",
+                    arg=release, journals_own=True),
+    ))
+
+
+def _lay_down(deployer: Deployer, request: AttemptRequest, _step: PlannedStep) -> Bound:
+    async def lay_down(op: Operation) -> Done:
+        await lay_down_step(deployer.store, deployer.home, op.id, request.host)
+        return Done()
+
+    return lay_down
+
+
+def _attempt(deployer: Deployer, request: AttemptRequest, _step: PlannedStep) -> Bound:
+    async def attempt(op: Operation) -> Ended:
+        rollout = request.rollout
+        return Ended(await Attempt(
+            store=deployer.store, home=deployer.home, supervisor=deployer.supervisor,
+            publisher=deployer.publisher, op=op, host=request.host, cause=rollout.cause,
+            target=rollout.target, rev=rollout.revisions[request.host],
+            release=rollout.release, progress=rollout.progress).run())
+
+    return attempt
+
+
+def _defer(deployer: Deployer, request: AttemptRequest, _step: PlannedStep) -> Bound:
+    """A parked instance stays parked: the rollout's release is left pending for its
+    next wake, which runs it as an attempt with the settle window and the fallback of
+    its cause. Nothing starts now."""
+    async def defer(_op: Operation) -> Ended:
+        rollout, host = request.rollout, request.host
+        try:
+            written = deployer.store.defer_release(
+                host, schedule_rev=rollout.revisions[host], number=rollout.target.release,
+                cause=rollout.cause, release=rollout.release)
+        except StaleSchedule:
+            return Ended(Result(Outcome.SUPERSEDED,
+                                "superseded by a newer operation before it was deferred"))
+        rollout.progress(f"{host} is parked: v{rollout.target.release} starts at its "
+                         "next wake")
+        return Ended(Result(Outcome.DONE, "deferred to the next wake",
+                            released=written is not None, deferred=True),
+                     detail=f"v{rollout.target.release}")
+
+    return defer
+
+
+def _link_current(deployer: Deployer, request: HostRequest | AttemptRequest) -> None:
+    targets.link_current(deployer.store, deployer.home, request.host)
+
+
+ATTEMPTS: dict[OpKind, Spec[AttemptRequest, Deployer]] = {
+    kind: Spec(kind, plan_attempt_on,
+               {"lay-down": _lay_down, "attempt": _attempt, "defer": _defer},
+               converge_after=True, epilogue=_link_current)
+    for kind in (OpKind.DEPLOY, OpKind.CONFIG, OpKind.ROLLBACK, OpKind.RESTART)}
+
+
+# -- stop and start -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostRequest:
+    host: str
+
+
+def plan_stop(store: Store, request: HostRequest) -> Plan:
+    """Stop: the instance STOPPED and its route gated in one write, published; then a
+    stop of every live generation but the replicator (the replication hook stops it
+    after the app, with a last sync). Once the first step succeeded, convergence stops
+    whatever ACTIVE still runs."""
+    host = request.host
+    inst = targets.instance_named(store, host)
+    return Plan(OpKind.STOP, inst.app, host, (
+        PlannedStep(StepKind.OUT_OF_SERVICE, f"{host} STOPPED and its route gated (503) in "
+                    "one write, then published", "out-of-service",
+                    before=("service.out.before",), after=("service.out.after",)),
+        *stop_steps(store, host)))
+
+
+def _out_of_service(deployer: Deployer, request: HostRequest, _step: PlannedStep) -> Bound:
+    async def out_of_service(_op: Operation) -> Done:
+        if deployer.store.take_out_of_service(request.host, InstanceState.STOPPED):
+            await deployer.publisher.publish()
+        return Done()
+
+    return out_of_service
+
+
+def _stop(deployer: Deployer, _request: HostRequest, step: PlannedStep) -> Bound:
+    return stop_generation(deployer.store, deployer.supervisor, step)
+
+
+STOP: Spec[HostRequest, Deployer] = Spec(
+    OpKind.STOP, plan_stop, {"out-of-service": _out_of_service, "stop": _stop})
+
+
+def plan_start(store: Store, request: HostRequest) -> Plan:
+    """Start: the instance RUNNING (once written, convergence restarts ACTIVE), then what
+    ACTIVE names respawned through the verified start path and its route published."""
+    host = request.host
+    inst = targets.instance_named(store, host)
+    return Plan(OpKind.START, inst.app, host, (
+        PlannedStep(StepKind.IN_SERVICE, f"{host} RUNNING", "in-service",
+                    before=("service.in.before",), after=("service.in.after",)),
+        PlannedStep(StepKind.SPAWN, "start what ACTIVE names and publish its route",
+                    "respawn", journals_own=True)))
+
+
+def _in_service(deployer: Deployer, request: HostRequest, _step: PlannedStep) -> Bound:
+    async def in_service(_op: Operation) -> Done:
+        current = targets.instance_named(deployer.store, request.host)
+        if current.state is not InstanceState.RUNNING:
+            deployer.store.set_instance_state(current, InstanceState.RUNNING)
+        return Done()
+
+    return in_service
+
+
+def _respawn(deployer: Deployer, request: HostRequest, _step: PlannedStep) -> Bound:
+    async def respawn(op: Operation) -> Done | Failed:
+        current = targets.instance_named(deployer.store, request.host)
+        result = await deployer.recovery.respawn_active(op, current)
+        return Done() if result.outcome is Outcome.DONE else Failed(
+            result.reason or "the start failed")
+
+    return respawn
+
+
+START: Spec[HostRequest, Deployer] = Spec(
+    OpKind.START, plan_start, {"in-service": _in_service, "respawn": _respawn},
+    fence_verb="start", converge_after=True, epilogue=_link_current)

@@ -43,8 +43,9 @@ from keelway.deploy.errors import OperationError
 from keelway.deploy.locks import Locks
 from keelway.deploy.outcome import Outcome, Result
 from keelway.deploy.steps import Done, Failed, Steps
-from keelway.journal import OpKind, StepKind
+from keelway.journal import REPLICA, OpKind, StepKind
 from keelway.reconcile.plan import Pass, Verdict, by_steps
+from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
 from keelway.store.lifecycle import OpState, StepState
 from keelway.store.records import Operation
@@ -60,6 +61,9 @@ class Ended:
     attempt run inside another operation decided, say."""
 
     result: Result
+    # On a journaled step: its detail; the step is written failed (with the result's
+    # reason) unless the result is DONE.
+    detail: str | None = None
 
 
 # The effect bound to one planned step. It is given the operation it runs in (a dynamic
@@ -226,7 +230,8 @@ class Runner:
         return spec.plan(self.store, request)
 
     async def run(self, spec: Spec[Req, Parts], parts: Parts, request: Req, *,
-                  key: str | None = None, request_digest: str | None = None) -> Ran:
+                  key: str | None = None, request_digest: str | None = None,
+                  schedule_rev: int = 0) -> Ran:
         """Lock, converge, refuse a fence, plan, and run the plan as one operation.
 
         After return the operation (if any) is terminal and the lock released. A plan
@@ -237,21 +242,22 @@ class Runner:
             case Locking.APP:
                 async with self.locks.app(inst.app), self.locks.instance(host):
                     return await self._run_locked(spec, parts, request, key,
-                                                  request_digest)
+                                                  request_digest, schedule_rev)
             case Locking.INSTANCE:
                 async with self.locks.instance(host):
                     return await self._run_locked(spec, parts, request, key,
-                                                  request_digest)
+                                                  request_digest, schedule_rev)
             case _:
                 assert_never(spec.locks)
 
     async def _run_locked(self, spec: Spec[Req, Parts], parts: Parts, request: Req,
-                          key: str | None, request_digest: str | None) -> Ran:
+                          key: str | None, request_digest: str | None,
+                          schedule_rev: int) -> Ran:
         await self.converger.converge(request.host, Pass.MUTATION)
         if spec.fence_verb is not None:
             fences.refuse_if_fenced(self.store, request.host, spec.fence_verb)
         return await self.run_held(spec, parts, request, key=key,
-                                   request_digest=request_digest)
+                                   request_digest=request_digest, schedule_rev=schedule_rev)
 
     async def run_held(self, spec: Spec[Req, Parts], parts: Parts, request: Req, *,
                        key: str | None = None, request_digest: str | None = None,
@@ -396,7 +402,9 @@ async def _journaled_step(steps: Steps, op: Operation, step: PlannedStep,
         end = await effect(op)
         if isinstance(end, Ended):
             ended.append(end)
-            return Done()
+            if end.result.outcome is not Outcome.DONE:
+                return Failed(end.result.reason or end.result.outcome.value)
+            return Done(end.detail)
         return end
 
     failed = await steps.run(step.kind, run, before=step.before, after=step.after,
@@ -405,6 +413,32 @@ async def _journaled_step(steps: Steps, op: Operation, step: PlannedStep,
     if ended:
         return ended[0]
     return Done() if failed is None else failed
+
+
+# -- steps several kinds plan -----------------------------------------------------
+
+
+def stop_steps(store: Store, host: str) -> tuple[PlannedStep, ...]:
+    """A STOP step for each live generation of `host` but the replicator (stopped after
+    the app with a last sync, by the replication hook), bound to `stop_generation`
+    under the effect name `stop`."""
+    return tuple(
+        PlannedStep(StepKind.STOP, f"stop {gen.service} generation {gen.id} and prove it "
+                    "gone", "stop", service=gen.service, before_gen=gen.id)
+        for gen in store.live_generations(host) if gen.service != REPLICA)
+
+
+def stop_generation(store: Store, supervisor: Supervisor, step: PlannedStep) -> Bound:
+    """A STOP step's effect: the generation it names stopped with its own grace and
+    proven gone (one whose record is gone already is done)."""
+    async def stop(_op: Operation) -> Done | Failed:
+        assert step.before_gen is not None
+        gen = store.get_generation(step.before_gen)
+        if gen is None:
+            return Done("no record")
+        return await targets.stop_effect(store, supervisor, gen)()
+
+    return stop
 
 
 @dataclass(frozen=True)

@@ -44,14 +44,22 @@ from keelway.deploy.errors import AppFailed, OperationError, UserError
 from keelway.deploy.fences import refuse_if_fenced
 from keelway.deploy.instances import lay_down_step
 from keelway.deploy.locks import Locks
-from keelway.deploy.operation import Bound, EffectOf, Ended, Plan, PlannedStep, Spec
+from keelway.deploy.operation import (
+    Bound,
+    Ended,
+    Plan,
+    PlannedStep,
+    Spec,
+    stop_generation,
+    stop_steps,
+)
 from keelway.deploy.outcome import Outcome, Result
 from keelway.deploy.part import Part
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
 from keelway.deploy.steps import Done, Effect, Failed
 from keelway.home import Home
-from keelway.journal import REPLICA, Cause, OpKind, StepKind
+from keelway.journal import Cause, OpKind, StepKind
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
 from keelway.store.lifecycle import InstanceState
@@ -264,10 +272,6 @@ def plan_park(store: Store, request: ParkRequest) -> Plan:
             pass
         case _:
             assert_never(inst.state)
-    stops = tuple(
-        PlannedStep(StepKind.STOP, f"stop {gen.service} generation {gen.id} and prove it "
-                    "gone", "stop", service=gen.service, before_gen=gen.id)
-        for gen in store.live_generations(host) if gen.service != REPLICA)
     return Plan(OpKind.PARK, inst.app, host, (
         PlannedStep(StepKind.PARK, f"{host} PARKED and its route parked, in one write "
                     f"({request.why})", "intent", before=("park.before",),
@@ -277,7 +281,7 @@ def plan_park(store: Store, request: ParkRequest) -> Plan:
         # stops them at its next pass, after which boot and the periodic pass
         # republish. A router that cannot be reached serves nothing better meanwhile.
         PlannedStep(StepKind.PUBLISH, "publish the route table", "publish"),
-        *stops))
+        *stop_steps(store, host)))
 
 
 def _park_intent(parking: Parking, request: ParkRequest, _step: PlannedStep) -> Bound:
@@ -299,14 +303,7 @@ def _publish(parking: Parking, request: ParkRequest, _step: PlannedStep) -> Boun
 
 
 def _stop(parking: Parking, _request: ParkRequest, step: PlannedStep) -> Bound:
-    async def stop(_op: Operation) -> Done | Failed:
-        assert step.before_gen is not None
-        gen = parking.store.get_generation(step.before_gen)
-        if gen is None:
-            return Done("no record")
-        return await targets.stop_effect(parking.store, parking.supervisor, gen)()
-
-    return stop
+    return stop_generation(parking.store, parking.supervisor, step)
 
 
 PARK: Spec[ParkRequest, Parking] = Spec(
@@ -393,20 +390,30 @@ def _wake_deferred(parking: Parking, request: WakeRequest, _step: PlannedStep) -
     return deferred
 
 
-def _respawn(waiting_workers: bool) -> EffectOf[Parking, WakeRequest]:
-    def bind(parking: Parking, request: WakeRequest, _step: PlannedStep) -> Bound:
-        async def respawn(op: Operation) -> Done | Failed:
-            store = parking.store
-            inst = targets.instance_named(store, request.host)
-            waiting = frozenset(a.service for a in store.list_active(inst.host)
-                                if a.service != WEB) if waiting_workers else frozenset()
-            result = await parking.recovery.respawn_active(op, inst, waiting=waiting)
-            return Done() if result.outcome is Outcome.DONE else Failed(
-                result.reason or "the start failed")
+def _respawn_web(parking: Parking, request: WakeRequest, _step: PlannedStep) -> Bound:
+    """The web alone (the workers wait), published: held requests go once it is ready."""
+    async def respawn(op: Operation) -> Done | Failed:
+        store = parking.store
+        inst = targets.instance_named(store, request.host)
+        workers = frozenset(a.service for a in store.list_active(inst.host)
+                            if a.service != WEB)
+        return _said(await parking.recovery.respawn_active(op, inst, waiting=workers))
 
-        return respawn
+    return respawn
 
-    return bind
+
+def _respawn(parking: Parking, request: WakeRequest, _step: PlannedStep) -> Bound:
+    """Whatever ACTIVE names that is not alive (after `_respawn_web`: the workers)."""
+    async def respawn(op: Operation) -> Done | Failed:
+        inst = targets.instance_named(parking.store, request.host)
+        return _said(await parking.recovery.respawn_active(op, inst))
+
+    return respawn
+
+
+def _said(result: Result) -> Done | Failed:
+    return Done() if result.outcome is Outcome.DONE else Failed(
+        result.reason or "the start failed")
 
 
 def _link_current(parking: Parking, request: WakeRequest) -> None:
@@ -416,5 +423,5 @@ def _link_current(parking: Parking, request: WakeRequest) -> None:
 WAKE: Spec[WakeRequest, Parking] = Spec(
     OpKind.WAKE, plan_wake,
     {"running": _wake_running, "deferred": _wake_deferred,
-     "respawn-web": _respawn(waiting_workers=True), "respawn": _respawn(False)},
+     "respawn-web": _respawn_web, "respawn": _respawn},
     fence_verb="wake", converge_after=True, epilogue=_link_current)

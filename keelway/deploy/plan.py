@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import assert_never
 
 from keelway.builds.manifest import Manifest, Mode, ServiceKind, ServiceSpec
 from keelway.journal import Cause
@@ -139,14 +140,14 @@ class Retire:
     old: Generation
 
 
-PlannedStep = (RunReleaseCommand | StartCandidate | Withdraw | StopReplaced | BeginHoldExec
+AttemptStep = (RunReleaseCommand | StartCandidate | Withdraw | StopReplaced | BeginHoldExec
                | Activate | Publish | Settle | Verify | MarkGood | Retire)
 
 
 @dataclass(frozen=True)
 class AttemptPlan:
     mode: Mode  # HOLD when any service is held: the hold part decides the fallback
-    steps: tuple[PlannedStep, ...]
+    steps: tuple[AttemptStep, ...]
     # Services replaced in overlap: their old generations get retirement-pending at the
     # install and are retired last.
     overlap: frozenset[str]
@@ -167,7 +168,7 @@ def plan_attempt(manifest: Manifest, running: dict[str, Generation], cause: Caus
     overlap = [s for s in specs if s.mode is Mode.OVERLAP]
     mode = Mode.HOLD if hold else Mode.OVERLAP
     release = [RunReleaseCommand()] if manifest.release_command else []
-    steps: list[PlannedStep] = []
+    steps: list[AttemptStep] = []
     if not hold:
         steps += release
     steps += [StartCandidate(s, running.get(s.name)) for s in overlap]
@@ -196,3 +197,40 @@ def respawns(manifest: Manifest, alive: dict[str, Generation], replacement: Mani
     return [(replacement.services[s.name], replaced.get(s.name))
             for s in services_in_order(manifest)
             if s.name not in alive and s.name in replacement.services]
+
+
+def describe_step(step: AttemptStep) -> str:
+    """One planned step of an attempt as `--dry-run` says it."""
+    match step:
+        case RunReleaseCommand():
+            return "run the release command"
+        case StartCandidate(spec=spec, replaces=old):
+            return f"start {spec.name}" + (f" (replacing generation {old.id})" if old else "")
+        case Withdraw():
+            return "withdraw the route (holding)"
+        case StopReplaced(spec=spec, old=old):
+            return f"stop {spec.name} generation {old.id} (hold mode)"
+        case BeginHoldExec(evidence=evidence):
+            return "record the execution evidence" if evidence else "check the schedule"
+        case Activate():
+            return "activate"
+        case Publish():
+            return "publish"
+        case Settle(window_s=window_s):
+            return f"settle {window_s:g}s"
+        case Verify():
+            return "verify"
+        case MarkGood():
+            return "mark the build good"
+        case Retire(spec=spec, old=old):
+            return f"retire {spec.name} generation {old.id}"
+        case _:
+            assert_never(step)
+
+
+def fallback_of(cause: Cause, mode: Mode) -> str:
+    """What the table puts in place of a failed attempt, as `--dry-run` says it."""
+    before, after = fallback(cause, mode, False), fallback(cause, mode, True)
+    if before is after:
+        return before.value
+    return f"{before.value} before anything new executes, {after.value} after"

@@ -25,12 +25,8 @@ from typing import TypeVar
 from keelway import names
 from keelway.deploy import fences, targets
 from keelway.deploy.errors import checked
-from keelway.deploy.operation import Bound, Locking, PlannedStep, Ran, Request, Runner, Spec
-from keelway.deploy.steps import Done, Failed
+from keelway.deploy.operation import Locking, Ran, Request, Runner, Spec
 from keelway.reconcile.plan import Pass
-from keelway.runtime.supervisor import Supervisor
-from keelway.store import Store
-from keelway.store.records import Operation
 
 Req = TypeVar("Req", bound=Request)
 Parts = TypeVar("Parts")
@@ -68,14 +64,3 @@ async def run(runner: Runner, spec: Spec[Req, Parts], parts: Parts, request: Req
             await after(ran)
     return ran
 
-
-def stop(store: Store, supervisor: Supervisor, step: PlannedStep) -> Bound:
-    """A planned STOP's effect: the generation it names (`before_gen`) stopped with its
-    own grace and proven gone; one whose record is gone already is done."""
-    async def stop(_op: Operation) -> Done | Failed:
-        gen = store.get_generation(step.before_gen or 0)
-        if gen is None:
-            return Done("gone already")
-        return await targets.stop_effect(store, supervisor, gen)()
-
-    return stop

@@ -71,7 +71,15 @@ from keelway.data.verify import Damaged, verify_file
 from keelway.deploy import instances, planned, targets
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
 from keelway.deploy.locks import Locks
-from keelway.deploy.operation import Bound, EffectOf, Ended, Plan, PlannedStep, Spec
+from keelway.deploy.operation import (
+    Bound,
+    EffectOf,
+    Ended,
+    Plan,
+    PlannedStep,
+    Spec,
+    stop_generation,
+)
 from keelway.deploy.outcome import Outcome
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
@@ -417,7 +425,7 @@ def _hold(restore: Restore, request: RestoreRequest, _step: PlannedStep) -> Boun
 
 
 def _stop(restore: Restore, _request: RestoreRequest, step: PlannedStep) -> Bound:
-    return planned.stop(restore.store, restore.supervisor, step)
+    return stop_generation(restore.store, restore.supervisor, step)
 
 
 def _aside(restore: Restore, request: RestoreRequest, _step: PlannedStep) -> Bound:

@@ -63,7 +63,7 @@ from keelway.deploy import instances, planned, targets
 from keelway.deploy.errors import OperationError, UserError, checked
 from keelway.deploy.fences import refuse_if_fenced
 from keelway.deploy.locks import Locks
-from keelway.deploy.operation import Bound, Ended, Plan, PlannedStep, Ran, Spec
+from keelway.deploy.operation import Bound, Ended, Plan, PlannedStep, Ran, Spec, stop_generation
 from keelway.deploy.outcome import Outcome, Result
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
@@ -674,7 +674,7 @@ def _fence_import(seeding: Seeding, request: ImportRequest, _step: PlannedStep) 
 
 
 def _stop(seeding: Seeding, _request: object, step: PlannedStep) -> Bound:
-    return planned.stop(seeding.store, seeding.supervisor, step)
+    return stop_generation(seeding.store, seeding.supervisor, step)
 
 
 def _sync(seeding: Seeding, request: ImportRequest, _step: PlannedStep) -> Bound:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from keelway.builds.manifest import Manifest, Mode, ServiceKind, ServiceSpec
 from keelway.deploy.plan import (
     Activate,
+    AttemptStep,
     BeginHoldExec,
     MarkGood,
-    PlannedStep,
     Publish,
     Retire,
     RunReleaseCommand,
@@ -41,7 +41,7 @@ def gen(gen_id: int, service: str) -> Generation:
                       None, None, 1)
 
 
-def shape(steps: tuple[PlannedStep, ...]) -> list[str]:
+def shape(steps: tuple[AttemptStep, ...]) -> list[str]:
     """The steps as words: which step, and of which service."""
     out = []
     for step in steps:
