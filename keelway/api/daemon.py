@@ -51,16 +51,16 @@ from keelway.deploy.apps import Apps
 from keelway.deploy.deployer import Deployer
 from keelway.deploy.domains import Domains
 from keelway.deploy.errors import OperationError
-from keelway.deploy.instances import Instances
+from keelway.deploy.instances import ADD, DESTROY_ONE, REMOVE, Instances
 from keelway.deploy.locks import Locks
 from keelway.deploy.operation import finalizers
 from keelway.deploy.parking import PARK, Parking
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
 from keelway.deploy.replication import Replication
-from keelway.deploy.restore import Restore
+from keelway.deploy.restore import RESTORE, RESTORE_REPLICA, Restore
 from keelway.deploy.runs import Runs
-from keelway.deploy.seeding import Seeding
+from keelway.deploy.seeding import IMPORT, ROLLBACK, Seeding
 from keelway.deploy.snapshots import Snapshots
 from keelway.durable import disk_full, disk_full_message, sweep_temp, write_atomic
 from keelway.home import PRIVATE_UMASK, Home
@@ -119,7 +119,8 @@ def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
     objects = objects or LocalObjects(home.objects_dir)
     recovery = Recovery(store, home, supervisor, publisher, clock, locks, owner, replicas)
     # How the reconciler ends an interrupted operation of each kind with a spec.
-    recovery.reconciler.finalize = finalizers(PARK)
+    recovery.reconciler.finalize = finalizers(
+        PARK, RESTORE, RESTORE_REPLICA, IMPORT, ROLLBACK, ADD, REMOVE, DESTROY_ONE)
     deployer = Deployer(store, home, supervisor, publisher, locks, recovery)
     snapshots = Snapshots(store, home, locks, clock, objects)
     restore = Restore(store, home, supervisor, publisher, locks, recovery, objects)
