@@ -2,8 +2,8 @@
 
     POST /v1/apps                 {"app"} -> 200 {"app","created"}
     POST /v1/apps/{app}/destroy   {"yes","purge_data","dry_run"} -> 200 {"app","destroyed",
-        "instances","purged_data"}; a dry run: {"app","dry_run","plan":[line],
-        "operations":[{"instance", ...Plan.dry_run}]} (keelway/deploy/planned.py)
+        "instances","purged_data"}; a dry run: keelway/api/plans.py (one plan per
+        instance removed, then the app's own)
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from aiohttp import web
 
 from keelway.api import bodies
 from keelway.api.http import app_name, read_body
+from keelway.api.plans import plan_response
 from keelway.deploy.apps import Apps
 from keelway.deploy.errors import UserError
 from keelway.store import Store
@@ -44,9 +45,7 @@ class AppsApi:
         body: bodies.DestroyBody = await read_body(request, bodies.DestroyBody)
         if body.dry_run:
             plans = self.apps.plan_destroy_app(name, removal(body.purge_data))
-            return web.json_response({
-                "dry_run": True, "plans": [plan.as_json() for _, plan in plans],
-                "lines": [line for _, plan in plans for line in plan.lines()]})
+            return plan_response(*(plan for _, plan in plans))
         if not body.yes:
             raise UserError(f"destroying {name} stops and removes every instance, its "
                             "routes, builds and records"

@@ -65,7 +65,7 @@ class InstancesApi:
             # What follows the operation: each instance's start, an attempt of its own.
             starts = starts_after_add(self.store, AddRequest(
                 body.hosts[0], name, tuple(body.hosts), body.parked))
-            return web.json_response({"dry_run": True, "plan": plan.as_json(),
+            return web.json_response({"dry_run": True, "plans": [plan.as_json()],
                                       "lines": plan.lines() + starts})
         began = time.monotonic()
         added = await self.instances.add_instances(name, body.hosts, body.config,

@@ -5,8 +5,7 @@
     POST /v1/instances/{host}/snapshots/{id}/verify   {} -> 200 snapshot + {"ok":true}
     POST /v1/instances/{host}/snapshots/{id}/restore  {"dry_run": bool} -> 200 {"host",
         "state","source","op","size_bytes","kept":[copy],"retention_s","snapshot"}
-        (Restored.view); a dry run: {"host","source","snapshot","dry_run","refused",
-        "plan":[line],"steps":[step]} (keelway/deploy/planned.py)
+        (Restored.view); a dry run: keelway/api/plans.py
     GET    /v1/instances/{host}/kept                 -> 200 {"host","kept":[copy],
         "retention_s"}
     POST /v1/instances/{host}/kept/{copy}/forget   {} -> 200 copy (it is removed)

@@ -400,7 +400,7 @@ class Instances:
 
         `parked`: recorded PARKED with parked routes, the app's current release (if any)
         deferred to each one's first wake; nothing is started here, so adding 10,000
-        idle tenants costs records and files only."""
+        idle instances costs records and files only."""
         app = apps.named(self.store, app_name)
         check_hosts(self.store, hosts)
         layered = checked_config(app, {}, dict(config))
@@ -470,7 +470,7 @@ class Instances:
     def plan_removal(self, app: str, host: str, removal: Removal) -> Plan:
         """The dry run of `instances remove`: its plan as it would run now."""
         of_app(self.store, app, host)
-        return self.removal_plan(host, removal)
+        return plan_remove(self.store, self._remove_request(host, removal))
 
     def removal_plan(self, host: str, removal: Removal) -> Plan:
         return plan_remove(self.store, self._remove_request(host, removal, OpKind.DESTROY))
