@@ -124,8 +124,8 @@ def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
     deployer = Deployer(store, home, supervisor, publisher, locks, recovery)
     snapshots = Snapshots(store, home, locks, clock, objects)
     restore = Restore(store, home, supervisor, publisher, locks, recovery, objects)
-    instances = Instances(store, home, supervisor, publisher, locks, recovery,
-                          recovery.journal, deployer, replicas, objects)
+    instances = Instances(store, home, supervisor, publisher, locks, recovery.journal,
+                          deployer, replicas, objects)
     return DeployParts(locks, recovery, deployer,
                        Parking(store, home, supervisor, publisher, locks, recovery),
                        Apps(store, home, locks, recovery.journal, instances), instances,

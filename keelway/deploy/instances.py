@@ -44,7 +44,6 @@ from keelway.deploy.errors import NotFoundError, OperationError, UserError, chec
 from keelway.deploy.locks import Locks
 from keelway.deploy.operation import (
     Bound,
-    Converger,
     EffectOf,
     Locking,
     Plan,
@@ -376,14 +375,13 @@ class Added:
 
 class Instances:
     def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
-                 locks: Locks, converger: Converger, journal: Runner, starter: Starter,
+                 locks: Locks, journal: Runner, starter: Starter,
                  replicas: Replicas | None = None, objects: ObjectStore | None = None) -> None:
         self.store = store
         self.home = home
         self.supervisor = supervisor
         self.publisher = publisher
         self.locks = locks
-        self.converger = converger
         self.journal = journal
         self.deployer = starter
         # Where a purge finds the instance's replica and snapshots; None: not kept here.
