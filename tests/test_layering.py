@@ -75,7 +75,7 @@ def test_the_cli_starts_without_aiohttp_uvloop_or_rich() -> None:
 # request runs API → deployer → attempt → plan / steps → store, runtime, router and
 # never comes back to a module it has left. A new part takes its place in this list.
 DEPLOY_ORDER = ["errors", "outcome", "locks", "plan", "steps", "targets", "fences",
-                "publisher", "operation", "planned", "apps", "instances", "domains",
+                "publisher", "operation", "apps", "instances", "domains",
                 "attempt", "recovery", "part", "parking", "snapshots", "restore", "runs",
                 "deployer", "seeding", "replication"]
 

@@ -48,18 +48,18 @@ from keelway.data.objects import LocalObjects, ObjectStore, ObjectStoreError, op
 from keelway.data.replicas import ReplicaError, ReplicaOptions, Replicas
 from keelway.deploy import targets
 from keelway.deploy.apps import Apps
-from keelway.deploy.deployer import Deployer
+from keelway.deploy.deployer import ATTEMPTS, START, STOP, Deployer
 from keelway.deploy.domains import Domains
 from keelway.deploy.errors import OperationError
 from keelway.deploy.instances import ADD, DESTROY_ONE, REMOVE, Instances
 from keelway.deploy.locks import Locks
 from keelway.deploy.operation import finalizers
-from keelway.deploy.parking import PARK, Parking
+from keelway.deploy.parking import PARK, WAKE, Parking
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.recovery import Recovery
 from keelway.deploy.replication import Replication
 from keelway.deploy.restore import RESTORE, RESTORE_REPLICA, Restore
-from keelway.deploy.runs import Runs
+from keelway.deploy.runs import RUN, Runs
 from keelway.deploy.seeding import IMPORT, ROLLBACK, Seeding
 from keelway.deploy.snapshots import Snapshots
 from keelway.durable import disk_full, disk_full_message, sweep_temp, write_atomic
@@ -119,8 +119,9 @@ def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
     objects = objects or LocalObjects(home.objects_dir)
     recovery = Recovery(store, home, supervisor, publisher, clock, locks, owner, replicas)
     # How the reconciler ends an interrupted operation of each kind with a spec.
-    recovery.reconciler.finalize = finalizers(
-        PARK, RESTORE, RESTORE_REPLICA, IMPORT, ROLLBACK, ADD, REMOVE, DESTROY_ONE)
+    ends = finalizers(PARK, WAKE, STOP, START, RUN, *ATTEMPTS.values(), RESTORE,
+                      RESTORE_REPLICA, IMPORT, ROLLBACK, ADD, REMOVE, DESTROY_ONE)
+    recovery.reconciler.finalize, recovery.reconciler.orphan_kinds = ends, ends.orphaned
     deployer = Deployer(store, home, supervisor, publisher, locks, recovery)
     snapshots = Snapshots(store, home, locks, clock, objects)
     restore = Restore(store, home, supervisor, publisher, locks, recovery, objects)
@@ -274,8 +275,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     for host in swap.finish_all(home.root / "data"):
         log.info("boot: finished the database swap of a restore of %s", host)
     await parts.recovery.boot()
-    runs = Runs(store, home, supervisor, parts.locks, parts.recovery)
-    runs.finalize_interrupted()  # their processes were strays of the boot pass
+    runs = Runs(store, home, supervisor, parts.recovery.journal)
     await parts.apps.resume()  # interrupted destroys carry on
     await parts.instances.resume()  # interrupted removals and adds carry on
     await parts.seeding.resume()  # interrupted imports roll back; rollbacks carry on

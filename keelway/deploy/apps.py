@@ -19,7 +19,6 @@ from typing import Protocol
 
 from keelway import failpoints, names
 from keelway.builds import gc as builds_gc
-from keelway.deploy import planned
 from keelway.deploy.errors import NotFoundError, OperationError, UserError, checked
 from keelway.deploy.locks import Locks
 from keelway.deploy.operation import Bound, Plan, PlannedStep, Ran, Runner, Spec
@@ -102,12 +101,7 @@ class Apps:
                             lambda host: self.instances.removal_plan(host, removal))
 
     async def _forget_app(self, name: str) -> None:
-        async def after(_ran: Ran) -> None:
-            # A fault leaves the app's op with no reconciler to end it.
-            finish_orphans(self.store, self.locks)
-
-        ran = await planned.run(self.journal, FORGET_APP, self, AppRequest(APP_SCOPE, name),
-                                after=after)
+        ran = await self.journal.run(FORGET_APP, self, AppRequest(APP_SCOPE, name))
         if ran.result is not None and ran.result.outcome is not Outcome.DONE:
             raise OperationError(f"destroy {name}: {ran.result.reason}",
                                  hint="`keelway apps destroy` again carries it on")
@@ -137,7 +131,8 @@ def plan_forget_app(_store: Store, request: AppRequest) -> Plan:
                     "remove-builds", before=("destroy.builds.before",),
                     after=("destroy.builds.after",)),
         PlannedStep(StepKind.FORGET, f"forget app {name}", "forget",
-                    before=("destroy.forget.before",), after=("destroy.forget.after",))))
+                    before=("destroy.forget.before",), after=("destroy.forget.after",),
+                    detail=f"app {name}")))
 
 
 def _remove_builds(apps: Apps, request: AppRequest, _step: PlannedStep) -> Bound:
@@ -159,8 +154,15 @@ def _forget(apps: Apps, request: AppRequest, _step: PlannedStep) -> Bound:
     return forget
 
 
+async def _end_orphans(apps: Apps, _request: AppRequest, _ran: Ran) -> None:
+    # A fault leaves the app's op with no reconciler to end it.
+    finish_orphans(apps.store, apps.locks)
+
+
+# The app's own operation names no instance: the runner takes the empty name's lock.
 FORGET_APP: Spec[AppRequest, Apps] = Spec(
-    OpKind.DESTROY, plan_forget_app, {"remove-builds": _remove_builds, "forget": _forget})
+    OpKind.DESTROY, plan_forget_app, {"remove-builds": _remove_builds, "forget": _forget},
+    after=_end_orphans)
 
 
 def plan_destroy(store: Store, name: str,

@@ -29,6 +29,7 @@ from keelway.deploy.operation import (
     Ended,
     Plan,
     PlannedStep,
+    Ran,
     Spec,
     stop_generation,
     stop_steps,
@@ -477,14 +478,16 @@ def _defer(deployer: Deployer, request: AttemptRequest, _step: PlannedStep) -> B
     return defer
 
 
-def _link_current(deployer: Deployer, request: HostRequest | AttemptRequest) -> None:
-    targets.link_current(deployer.store, deployer.home, request.host)
+async def _link_current(deployer: Deployer, request: HostRequest | AttemptRequest,
+                        ran: Ran) -> None:
+    if ran.result is not None:
+        targets.link_current(deployer.store, deployer.home, request.host)
 
 
 ATTEMPTS: dict[OpKind, Spec[AttemptRequest, Deployer]] = {
     kind: Spec(kind, plan_attempt_on,
                {"lay-down": _lay_down, "attempt": _attempt, "defer": _defer},
-               converge_after=True, epilogue=_link_current)
+               converge_after=True, after=_link_current)
     for kind in (OpKind.DEPLOY, OpKind.CONFIG, OpKind.ROLLBACK, OpKind.RESTART)}
 
 
@@ -561,4 +564,4 @@ def _respawn(deployer: Deployer, request: HostRequest, _step: PlannedStep) -> Bo
 
 START: Spec[HostRequest, Deployer] = Spec(
     OpKind.START, plan_start, {"in-service": _in_service, "respawn": _respawn},
-    fence_verb="start", converge_after=True, epilogue=_link_current)
+    fence_verb="start", converge_after=True, after=_link_current)

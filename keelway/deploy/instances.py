@@ -39,7 +39,7 @@ from keelway.builds.manifest import ServiceKind, ServiceSpec
 from keelway.builds.tree import remove_tree
 from keelway.data.objects import ObjectStore, ObjectStoreError, instance_prefix
 from keelway.data.replicas import Replicas
-from keelway.deploy import apps, planned, targets
+from keelway.deploy import apps, targets
 from keelway.deploy.errors import NotFoundError, OperationError, UserError, checked, refused_name
 from keelway.deploy.locks import Locks
 from keelway.deploy.operation import (
@@ -451,8 +451,7 @@ class Instances:
         app lock the caller holds. Crash inside: the step stays pending, the reconciler
         finalizes the operation, and boot lays the instances still marked `adding` down
         again (each file is made only if missing)."""
-        ran = await planned.run(self.journal, ADD, self,
-                                AddRequest(hosts[0], app, tuple(hosts)), converge=False)
+        ran = await self.journal.run(ADD, self, AddRequest(hosts[0], app, tuple(hosts)))
         if ran.result is not None and ran.result.outcome is not Outcome.DONE:
             raise OperationError(f"laying down the instances failed: {ran.result.reason}",
                                  hint="the instances are recorded; `keelway up` lays them "
@@ -485,15 +484,8 @@ class Instances:
 
     async def _remove(self, spec: Spec[RemoveRequest, Instances], host: str,
                       removal: Removal) -> None:
-        async def intent() -> None:
-            # The intent first, after convergence (failed closed refuses): a crash from
-            # here on is carried on by the next boot.
-            self.store.mark_removing(host, removal)
-
         inst = named(self.store, host)
-        ran = await planned.run(self.journal, spec, self,
-                                self._remove_request(host, removal, spec.kind),
-                                prelude=intent)
+        ran = await self.journal.run(spec, self, self._remove_request(host, removal, spec.kind))
         if ran.result is not None and ran.result.outcome is not Outcome.DONE:
             raise OperationError(f"removing {host}: {ran.result.reason}",
                                  hint=f"see `keelway ops {inst.app} --instance {host}`; "
@@ -564,7 +556,8 @@ def plan_add(store: Store, request: AddRequest) -> Plan:
     return Plan(OpKind.ADD_INSTANCES, request.app, request.host, (
         PlannedStep(StepKind.LAY_DOWN, f"lay down {len(hosts)} instances: data dir, empty "
                     "database, env file with a minted key", "lay-down",
-                    before=("laydown.before",), after=("laydown.after",)),))
+                    before=("laydown.before",), after=("laydown.after",),
+                    detail=f"{len(hosts)} instances"),))
 
 
 def starts_after_add(store: Store, request: AddRequest) -> list[str]:
@@ -586,8 +579,9 @@ def _lay_down(part: Instances, request: AddRequest, _step: PlannedStep) -> Bound
     return lay_down
 
 
+# Under the app lock its caller holds, the records just written: nothing to converge.
 ADD: Spec[AddRequest, Instances] = Spec(OpKind.ADD_INSTANCES, plan_add,
-                                        {"lay-down": _lay_down})
+                                        {"lay-down": _lay_down}, converge_first=False)
 
 
 @dataclass(frozen=True)
@@ -634,7 +628,8 @@ def plan_remove(store: Store, request: RemoveRequest) -> Plan:
                                      before=("remove.purge-snapshots.before",),
                                      after=("remove.purge-snapshots.after",)))
     steps.append(PlannedStep(StepKind.FORGET, f"forget {host}'s records", "forget",
-                             before=("remove.forget.before",), after=("remove.forget.after",)))
+                             before=("remove.forget.before",), after=("remove.forget.after",),
+                             detail=f"instance {host}"))
     return Plan(request.kind, inst.app, host, tuple(steps))
 
 
@@ -723,11 +718,18 @@ def _forget(part: Instances, request: RemoveRequest, _step: PlannedStep) -> Boun
     return forget
 
 
+async def _removing(part: Instances, request: RemoveRequest) -> None:
+    # The intent first, after convergence (failed closed refuses): a crash from here on
+    # is carried on by the next boot (`Instances.resume`, `Apps.resume`).
+    part.store.mark_removing(request.host, request.removal)
+
+
 _REMOVAL: dict[str, EffectOf[Instances, RemoveRequest]] = {
     "withdraw": _withdraw, "stop": _stop, "purge": _purge, "purge-replica": _purge_replica,
     "purge-snapshots": _purge_snapshots, "forget": _forget}
 # `instances remove`: under its app's lock and its own.
 REMOVE: Spec[RemoveRequest, Instances] = Spec(OpKind.REMOVE_INSTANCE, plan_remove, _REMOVAL,
-                                              locks=Locking.APP)
+                                              locks=Locking.APP, prelude=_removing)
 # One instance of `apps destroy`, under the app lock the destroy holds.
-DESTROY_ONE: Spec[RemoveRequest, Instances] = Spec(OpKind.DESTROY, plan_remove, _REMOVAL)
+DESTROY_ONE: Spec[RemoveRequest, Instances] = Spec(OpKind.DESTROY, plan_remove, _REMOVAL,
+                                                   prelude=_removing)

@@ -31,9 +31,10 @@ kind says so). Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, assert_never
 
@@ -87,6 +88,8 @@ class PlannedStep:
     before_gen: int | None = None
     after_gen: int | None = None
     arg: int | None = None
+    # Written with the step at its begin (a run's program name).
+    detail: str | None = None
     # The effect journals its own steps (an attempt, a respawn): no step is written for
     # it, and `kind` is the first step it writes.
     journals_own: bool = False
@@ -169,9 +172,24 @@ class Spec(Generic[Req, Parts]):
     # Reconcile once more after its outcome is written (a fault converged already).
     converge_after: bool = False
     finalize: Callable[[Operation], Verdict] = by_steps
-    # Still under the lock, after the last converge, once an operation ran: what is
-    # derived from the records and rewritten whole (the `current` link), never journaled.
-    epilogue: Callable[[Parts, Req], None] | None = None
+    # Its interrupted operations are never their instance's latest (a run), or outlive
+    # their instance (a removal): the boot pass finds them by kind and ends them by
+    # `finalize` (keelway/reconcile/apply.py `finalize_orphans`).
+    orphaned: bool = False
+    # Converge the instance (Pass.MUTATION) before the fence check and the plan; False
+    # for an operation whose caller converged under a lock it holds.
+    converge_first: bool = True
+    # Under the lock, after the fence check, before the plan and before the operation
+    # begins: an intent the next boot carries on from (a removal's `removing` mark).
+    prelude: Callable[[Parts, Req], Awaitable[None]] | None = None
+    # Under the same lock once the operation ended (seeing how, `Ran`), never
+    # journaled: what is derived from the records and rewritten whole (the `current`
+    # link), or a follow-up operation run with `run_held`.
+    after: Callable[[Parts, Req, Ran], Awaitable[None]] | None = None
+    # At boot, once every instance is reconciled and the orphans ended: carry on the
+    # interrupted operations of this kind from their durable intents (a removal's mark,
+    # an import's journal row). Register it on one spec of the part it belongs to.
+    resume: Callable[[Parts], Awaitable[None]] | None = None
 
 
 @dataclass(frozen=True)
@@ -221,43 +239,64 @@ class Runner:
     def converger(self, converger: Converger) -> None:
         self._converger = converger
 
+    @contextlib.asynccontextmanager
+    async def lent(self, host: str) -> AsyncIterator[None]:
+        """Inside an effect: lend `host`'s lock out (a one-off run may run for hours, and
+        operations on the instance go on meanwhile), and take it back before the step's
+        outcome is written. The operation stays live throughout."""
+        lock = self.locks.instance(host)
+        lock.release()
+        try:
+            yield
+        finally:
+            await lock.acquire()
+
     def dry_run(self, spec: Spec[Req, Parts], request: Req) -> Plan:
         """The plan the runner would run now, from the records alone; nothing is locked,
         converged or written. Refusals raise as the run would (a bad name, a fence)."""
-        targets.instance_named(self.store, request.host)
-        if spec.fence_verb is not None:
+        if request.host:
+            targets.instance_named(self.store, request.host)
+        if request.host and spec.fence_verb is not None:
             fences.refuse_if_fenced(self.store, request.host, spec.fence_verb)
         return spec.plan(self.store, request)
 
     async def run(self, spec: Spec[Req, Parts], parts: Parts, request: Req, *,
                   key: str | None = None, request_digest: str | None = None,
                   schedule_rev: int = 0) -> Ran:
-        """Lock, converge, refuse a fence, plan, and run the plan as one operation.
+        """Lock, converge, refuse a fence, `prelude`, plan, run the plan as one
+        operation, then `after`, all under the lock.
 
         After return the operation (if any) is terminal and the lock released. A plan
-        that refuses raises its error with nothing written."""
+        that refuses raises its error with nothing journaled (what `prelude` wrote
+        stays: it is an intent the next boot carries on from). An operation of no
+        instance (`host == ""`: an app's own) takes the lock of that empty name and
+        converges nothing."""
         host = request.host
-        inst = targets.instance_named(self.store, host)
-        match spec.locks:
-            case Locking.APP:
-                async with self.locks.app(inst.app), self.locks.instance(host):
-                    return await self._run_locked(spec, parts, request, key,
-                                                  request_digest, schedule_rev)
-            case Locking.INSTANCE:
-                async with self.locks.instance(host):
-                    return await self._run_locked(spec, parts, request, key,
-                                                  request_digest, schedule_rev)
-            case _:
-                assert_never(spec.locks)
-
-    async def _run_locked(self, spec: Spec[Req, Parts], parts: Parts, request: Req,
-                          key: str | None, request_digest: str | None,
-                          schedule_rev: int) -> Ran:
-        await self.converger.converge(request.host, Pass.MUTATION)
-        if spec.fence_verb is not None:
-            fences.refuse_if_fenced(self.store, request.host, spec.fence_verb)
-        return await self.run_held(spec, parts, request, key=key,
-                                   request_digest=request_digest, schedule_rev=schedule_rev)
+        async with contextlib.AsyncExitStack() as held:
+            if host:
+                inst = targets.instance_named(self.store, host)
+                match spec.locks:
+                    case Locking.APP:
+                        await held.enter_async_context(self.locks.app(inst.app))
+                    case Locking.INSTANCE:
+                        pass
+                    case _:
+                        assert_never(spec.locks)
+                await held.enter_async_context(self.locks.instance(host))
+                if spec.converge_first:
+                    await self.converger.converge(host, Pass.MUTATION)
+                if spec.fence_verb is not None:
+                    fences.refuse_if_fenced(self.store, host, spec.fence_verb)
+            else:
+                await held.enter_async_context(self.locks.instance(host))
+            if spec.prelude is not None:
+                await spec.prelude(parts, request)
+            ran = await self.run_held(spec, parts, request, key=key,
+                                      request_digest=request_digest,
+                                      schedule_rev=schedule_rev)
+            if spec.after is not None:
+                await spec.after(parts, request, ran)
+        return ran
 
     async def run_held(self, spec: Spec[Req, Parts], parts: Parts, request: Req, *,
                        key: str | None = None, request_digest: str | None = None,
@@ -277,8 +316,6 @@ class Runner:
                                       request_digest=request_digest,
                                       schedule_rev=schedule_rev,
                                       converge_after=spec.converge_after)
-        if spec.epilogue is not None:
-            spec.epilogue(parts, request)
         return Ran(plan, result)
 
     async def journaled(self, app: str, host: str, kind: OpKind,
@@ -409,7 +446,7 @@ async def _journaled_step(steps: Steps, op: Operation, step: PlannedStep,
 
     failed = await steps.run(step.kind, run, before=step.before, after=step.after,
                              service=step.service, before_gen=step.before_gen,
-                             after_gen=step.after_gen)
+                             after_gen=step.after_gen, detail=step.detail)
     if ended:
         return ended[0]
     return Done() if failed is None else failed
@@ -447,6 +484,7 @@ class Finalizers:
     `finalize` by kind, the journal's step rule (`by_steps`) for a kind with none."""
 
     by_kind: Mapping[OpKind, Callable[[Operation], Verdict]] = field(default_factory=dict)
+    orphaned: frozenset[OpKind] = frozenset()
 
     def __call__(self, op: Operation) -> Verdict:
         return self.by_kind.get(op.kind, by_steps)(op)
@@ -454,4 +492,5 @@ class Finalizers:
 
 def finalizers(*specs: Spec[Any, Any]) -> Finalizers:
     """The reconciler's finalizer of every kind these specs describe."""
-    return Finalizers({spec.kind: spec.finalize for spec in specs})
+    return Finalizers({spec.kind: spec.finalize for spec in specs},
+                      frozenset(spec.kind for spec in specs if spec.orphaned))

@@ -49,6 +49,7 @@ from keelway.deploy.operation import (
     Ended,
     Plan,
     PlannedStep,
+    Ran,
     Spec,
     stop_generation,
     stop_steps,
@@ -416,12 +417,13 @@ def _said(result: Result) -> Done | Failed:
         result.reason or "the start failed")
 
 
-def _link_current(parking: Parking, request: WakeRequest) -> None:
-    targets.link_current(parking.store, parking.home, request.host)
+async def _link_current(parking: Parking, request: WakeRequest, ran: Ran) -> None:
+    if ran.result is not None:
+        targets.link_current(parking.store, parking.home, request.host)
 
 
 WAKE: Spec[WakeRequest, Parking] = Spec(
     OpKind.WAKE, plan_wake,
     {"running": _wake_running, "deferred": _wake_deferred,
      "respawn-web": _respawn_web, "respawn": _respawn},
-    fence_verb="wake", converge_after=True, epilogue=_link_current)
+    fence_verb="wake", converge_after=True, after=_link_current)

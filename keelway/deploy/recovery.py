@@ -391,6 +391,9 @@ class Recovery:
                     log.warning("%s", exc)
                 except OperationError as exc:
                     log.warning("boot: %s: %s; the periodic pass retries", host, exc.message)
+        # The interrupted operations no instance's plan sees (a run, whose process was a
+        # stray of the pass above), each ended by its kind's finalizer.
+        self.reconciler.finalize_orphans(self.locks.live_ops)
         targets.link_every_current(self.store, self.home)
         log.info("boot: %d instances reconciled (%d with work) in %.3f s",
                  len(self.store.list_instances()), len(hosts),

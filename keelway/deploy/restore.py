@@ -56,7 +56,7 @@ import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +68,7 @@ from keelway.data.objects import NotFound, ObjectStore, ObjectStoreError
 from keelway.data.replicas import ReplicaError, Replicas, replica_url
 from keelway.data.snapshots import SnapshotManifest
 from keelway.data.verify import Damaged, verify_file
-from keelway.deploy import instances, planned, targets
+from keelway.deploy import instances, targets
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
 from keelway.deploy.locks import Locks
 from keelway.deploy.operation import (
@@ -77,6 +77,7 @@ from keelway.deploy.operation import (
     Ended,
     Plan,
     PlannedStep,
+    Ran,
     Spec,
     stop_generation,
 )
@@ -216,23 +217,16 @@ class Restore:
         lock (or raises, nothing journaled); then the operation of the module header,
         run by the runner (`RESTORE`, `RESTORE_REPLICA`)."""
         inst = instances.named(self.store, host)
-        db = self.home.db_path(host)
-        staged = swap.staged_path(db, tag)
-        staged_as: list[tuple[SnapshotManifest | None, int]] = []
-
-        async def prelude() -> None:
-            # The plan refuses an import in effect; so must the stage, before it fetches.
-            refuse_import(self.store, host)
-            db.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            staged_as.append(await stage(staged))
-
+        staged = swap.staged_path(self.home.db_path(host), tag)
+        request = RestoreRequest(host, replicating=self._replicating() is not None,
+                                 staged=staged, stage=stage)
         try:
-            ran = await planned.run(self.journal, self._spec(kind is OpKind.RESTORE_REPLICA),
-                                    self, self._request(host, staged), prelude=prelude)
+            ran = await self.journal.run(self._spec(kind is OpKind.RESTORE_REPLICA), self,
+                                         request)
         finally:
             for side in swap.SIDES:
                 Path(f"{staged}{side}").unlink(missing_ok=True)
-        found, size = staged_as[0]
+        found, size = request.staged_as[0]
         source = f"snapshot {found.id}" if found is not None else "its replica"
         if ran.result is not None and ran.result.outcome is not Outcome.DONE:
             raise OperationError(f"{host}: restore from {source} failed: {ran.result.reason}",
@@ -355,8 +349,13 @@ class RestoreRequest:
     # Whether this box replicates: the replica is set aside before the swap and a new
     # one begun after it (module header).
     replicating: bool
-    # The verified copy the swap puts in (None: a dry run, nothing staged).
+    # The verified copy the swap puts in (None: a dry run, nothing staged), how it is
+    # staged (under the lock, before the operation begins: a copy that fails is refused
+    # with nothing journaled), and what was staged (the snapshot, its size).
     staged: Path | None = None
+    stage: Stage | None = None
+    staged_as: list[tuple[SnapshotManifest | None, int]] = field(default_factory=list,
+                                                                 compare=False)
 
 
 def refuse_import(store: Store, host: str) -> None:
@@ -469,9 +468,18 @@ def _start(restore: Restore, request: RestoreRequest, _step: PlannedStep) -> Bou
     return start
 
 
-def _link_current(restore: Restore, request: RestoreRequest) -> None:
+async def _stage(restore: Restore, request: RestoreRequest) -> None:
+    assert request.stage is not None and request.staged is not None
+    # The plan refuses an import in effect; so must the stage, before it fetches.
+    refuse_import(restore.store, request.host)
+    restore.home.db_path(request.host).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    request.staged_as.append(await request.stage(request.staged))
+
+
+async def _link_current(restore: Restore, request: RestoreRequest, ran: Ran) -> None:
     inst = restore.store.get_instance(request.host)
-    if inst is not None and inst.state is InstanceState.RUNNING:
+    if ran.result is not None and inst is not None and (
+            inst.state is InstanceState.RUNNING):
         targets.link_current(restore.store, restore.home, request.host)
 
 
@@ -480,10 +488,10 @@ _EFFECTS: dict[str, EffectOf[Restore, RestoreRequest]] = {
     "begin-replica": _begin_replica, "start": _start}
 RESTORE: Spec[RestoreRequest, Restore] = Spec(
     OpKind.RESTORE, plan_restore, _EFFECTS, fence_verb="be restored", converge_after=True,
-    epilogue=_link_current)
+    prelude=_stage, after=_link_current)
 RESTORE_REPLICA: Spec[RestoreRequest, Restore] = Spec(
     OpKind.RESTORE_REPLICA, plan_restore, _EFFECTS, fence_verb="be restored",
-    converge_after=True, epilogue=_link_current)
+    converge_after=True, prelude=_stage, after=_link_current)
 
 
 def _fsync(path: Path) -> None:

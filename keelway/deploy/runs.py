@@ -44,20 +44,18 @@ from keelway.builds.manifest import ONE_OFF
 from keelway.deploy import targets
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
 from keelway.deploy.instances import layered_config
-from keelway.deploy.locks import Locks
-from keelway.deploy.outcome import Outcome, Result
-from keelway.deploy.recovery import Recovery
-from keelway.deploy.steps import Done, Failed, Steps
+from keelway.deploy.operation import Bound, Plan, PlannedStep, Runner, Spec
+from keelway.deploy.steps import Done, Failed
 from keelway.deploy.targets import Target
 from keelway.home import Home
 from keelway.journal import OpKind, StepKind
-from keelway.reconcile.plan import Pass
+from keelway.reconcile.plan import Verdict
 from keelway.run_wire import exit_code
 from keelway.runtime import process
 from keelway.runtime.environment import process_env
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
-from keelway.store.lifecycle import GenState, InstanceState, OpState, StepState
+from keelway.store.lifecycle import GenState, InstanceState, OpState
 from keelway.store.records import Generation, Instance, Operation
 
 failpoints.declare("run.spawn.before", "run.spawn.after", "run.exit.before", "run.exit.after")
@@ -85,13 +83,12 @@ class RunStarted:
 
 
 class Runs:
-    def __init__(self, store: Store, home: Home, supervisor: Supervisor, locks: Locks,
-                 recovery: Recovery) -> None:
+    def __init__(self, store: Store, home: Home, supervisor: Supervisor,
+                 runner: Runner) -> None:
         self.store = store
         self.home = home
         self.supervisor = supervisor
-        self.locks = locks
-        self.recovery = recovery
+        self.runner = runner
 
     def resolve(self, app: str, host: str | None) -> Instance:
         """The instance a run goes to; refused (UserError) before anything is written."""
@@ -120,32 +117,6 @@ class Runs:
                                  f"{', ...' if len(instances) > 3 else ''})")
         return instances[0]
 
-    def _refuse(self, inst: Instance) -> Target:
-        if self.store.fenced(inst.host):
-            raise UserError(f"{inst.host} is fenced: nothing of it may start",
-                            hint=f"lift the fence with `keelway unfence {inst.host}`")
-        if inst.state is InstanceState.DOWN:
-            # ACTIVE still names the build the failed release replaced; its code may
-            # not match the data any more (keelway/reconcile/plan.py MARK_DOWN).
-            raise UserError(f"{inst.host} is down: {inst.down_reason or 'a release failed'}",
-                            hint=f"deploy or roll back {inst.app} first")
-        target = self._next_served(inst)
-        if target is None:
-            raise UserError(f"{inst.app} has no release running on {inst.host}",
-                            hint=f"deploy {inst.app} first (`keelway deploy {inst.app} DIR`)")
-        return target
-
-    def _next_served(self, inst: Instance) -> Target | None:
-        """The release the instance serves next: a parked one's pending release (a
-        `run -- manage.py migrate` after a deploy must see the new code and config, not
-        the old release it sleeps on), else what runs. A pending release whose build is
-        gone is not what the wake serves either (it wakes on ACTIVE's)."""
-        if inst.state is InstanceState.PARKED and inst.pending_release is not None:
-            pending = targets.release_target(self.store, inst.app, inst.pending_release)
-            if pending is not None:
-                return pending
-        return targets.running_target(self.store, inst.host)
-
     async def run(self, app: str, host: str | None, argv: Sequence[str], *,
                   stdio: tuple[int, int, int], term: str | None,
                   started: Callable[[RunStarted], Awaitable[None]], signals: Signals) -> int:
@@ -157,15 +128,14 @@ class Runs:
         and closes it; the child has its own copies.
         """
         inst = self.resolve(app, host)
-        lock = self.locks.instance(inst.host)
-        async with lock:
-            await self.recovery.converge(inst.host, Pass.MUTATION)
-            inst = self.store.get_instance(inst.host) or inst
-            one = _OneOff(self, inst, self._refuse(inst), tuple(argv), stdio, term)
-            await self.recovery.journal.journaled(
-                inst.app, inst.host, OpKind.RUN,
-                lambda op: one.run(op, lock, started, signals))
+        one = _OneOff(self, inst.host, tuple(argv), stdio, term, started, signals)
+        await self.runner.run(RUN, one, RunRequest(inst.host, one.program))
         return one.code
+
+    def dry_run(self, app: str, host: str | None, argv: Sequence[str]) -> Plan:
+        """The plan `run` would run now; nothing is written or started."""
+        inst = self.resolve(app, host)
+        return self.runner.dry_run(RUN, RunRequest(inst.host, _program(argv)))
 
     async def attend(self, gen: Generation, exited: asyncio.Future[int | None],
                      signals: Signals) -> bool:
@@ -191,69 +161,32 @@ class Runs:
             process.signal_session(gen.pid, gen.start_ticks, sig)
         return False
 
-    def finalize_interrupted(self) -> list[int]:
-        """At boot, after the reconciler removed their processes: fail every run that no
-        live operation here owns (a crash ended the control plane that attended it).
-        Each write is idempotent, the operation's last: a crash midway is redone."""
-        finalized = []
-        for op in self.store.unfinished_runs():
-            if op.id in self.locks.live_ops:
-                continue
-            why = "interrupted by a control-plane crash; its process was removed"
-            for step in op.steps:
-                if step.state is StepState.PENDING:
-                    self.store.finish_step(op.id, step.seq, StepState.FAILED, error=why)
-            self.store.finish_operation(self.store.get_operation(op.id) or op, OpState.FAILED,
-                                        error=why)
-            self.store.add_event("run", f"op {op.id} run {why}", app=op.app,
-                                 instance=op.instance)
-            finalized.append(op.id)
-        return finalized
-
 
 @dataclass
 class _OneOff:
-    """One run as its operation carries it out: spawned, attended, its exit journaled."""
+    """One run as its operation carries it out: spawned, attended, its exit journaled.
+    The parts its two steps share (the run's own, so the spec's effects are bound to it)."""
 
     runs: Runs
-    inst: Instance
-    target: Target
+    host: str
     argv: tuple[str, ...]
     stdio: tuple[int, int, int]
     term: str | None
+    started: Callable[[RunStarted], Awaitable[None]]
+    signals: Signals
     code: int = UNKNOWN_EXIT
+    release: int = 0
     gen: Generation | None = None
     exited: asyncio.Future[int | None] | None = None
 
     @property
     def program(self) -> str:
-        return os.path.basename(self.argv[0])
+        return _program(self.argv)
 
-    async def run(self, op: Operation, lock: asyncio.Lock,
-                  started: Callable[[RunStarted], Awaitable[None]], signals: Signals) -> Result:
-        """The operation's work, under the instance lock it lends out while the command
-        runs and takes back to write the outcome."""
-        store = self.runs.store
-        steps = Steps(store, op.id)
-        await steps.run(StepKind.RUN, lambda: self._spawn(op), before=("run.spawn.before",),
-                        after=("run.spawn.after",), service=RUN_SERVICE, detail=self.program)
-        gen = self.gen
-        assert gen is not None
-        store.add_event("run", f"run of {self.program} started in v{self.target.release} "
-                        f"(generation {gen.id}, pid {gen.pid})",
-                        app=self.inst.app, instance=self.inst.host)
-        await started(RunStarted(gen.pid or 0, self.inst.host, self.target.release))
-        lock.release()  # a shell may run for hours: operations on the instance go on
-        try:
-            end = await steps.run(StepKind.RUN_EXIT, lambda: self._wait(signals),
-                                  before=("run.exit.before",), after=("run.exit.after",),
-                                  service=RUN_SERVICE)
-        finally:
-            await lock.acquire()
-        return Result(Outcome.DONE) if end is None else Result(Outcome.FAILED, end.reason)
-
-    async def _spawn(self, op: Operation) -> Done:
-        runs, inst, target = self.runs, self.inst, self.target
+    async def spawn(self, op: Operation) -> Done:
+        runs = self.runs
+        inst = targets.instance_named(runs.store, self.host)
+        target = refusal(runs.store, inst)
         gen = runs.store.plan_generation(
             app=inst.app, instance=inst.host, service=RUN_SERVICE, release=target.release,
             build_digest=target.build_digest, op_id=op.id, port=None)
@@ -271,13 +204,24 @@ class _OneOff:
         # code is then read from the record.
         self.exited = asyncio.ensure_future(
             runs.supervisor.wait_exit(self.gen, None, HANGUP_GRACE_S))
+        self.release = target.release
         return Done(f"generation {self.gen.id} pid {self.gen.pid}")
 
-    async def _wait(self, signals: Signals) -> Done | Failed:
-        gen, exited = self.gen, self.exited
+    async def wait(self) -> Done | Failed:
+        """Tell the CLI the command runs, then attend it to its end, the instance lock
+        lent out meanwhile."""
+        gen, exited, runs = self.gen, self.exited, self.runs
         assert gen is not None and exited is not None
-        hung_up = await self.runs.attend(gen, exited, signals)
-        returncode = await exited
+        inst = targets.instance_named(runs.store, self.host)
+        runs.store.add_event("run", f"run of {self.program} started in v{self.release} "
+                             f"(generation {gen.id}, pid {gen.pid})",
+                             app=inst.app, instance=inst.host)
+        await self.started(RunStarted(gen.pid or 0, inst.host, self.release))
+        # A shell may run for hours: operations on the instance go on meanwhile, and
+        # the lock is taken back to write the outcome.
+        async with self.runs.runner.lent(self.host):
+            hung_up = await self.runs.attend(gen, exited, self.signals)
+            returncode = await exited
         self.code = UNKNOWN_EXIT if returncode is None else exit_code(returncode)
         latest = self.runs.store.get_generation(gen.id)
         if latest is None or latest.state is not GenState.GONE:
@@ -289,3 +233,90 @@ class _OneOff:
         if self.code != 0:
             return Failed(f"{self.program} exited with code {self.code}")
         return Done("exit code 0")
+
+
+def _program(argv: Sequence[str]) -> str:
+    """What of a command line is journaled and logged: its program's name alone."""
+    return os.path.basename(argv[0]) if argv else "?"
+
+
+# -- the run operation ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    host: str
+    program: str
+
+
+def plan_run(store: Store, request: RunRequest) -> Plan:
+    """A run's plan: its process spawned in the release the instance serves next, then
+    attended until it exits. Refused (UserError), nothing written, when the instance is
+    fenced, down, or runs no release."""
+    inst = targets.instance_named(store, request.host)
+    target = refusal(store, inst)
+    return Plan(OpKind.RUN, inst.app, inst.host, (
+        PlannedStep(StepKind.RUN, f"spawn {request.program} in v{target.release} "
+                    f"({target.build_digest[:12]}) on the lent terminal", "spawn",
+                    before=("run.spawn.before",), after=("run.spawn.after",),
+                    service=RUN_SERVICE, detail=request.program),
+        PlannedStep(StepKind.RUN_EXIT, "attend it until it exits (signals forwarded; "
+                    "the terminal going away stops it), the instance lock lent out",
+                    "wait", before=("run.exit.before",), after=("run.exit.after",),
+                    service=RUN_SERVICE)))
+
+
+def _spawn(one: _OneOff, _request: RunRequest, _step: PlannedStep) -> Bound:
+    return one.spawn
+
+
+def _wait(one: _OneOff, _request: RunRequest, _step: PlannedStep) -> Bound:
+    async def wait(_op: Operation) -> Done | Failed:
+        return await one.wait()
+
+    return wait
+
+
+INTERRUPTED = "interrupted by a control-plane crash; its process was removed"
+
+
+def finalize_run(_op: Operation) -> Verdict:
+    """A run the control plane that attended it no longer holds: failed, whatever its
+    steps say (its exit code, if it exited, was never journaled; its process was a
+    stray of the boot pass)."""
+    return Verdict(OpState.FAILED, INTERRUPTED)
+
+
+RUN: Spec[RunRequest, _OneOff] = Spec(
+    OpKind.RUN, plan_run, {"spawn": _spawn, "wait": _wait}, finalize=finalize_run,
+    orphaned=True)
+
+
+def refusal(store: Store, inst: Instance) -> Target:
+    """What a run of `inst` runs in, or UserError: a run never starts what the instance
+    itself may not start (fenced, down, no release)."""
+    if store.fenced(inst.host):
+        raise UserError(f"{inst.host} is fenced: nothing of it may start",
+                        hint=f"lift the fence with `keelway unfence {inst.host}`")
+    if inst.state is InstanceState.DOWN:
+        # ACTIVE still names the build the failed release replaced; its code may not
+        # match the data any more (keelway/reconcile/plan.py MARK_DOWN).
+        raise UserError(f"{inst.host} is down: {inst.down_reason or 'a release failed'}",
+                        hint=f"deploy or roll back {inst.app} first")
+    target = next_served(store, inst)
+    if target is None:
+        raise UserError(f"{inst.app} has no release running on {inst.host}",
+                        hint=f"deploy {inst.app} first (`keelway deploy {inst.app} DIR`)")
+    return target
+
+
+def next_served(store: Store, inst: Instance) -> Target | None:
+    """The release the instance serves next: a parked one's pending release (a `run --
+    manage.py migrate` after a deploy must see the new code and config, not the old
+    release it sleeps on), else what runs. A pending release whose build is gone is not
+    what the wake serves either (it wakes on ACTIVE's)."""
+    if inst.state is InstanceState.PARKED and inst.pending_release is not None:
+        pending = targets.release_target(store, inst.app, inst.pending_release)
+        if pending is not None:
+            return pending
+    return targets.running_target(store, inst.host)

@@ -59,7 +59,7 @@ from keelway.data import seed as files
 from keelway.data import snapshots
 from keelway.data.objects import NotFound, ObjectStore, ObjectStoreError, manifest_key
 from keelway.data.verify import Damaged
-from keelway.deploy import instances, planned, targets
+from keelway.deploy import instances, targets
 from keelway.deploy.errors import OperationError, UserError, checked
 from keelway.deploy.fences import refuse_if_fenced
 from keelway.deploy.locks import Locks
@@ -182,7 +182,7 @@ class Seeding:
                             "second import waits until it is rolled back",
                             hint=f"`keelway seed rollback {host}` first")
 
-    def _refuse_import(self, host: str, source: Path,
+    def refuse_import(self, host: str, source: Path,
                        allow_empty: bool) -> tuple[files.Verified, files.Contents]:
         """Every reason to refuse, checked before anything changes; what the seed is
         and brings."""
@@ -310,47 +310,44 @@ class Seeding:
 
     async def _import_file(self, host: str, source: Path, said: str, dry_run: bool,
                            allow_empty: bool, progress: Progress) -> SeedReport:
-        inst = instances.named(self.store, host)
-        _, contents = self._refuse_import(host, source, allow_empty)
+        instances.named(self.store, host)
+        _, contents = self.refuse_import(host, source, allow_empty)
         if dry_run:
             plan = self.journal.dry_run(IMPORT, self._import_request(host, said))
             return SeedReport(host, None, SeedOutcome.DRY_RUN, contents=contents,
                               plan=tuple(step.describe for step in plan.steps),
                               steps=plan.steps)
         request = self._import_request(host, said, seed=files.mint_seed_id(), source=source,
-                                       progress=progress)
-
-        async def refuse() -> None:
-            # Again under the lock, converged: what was checked may have moved.
-            verified, _ = self._refuse_import(host, source, allow_empty)
-            request.state.verified = verified
-
-        async def after(ran: Ran) -> None:
-            reason = ran.result.reason if ran.result is not None else None
-            journal = self.store.get_import(host)
-            if journal is not None and journal.seed == request.seed and (
-                    journal.known is ImportState.IMPORTING):
-                # It failed before its gate opened: an import always rolls back, now.
-                undone = await self._roll_back_held(host)
-                raise OperationError(f"{host}: seed import failed ({reason}); "
-                                     f"rolled back: {undone.outcome.value}",
-                                     hint=f"see `keelway ops {inst.app} --instance {host}`")
-            if not ran.done:
-                raise OperationError(f"{host}: seed import failed: {reason}")
-            self.store.add_event("seed", f"seed {request.seed} imported", app=inst.app,
-                                 instance=host)
-            await self.recovery.restart_active(host)
-            targets.link_current(self.store, self.home, host)
-
-        await planned.run(self.journal, IMPORT, self, request, prelude=refuse, after=after)
+                                       progress=progress, allow_empty=allow_empty)
+        await self.journal.run(IMPORT, self, request)
         return SeedReport(host, request.seed, SeedOutcome.IMPORTED, contents=contents)
 
     def _import_request(self, host: str, said: str, *, seed: str = "",
-                        source: Path | None = None,
-                        progress: Progress = _quiet) -> ImportRequest:
+                        source: Path | None = None, progress: Progress = _quiet,
+                        allow_empty: bool = False) -> ImportRequest:
         return ImportRequest(host, said, self.home.seed_db_path(host),
                              replicating=self.recovery.replicas is not None, seed=seed,
-                             source=source, progress=progress)
+                             source=source, progress=progress, allow_empty=allow_empty)
+
+    async def after_import(self, request: ImportRequest, ran: Ran) -> None:
+        """Under the lock, once the import's operation ended: one that failed before its
+        gate opened is rolled back now (an import always rolls back); one in effect
+        starts the instance on the seed."""
+        host = request.host
+        reason = ran.result.reason if ran.result is not None else None
+        journal = self.store.get_import(host)
+        app = ran.plan.app
+        if journal is not None and journal.seed == request.seed and (
+                journal.known is ImportState.IMPORTING):
+            undone = await self._roll_back_held(host)
+            raise OperationError(f"{host}: seed import failed ({reason}); "
+                                 f"rolled back: {undone.outcome.value}",
+                                 hint=f"see `keelway ops {app} --instance {host}`")
+        if not ran.done:
+            raise OperationError(f"{host}: seed import failed: {reason}")
+        self.store.add_event("seed", f"seed {request.seed} imported", app=app, instance=host)
+        await self.recovery.restart_active(host)
+        targets.link_current(self.store, self.home, host)
 
     # -- rollback ----------------------------------------------------------------------
 
@@ -365,19 +362,17 @@ class Seeding:
         if dry_run:
             return self._plan(host)
         request = RollbackRequest(host)
-        reports: list[SeedReport] = []
+        await self.journal.run(ROLLBACK, self, request)
+        assert request.state.said is not None
+        return request.state.said
 
-        async def origin() -> None:
-            request.state.origin = self.store.get_import(host)
-
-        async def after(ran: Ran) -> None:
-            reports.append(self._rolled(request, ran))
-            if reports[0].outcome is SeedOutcome.ROLLED_BACK:
-                await self.recovery.restart_active(host)
-                targets.link_current(self.store, self.home, host)
-
-        await planned.run(self.journal, ROLLBACK, self, request, prelude=origin, after=after)
-        return reports[0]
+    async def after_rollback(self, request: RollbackRequest, ran: Ran) -> None:
+        """Under the lock, once the rollback's operation ended: its report, and a rolled
+        back instance started on its own data."""
+        said = request.state.said = self._rolled(request, ran)
+        if said.outcome is SeedOutcome.ROLLED_BACK:
+            await self.recovery.restart_active(request.host)
+            targets.link_current(self.store, self.home, request.host)
 
     def _plan(self, host: str) -> SeedReport:
         """The dry run: the plan the rollback would run now, from the records, one line
@@ -604,6 +599,7 @@ class ImportRequest:
     seed: str = ""
     source: Path | None = None
     progress: Progress = _quiet
+    allow_empty: bool = False
     state: ImportRun = field(default_factory=ImportRun, compare=False)
 
 
@@ -736,12 +732,23 @@ def _unfence_import(seeding: Seeding, request: ImportRequest, _step: PlannedStep
     return unfence
 
 
+async def _refuse_again(seeding: Seeding, request: ImportRequest) -> None:
+    # Again under the lock, converged: what was checked before may have moved.
+    assert request.source is not None
+    request.state.verified, _ = seeding.refuse_import(request.host, request.source,
+                                                      request.allow_empty)
+
+
+async def _after_import(seeding: Seeding, request: ImportRequest, ran: Ran) -> None:
+    await seeding.after_import(request, ran)
+
+
 IMPORT: Spec[ImportRequest, Seeding] = Spec(
     OpKind.SEED_IMPORT, plan_import,
     {"store": _store, "journal": _journal, "fence": _fence_import, "stop": _stop,
      "sync": _sync, "lay-down": _lay_down, "key": _key, "open": _open,
      "unfence": _unfence_import},
-    fence_verb="take a seed import")
+    fence_verb="take a seed import", prelude=_refuse_again, after=_after_import)
 
 
 @dataclass
@@ -754,6 +761,8 @@ class RollbackRun:
     fenced: ImportJournal | None = None
     report: SeedReport | None = None
     data_left: bool = False
+    # What the whole run came to (`Seeding.after_rollback`).
+    said: SeedReport | None = None
 
     def journal(self) -> ImportJournal:
         found = self.fenced or self.origin
@@ -1032,9 +1041,19 @@ async def _journal_own(seeding: Seeding, op: Operation, step: PlannedStep,
                                                  after=step.after)
 
 
+async def _origin(seeding: Seeding, request: RollbackRequest) -> None:
+    # The journal as the rollback begins, read under the lock, converged.
+    request.state.origin = seeding.store.get_import(request.host)
+
+
+async def _after_rollback(seeding: Seeding, request: RollbackRequest, ran: Ran) -> None:
+    await seeding.after_rollback(request, ran)
+
+
 ROLLBACK: Spec[RollbackRequest, Seeding] = Spec(
     OpKind.SEED_ROLLBACK, plan_rollback,
     {"hold": _hold, "close": _close, "fence": _fence_again, "stop": _stop_or_defer,
      "retire-key": _retire_key, "remove-data": _remove_data, "restore": _restore,
      "unfence": _unfence_rollback, "delete-copy": _delete_copy,
-     "delete-replica": _delete_replica, "forget": _forget, "record": _record})
+     "delete-replica": _delete_replica, "forget": _forget, "record": _record},
+    prelude=_origin, after=_after_rollback)

@@ -15,7 +15,7 @@ from typing import Protocol, assert_never
 
 from keelway import failpoints
 from keelway.home import Home
-from keelway.journal import REPLICA, Inhibition
+from keelway.journal import REPLICA, Inhibition, OpKind
 from keelway.reconcile.plan import (
     Action,
     Finalize,
@@ -29,7 +29,7 @@ from keelway.reconcile.plan import (
 from keelway.runtime import process
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
-from keelway.store.lifecycle import InstanceState, RouteState
+from keelway.store.lifecycle import InstanceState, OpState, RouteState, StepState
 from keelway.store.records import Generation, InstanceView
 
 log = logging.getLogger("keelway.reconcile")
@@ -129,8 +129,11 @@ class Reconciler:
         self.restarts = restarts
         self.grace = grace  # the service's stop_grace: SIGTERM, then SIGKILL after this
         # How an interrupted operation ends, by its kind (keelway/deploy/operation.py
-        # `Finalizers`: each spec's `finalize`).
+        # `Finalizers`: each spec's `finalize`), and the kinds whose interrupted
+        # operations no instance's plan sees (a run is never the latest; a removal's
+        # instance is gone) that `finalize_orphans` ends by it.
         self.finalize = finalize
+        self.orphan_kinds: frozenset[OpKind] = frozenset()
         # Set by the deploy side when databases are replicated (keelway/data/replicas.py).
         self.replicate = False
 
@@ -234,6 +237,39 @@ class Reconciler:
         if synced:
             await self.restarts.sync_replica(host)
         return outcome
+
+    def finalize_orphans(self, live_ops: set[int]) -> list[int]:
+        """End every interrupted operation of an `orphan_kinds` kind that no instance's
+        plan sees (not its instance's latest, or its instance gone), by its kind's
+        finalizer: its pending steps, then the operation itself. Run at boot after the
+        instances are reconciled (a run's process was a stray of that pass). Each write
+        is idempotent and the operation's is the last: a crash midway is redone."""
+        ended = []
+        candidates = [op.id for op in self.store.unfinished_runs()]
+        candidates += self.store.unfinished_operations()
+        for op_id in sorted(set(candidates)):
+            op = self.store.get_operation(op_id)
+            if (op is None or op.terminal or op.id in live_ops
+                    or op.kind not in self.orphan_kinds):
+                continue
+            latest = self.store.latest_operation(op.instance)
+            if latest is not None and latest.id == op.id:
+                continue  # its instance's plan finalizes it
+            verdict = self.finalize(op)
+            done = verdict.state is OpState.SUCCEEDED
+            for step in op.steps:
+                if step.state is StepState.PENDING:
+                    self.store.finish_step(op.id, step.seq,
+                                           StepState.SUCCEEDED if done else StepState.FAILED,
+                                           error=None if done else verdict.reason)
+            self.store.finish_operation(self.store.get_operation(op.id) or op, verdict.state,
+                                        error=verdict.reason)
+            self.store.add_event("reconcile", f"op {op.id} {op.kind} finalized "
+                                 f"{verdict.state.value}" + (f": {verdict.reason}"
+                                                             if verdict.reason else ""),
+                                 app=op.app, instance=op.instance)
+            ended.append(op.id)
+        return ended
 
     def _gen(self, action: Action) -> Generation | None:
         assert action.generation is not None

@@ -4,6 +4,7 @@ daemon-less on any backend the fixture hands out."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from keelway.store.records import Generation, Instance
 from keelway.testing.clock import FakeClock
 
 DIGEST = "sha256:" + "ab" * 32
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hello"
 
 
 @dataclass
@@ -23,6 +25,7 @@ class Records:
     """Builders of the records a plan reads; `store` is what the plan is given."""
 
     store: Store
+    builds: Path  # where the staged builds of `running` are laid down
 
     def instance(self, host: str = "a.test", app: str = "shop",
                  state: InstanceState = InstanceState.RUNNING) -> Instance:
@@ -40,7 +43,13 @@ class Records:
         plan reads records, never /proc), ACTIVE unless `active` is False."""
         inst = self.store.get_instance(host)
         assert inst is not None, f"records.instance({host!r}) first"
-        self.store.record_build(inst.app, DIGEST, f"/builds/{inst.app}")
+        build = self.builds / inst.app
+        if not build.exists():
+            # A staged build is a directory with its manifest (and the code it runs).
+            shutil.copytree(EXAMPLE, build)
+        self.store.record_build(inst.app, DIGEST, str(build))
+        if not self.store.list_releases(inst.app):
+            self.store.create_release(inst.app, DIGEST, {}, "Deploy")
         gen = self.store.plan_generation(app=inst.app, instance=host, service=service,
                                          release=1, build_digest=DIGEST, op_id=None,
                                          port=None)
@@ -58,5 +67,5 @@ class Records:
 @pytest.fixture
 def records(tmp_path: Path) -> Iterator[Records]:
     store = SqliteStore(tmp_path / "plans.db", FakeClock())
-    yield Records(store)
+    yield Records(store, tmp_path / "builds")
     store.close()

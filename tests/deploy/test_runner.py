@@ -5,13 +5,14 @@ effect raises."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from keelway.deploy.errors import Fenced
-from keelway.deploy.operation import Bound, Ended, Plan, PlannedStep, Runner, Spec
+from keelway.deploy.operation import Bound, Ended, Plan, PlannedStep, Ran, Runner, Spec
 from keelway.deploy.outcome import Outcome, Result
 from keelway.deploy.steps import Done, Failed, Steps
 from keelway.journal import OpKind, StepKind
@@ -147,3 +148,28 @@ def test_a_dry_run_is_the_plan_the_runner_would_run_and_writes_nothing(
     plan = runner.dry_run(TEST, Ask("a.test", ("done", "failed")))
     assert plan.lines() == ["restart a.test:", "  1. stop: step 0", "  2. stop: step 1"]
     assert store.latest_operation("a.test") is None
+
+
+def test_a_prelude_runs_before_the_operation_begins_and_after_sees_how_it_ended(
+        tmp_path: Path) -> None:
+    runner, store = _setup(tmp_path)
+    seen = Seen(store)
+
+    async def prelude(parts: Seen, _ask: Ask) -> None:
+        parts.ran.append(f"prelude, ops so far: {store.latest_operation('a.test')}")
+
+    async def after(parts: Seen, _ask: Ask, ran: Ran) -> None:
+        assert ran.result is not None
+        parts.ran.append(f"after: {ran.result.outcome.value}")
+
+    spec = dataclasses.replace(TEST, prelude=prelude, after=after)
+    asyncio.run(runner.run(spec, seen, Ask("a.test", ("done",))))
+    assert seen.ran == ["prelude, ops so far: None", "step 0", "after: done"]
+
+
+def test_an_operation_of_no_instance_takes_the_empty_names_lock_and_converges_nothing(
+        tmp_path: Path) -> None:
+    runner, store = _setup(tmp_path)
+    seen = Seen(store)
+    ran = asyncio.run(runner.run(TEST, seen, Ask("", nothing="an app's own")))
+    assert ran.result is None and not runner.locks.instance("").locked()
