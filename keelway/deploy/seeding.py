@@ -1041,6 +1041,11 @@ async def _journal_own(seeding: Seeding, op: Operation, step: PlannedStep,
                                                  after=step.after)
 
 
+async def _resume(seeding: Seeding) -> None:
+    # Boot: imports cut short roll back, rollbacks carry on (`Seeding.resume`).
+    await seeding.resume()
+
+
 async def _origin(seeding: Seeding, request: RollbackRequest) -> None:
     # The journal as the rollback begins, read under the lock, converged.
     request.state.origin = seeding.store.get_import(request.host)
@@ -1056,4 +1061,4 @@ ROLLBACK: Spec[RollbackRequest, Seeding] = Spec(
      "retire-key": _retire_key, "remove-data": _remove_data, "restore": _restore,
      "unfence": _unfence_rollback, "delete-copy": _delete_copy,
      "delete-replica": _delete_replica, "forget": _forget, "record": _record},
-    prelude=_origin, after=_after_rollback)
+    prelude=_origin, after=_after_rollback, resume=_resume)
