@@ -75,9 +75,9 @@ def test_the_cli_starts_without_aiohttp_uvloop_or_rich() -> None:
 # request runs API → deployer → attempt → plan / steps → store, runtime, router and
 # never comes back to a module it has left. A new part takes its place in this list.
 DEPLOY_ORDER = ["errors", "outcome", "locks", "plan", "steps", "targets", "fences",
-                "publisher", "operation", "apps", "instances", "domains",
-                "attempt", "recovery", "part", "parking", "snapshots", "restore", "runs",
-                "deployer", "seeding", "replication"]
+                "publisher", "operation", "apps", "instances", "domains", "attempt",
+                "crash_restarts", "replica_keeper", "passes", "parking", "snapshots",
+                "restore", "runs", "deployer", "seeding", "replication"]
 
 
 def test_the_deploy_path_reads_one_way() -> None:

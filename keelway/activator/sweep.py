@@ -127,7 +127,7 @@ class Sweep:
         self._unknown_said = False
         parked = []
         for host in to_park(awake, activity):
-            if self.parking.locks.instance(host).locked():
+            if self.parking.runner.busy(host):
                 continue  # an operation runs: it is not idle in any sense that matters
             try:
                 await self.parking.park(host, why=f"idle for {activity[host].idle_s:.0f}s")

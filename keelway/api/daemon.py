@@ -1,9 +1,10 @@
 """The control plane: wires store, supervisor, the deploy parts, router and API together.
 
-The deploy parts (`wire`): `Locks` (per-instance locks and live operations), `Recovery`
-(converging, boot, periodic and crash restarts; it holds `Journaled`, the journal's
-edges, and the reconciler), `Deployer` (the operations users ask for) on both, and
-`Apps`, `Instances` and `Domains` on all three.
+The deploy parts (`wire`, the one place they are put together): `Locks` (per-instance
+locks and live operations), the `Runner` every operation goes through, `Passes` (the
+reconciler's boot, periodic and mutation passes), `CrashRestarts`, the `ReplicaKeeper`,
+and the parts users reach (`Deployer`, `Parking`, `Runs`, `Apps`, `Instances`,
+`Domains`, `Seeding`, `Restore`, ...), each given only what it uses.
 
 Start order keeps every failure clear and harmless: the home lock first (one control
 plane per home), then the router's port (a busy port fails before the store is even
@@ -48,15 +49,17 @@ from keelway.data.objects import LocalObjects, ObjectStore, ObjectStoreError, op
 from keelway.data.replicas import ReplicaError, ReplicaOptions, Replicas
 from keelway.deploy import targets
 from keelway.deploy.apps import Apps
+from keelway.deploy.crash_restarts import RECOVER, RESTART_CRASHED, CrashRestarts
 from keelway.deploy.deployer import ATTEMPTS, START, STOP, Deployer
 from keelway.deploy.domains import Domains
 from keelway.deploy.errors import OperationError
 from keelway.deploy.instances import ADD, DESTROY_ONE, REMOVE, Instances
 from keelway.deploy.locks import Locks
-from keelway.deploy.operation import finalizers
+from keelway.deploy.operation import Runner, finalizers
 from keelway.deploy.parking import PARK, WAKE, Parking
+from keelway.deploy.passes import Passes
 from keelway.deploy.publisher import Publisher
-from keelway.deploy.recovery import Recovery
+from keelway.deploy.replica_keeper import REPLICATE, ReplicaKeeper
 from keelway.deploy.replication import Replication
 from keelway.deploy.restore import RESTORE, RESTORE_REPLICA, Restore
 from keelway.deploy.runs import RUN, Runs
@@ -64,6 +67,7 @@ from keelway.deploy.seeding import IMPORT, ROLLBACK, Seeding
 from keelway.deploy.snapshots import Snapshots
 from keelway.durable import disk_full, disk_full_message, sweep_temp, write_atomic
 from keelway.home import PRIVATE_UMASK, Home
+from keelway.reconcile.apply import Reconciler
 from keelway.runtime import router as router_process
 from keelway.runtime.logs import rotate_if_large
 from keelway.runtime.router import RouterSettings
@@ -95,9 +99,13 @@ class StartupError(Exception):
 @dataclass(frozen=True)
 class DeployParts:
     locks: Locks
-    recovery: Recovery
+    runner: Runner
+    restarts: CrashRestarts
+    keeper: ReplicaKeeper
+    passes: Passes
     deployer: Deployer
     parking: Parking
+    runs: Runs
     apps: Apps
     instances: Instances
     domains: Domains
@@ -106,10 +114,25 @@ class DeployParts:
     replication: Replication
     restore: Restore
 
+    async def boot(self, home: Home) -> None:
+        """The one boot reconciliation (keelway/deploy/passes.py `Passes.boot`), with
+        what each part settles before anything respawns and carries on after."""
+
+        def finish_swaps() -> None:
+            # A restore that committed its swap is carried through, so the instance
+            # comes back on the restored database (keelway/data/swap.py).
+            for host in swap.finish_all(home.root / "data"):
+                log.info("boot: finished the database swap of a restore of %s", host)
+
+        await self.passes.boot(first=(finish_swaps,),
+                               carry_on=(self.apps.resume, self.instances.resume,
+                                         self.seeding.resume))
+
 
 def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher, clock: Clock,
          owner: str, objects: ObjectStore | None = None) -> DeployParts:
-    """The deploy parts of one control plane, sharing one set of locks and live ops."""
+    """The deploy parts of one control plane, each given only what it uses, sharing one
+    set of locks and live operations and one runner. The one place they are wired."""
     locks = Locks()
     # The object store `up --objects` chose decides where replicas go too
     # (keelway/data/replicas.py replica_url): beside its snapshots in S3, or in the
@@ -117,24 +140,36 @@ def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
     s3 = objects.url if objects is not None and objects.url.startswith("s3://") else None
     replicas = Replicas(store, home, supervisor, s3)
     objects = objects or LocalObjects(home.objects_dir)
-    recovery = Recovery(store, home, supervisor, publisher, clock, locks, owner, replicas)
+    runner = Runner(store, locks, owner)
+    restarts = CrashRestarts(store, home, supervisor, publisher, clock, locks, runner)
+    keeper = ReplicaKeeper(store, supervisor, clock, runner, replicas)
     # How the reconciler ends an interrupted operation of each kind with a spec.
-    ends = finalizers(PARK, WAKE, STOP, START, RUN, *ATTEMPTS.values(), RESTORE,
-                      RESTORE_REPLICA, IMPORT, ROLLBACK, ADD, REMOVE, DESTROY_ONE)
-    recovery.reconciler.finalize, recovery.reconciler.orphan_kinds = ends, ends.orphaned
-    deployer = Deployer(store, home, supervisor, publisher, locks, recovery)
+    ends = finalizers(PARK, WAKE, STOP, START, RUN, RECOVER, RESTART_CRASHED, REPLICATE,
+                      *ATTEMPTS.values(), RESTORE, RESTORE_REPLICA, IMPORT, ROLLBACK, ADD,
+                      REMOVE, DESTROY_ONE)
+    reconciler = Reconciler(store, supervisor, home, restarts, keeper,
+                            lambda gen: targets.stop_grace_s(store, gen), ends)
+    reconciler.orphan_kinds = ends.orphaned
+    reconciler.replicate = keeper.replicas is not None
+    passes = Passes(store, home, supervisor, publisher, clock, locks, reconciler)
+    # The one cycle: an operation converges through the passes, whose restarts are
+    # operations of this runner; and the replica keeper follows every operation.
+    runner.converger, runner.replica_hook = passes, keeper
+    deployer = Deployer(store, home, supervisor, publisher, locks, runner, restarts)
+    restore = Restore(store, home, supervisor, publisher, locks, restarts, keeper, runner,
+                      objects)
+    instances = Instances(store, home, supervisor, publisher, locks, runner, deployer,
+                          replicas, objects)
     snapshots = Snapshots(store, home, locks, clock, objects)
-    restore = Restore(store, home, supervisor, publisher, locks, recovery, objects)
-    instances = Instances(store, home, supervisor, publisher, locks, recovery.journal,
-                          deployer, replicas, objects)
-    return DeployParts(locks, recovery, deployer,
-                       Parking(store, home, supervisor, publisher, locks, recovery),
-                       Apps(store, home, locks, recovery.journal, instances), instances,
+    return DeployParts(locks, runner, restarts, keeper, passes, deployer,
+                       Parking(store, home, supervisor, publisher, clock, runner, restarts),
+                       Runs(store, home, supervisor, runner),
+                       Apps(store, home, locks, runner, instances), instances,
                        Domains(store, publisher, locks),
-                       Seeding(store, home, supervisor, publisher, locks, recovery,
-                               delete_replica=replicas.delete, objects=objects),
+                       Seeding(store, home, supervisor, publisher, locks, restarts, keeper,
+                               runner, delete_replica=replicas.delete, objects=objects),
                        snapshots,
-                       Replication(store, recovery.replicas, restore, snapshots),
+                       Replication(store, keeper, restore, snapshots),
                        restore)
 
 
@@ -260,7 +295,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     parts: DeployParts
 
     async def on_exit(gen, code):  # type: ignore[no-untyped-def]
-        await parts.recovery.on_exit(gen, code)
+        await parts.restarts.on_exit(gen, code)
 
     supervisor = Supervisor(store, home, clock, on_exit)
     if supervisor.identities.in_force:
@@ -270,15 +305,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     publisher = Publisher(store, home.router_socket)
     parts = wire(store, home, supervisor, publisher, clock, owner, objects)
     deployer = parts.deployer
-    # Before boot respawns anything: a restore that committed its swap is carried
-    # through, so the instance comes back on the restored database (keelway/data/swap.py).
-    for host in swap.finish_all(home.root / "data"):
-        log.info("boot: finished the database swap of a restore of %s", host)
-    await parts.recovery.boot()
-    runs = Runs(store, home, supervisor, parts.recovery.journal)
-    await parts.apps.resume()  # interrupted destroys carry on
-    await parts.instances.resume()  # interrupted removals and adds carry on
-    await parts.seeding.resume()  # interrupted imports roll back; rollbacks carry on
+    await parts.boot(home)
 
     if demo:
         await _deploy_demo(home, store, deployer, announce)
@@ -305,7 +332,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
         return None
 
     router.watch(push_routes)
-    api = Api(store, home, deployer, parts.recovery, http_port, request_shutdown, router,
+    api = Api(store, home, deployer, parts.passes, http_port, request_shutdown, router,
               parts.parking, parts.apps, parts.instances, parts.domains, parts.seeding,
               parts.snapshots, parts.replication, parts.restore)
     # Open log streams (`logs -f`) must not hold a shutdown for long.
@@ -320,10 +347,10 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     finally:
         os.umask(old_umask)
     os.chmod(home.api_socket, 0o600)
-    run_server = RunServer(home, runs)
+    run_server = RunServer(home, parts.runs)
     await run_server.start()
     rotation = loop.create_task(_rotate_logs_forever(home))
-    periodic = loop.create_task(parts.recovery.periodic())
+    periodic = loop.create_task(parts.passes.periodic())
     idle_sweep = loop.create_task(Sweep(store, parts.parking, home.router_socket, clock).run())
     snapshot_schedule = loop.create_task(parts.snapshots.schedule())
 
@@ -345,9 +372,10 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     snapshot_schedule.cancel()
     await runner.cleanup()
     home.api_socket.unlink(missing_ok=True)
-    await parts.recovery.close()
+    parts.passes.close()
+    await parts.restarts.close()
     if not keep_apps:
-        await _stop_all(store, supervisor, parts.recovery.replicas)
+        await _stop_all(store, supervisor, parts.keeper.replicas)
     await supervisor.shutdown()
     if not await router.stop(keep_serving=keep_apps):
         announce("warning: the router did not stop; it is still serving")

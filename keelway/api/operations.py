@@ -233,7 +233,7 @@ class Operations:
         """
         if key is not None:
             claimed, fresh = self.store.begin_request(key, app, kind, digest,
-                                                      self.deployer.journal.owner)
+                                                      self.deployer.runner.owner)
             if not fresh:
                 if claimed.digest != digest:
                     return error_response(409, "key-conflict",

@@ -28,7 +28,7 @@ from aiohttp import web
 
 from keelway.api.http import error_response, read_body
 from keelway.api.plans import plan_response
-from keelway.deploy import fences
+from keelway.deploy import fences, targets
 from keelway.deploy.parking import CrashBackoff, Parking
 from keelway.journal import OpKind, StepKind
 from keelway.store.lifecycle import StepState
@@ -84,7 +84,7 @@ class ParkingApi:
 
     def _replicators_stopped(self, host: str, parked: bool) -> int:
         """The replicator the park stopped (after the app, a step of the same
-        operation: Recovery.keep_replica), so the count says every process it stopped."""
+        operation: ReplicaKeeper.keep_replica), so the count says every process it stopped."""
         store = self.parking.store
         op = store.latest_operation_of(host, (OpKind.PARK,)) if parked else None
         return sum(1 for step in (store.steps(op.id) if op is not None else [])
@@ -102,7 +102,7 @@ class ParkingApi:
                 # The router answers its held requests 503 now and asks again later.
                 refused = error_response(503, exc.code, exc.message, exc.hint)
                 refused.headers["Retry-After"] = str(
-                    max(1, math.ceil(exc.retry_at - self.parking.recovery.clock.now())))
+                    max(1, math.ceil(exc.retry_at - self.parking.clock.now())))
                 return refused
             return web.json_response({"host": host, "accepted": True}, status=202)
         woken = await self.parking.wake(host)
@@ -123,5 +123,5 @@ class ParkingApi:
 
     async def get_fence(self, request: web.Request) -> web.Response:
         host = request.match_info["host"]
-        self.parking.instance(host)
+        targets.instance_named(self.parking.store, host)
         return web.json_response(fence_view(host, self.parking.store.get_fence(host)))

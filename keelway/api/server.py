@@ -43,7 +43,7 @@ from keelway.deploy.domains import Domains
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
 from keelway.deploy.instances import Instances
 from keelway.deploy.parking import Parking
-from keelway.deploy.recovery import Recovery
+from keelway.deploy.passes import Passes
 from keelway.deploy.replication import Replication
 from keelway.deploy.restore import Restore
 from keelway.deploy.seeding import Seeding
@@ -56,7 +56,7 @@ from keelway.store import Store
 
 
 class Api:
-    def __init__(self, store: Store, home: Home, deployer: Deployer, recovery: Recovery,
+    def __init__(self, store: Store, home: Home, deployer: Deployer, passes: Passes,
                  http_port: int | None, on_shutdown: Callable[[bool], None],
                  router: RouterSupervisor | None = None,
                  parking: Parking | None = None, apps: Apps | None = None,
@@ -77,7 +77,7 @@ class Api:
         self.store = store
         self.home = home
         self.deployer = deployer
-        self.recovery = recovery
+        self.passes = passes
         self.http_port = http_port
         self.on_shutdown = on_shutdown
         self.operations = Operations(store, home, deployer, http_port, snapshots, restore)
@@ -121,7 +121,7 @@ class Api:
 
     async def reconcile(self, request: web.Request) -> web.Response:
         body: bodies.ReconcileBody = await read_body(request, bodies.ReconcileBody)
-        report = await self.recovery.reconcile_all(body.dry_run)
+        report = await self.passes.reconcile_all(body.dry_run)
         return web.json_response({"dry_run": body.dry_run, "instances": report})
 
     async def apps(self, _request: web.Request) -> web.Response:

@@ -159,15 +159,12 @@ async def _end_orphans(apps: Apps, _request: AppRequest, _ran: Ran) -> None:
     finish_orphans(apps.store, apps.locks)
 
 
-async def _resume(apps: Apps) -> None:
-    await apps.resume()
-
-
 # The app's own operation names no instance: the runner takes the empty name's lock.
-# Boot carries on an interrupted destroy from the app's `destroying` mark (`resume`).
+# Boot carries on an interrupted destroy from the app's `destroying` mark
+# (`Apps.resume`, in DeployParts.boot's carry_on).
 FORGET_APP: Spec[AppRequest, Apps] = Spec(
     OpKind.DESTROY, plan_forget_app, {"remove-builds": _remove_builds, "forget": _forget},
-    after=_end_orphans, resume=_resume)
+    after=_end_orphans)
 
 
 def plan_destroy(store: Store, name: str,

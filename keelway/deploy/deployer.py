@@ -1,13 +1,12 @@
 """Operations on instances: deploy, config, rollback, restart, stop, start.
 
-A part beside `Recovery` (which converges an instance and respawns what ACTIVE names),
-`Journaled` (the journal's edges) and `Locks`, wired together in keelway/api/daemon.py.
-Every operation runs under its instance's lock, after reconciliation (a failed-closed
-instance refuses it), as a journaled operation whose steps are written before their
-effects. A rollout (deploy, config, rollback) first bumps the schedule revision of
-every instance it targets, so an older attempt still in flight stands down at its next
-check; then it goes instance by instance, the first one being the canary, and halts at
-the first instance that does not end DONE, leaving the rest on what they run.
+Each is a spec (keelway/deploy/operation.py) the one runner carries out: under its
+instance's lock, after reconciliation (a failed-closed instance refuses it), as a
+journaled operation whose steps are written before their effects. A rollout (deploy,
+config, rollback) first bumps the schedule revision of every instance it targets, so an
+older attempt still in flight stands down at its next check; then it goes instance by
+instance, the first one being the canary, and halts at the first instance that does not
+end DONE, leaving the rest on what they run.
 """
 
 from __future__ import annotations
@@ -21,25 +20,30 @@ from keelway import failpoints, names
 from keelway.builds.manifest import Mode
 from keelway.deploy import targets
 from keelway.deploy.attempt import Attempt
+from keelway.deploy.crash_restarts import CrashRestarts
 from keelway.deploy.errors import AppFailed, NotFoundError, OperationError, UserError
 from keelway.deploy.fences import refuse_if_fenced
 from keelway.deploy.instances import lay_down_step
+from keelway.deploy.locks import Locks
 from keelway.deploy.operation import (
     Bound,
     Ended,
     Plan,
     PlannedStep,
     Ran,
+    Runner,
     Spec,
     stop_generation,
     stop_steps,
 )
 from keelway.deploy.outcome import Outcome, Progress, Result
-from keelway.deploy.part import Part
 from keelway.deploy.plan import describe_step, fallback_of, plan_attempt
+from keelway.deploy.publisher import Publisher
 from keelway.deploy.steps import Done, Failed
 from keelway.deploy.targets import Target
+from keelway.home import Home
 from keelway.journal import Cause, OpKind, StepKind
+from keelway.runtime.supervisor import Supervisor
 from keelway.store import StaleSchedule, Store
 from keelway.store.lifecycle import GenState, InstanceState
 from keelway.store.records import Instance, Operation, ReleaseDraft
@@ -99,8 +103,18 @@ class InstanceResult:
     generations: dict[str, int] = field(default_factory=dict)
 
 
-class Deployer(Part):
+class Deployer:
     """The operations users ask for: deploy, config, rollback, restart, stop, start."""
+
+    def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
+                 locks: Locks, runner: Runner, restarts: CrashRestarts) -> None:
+        self.store = store
+        self.home = home
+        self.supervisor = supervisor
+        self.publisher = publisher
+        self.locks = locks  # the app's lock around a rollout
+        self.runner = runner
+        self.restarts = restarts  # a start respawns what ACTIVE names
 
     # -- validation ------------------------------------------------------------------
 
@@ -350,7 +364,7 @@ class Deployer(Part):
         return target
 
     async def _attempt_on(self, rollout: Rollout, host: str) -> Result:
-        ran = await self.journal.run(ATTEMPTS[rollout.kind], self,
+        ran = await self.runner.run(ATTEMPTS[rollout.kind], self,
                                      AttemptRequest(host, rollout), key=rollout.key,
                                      request_digest=rollout.request_digest,
                                      schedule_rev=rollout.revisions[host])
@@ -359,14 +373,14 @@ class Deployer(Part):
         return ran.result
 
     def dry_attempt(self, rollout: Rollout, host: str) -> Plan:
-        return self.journal.dry_run(ATTEMPTS[rollout.kind], AttemptRequest(host, rollout))
+        return self.runner.dry_run(ATTEMPTS[rollout.kind], AttemptRequest(host, rollout))
 
     # -- stop / start ----------------------------------------------------------------
 
     async def stop_instance(self, inst: Instance) -> None:
         """Take the instance out of service (STOPPED, route gated: 503), then stop every
         generation and prove it gone; ACTIVE stays, so start respawns what ran."""
-        ran = await self.journal.run(STOP, self, HostRequest(inst.host))
+        ran = await self.runner.run(STOP, self, HostRequest(inst.host))
         if not ran.done:
             assert ran.result is not None
             raise OperationError(ran.result.reason or "stop failed")
@@ -374,17 +388,17 @@ class Deployer(Part):
     async def start_instance(self, inst: Instance) -> None:
         """Put the instance back in service (RUNNING), then respawn what ACTIVE names and
         publish its route: the same path as a restart after a crash."""
-        ran = await self.journal.run(START, self, HostRequest(inst.host))
+        ran = await self.runner.run(START, self, HostRequest(inst.host))
         if not ran.done:
             assert ran.result is not None
             raise AppFailed(f"{inst.host}: {ran.result.reason}",
                             hint=f"see `keelway logs {inst.app} --instance {inst.host}`")
 
     def dry_stop(self, inst: Instance) -> Plan:
-        return self.journal.dry_run(STOP, HostRequest(inst.host))
+        return self.runner.dry_run(STOP, HostRequest(inst.host))
 
     def dry_start(self, inst: Instance) -> Plan:
-        return self.journal.dry_run(START, HostRequest(inst.host))
+        return self.runner.dry_run(START, HostRequest(inst.host))
 
 
 def _said(result: Result) -> str:
@@ -555,7 +569,7 @@ def _in_service(deployer: Deployer, request: HostRequest, _step: PlannedStep) ->
 def _respawn(deployer: Deployer, request: HostRequest, _step: PlannedStep) -> Bound:
     async def respawn(op: Operation) -> Done | Failed:
         current = targets.instance_named(deployer.store, request.host)
-        result = await deployer.recovery.respawn_active(op, current)
+        result = await deployer.restarts.respawn_active(op, current)
         return Done() if result.outcome is Outcome.DONE else Failed(
             result.reason or "the start failed")
 

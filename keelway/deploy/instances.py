@@ -728,14 +728,10 @@ _REMOVAL: dict[str, EffectOf[Instances, RemoveRequest]] = {
     "withdraw": _withdraw, "stop": _stop, "purge": _purge, "purge-replica": _purge_replica,
     "purge-snapshots": _purge_snapshots, "forget": _forget}
 # `instances remove`: under its app's lock and its own.
-async def _resume(part: Instances) -> None:
-    await part.resume()
-
-
-# Boot carries on every interrupted removal and add from its mark (`resume`).
+# Boot carries on every interrupted removal and add from its mark (`Instances.resume`,
+# in DeployParts.boot's carry_on).
 REMOVE: Spec[RemoveRequest, Instances] = Spec(OpKind.REMOVE_INSTANCE, plan_remove, _REMOVAL,
-                                              locks=Locking.APP, prelude=_removing,
-                                              resume=_resume)
+                                              locks=Locking.APP, prelude=_removing)
 # One instance of `apps destroy`, under the app lock the destroy holds.
 DESTROY_ONE: Spec[RemoveRequest, Instances] = Spec(OpKind.DESTROY, plan_remove, _REMOVAL,
                                                    prelude=_removing)

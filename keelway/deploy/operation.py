@@ -206,10 +206,14 @@ class Ran:
 
 
 class Converger(Protocol):
-    """Reconcile one instance under the lock its caller holds, and keep its replicator
-    (the crash-restart side, keelway/deploy/crash_restarts.py)."""
+    """Reconcile one instance under the lock its caller holds (keelway/deploy/passes.py)."""
 
     async def converge(self, host: str, mode: Pass) -> None: ...
+
+
+class ReplicaHook(Protocol):
+    """The replica keeper (keelway/deploy/replica_keeper.py), as the runner calls it
+    after every operation's work."""
 
     async def keep_replica(self, op: Operation, host: str) -> str | None:
         """Start or sync-and-stop `host`'s replicator as the instance now wants, as steps
@@ -220,15 +224,16 @@ class Converger(Protocol):
 class Runner:
     """The one way an operation runs (see the module header)."""
 
-    def __init__(self, store: Store, locks: Locks, owner: str,
-                 converger: Converger | None = None) -> None:
+    def __init__(self, store: Store, locks: Locks, owner: str) -> None:
         self.store = store
         self.locks = locks
         self.owner = owner
         # The one cycle of the parts: a fault converges, converging may restart what
-        # ACTIVE names, and that restart is itself an operation of this runner. Set
-        # once at wiring (keelway/api/daemon.py `wire`).
-        self._converger = converger
+        # ACTIVE names, and that restart is itself an operation of this runner; and the
+        # replica keeper runs its own operation. Both set once at wiring
+        # (keelway/api/daemon.py `wire`).
+        self._converger: Converger | None = None
+        self._replica_hook: ReplicaHook | None = None
 
     @property
     def converger(self) -> Converger:
@@ -238,6 +243,19 @@ class Runner:
     @converger.setter
     def converger(self, converger: Converger) -> None:
         self._converger = converger
+
+    @property
+    def replica_hook(self) -> ReplicaHook:
+        assert self._replica_hook is not None, "wire() sets the replica hook"
+        return self._replica_hook
+
+    @replica_hook.setter
+    def replica_hook(self, hook: ReplicaHook) -> None:
+        self._replica_hook = hook
+
+    def busy(self, host: str) -> bool:
+        """Whether an operation holds `host`'s lock now (the idle sweep leaves it be)."""
+        return self.locks.instance(host).locked()
 
     @contextlib.asynccontextmanager
     async def lent(self, host: str) -> AsyncIterator[None]:
@@ -341,7 +359,7 @@ class Runner:
             # covered without a call of its own. It changes the outcome of a `replicate`
             # operation only (its whole work): what any other did to traffic is done,
             # and the reconciler keeps the replicator.
-            failed = await self.converger.keep_replica(op, host)
+            failed = await self.replica_hook.keep_replica(op, host)
             if failed is not None and kind is OpKind.REPLICATE and (
                     result.outcome is Outcome.DONE):
                 result = Result(Outcome.FAILED, failed)

@@ -1,5 +1,5 @@
 """What an operation ends as, as a value: the one vocabulary of outcomes that attempts,
-the journal's edges (journaled.py), recovery and the deployer return to each other.
+the runner (operation.py), the crash restarts and the deployer return to each other.
 
 A leaf of keelway/deploy, so the lower parts read outcomes without importing the attempt
 that produces most of them: the deploy path runs one way, never back up.

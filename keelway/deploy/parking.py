@@ -1,8 +1,8 @@
 """Scale to zero: park, wake, and the fences that keep an instance down.
 
-A part beside `Deployer`, on the same `Locks` and `Recovery` (wired in
-keelway/api/daemon.py). Park and wake are journaled operations under the instance lock,
-after convergence, their effects run as steps (keelway/deploy/steps.py):
+Park and wake are specs (keelway/deploy/operation.py) the one runner carries out:
+journaled operations under the instance lock, after convergence, each step run through
+keelway/deploy/steps.py:
 
 - park: one store intent puts the instance PARKED and its route `parked` (the router
   holds requests and asks for a wake) → publish → stop every generation and prove it
@@ -10,13 +10,13 @@ after convergence, their effects run as steps (keelway/deploy/steps.py):
   reconciler stops any ACTIVE generation still alive of a parked instance
   (keelway/reconcile/plan.py) and boot republishes; before it: nothing changed.
 - wake: the instance RUNNING (a step of its own, before anything spawns) → respawn the
-  ACTIVE services through the verified start path (`Recovery.respawn_active`: spawn and
+  ACTIVE services through the verified start path (`CrashRestarts.respawn_active`: spawn and
   ready steps, readiness by NOTIFY_SOCKET or tight probing) → ACTIVE and the route
   serving in one write → publish. Crash after the RUNNING step: the instance is running
   with its ACTIVE dead, which boot restarts (RECOVER), removing an unpublished candidate
   first, so a hold-mode worker is proven gone before its successor spawns.
   One wake per instance at a time: a second call joins the one in flight (`wake_soon`).
-  A wake that fails to start what ACTIVE names is a crash (`Recovery.respawn_active`
+  A wake that fails to start what ACTIVE names is a crash (`CrashRestarts.respawn_active`
   counts it with the one backoff and gates the parked route, so requests get 503 +
   Retry-After at once): the instance stays running, waiting out its backoff, and the
   crash restart retries it, not the next request. An operator's `keelway wake` of an
@@ -38,26 +38,26 @@ from typing import assert_never
 
 from keelway import failpoints, names
 from keelway.builds.manifest import WEB
+from keelway.clock import Clock
 from keelway.deploy import targets
 from keelway.deploy.attempt import Attempt
+from keelway.deploy.crash_restarts import CrashRestarts
 from keelway.deploy.errors import AppFailed, OperationError, UserError
 from keelway.deploy.fences import refuse_if_fenced
 from keelway.deploy.instances import lay_down_step
-from keelway.deploy.locks import Locks
 from keelway.deploy.operation import (
     Bound,
     Ended,
     Plan,
     PlannedStep,
     Ran,
+    Runner,
     Spec,
     stop_generation,
     stop_steps,
 )
 from keelway.deploy.outcome import Outcome, Result
-from keelway.deploy.part import Part
 from keelway.deploy.publisher import Publisher
-from keelway.deploy.recovery import Recovery
 from keelway.deploy.steps import Done, Effect, Failed
 from keelway.home import Home
 from keelway.journal import Cause, OpKind, StepKind
@@ -100,10 +100,17 @@ class Woken:
     generations: dict[str, int]
 
 
-class Parking(Part):
+class Parking:
     def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
-                 locks: Locks, recovery: Recovery) -> None:
-        super().__init__(store, home, supervisor, publisher, locks, recovery)
+                 clock: Clock, runner: Runner, restarts: CrashRestarts) -> None:
+        self.store = store
+        self.home = home
+        self.supervisor = supervisor
+        self.publisher = publisher
+        self.clock = clock
+        self.runner = runner
+        # A wake respawns what ACTIVE names, and a failed one counts as a crash.
+        self.restarts = restarts
         # The wake in flight per instance; an entry lives exactly as long as its task.
         self._wakes: dict[str, asyncio.Task[Woken]] = {}
         # When each instance last woke (the clock's monotonic time), so the idle sweep
@@ -117,7 +124,7 @@ class Parking(Part):
         every generation of it proven gone. A stopped or down instance is refused
         (nothing runs to scale to zero, and a request must not wake what its user
         stopped); a parked one is left as it is."""
-        ran = await self.journal.run(PARK, self, ParkRequest(host, why))
+        ran = await self.runner.run(PARK, self, ParkRequest(host, why))
         if ran.result is None:
             return Parked(host, parked=False)
         if not ran.done:
@@ -130,7 +137,7 @@ class Parking(Part):
 
     def dry_park(self, host: str) -> Plan:
         """The plan `park` would run now; nothing is written."""
-        return self.journal.dry_run(PARK, ParkRequest(host))
+        return self.runner.dry_run(PARK, ParkRequest(host))
 
     def publish_effect(self, host: str) -> Effect:
         async def publish() -> Done | Failed:
@@ -154,7 +161,7 @@ class Parking(Part):
         claim = self.store.claim(host) if names.HOST.accepts(host) else None
         if claim is not None and claim.alias:
             host = claim.instance
-        inst = self.instance(host)
+        inst = targets.instance_named(self.store, host)
         refuse_if_fenced(self.store, host, "wake")
         task = self._wakes.get(host)
         if task is not None and not task.done():
@@ -168,7 +175,7 @@ class Parking(Part):
 
     def _refuse_inside_backoff(self, inst: Instance) -> None:
         """Raise CrashBackoff if `inst`'s web waits out a crash backoff not yet due."""
-        now = self.recovery.clock.now()
+        now = self.clock.now()
         due = [r.retry_at for r in self.store.pending_retries(inst.host)
                if r.service == WEB and r.retry_at > now]
         if due:
@@ -191,25 +198,25 @@ class Parking(Part):
         return await asyncio.shield(self.wake_soon(host, retry_now=True))
 
     async def _wake(self, host: str, retry_now: bool) -> Woken:
-        ran = await self.journal.run(WAKE, self, WakeRequest(host, retry_now))
+        ran = await self.runner.run(WAKE, self, WakeRequest(host, retry_now))
         if ran.result is None:
             return Woken(host, woke=False, generations=self._active(host))
         return self._woken(ran.plan.app, host, ran.result)
 
     def dry_wake(self, host: str) -> Plan:
         """The plan an operator's `wake` would run now; nothing is written."""
-        return self.journal.dry_run(WAKE, WakeRequest(host, retry_now=True))
+        return self.runner.dry_run(WAKE, WakeRequest(host, retry_now=True))
 
     def _woken(self, app: str, host: str, result: Result) -> Woken:
         if result.outcome is not Outcome.DONE:
-            retry_at = self.recovery.retry_due(host)
+            retry_at = self.restarts.retry_due(host)
             retry = ("" if retry_at is None else
                      f"; it is retried with the crash backoff, next at "
                      f"{time.strftime('%H:%M:%S', time.localtime(retry_at))} "
                      f"(`keelway status {app}`), or now by `keelway wake {host}`")
             raise AppFailed(f"{host}: wake failed: {result.reason}{retry}",
                             hint=f"see `keelway logs {app} --instance {host}`")
-        self.woken_at[host] = self.recovery.clock.monotonic()
+        self.woken_at[host] = self.clock.monotonic()
         return Woken(host, woke=True, generations=self._active(host))
 
     async def wake_onto_pending(self, op: Operation, inst: Instance) -> Result | None:
@@ -239,7 +246,7 @@ class Parking(Part):
             self.store.clear_pending(inst.host, number)
         if result.outcome is Outcome.FAILED:
             # A fallback that could not start either is a failed wake like any other.
-            await self.recovery.count_dead_active(inst.host)
+            await self.restarts.count_dead_active(inst.host)
         return result
 
     def _active(self, host: str) -> dict[str, int]:
@@ -398,7 +405,7 @@ def _respawn_web(parking: Parking, request: WakeRequest, _step: PlannedStep) -> 
         inst = targets.instance_named(store, request.host)
         workers = frozenset(a.service for a in store.list_active(inst.host)
                             if a.service != WEB)
-        return _said(await parking.recovery.respawn_active(op, inst, waiting=workers))
+        return _said(await parking.restarts.respawn_active(op, inst, waiting=workers))
 
     return respawn
 
@@ -407,7 +414,7 @@ def _respawn(parking: Parking, request: WakeRequest, _step: PlannedStep) -> Boun
     """Whatever ACTIVE names that is not alive (after `_respawn_web`: the workers)."""
     async def respawn(op: Operation) -> Done | Failed:
         inst = targets.instance_named(parking.store, request.host)
-        return _said(await parking.recovery.respawn_active(op, inst))
+        return _said(await parking.restarts.respawn_active(op, inst))
 
     return respawn
 

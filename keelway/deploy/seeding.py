@@ -60,13 +60,23 @@ from keelway.data import snapshots
 from keelway.data.objects import NotFound, ObjectStore, ObjectStoreError, manifest_key
 from keelway.data.verify import Damaged
 from keelway.deploy import instances, targets
+from keelway.deploy.crash_restarts import CrashRestarts
 from keelway.deploy.errors import OperationError, UserError, checked
 from keelway.deploy.fences import refuse_if_fenced
 from keelway.deploy.locks import Locks
-from keelway.deploy.operation import Bound, Ended, Plan, PlannedStep, Ran, Spec, stop_generation
+from keelway.deploy.operation import (
+    Bound,
+    Ended,
+    Plan,
+    PlannedStep,
+    Ran,
+    Runner,
+    Spec,
+    stop_generation,
+)
 from keelway.deploy.outcome import Outcome, Result
 from keelway.deploy.publisher import Publisher
-from keelway.deploy.recovery import Recovery
+from keelway.deploy.replica_keeper import ReplicaKeeper
 from keelway.deploy.steps import Done, Effect, Failed, Steps
 from keelway.durable import TEMP_PREFIX
 from keelway.home import Home
@@ -158,7 +168,7 @@ class SnapshotSource:
 
 class Seeding:
     def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
-                 locks: Locks, recovery: Recovery,
+                 locks: Locks, restarts: CrashRestarts, keeper: ReplicaKeeper, runner: Runner,
                  delete_replica: DeleteReplica | None = None,
                  objects: ObjectStore | None = None,
                  limits: SeedLimits = SeedLimits()) -> None:
@@ -167,8 +177,9 @@ class Seeding:
         self.supervisor = supervisor
         self.publisher = publisher
         self.locks = locks
-        self.recovery = recovery
-        self.journal = recovery.journal
+        self.restarts = restarts
+        self.keeper = keeper
+        self.journal = runner
         self.objects = objects
         self.delete_replica = delete_replica
         self.limits = limits
@@ -326,7 +337,7 @@ class Seeding:
                         source: Path | None = None, progress: Progress = _quiet,
                         allow_empty: bool = False) -> ImportRequest:
         return ImportRequest(host, said, self.home.seed_db_path(host),
-                             replicating=self.recovery.replicas is not None, seed=seed,
+                             replicating=self.keeper.replicas is not None, seed=seed,
                              source=source, progress=progress, allow_empty=allow_empty)
 
     async def after_import(self, request: ImportRequest, ran: Ran) -> None:
@@ -346,7 +357,7 @@ class Seeding:
         if not ran.done:
             raise OperationError(f"{host}: seed import failed: {reason}")
         self.store.add_event("seed", f"seed {request.seed} imported", app=app, instance=host)
-        await self.recovery.restart_active(host)
+        await self.restarts.restart_active(host)
         targets.link_current(self.store, self.home, host)
 
     # -- rollback ----------------------------------------------------------------------
@@ -371,7 +382,7 @@ class Seeding:
         back instance started on its own data."""
         said = request.state.said = self._rolled(request, ran)
         if said.outcome is SeedOutcome.ROLLED_BACK:
-            await self.recovery.restart_active(request.host)
+            await self.restarts.restart_active(request.host)
             targets.link_current(self.store, self.home, request.host)
 
     def _plan(self, host: str) -> SeedReport:
@@ -474,7 +485,7 @@ class Seeding:
                 async def lift() -> None:
                     if journal.fence_gen is not None:
                         self.store.unfence(host, journal.fence_gen)
-                    await self.recovery.restart_active(host)
+                    await self.restarts.restart_active(host)
 
                 async with self.locks.instance(host):
                     await lift()
@@ -677,7 +688,7 @@ def _sync(seeding: Seeding, request: ImportRequest, _step: PlannedStep) -> Bound
     async def sync(_op: Operation) -> Done | Failed:
         # H's own database, every process of H gone: its replica is current and then
         # left alone until the rollback (the import's goes elsewhere).
-        replicas = seeding.recovery.replicas
+        replicas = seeding.keeper.replicas
         assert replicas is not None
         failed = await replicas.stop(request.host, sync=True)
         return Done("synced") if failed is None else Failed(failed)
@@ -1041,11 +1052,6 @@ async def _journal_own(seeding: Seeding, op: Operation, step: PlannedStep,
                                                  after=step.after)
 
 
-async def _resume(seeding: Seeding) -> None:
-    # Boot: imports cut short roll back, rollbacks carry on (`Seeding.resume`).
-    await seeding.resume()
-
-
 async def _origin(seeding: Seeding, request: RollbackRequest) -> None:
     # The journal as the rollback begins, read under the lock, converged.
     request.state.origin = seeding.store.get_import(request.host)
@@ -1061,4 +1067,4 @@ ROLLBACK: Spec[RollbackRequest, Seeding] = Spec(
      "retire-key": _retire_key, "remove-data": _remove_data, "restore": _restore,
      "unfence": _unfence_rollback, "delete-copy": _delete_copy,
      "delete-replica": _delete_replica, "forget": _forget, "record": _record},
-    prelude=_origin, after=_after_rollback, resume=_resume)
+    prelude=_origin, after=_after_rollback)

@@ -41,10 +41,14 @@ Grace = Callable[[Generation], float]
 
 
 class ActiveRestarts(Protocol):
-    """The one thing a pass asks of the deploy side: bring back what ACTIVE names on
-    `host` (journaled as its own operation), under the lock the pass holds."""
+    """What a pass asks of the crash restarts: bring back what ACTIVE names on `host`
+    (journaled as its own operation), under the lock the pass holds."""
 
     async def restart_active(self, host: str) -> None: ...
+
+
+class ReplicaUpkeep(Protocol):
+    """What a pass asks of the replica keeper, under the lock the pass holds."""
 
     async def start_replica(self, host: str) -> None:
         """Start `host`'s replicator (keelway/data/replicas.py) as its own operation."""
@@ -121,12 +125,13 @@ def observe(records: Records, supervisor: Supervisor) -> Observed:
 
 class Reconciler:
     def __init__(self, store: Store, supervisor: Supervisor, home: Home,
-                 restarts: ActiveRestarts, grace: Grace,
+                 restarts: ActiveRestarts, replicas: ReplicaUpkeep, grace: Grace,
                  finalize: Finalize = by_steps) -> None:
         self.store = store
         self.supervisor = supervisor
         self.home = home
         self.restarts = restarts
+        self.replicas = replicas
         self.grace = grace  # the service's stop_grace: SIGTERM, then SIGKILL after this
         # How an interrupted operation ends, by its kind (keelway/deploy/operation.py
         # `Finalizers`: each spec's `finalize`), and the kinds whose interrupted
@@ -233,9 +238,9 @@ class Reconciler:
         if restart:
             await self.restarts.restart_active(host)
         if replicate:
-            await self.restarts.start_replica(host)
+            await self.replicas.start_replica(host)
         if synced:
-            await self.restarts.sync_replica(host)
+            await self.replicas.sync_replica(host)
         return outcome
 
     def finalize_orphans(self, live_ops: set[int]) -> list[int]:

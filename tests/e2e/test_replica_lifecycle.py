@@ -2,7 +2,7 @@
 the apps and then syncs each replica last (`down --keep-apps` leaves it running:
 tests/e2e/test_lifecycle.py), and a replicator that cannot be stopped does not fail the
 park it follows, nor does a crash in it, after which boot syncs the replica
-(keelway/deploy/recovery.py keep_replica, sync_replica)."""
+(keelway/deploy/replica_keeper.py keep_replica, sync_replica)."""
 
 from __future__ import annotations
 

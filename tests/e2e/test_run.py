@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from keelway.deploy.recovery import PERIODIC_S
+from keelway.deploy.passes import PERIODIC_S
 from keelway.runtime import process
 from tests.deploy.apps import hello
 from tests.e2e.harness import Keelway, Result, free_port, gone, wait_until
