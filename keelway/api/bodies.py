@@ -82,16 +82,19 @@ class CreateAppBody(msgspec.Struct, forbid_unknown_fields=True):
 class DestroyBody(msgspec.Struct, forbid_unknown_fields=True):
     yes: bool = False
     purge_data: bool = False
+    dry_run: bool = False
 
 
 class AddInstancesBody(msgspec.Struct, forbid_unknown_fields=True):
     hosts: list[str]
     config: dict[str, str] = {}
     parked: bool = False
+    dry_run: bool = False
 
 
 class RemoveInstanceBody(msgspec.Struct, forbid_unknown_fields=True):
     purge_data: bool = False
+    dry_run: bool = False
 
 
 class InstanceConfigBody(msgspec.Struct, forbid_unknown_fields=True):

@@ -3,8 +3,8 @@
 The deploy parts (`wire`, the one place they are put together): `Locks` (per-instance
 locks and live operations), the `Runner` every operation goes through, `Passes` (the
 reconciler's boot, periodic and mutation passes), `CrashRestarts`, the `ReplicaKeeper`,
-and the parts users reach (`Deployer`, `Parking`, `Runs`, ...), each given only what it
-uses.
+and the parts users reach (`Deployer`, `Parking`, `Runs`, `Apps`, `Instances`,
+`Domains`, `Seeding`, `Restore`, ...), each given only what it uses.
 
 Start order keeps every failure clear and harmless: the home lock first (one control
 plane per home), then the router's port (a busy port fails before the store is even
@@ -48,9 +48,12 @@ from keelway.data import swap
 from keelway.data.objects import LocalObjects, ObjectStore, ObjectStoreError, open_objects
 from keelway.data.replicas import ReplicaError, ReplicaOptions, Replicas
 from keelway.deploy import targets
+from keelway.deploy.apps import Apps
 from keelway.deploy.crash_restarts import RECOVER, RESTART_CRASHED, CrashRestarts
 from keelway.deploy.deployer import ATTEMPTS, START, STOP, Deployer
+from keelway.deploy.domains import Domains
 from keelway.deploy.errors import OperationError
+from keelway.deploy.instances import ADD, DESTROY_ONE, REMOVE, Instances
 from keelway.deploy.locks import Locks
 from keelway.deploy.operation import Runner, finalizers
 from keelway.deploy.parking import PARK, WAKE, Parking
@@ -58,10 +61,10 @@ from keelway.deploy.passes import Passes
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.replica_keeper import REPLICATE, ReplicaKeeper
 from keelway.deploy.replication import Replication
-from keelway.deploy.restore import Snapshots
+from keelway.deploy.restore import RESTORE, RESTORE_REPLICA, Restore
 from keelway.deploy.runs import RUN, Runs
-from keelway.deploy.seeding import Seeding
-from keelway.deploy.tenants import Tenants
+from keelway.deploy.seeding import IMPORT, ROLLBACK, Seeding
+from keelway.deploy.snapshots import Snapshots
 from keelway.durable import disk_full, disk_full_message, sweep_temp, write_atomic
 from keelway.home import PRIVATE_UMASK, Home
 from keelway.reconcile.apply import Reconciler
@@ -103,10 +106,13 @@ class DeployParts:
     deployer: Deployer
     parking: Parking
     runs: Runs
-    tenants: Tenants
+    apps: Apps
+    instances: Instances
+    domains: Domains
     seeding: Seeding
     snapshots: Snapshots
     replication: Replication
+    restore: Restore
 
     async def boot(self, home: Home) -> None:
         """The one boot reconciliation (keelway/deploy/passes.py `Passes.boot`), with
@@ -119,7 +125,8 @@ class DeployParts:
                 log.info("boot: finished the database swap of a restore of %s", host)
 
         await self.passes.boot(first=(finish_swaps,),
-                               carry_on=(self.tenants.resume, self.seeding.resume))
+                               carry_on=(self.apps.resume, self.instances.resume,
+                                         self.seeding.resume))
 
 
 def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher, clock: Clock,
@@ -138,7 +145,8 @@ def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
     keeper = ReplicaKeeper(store, supervisor, clock, runner, replicas)
     # How the reconciler ends an interrupted operation of each kind with a spec.
     ends = finalizers(PARK, WAKE, STOP, START, RUN, RECOVER, RESTART_CRASHED, REPLICATE,
-                      *ATTEMPTS.values())
+                      *ATTEMPTS.values(), RESTORE, RESTORE_REPLICA, IMPORT, ROLLBACK, ADD,
+                      REMOVE, DESTROY_ONE)
     reconciler = Reconciler(store, supervisor, home, restarts, keeper,
                             lambda gen: targets.stop_grace_s(store, gen), ends)
     reconciler.orphan_kinds = ends.orphaned
@@ -148,17 +156,21 @@ def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
     # operations of this runner; and the replica keeper follows every operation.
     runner.converger, runner.replica_hook = passes, keeper
     deployer = Deployer(store, home, supervisor, publisher, locks, runner, restarts)
-    narrow = (locks, passes, restarts, keeper, runner)
-    snapshots = Snapshots(store, home, supervisor, publisher, *narrow, objects)
+    restore = Restore(store, home, supervisor, publisher, locks, restarts, keeper, runner,
+                      objects)
+    instances = Instances(store, home, supervisor, publisher, locks, runner, deployer,
+                          replicas, objects)
+    snapshots = Snapshots(store, home, locks, clock, objects)
     return DeployParts(locks, runner, restarts, keeper, passes, deployer,
                        Parking(store, home, supervisor, publisher, clock, runner, restarts),
                        Runs(store, home, supervisor, runner),
-                       Tenants(store, home, supervisor, publisher, *narrow, deployer,
-                               replicas, objects),
-                       Seeding(store, home, supervisor, publisher, *narrow,
-                               delete_replica=replicas.delete, objects=objects),
+                       Apps(store, home, locks, runner, instances), instances,
+                       Domains(store, publisher, locks),
+                       Seeding(store, home, supervisor, publisher, locks, restarts, keeper,
+                               runner, delete_replica=replicas.delete, objects=objects),
                        snapshots,
-                       Replication(store, home, supervisor, publisher, *narrow, snapshots))
+                       Replication(store, keeper, restore, snapshots),
+                       restore)
 
 
 def objects_url(home: Home, asked: str | None) -> str | None:
@@ -324,8 +336,8 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
 
     router.watch(push_routes)
     api = Api(store, home, deployer, parts.passes, http_port, request_shutdown, router,
-              parts.parking, parts.tenants, parts.seeding, parts.snapshots,
-              parts.replication, parts.runs)
+              parts.parking, parts.apps, parts.instances, parts.domains, parts.seeding,
+              parts.snapshots, parts.replication, parts.restore)
     # Open log streams (`logs -f`) must not hold a shutdown for long.
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False,
                            shutdown_timeout=2.0)

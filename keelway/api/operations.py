@@ -29,7 +29,8 @@ from keelway.builds.stage import StagedBuild, stage
 from keelway.deploy.deployer import Deployer, InstanceResult
 from keelway.deploy.errors import OperationError, UserError
 from keelway.deploy.outcome import Progress
-from keelway.deploy.restore import Snapshots
+from keelway.deploy.restore import Restore
+from keelway.deploy.snapshots import Snapshots
 from keelway.durable import DISK_FULL_HINT, disk_full, disk_full_message
 from keelway.home import Home
 from keelway.names import InvalidName
@@ -106,8 +107,10 @@ def _final_event(task: asyncio.Task[dict[str, Any]]) -> dict[str, Any]:
 
 class Operations:
     def __init__(self, store: Store, home: Home, deployer: Deployer,
-                 http_port: int | None, snapshots: Snapshots | None = None) -> None:
+                 http_port: int | None, snapshots: Snapshots | None = None,
+                 restore: Restore | None = None) -> None:
         self.snapshots = snapshots
+        self.restore = restore
         self.store = store
         self.home = home
         self.deployer = deployer
@@ -321,10 +324,10 @@ class Operations:
             cached = await asyncio.to_thread(builds_gc.collect_cache,
                                              deps_cache.for_home(self.home.root),
                                              dry_run=body.dry_run)
-        # Snapshots beyond each instance's `[data] keep` (keelway/deploy/restore.py).
+        # Snapshots beyond each instance's `[data] keep` (keelway/deploy/snapshots.py).
         pruned = await self.snapshots.prune_all(body.dry_run) if self.snapshots else []
         # Copies restores kept, past their retention (keelway/data/kept.py).
-        aged = await self.snapshots.prune_kept(body.dry_run) if self.snapshots else []
+        aged = await self.restore.prune_kept(body.dry_run) if self.restore else []
         freed = sum(sizes.get(build, 0) for build in removed) + sum(b for _k, b in cached)
         return web.json_response({"removed": [{"app": a, "digest": d,
                                                "freed_bytes": sizes.get((a, d), 0)}

@@ -1,8 +1,9 @@
 """The API of replicas (keelway/deploy/replication.py):
 
     GET  /v1/instances/{host}/replica                -> 200 position
-    POST /v1/instances/{host}/restore-replica {"at": T|null}
-        -> 200 the restore's view (keelway/deploy/restore.py Restored.view)
+    POST /v1/instances/{host}/restore-replica {"at": T|null, "dry_run": bool}
+        -> 200 the restore's view (keelway/deploy/restore.py Restored.view), or a dry
+        run's (keelway/api/snapshots.py)
     POST /v1/drill {"host": H|null}                  -> 200 {"results": [...], "ok": bool}
     result = {"host","ok": bool|null,"skipped"?: str,
               "snapshot": {"ok","skipped"?|"reason","id","size_bytes"},
@@ -17,11 +18,13 @@ import msgspec
 from aiohttp import web
 
 from keelway.api.http import read_body
+from keelway.api.plans import plan_response
 from keelway.deploy.replication import Replication
 
 
 class RestoreBody(msgspec.Struct, forbid_unknown_fields=True):
     at: str | None = None
+    dry_run: bool = False
 
 
 class DrillBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -44,7 +47,11 @@ class ReplicasApi:
 
     async def restore(self, request: web.Request) -> web.Response:
         body: RestoreBody = await read_body(request, RestoreBody)
-        done = await self.replication.restore(request.match_info["host"], body.at)
+        host = request.match_info["host"]
+        if body.dry_run:
+            plan = await self.replication.restorer.plan(host, None, body.at)
+            return plan_response(plan)
+        done = await self.replication.restore(host, body.at)
         return web.json_response(done.view())
 
     async def drill(self, request: web.Request) -> web.Response:

@@ -25,7 +25,7 @@ from aiohttp import web
 
 from keelway import names
 from keelway.api.http import read_body
-from keelway.deploy.errors import UserError
+from keelway.deploy.errors import UserError, refused_name
 from keelway.deploy.seeding import Seeding, SnapshotSource
 
 
@@ -40,7 +40,7 @@ class ImportBody(msgspec.Struct, forbid_unknown_fields=True):
         try:
             snapshot = names.seed_snapshot(self.source)
         except names.InvalidName as exc:
-            raise UserError(exc.message, hint=exc.hint) from None
+            raise refused_name(exc) from None
         if snapshot is not None:
             return SnapshotSource(*snapshot)
         return Path(self.source)

@@ -17,7 +17,10 @@ from aiohttp import web
 
 from keelway import __version__
 from keelway.api import bodies
+from keelway.api.apps import AppsApi
+from keelway.api.domains import DomainsApi
 from keelway.api.http import app_name, errors_middleware, read_body, send_line
+from keelway.api.instances import InstancesApi
 from keelway.api.operations import Operations
 from keelway.api.parking import ParkingApi
 from keelway.api.plans import plan_response
@@ -25,7 +28,6 @@ from keelway.api.replicas import ReplicasApi
 from keelway.api.run_server import RunPlanApi
 from keelway.api.seed import SeedApi
 from keelway.api.snapshots import SnapshotsApi
-from keelway.api.tenants import TenantsApi
 from keelway.api.views import (
     doctor_checks,
     event_view,
@@ -36,15 +38,18 @@ from keelway.api.views import (
     status_view,
     unreleased_failures,
 )
+from keelway.deploy.apps import Apps
 from keelway.deploy.deployer import Deployer
+from keelway.deploy.domains import Domains
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
+from keelway.deploy.instances import Instances
 from keelway.deploy.parking import Parking
 from keelway.deploy.passes import Passes
 from keelway.deploy.replication import Replication
-from keelway.deploy.restore import Snapshots
+from keelway.deploy.restore import Restore
 from keelway.deploy.runs import Runs
 from keelway.deploy.seeding import Seeding
-from keelway.deploy.tenants import Tenants
+from keelway.deploy.snapshots import Snapshots
 from keelway.home import Home
 from keelway.runtime.logs import parse_log_name, read_from, tail_lines
 from keelway.runtime.router import RouterRestartFailed, RouterStartFailed
@@ -56,23 +61,29 @@ class Api:
     def __init__(self, store: Store, home: Home, deployer: Deployer, passes: Passes,
                  http_port: int | None, on_shutdown: Callable[[bool], None],
                  router: RouterSupervisor | None = None,
-                 parking: Parking | None = None, tenants: Tenants | None = None,
+                 parking: Parking | None = None, apps: Apps | None = None,
+                 instances: Instances | None = None, domains: Domains | None = None,
                  seeding: Seeding | None = None, snapshots: Snapshots | None = None,
-                 replication: Replication | None = None, runs: Runs | None = None) -> None:
+                 replication: Replication | None = None,
+                 restore: Restore | None = None, runs: Runs | None = None) -> None:
         self.router = router
         self.runs = RunPlanApi(runs) if runs is not None else None
         self.seeding = SeedApi(seeding) if seeding is not None else None
-        self.snapshots = SnapshotsApi(snapshots) if snapshots is not None else None
+        self.snapshots = (SnapshotsApi(snapshots, restore)
+                          if snapshots is not None and restore is not None else None)
         self.replicas = ReplicasApi(replication) if replication is not None else None
         self.parking = ParkingApi(parking) if parking is not None else None
-        self.tenants = TenantsApi(store, tenants, http_port) if tenants is not None else None
+        self.apps_api = AppsApi(store, apps) if apps is not None else None
+        self.instances = (InstancesApi(store, instances, http_port)
+                          if instances is not None else None)
+        self.domains = DomainsApi(store, domains) if domains is not None else None
         self.store = store
         self.home = home
         self.deployer = deployer
         self.passes = passes
         self.http_port = http_port
         self.on_shutdown = on_shutdown
-        self.operations = Operations(store, home, deployer, http_port, snapshots)
+        self.operations = Operations(store, home, deployer, http_port, snapshots, restore)
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[errors_middleware], client_max_size=1024 * 1024)
@@ -93,7 +104,9 @@ class Api:
             web.post("/v1/router/restart", self.router_restart),
             *self.operations.routes(),
             *(self.parking.routes() if self.parking is not None else []),
-            *(self.tenants.routes() if self.tenants is not None else []),
+            *(self.apps_api.routes() if self.apps_api is not None else []),
+            *(self.instances.routes() if self.instances is not None else []),
+            *(self.domains.routes() if self.domains is not None else []),
             *(self.seeding.routes() if self.seeding is not None else []),
             *(self.snapshots.routes() if self.snapshots is not None else []),
             *(self.replicas.routes() if self.replicas is not None else []),

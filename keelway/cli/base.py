@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import click
 
 from keelway.cli.client import ApiError, ApiLost, ApiUnavailable, Client
-from keelway.cli.output import EXIT_LOST, fail, fail_json
+from keelway.cli.output import EXIT_LOST, emit_json, fail, fail_json
 from keelway.home import Home
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -48,6 +48,36 @@ AFTER_LOST: dict[str, str] = {
 
 def json_option(func: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON.")(func)
+
+
+def config_pairs(pairs: tuple[str, ...], as_json: bool) -> dict[str, str]:
+    """K=V arguments as a dict; a bad one fails the command (exit 2), nothing sent."""
+    values: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            message, hint = f"{pair!r} is not K=V", "write NAME=value"
+            if as_json:
+                fail_json("bad-request", message, hint)
+            fail(message, hint)
+        values[name] = value
+    return values
+
+
+def answered(data: dict[str, Any], as_json: bool, dry_run: bool = False) -> bool:
+    """Print what needs no words of the command's own: a dry run's plan, or `--json`'s
+    answer. True when printed (the command is done)."""
+    if dry_run:
+        # keelway/cli/plans.py sends dry runs through this module's client: imported
+        # here, not at the top, so neither module needs the other to load first.
+        from keelway.cli.plans import echo_plan
+
+        echo_plan(data, as_json)
+        return True
+    if as_json:
+        emit_json(data)
+        return True
+    return False
 
 
 def api_call(func: F) -> F:

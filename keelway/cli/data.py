@@ -8,8 +8,9 @@ from typing import Any
 
 import click
 
-from keelway.cli.base import api_call, cli, client, json_option
+from keelway.cli.base import answered, api_call, cli, client, json_option
 from keelway.cli.output import emit_json
+from keelway.cli.plans import dry_run_option
 
 
 def _path(host: str, *rest: str) -> str:
@@ -85,10 +86,11 @@ def verify(host: str, snap_id: str, as_json: bool) -> None:
               help="From the instance's continuous replica instead of a snapshot.")
 @click.option("--at", default=None, metavar="TIME",
               help="With --from-replica: the replica as of TIME (ISO 8601).")
+@dry_run_option
 @json_option
 @api_call
 def restore(host: str, snap_id: str | None, from_replica: bool, at: str | None,
-            as_json: bool) -> None:
+            dry_run: bool, as_json: bool) -> None:
     """Replace the instance's database with a verified copy, a SNAPSHOT or (with
     --from-replica) its replica: requests are held while it stops, swaps the file and
     starts again. The replaced database is kept in the instance's data dir (and a file
@@ -101,12 +103,12 @@ def restore(host: str, snap_id: str | None, from_replica: bool, at: str | None,
     if from_replica:
         data = client(None).request(
             "POST", f"/v1/instances/{urllib.parse.quote(host, safe='')}/restore-replica",
-            {"at": at})
+            {"at": at, "dry_run": dry_run})
     else:
         assert snap_id is not None
-        data = client(None).request("POST", _path(host, snap_id, "restore"), {})
-    if as_json:
-        emit_json(data)
+        data = client(None).request("POST", _path(host, snap_id, "restore"),
+                                    {"dry_run": dry_run})
+    if answered(data, as_json, dry_run):
         return
     source = f"snapshot {data['snapshot']['id']}" if data["snapshot"] else "its replica"
     click.echo(f"restored {host} from {source} ({data['size_bytes']} bytes, verified); "

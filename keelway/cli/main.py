@@ -2,15 +2,18 @@
 
 Only click and the stdlib are imported at start; the daemon (aiohttp, uvloop) runs as
 its own process, started by `up`, and rich loads only when a table is drawn. The
-commands live in `lifecycle`, `operations`, `reading` and `tenants`; importing them registers
-them on the group.
+commands live in `lifecycle`, `operations`, `reading`, `apps`, `instances`, `domains`
+and the rest; importing them registers them on the group.
 """
 
 from __future__ import annotations
 
 from keelway.cli import (
+    apps,
     data,
     doctor,
+    domains,
+    instances,
     lifecycle,
     operations,
     parking,
@@ -18,12 +21,11 @@ from keelway.cli import (
     replicas,
     run,
     seed,
-    tenants,
 )
 from keelway.cli.base import cli
 
-__all__ = ["cli", "data", "doctor", "lifecycle", "main", "operations", "parking", "reading",
-           "replicas", "run", "seed", "tenants"]
+__all__ = ["apps", "cli", "data", "doctor", "domains", "instances", "lifecycle", "main",
+           "operations", "parking", "reading", "replicas", "run", "seed"]
 
 
 def main() -> None:

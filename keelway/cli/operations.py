@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from keelway.cli.base import api_call, cli, client, json_option
+from keelway.cli.base import api_call, cli, client, config_pairs, json_option
 from keelway.cli.output import EXIT_LOST, emit_json, fail, fail_json, shown_value
 from keelway.cli.plans import dry_run_operation, dry_run_option, echo_plan
 
@@ -211,15 +211,7 @@ def config_set(obj: tuple[str, str | None], pairs: tuple[str, ...], key: str | N
                dry_run: bool, as_json: bool) -> None:
     """Set K=V (a new release; processes restart per mode)."""
     app, instance = obj
-    values: dict[str, str] = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            message, hint = f"{pair!r} is not K=V", "write NAME=value"
-            if as_json:
-                fail_json("bad-request", message, hint)
-            fail(message, hint)
-        values[name] = value
+    values = config_pairs(pairs, as_json)
     if dry_run:
         return _dry_config(app, instance, {"set": values}, as_json)
     if instance is not None:

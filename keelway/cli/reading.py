@@ -1,5 +1,5 @@
 """Commands that only read: status, logs, events, ops, releases (`apps` lists in
-keelway/cli/tenants.py)."""
+keelway/cli/apps.py)."""
 
 from __future__ import annotations
 

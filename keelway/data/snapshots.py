@@ -56,7 +56,7 @@ class NoDatabase(Exception):
 
 
 @dataclass(frozen=True)
-class Manifest:
+class SnapshotManifest:
     instance: str
     id: str
     taken_at: float  # epoch seconds, UTC
@@ -69,7 +69,7 @@ class Manifest:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, raw: bytes) -> Manifest:
+    def from_json(cls, raw: bytes) -> SnapshotManifest:
         data = json.loads(raw)
         release = data.get("release")
         return cls(instance=str(data["instance"]), id=names.SNAPSHOT_ID.check(data["id"]),
@@ -117,7 +117,7 @@ def _fsync(path: Path) -> None:
 
 
 def take(objects: ObjectStore, home: Home, host: str, *, now_s: float,
-         release: int | None, db: Path | None = None) -> Manifest:
+         release: int | None, db: Path | None = None) -> SnapshotManifest:
     """Snapshot `host`'s database (`db`: the one in effect, if not its own) into
     `objects`; returns its manifest once stored.
 
@@ -142,8 +142,8 @@ def take(objects: ObjectStore, home: Home, host: str, *, now_s: float,
             finally:
                 flushed.result()
         failpoints.hit("snapshot.copy.after")
-        manifest = Manifest(host, snap_id, now_s, verified.size_bytes, verified.sha256, release,
-                            verified.schema_version)
+        manifest = SnapshotManifest(host, snap_id, now_s, verified.size_bytes, verified.sha256,
+                                    release, verified.schema_version)
         failpoints.hit("snapshot.put.before")
         objects.adopt_file(snapshot_key(host, snap_id), tmp)
     finally:
@@ -184,13 +184,13 @@ def _put_bytes(objects: ObjectStore, key: str, data: bytes, scratch: Path) -> No
         tmp.unlink(missing_ok=True)
 
 
-def manifest(objects: ObjectStore, host: str, snap_id: str) -> Manifest:
-    """The manifest of snapshot `snap_id` of `host`; raises ObjectNotFound."""
+def manifest(objects: ObjectStore, host: str, snap_id: str) -> SnapshotManifest:
+    """The manifest of snapshot `snap_id` of `host`; raises NotFound."""
     with tempfile.TemporaryDirectory(prefix="keelway-manifest-") as scratch:
         path = Path(scratch) / "m.json"
         objects.get_file(manifest_key(host, snap_id), path)
         try:
-            found = Manifest.from_json(path.read_bytes())
+            found = SnapshotManifest.from_json(path.read_bytes())
         except (ValueError, KeyError, TypeError, names.InvalidName) as exc:
             raise Damaged(f"snapshot {snap_id}: its manifest is unreadable: {exc}") from None
     if found.instance != host or found.id != snap_id:
@@ -198,7 +198,7 @@ def manifest(objects: ObjectStore, host: str, snap_id: str) -> Manifest:
     return found
 
 
-def list_snapshots(objects: ObjectStore, host: str) -> list[Manifest]:
+def list_snapshots(objects: ObjectStore, host: str) -> list[SnapshotManifest]:
     """The stored snapshots of `host` that have a manifest, oldest first."""
     found = []
     for key in objects.list(snapshot_prefix(host)):
@@ -213,7 +213,7 @@ def list_snapshots(objects: ObjectStore, host: str) -> list[Manifest]:
 
 
 def fetch(objects: ObjectStore, host: str, snap_id: str, dest: Path, *,
-          durable: bool = True) -> Manifest:
+          durable: bool = True) -> SnapshotManifest:
     """Download snapshot `snap_id` of `host` to `dest`, verify it against its manifest
     and (`durable`) fsync it; raises ObjectNotFound or Damaged (then `dest` is removed).
 
@@ -239,7 +239,7 @@ def fetch(objects: ObjectStore, host: str, snap_id: str, dest: Path, *,
     return found
 
 
-def verify_stored(objects: ObjectStore, host: str, snap_id: str, scratch: Path) -> Manifest:
+def verify_stored(objects: ObjectStore, host: str, snap_id: str, scratch: Path) -> SnapshotManifest:
     """Fetch and verify a stored snapshot into `scratch` (removed after); raises
     ObjectNotFound or Damaged."""
     dest = scratch / f"{LEFTOVER_PREFIXES[2]}{snap_id}.db"
@@ -271,11 +271,23 @@ def prune(objects: ObjectStore, host: str, keep: int) -> list[str]:
     return doomed
 
 
-def newest(objects: ObjectStore, host: str) -> Manifest | None:
+def newest(objects: ObjectStore, host: str) -> SnapshotManifest | None:
     listed = list_snapshots(objects, host)
     return listed[-1] if listed else None
 
 
-__all__ = ["Damaged", "Manifest", "NoDatabase", "ObjectNotFound", "ObjectStoreError", "delete",
-           "fetch", "list_snapshots", "manifest", "newest", "prune", "take",
-           "verify_stored"]
+__all__ = [
+    "Damaged",
+    "NoDatabase",
+    "ObjectNotFound",
+    "ObjectStoreError",
+    "SnapshotManifest",
+    "delete",
+    "fetch",
+    "list_snapshots",
+    "manifest",
+    "newest",
+    "prune",
+    "take",
+    "verify_stored",
+]

@@ -32,8 +32,7 @@ from keelway import failpoints
 from keelway.builds.manifest import ServiceSpec
 from keelway.deploy import targets
 from keelway.deploy.errors import OperationError
-from keelway.deploy.generation_start import StartFailed, run_release_command, start_generation
-from keelway.deploy.instances import Target
+from keelway.deploy.instances import StartFailed, run_release_command, start_generation
 from keelway.deploy.outcome import Outcome, Progress, Result
 from keelway.deploy.plan import (
     Activate,
@@ -57,7 +56,7 @@ from keelway.deploy.plan import (
 )
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.steps import Done, Failed, Steps, nothing
-from keelway.deploy.targets import stop_grace_s
+from keelway.deploy.targets import Target, stop_grace_s
 from keelway.home import Home
 from keelway.journal import Cause, Inhibition, StepKind
 from keelway.runtime.supervisor import SettleOutcome, Supervisor

@@ -23,7 +23,7 @@ from keelway.deploy.attempt import Attempt
 from keelway.deploy.crash_restarts import CrashRestarts
 from keelway.deploy.errors import AppFailed, NotFoundError, OperationError, UserError
 from keelway.deploy.fences import refuse_if_fenced
-from keelway.deploy.instances import Target, lay_down_step
+from keelway.deploy.instances import lay_down_step
 from keelway.deploy.locks import Locks
 from keelway.deploy.operation import (
     Bound,
@@ -40,6 +40,7 @@ from keelway.deploy.outcome import Outcome, Progress, Result
 from keelway.deploy.plan import describe_step, fallback_of, plan_attempt
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.steps import Done, Failed
+from keelway.deploy.targets import Target
 from keelway.home import Home
 from keelway.journal import Cause, OpKind, StepKind
 from keelway.runtime.supervisor import Supervisor

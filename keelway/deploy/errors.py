@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from keelway.names import InvalidName, Rule
+
 
 class OperationError(Exception):
     """An operation could not do what was asked; the records say where it stopped."""
@@ -46,3 +48,16 @@ class Fenced(OperationError):
     lifts its fence generation. Nothing was changed."""
 
     code = "fenced"
+
+
+def refused_name(exc: InvalidName) -> UserError:
+    """A name that breaks its rule, as the user hears it (what, and what would do)."""
+    return UserError(exc.message, hint=exc.hint)
+
+
+def checked(rule: Rule, value: str) -> str:
+    """`value` if it keeps `rule`; UserError otherwise, nothing changed."""
+    try:
+        return rule.check(value)
+    except InvalidName as exc:
+        raise refused_name(exc) from None

@@ -16,8 +16,8 @@ from typing import assert_never
 
 from keelway import failpoints
 from keelway.builds.manifest import ServiceKind, ServiceSpec
-from keelway.deploy.instances import Target
 from keelway.deploy.steps import Done, Failed, Steps
+from keelway.deploy.targets import Target
 from keelway.home import Home
 from keelway.journal import StepKind
 from keelway.runtime.environment import process_env

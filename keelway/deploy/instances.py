@@ -1,46 +1,231 @@
-"""What an instance is on disk before anything of it runs (`lay_down`: its data dir,
-empty databases and env file with minted keys), and the release target it runs
-(`Target`). Starting a generation lives in keelway/deploy/generation_start.py.
+"""Instances: added (laid down whole, then started), removed, their own config; and
+starting one generation of one service of one instance, as journaled steps.
+
+Each operation on instances here is journaled, its effects run through `Steps` with a
+failpoint before and after each one, and each is rolled forward after a crash, from a
+durable intent written before its first effect:
+- `instances add`: the records of every new instance in one write, each marked
+  `adding` (the intent); then one LAY_DOWN step lays every instance's files down (data
+  dir, an empty WAL database at KEELWAY_DB, the env file with a minted key: each of
+  them idempotent), then, if the app has a release, each instance is started on it; the
+  mark is cleared last. Crash anywhere: boot (`resume`) lays down and starts what is
+  still marked.
+- `instances remove` and each instance of `apps destroy` (keelway/deploy/apps.py): the
+  intent `removing` written before the operation begins, then WITHDRAW (the instance
+  STOPPED so nothing restarts it, its routes gated, in one write; then the router
+  told), a STOP per generation (proven gone, SPEC §5.5: the records go only after),
+  PURGE_DATA when asked, FORGET (the records, in one write). Crash anywhere: the
+  reconciler finalizes the operation, and boot removes the instance again from its
+  start, every step a no-op where already done.
+
+Starting a generation is shared by every path that starts something (deploy, restart,
+config, rollback, start, recovery): journal the generation and its port claim, re-check
+the attempt's gate at the spawn, spawn, record the pid, wait for ready. Each effect sits
+between a step written `pending` (naming the candidate in `after_gen`) and the step's
+outcome, so the reconciler can always find the candidate of an interrupted start.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any, Protocol, assert_never
 
-from keelway import failpoints
-from keelway.builds.manifest import Manifest, Mode, load_manifest
+from keelway import failpoints, names
+from keelway.builds.manifest import ServiceKind, ServiceSpec
+from keelway.builds.tree import remove_tree
 from keelway.data.instance_db import lay_down_db
-from keelway.deploy.steps import Done, Steps
+from keelway.data.objects import ObjectStore, ObjectStoreError, instance_prefix
+from keelway.data.replicas import Replicas
+from keelway.deploy import apps, targets
+from keelway.deploy.errors import NotFoundError, OperationError, UserError, checked, refused_name
+from keelway.deploy.locks import Locks
+from keelway.deploy.operation import (
+    Bound,
+    EffectOf,
+    Locking,
+    Plan,
+    PlannedStep,
+    Runner,
+    Spec,
+)
+from keelway.deploy.outcome import Outcome, Progress
+from keelway.deploy.publisher import Publisher
+from keelway.deploy.steps import Done, Failed, Steps
+from keelway.deploy.targets import Target
 from keelway.home import Home
-from keelway.journal import StepKind
-from keelway.runtime.environment import ensure_instance_key
-from keelway.store import Store
+from keelway.journal import OpKind, StepKind
+from keelway.runtime.environment import ensure_instance_key, process_env
+from keelway.runtime.notify import NotifyListener
+from keelway.runtime.ports import pick_free_port
+from keelway.runtime.supervisor import ReadyOutcome, Supervisor
+from keelway.store import NotFound, Store
+from keelway.store.hosts import HostTaken
+from keelway.store.lifecycle import GenState, InstanceState, Removal
+from keelway.store.records import App, Generation, Instance, Operation
+
+failpoints.declare("plan.before", "plan.after", "ready.after", "laydown.one.before",
+                   "laydown.one.after")
+failpoints.declare(
+    "laydown.before", "laydown.after",
+    "remove.withdraw.before", "remove.withdraw.after",
+    "remove.stop.before", "remove.stop.after",
+    "remove.purge.before", "remove.purge.after",
+    "remove.purge-replica.before", "remove.purge-replica.after",
+    "remove.purge-snapshots.before", "remove.purge-snapshots.after",
+    "remove.forget.before", "remove.forget.after",
+    "adding.finish.before",
+)
+
+log = logging.getLogger("keelway.instances")
+
+# Files are laid down in parallel: each is a few fsyncs, which wait on the disk.
+LAY_DOWN_THREADS = 8
+
+RELEASE_TIMEOUT_S = 600.0
+RELEASE_SERVICE = "release"
+# The release command is no service of the manifest, so it has no stop_grace of its own;
+# one still running past its timeout has had 10 minutes already: SIGKILL after 5 s.
+RELEASE_STOP_GRACE_S = 5.0
+
+Gate = Callable[[str], None]
+
+
+def _open_gate(_point: str) -> None:
+    pass
 
 failpoints.declare("laydown.one.before", "laydown.one.after")
 
+def layered_config(store: Store, instance: str, app_config: dict[str, str]) -> dict[str, str]:
+    """What a process of `instance` gets as config: its instance's own over its app's."""
+    inst = store.instances.get_instance(instance)
+    return {**app_config, **inst.config} if inst is not None else dict(app_config)
+
+
 @dataclass(frozen=True)
-class Target:
-    """What to run: one release of an app, resolved to its build and manifest."""
+class StartFailed:
+    """An expected outcome, returned as a value: the candidate did not start, get ready
+    or (the release command) finish; its step is journaled failed."""
 
-    app: str
-    release: int
-    build_digest: str
-    build_path: Path
-    config: dict[str, str]
-    manifest: Manifest
+    service: str
+    reason: str
+    generation: Generation | None
 
-    @classmethod
-    def load(cls, app: str, release: int, build_digest: str, build_path: Path,
-             config: dict[str, str], mode: Mode | None = None) -> Target:
-        manifest = load_manifest(build_path)
-        if mode is not None:
-            # `deploy --mode`: this release swaps every service in the given mode.
-            manifest = dataclasses.replace(manifest, services={
-                name: dataclasses.replace(spec, mode=mode)
-                for name, spec in manifest.services.items()})
-        return cls(app, release, build_digest, build_path, config, manifest)
+    def __str__(self) -> str:
+        return f"{self.service} {self.reason}"
+
+
+async def start_generation(
+    *, store: Store, home: Home, supervisor: Supervisor, op_id: int, instance: str,
+    target: Target, spec: ServiceSpec, before_gen: int | None, gate: Gate = _open_gate,
+) -> Generation | StartFailed:
+    """Spawn a candidate and wait until it is ready, or say why not (StartFailed).
+
+    A failed candidate is left to the reconciler, which removes every candidate that
+    ACTIVE does not name: one removal path for failures and crashes alike.
+    `gate` is called before the spawn and again at it; it raises to refuse (a
+    superseded attempt spawns nothing).
+    """
+    gate("before the spawn")
+    port = pick_free_port(store.local.claimed_ports()) if spec.kind is ServiceKind.WEB else None
+    failpoints.hit("plan.before")
+    gen = store.generations.plan_generation(
+        app=target.app, instance=instance, service=spec.name, release=target.release,
+        build_digest=target.build_digest, op_id=op_id, port=port,
+    )
+    failpoints.hit("plan.after")
+    home.data_dir(instance).mkdir(parents=True, exist_ok=True)
+    env = process_env(
+        home=home, app=target.app, instance=instance, service=spec.name,
+        release=target.release, generation=gen.id, port=port,
+        config=layered_config(store, instance, target.config), build_path=target.build_path,
+    )
+    steps = Steps(store, op_id)
+    health = spec.health if spec.kind is ServiceKind.WEB else None
+    notify = NotifyListener(home.notify_socket(gen.id))
+    notify.open()
+    try:
+        async def spawn() -> Done:
+            nonlocal gen
+            gate("at the spawn")
+            gen = await supervisor.spawn(gen, spec.command, target.build_path, env)
+            return Done(f"pid {gen.pid}")
+
+        await steps.run(StepKind.SPAWN, spawn, service=spec.name, before_gen=before_gen,
+                        after_gen=gen.id,
+                        detail=f"v{target.release}" + (f" port {port}" if port else ""))
+
+        async def ready() -> Done | Failed:
+            nonlocal gen
+            readiness = await supervisor.wait_ready(gen, health, spec.ready_timeout_s,
+                                                    notify.ready, host=instance)
+            match readiness.outcome:
+                case ReadyOutcome.EXITED:
+                    return Failed(readiness.said)
+                case ReadyOutcome.TIMED_OUT:
+                    return Failed(f"was not ready within {spec.ready_timeout_s:g}s: "
+                                  f"{readiness.said}")
+                case ReadyOutcome.READY:
+                    if (now := store.generations.get_generation(
+                        gen.id)) and now.state is GenState.RUNNING:
+                        gen = store.generations.set_generation_state(now, GenState.READY)
+                    return Done(readiness.said)
+                case unknown:
+                    assert_never(unknown)
+
+        failed = await steps.run(StepKind.READY, ready, service=spec.name, after_gen=gen.id,
+                                 after=("ready.after",))
+    finally:
+        notify.close()
+    if failed is not None:
+        return StartFailed(spec.name, failed.reason,
+                           store.generations.get_generation(gen.id) or gen)
+    return gen
+
+
+async def run_release_command(
+    *, store: Store, home: Home, supervisor: Supervisor, op_id: int, instance: str,
+    target: Target, gate: Gate = _open_gate, timeout_s: float = RELEASE_TIMEOUT_S,
+) -> StartFailed | None:
+    """Run the manifest's one-shot `release` command to completion; None when it
+    exited 0, else why not.
+
+    It is a generation like any other (journaled, logged, proven gone), so a crash while
+    it runs leaves a candidate the reconciler removes.
+    """
+    command = target.manifest.release_command
+    assert command is not None
+    gate("before the release command")
+    gen = store.generations.plan_generation(
+        app=target.app, instance=instance, service=RELEASE_SERVICE, release=target.release,
+        build_digest=target.build_digest, op_id=op_id, port=None,
+    )
+    home.data_dir(instance).mkdir(parents=True, exist_ok=True)
+    env = process_env(
+        home=home, app=target.app, instance=instance, service=RELEASE_SERVICE,
+        release=target.release, generation=gen.id, port=None,
+        config=layered_config(store, instance, target.config), build_path=target.build_path,
+    )
+
+    async def release() -> Done | Failed:
+        nonlocal gen
+        gen = await supervisor.spawn(gen, command, target.build_path, env)
+        code = await supervisor.wait_exit(gen, timeout_s, RELEASE_STOP_GRACE_S)
+        if code == 0:
+            return Done()
+        return Failed("release command " + ("did not finish in time" if code is None
+                                            else f"exited with code {code}"))
+
+    failed = await Steps(store, op_id).run(StepKind.RELEASE_COMMAND, release,
+                                           service=RELEASE_SERVICE, after_gen=gen.id,
+                                           detail=command)
+    if failed is not None:
+        return StartFailed(RELEASE_SERVICE, failed.reason.removeprefix("release "),
+                           store.generations.get_generation(gen.id))
+    return None
 
 
 @dataclass(frozen=True)
@@ -78,3 +263,478 @@ async def lay_down_step(store: Store, home: Home, op_id: int, instance: str) -> 
 
     await Steps(store, op_id).run(StepKind.LAY_DOWN, step, before=("laydown.one.before",),
                                   after=("laydown.one.after",))
+
+
+# -- instances: looked up, checked ------------------------------------------------------
+
+def named(store: Store, host: str) -> Instance:
+    """The instance named `host`, its name checked first: the one instance lookup
+    (UserError for a bad name; NotFoundError, saying so when `host` is an alias)."""
+    checked(names.HOST, host)
+    inst = store.instances.get_instance(host)
+    if inst is None:
+        claim = store.instances.claim(host)
+        hint = (f"{host} is an alias of {claim.instance}" if claim is not None
+                else "see `keelway instances list APP`")
+        raise NotFoundError(f"no instance {host}", hint=hint)
+    return inst
+
+
+def of_app(store: Store, app: str, host: str) -> Instance:
+    """Instance `host` of app `app` (NotFoundError if it is not one of its instances)."""
+    apps.named(store, app)
+    inst = store.instances.get_instance(host)
+    if inst is None or inst.app != app:
+        raise NotFoundError(f"{app} has no instance {host}",
+                            hint=f"see `keelway instances list {app}`")
+    return inst
+
+
+def taken(exc: HostTaken) -> UserError:
+    """A host that names something already, as the user hears it."""
+    return UserError(str(exc), hint="a host names one instance or one alias; "
+                     "see `keelway instances list` and `keelway domains list`")
+
+
+def check_hosts(store: Store, hosts: Sequence[str]) -> None:
+    """Every host valid, none given twice, none naming anything yet."""
+    if not hosts:
+        raise UserError("name at least one host")
+    seen: set[str] = set()
+    for host in hosts:
+        checked(names.HOST, host)
+        if host in seen:
+            raise UserError(f"{host} is given twice")
+        seen.add(host)
+        claim = store.instances.claim(host)
+        if claim is not None:
+            raise taken(HostTaken(host, claim))
+
+
+def checked_config(app: App, base: Mapping[str, str],
+                   changes: Mapping[str, str | None]) -> dict[str, str]:
+    """`base` with `changes` (None unsets), refused unless it and the app's config
+    layered under it pass the config rules: every process carries both."""
+    config = dict(base)
+    try:
+        for name, value in changes.items():
+            if value is None:
+                names.CONFIG_NAME.check(name)
+                config.pop(name, None)
+            else:
+                names.check_config_set(name, value)
+                config[name] = value
+        names.check_config({**app.config, **config})
+    except names.InvalidName as exc:
+        raise refused_name(exc) from None
+    return config
+
+
+async def publish_pages(publisher: Publisher) -> None:
+    """Publish for hosts with no route row, whose router page only says "not deployed
+    yet" (keelway/deploy/publisher.py): nothing is routed by it, so a router that
+    cannot be told now learns it from the next publish (its restart pushes the
+    whole table) and the command does not fail for it."""
+    try:
+        await publisher.publish()
+    except OperationError as exc:
+        log.info("publishing the router's pages: %s", exc.message)
+
+
+def _quiet(_message: str) -> None:
+    pass
+
+
+class Started(Protocol):
+    """An instance started on a release (keelway/deploy/deployer.py InstanceResult)."""
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def release(self) -> int: ...
+
+    @property
+    def outcome(self) -> str: ...
+
+
+class Starter(Protocol):
+    """What starts instances on the app's release: keelway/deploy/deployer.py
+    `Deployer`, a part above this module (it starts through this module's start path),
+    so it is handed in, never imported."""
+
+    async def start_new(self, app: str, hosts: list[str],
+                        progress: Progress = ...) -> Sequence[Started]: ...
+
+    async def restart(self, app: str, host: str | None,
+                      progress: Progress = ...) -> Sequence[Started]: ...
+
+
+@dataclass(frozen=True)
+class Added:
+    instances: list[Instance]
+    started: Sequence[Started]
+
+
+class Instances:
+    def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
+                 locks: Locks, journal: Runner, starter: Starter,
+                 replicas: Replicas | None = None, objects: ObjectStore | None = None) -> None:
+        self.store = store
+        self.home = home
+        self.supervisor = supervisor
+        self.publisher = publisher
+        self.locks = locks
+        self.journal = journal
+        self.deployer = starter
+        # Where a purge finds the instance's replica and snapshots; None: not kept here.
+        self.replicas = replicas
+        self.objects = objects
+
+    async def add_instances(self, app_name: str, hosts: Sequence[str],
+                            config: Mapping[str, str], progress: Progress = _quiet,
+                            parked: bool = False) -> Added:
+        """Lay new instances down whole (records in one write, then their files), then
+        start them on the app's current release if it has one. Bad input changes
+        nothing: every host and the config are checked first, and the records are
+        written all or none.
+
+        `parked`: recorded PARKED with parked routes, the app's current release (if any)
+        deferred to each one's first wake; nothing is started here, so adding 10,000
+        idle instances costs records and files only."""
+        app = apps.named(self.store, app_name)
+        check_hosts(self.store, hosts)
+        layered = checked_config(app, {}, dict(config))
+        async with self.locks.app(app_name):
+            try:
+                instances = self.store.instances.add_instances(app_name, list(hosts), layered,
+                                                               parked=parked)
+            except HostTaken as exc:
+                raise taken(exc) from None
+            except NotFound:
+                raise NotFoundError(f"no app named {app_name}") from None
+            progress(f"recorded {len(instances)} instances")
+            started = await self._finish_add(app_name, list(hosts), progress)
+        return Added(instances, started)
+
+    def plan_add_instances(self, app_name: str, hosts: Sequence[str],
+                           config: Mapping[str, str], parked: bool = False) -> Plan:
+        """The dry run of `instances add`: every check the add makes, then its plan.
+        Nothing is changed."""
+        app = apps.named(self.store, app_name)
+        check_hosts(self.store, hosts)
+        checked_config(app, {}, dict(config))
+        return plan_add(self.store, AddRequest(hosts[0], app_name, tuple(hosts), parked))
+
+    async def _finish_add(self, app: str, hosts: list[str],
+                          progress: Progress) -> Sequence[Started]:
+        await self._lay_down(app, hosts)
+        progress(f"laid down {len(hosts)} instances")
+        started: Sequence[Started] = []
+        # Only what runs nothing yet and is not parked: after a crash past a start, that
+        # start counts; a parked instance starts at its first wake.
+        idle = [host for host in hosts if not self.store.generations.list_active(host)
+                and (inst := self.store.instances.get_instance(host)) is not None
+                and inst.state is InstanceState.RUNNING]
+        released = bool(self.store.builds.list_releases(app))
+        if idle and released:
+            started = await self.deployer.start_new(app, idle, progress)
+        if len(idle) < len(hosts):
+            # Parked ones have parked routes: the router must hold their first request
+            # and ask for the wake, not answer 404.
+            await self.publisher.publish()
+        elif not released:
+            await publish_pages(self.publisher)
+        failpoints.hit("adding.finish.before")
+        self.store.instances.finish_adding(hosts)
+        return started
+
+    async def _lay_down(self, app: str, hosts: list[str]) -> None:
+        """One LAY_DOWN step for every host, journaled on the first (`ADD`), under the
+        app lock the caller holds. Crash inside: the step stays pending, the reconciler
+        finalizes the operation, and boot lays the instances still marked `adding` down
+        again (each file is made only if missing)."""
+        ran = await self.journal.run(ADD, self, AddRequest(hosts[0], app, tuple(hosts)))
+        if ran.result is not None and ran.result.outcome is not Outcome.DONE:
+            raise OperationError(f"laying down the instances failed: {ran.result.reason}",
+                                 hint="the instances are recorded; `keelway up` lays them "
+                                      "down again, or remove them with `instances remove`")
+
+    def lay_down_files(self, hosts: list[str]) -> int:
+        def one(host: str) -> bool:
+            return lay_down(self.home, host).database
+
+        with ThreadPoolExecutor(LAY_DOWN_THREADS) as pool:
+            return sum(pool.map(one, hosts))
+
+    def plan_removal(self, app: str, host: str, removal: Removal) -> Plan:
+        """The dry run of `instances remove`: its plan as it would run now."""
+        of_app(self.store, app, host)
+        return plan_remove(self.store, self._remove_request(host, removal))
+
+    def removal_plan(self, host: str, removal: Removal) -> Plan:
+        return plan_remove(self.store, self._remove_request(host, removal, OpKind.DESTROY))
+
+    async def remove_instance(self, app: str, host: str, removal: Removal) -> None:
+        of_app(self.store, app, host)
+        await self._remove(REMOVE, host, removal)
+
+    async def remove(self, inst: Instance, kind: OpKind, removal: Removal) -> None:
+        """Remove `inst` as one instance of `apps destroy` (`DESTROY_ONE`), under the
+        app lock its caller holds."""
+        assert kind is OpKind.DESTROY
+        await self._remove(DESTROY_ONE, inst.host, removal)
+
+    async def _remove(self, spec: Spec[RemoveRequest, Instances], host: str,
+                      removal: Removal) -> None:
+        inst = named(self.store, host)
+        ran = await self.journal.run(spec, self, self._remove_request(host, removal, spec.kind))
+        if ran.result is not None and ran.result.outcome is not Outcome.DONE:
+            raise OperationError(f"removing {host}: {ran.result.reason}",
+                                 hint=f"see `keelway ops {inst.app} --instance {host}`; "
+                                      "removing it again carries on")
+
+    @property
+    def purges(self) -> Purges:
+        return Purges(replica=self.replicas is not None, snapshots=self.objects is not None)
+
+    def _remove_request(self, host: str, removal: Removal,
+                        kind: OpKind = OpKind.REMOVE_INSTANCE) -> RemoveRequest:
+        return RemoveRequest(host, removal, self.purges, kind)
+
+    async def set_instance_config(self, app: str, host: str,
+                                  changes: Mapping[str, str | None],
+                                  progress: Progress = _quiet) -> Sequence[Started]:
+        """Change an instance's own config; it restarts (per mode) if it runs."""
+        inst = of_app(self.store, app, host)
+        config = checked_config(apps.named(self.store, app), inst.config, changes)
+        async with self.locks.instance(host):
+            current = self.store.instances.get_instance(host) or inst
+            self.store.instances.set_instance_config(current, config)
+        if targets.running_target(self.store, host) is None:
+            return []
+        return await self.deployer.restart(app, host, progress)
+
+    async def resume(self) -> None:
+        """At boot, after the reconciler's pass, the destroys (`Apps.resume`) and before the
+        API opens: carry on every interrupted removal and add from its durable intent."""
+        for inst in self.store.instances.removing_instances():
+            await self._carry_on(f"remove {inst.host}", self.remove_instance(
+                inst.app, inst.host, Removal(inst.removing or Removal.KEEP_DATA)))
+        pending: dict[str, list[str]] = {}
+        for inst in self.store.instances.adding_instances():
+            pending.setdefault(inst.app, []).append(inst.host)
+        for name, hosts in sorted(pending.items()):
+            await self._carry_on(f"add {len(hosts)} instances of {name}",
+                                 self._carry_on_add(name, hosts))
+        apps.finish_orphans(self.store, self.locks)
+
+    async def _carry_on_add(self, app: str, hosts: list[str]) -> None:
+        async with self.locks.app(app):
+            await self._finish_add(app, hosts, _quiet)
+
+    async def _carry_on(self, what: str, work: Coroutine[Any, Any, object]) -> None:
+        try:
+            await work
+        except OperationError as exc:
+            log.warning("boot: %s: %s", what, exc.message)
+
+
+# -- plans ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AddRequest:
+    host: str  # the first of `hosts`: its lock is taken, its name journaled
+    app: str
+    hosts: tuple[str, ...]
+    parked: bool = False
+
+
+def plan_add(store: Store, request: AddRequest) -> Plan:
+    """The operation of `instances add` (reads only): one LAY_DOWN for every host. The
+    starts that follow (unless the instances are added parked, or the app has no
+    release) are attempts of their own, one per instance (keelway/deploy/deployer.py
+    start_new), never steps of this operation."""
+    hosts = request.hosts
+    return Plan(OpKind.ADD_INSTANCES, request.app, request.host, (
+        PlannedStep(StepKind.LAY_DOWN, f"lay down {len(hosts)} instances: data dir, empty "
+                    "database, env file with a minted key", "lay-down",
+                    before=("laydown.before",), after=("laydown.after",),
+                    detail=f"{len(hosts)} instances"),))
+
+
+def starts_after_add(store: Store, request: AddRequest) -> list[str]:
+    """What `instances add` starts once its instances are laid down: each one on the
+    app's current release, an attempt of its own (none when parked or unreleased)."""
+    releases = store.builds.list_releases(request.app)
+    if not releases or request.parked:
+        return []
+    number = max(r.number for r in releases)
+    return [f"start {host} on v{number} (an attempt of its own)" for host in request.hosts]
+
+
+def _lay_down(part: Instances, request: AddRequest, _step: PlannedStep) -> Bound:
+    async def lay_down(_op: Operation) -> Done:
+        hosts = list(request.hosts)
+        made = await asyncio.to_thread(part.lay_down_files, hosts)
+        return Done(f"{len(hosts)} instances; {made} databases made")
+
+    return lay_down
+
+
+# Under the app lock its caller holds, the records just written: nothing to converge.
+ADD: Spec[AddRequest, Instances] = Spec(OpKind.ADD_INSTANCES, plan_add,
+                                        {"lay-down": _lay_down}, converge_first=False)
+
+
+@dataclass(frozen=True)
+class Purges:
+    """What a purge deletes beyond the data dir: whether this box keeps replicas and
+    snapshots of its instances."""
+
+    replica: bool
+    snapshots: bool
+
+
+@dataclass(frozen=True)
+class RemoveRequest:
+    host: str
+    removal: Removal
+    purges: Purges
+    kind: OpKind = OpKind.REMOVE_INSTANCE  # or DESTROY: one instance of `apps destroy`
+
+
+def plan_remove(store: Store, request: RemoveRequest) -> Plan:
+    """The steps of removing `request.host` (reads only): WITHDRAW, a STOP per live
+    generation, the purge when asked (data dir and env file, the replica, the
+    snapshots), FORGET. The same for each instance of `apps destroy`."""
+    host = request.host
+    inst = named(store, host)
+    steps = [PlannedStep(StepKind.WITHDRAW, f"{host} stopped and its routes gated, then "
+                         "published", "withdraw", before=("remove.withdraw.before",),
+                         after=("remove.withdraw.after",))]
+    steps += [PlannedStep(StepKind.STOP, f"stop {gen.service} generation {gen.id}, proven "
+                          "gone", "stop", service=gen.service, before_gen=gen.id,
+                          before=("remove.stop.before",), after=("remove.stop.after",))
+              for gen in store.generations.live_generations(host)]
+    if request.removal is Removal.PURGE_DATA:
+        steps.append(PlannedStep(StepKind.PURGE_DATA, f"remove {host}'s data dir and env "
+                                 "file", "purge", before=("remove.purge.before",),
+                                 after=("remove.purge.after",)))
+        if request.purges.replica:
+            steps.append(PlannedStep(StepKind.PURGE_REPLICA, f"delete {host}'s replica",
+                                     "purge-replica", before=("remove.purge-replica.before",),
+                                     after=("remove.purge-replica.after",)))
+        if request.purges.snapshots:
+            steps.append(PlannedStep(StepKind.PURGE_SNAPSHOTS, f"delete {host}'s "
+                                     "snapshots", "purge-snapshots",
+                                     before=("remove.purge-snapshots.before",),
+                                     after=("remove.purge-snapshots.after",)))
+    steps.append(PlannedStep(StepKind.FORGET, f"forget {host}'s records", "forget",
+                             before=("remove.forget.before",), after=("remove.forget.after",),
+                             detail=f"instance {host}"))
+    return Plan(request.kind, inst.app, host, tuple(steps))
+
+
+def _withdraw(part: Instances, request: RemoveRequest, _step: PlannedStep) -> Bound:
+    async def withdraw(_op: Operation) -> Done:
+        if part.store.instances.withdraw_instance(request.host, request.removal):
+            await part.publisher.publish()
+        return Done("stopped; routes gated")
+
+    return withdraw
+
+
+def _stop(part: Instances, _request: RemoveRequest, step: PlannedStep) -> Bound:
+    gen_id = step.before_gen or 0
+
+    async def stop(_op: Operation) -> Done | Failed:
+        current = part.store.generations.get_generation(gen_id)
+        if current is None or await part.supervisor.stop(
+                current, targets.stop_grace_s(part.store, current)):
+            return Done("gone")
+        return Failed(f"generation {gen_id} (pid {current.pid}) did not stop")
+
+    return stop
+
+
+def _unlink_current(part: Instances, host: str) -> None:
+    # Every process is proven gone: what `current` links to is derived, and it goes
+    # with the records, data or not (idempotent).
+    part.home.current_link(host).unlink(missing_ok=True)
+
+
+def _purge(part: Instances, request: RemoveRequest, _step: PlannedStep) -> Bound:
+    host = request.host
+
+    async def purge(_op: Operation) -> Done:
+        _unlink_current(part, host)
+        await asyncio.to_thread(remove_tree, part.home.data_dir(host))
+        part.home.env_file(host).unlink(missing_ok=True)
+        return Done("data dir and env file removed")
+
+    return purge
+
+
+def _purge_replica(part: Instances, request: RemoveRequest, _step: PlannedStep) -> Bound:
+    """What the object store keeps of the host goes with its data (SPEC §5.7): its
+    replica (its seed imports' under it). Its processes are proven gone, so nothing
+    replicates there any more. A failure fails the removal, which carries on from
+    here when run again."""
+    host = request.host
+
+    async def purge_replica(_op: Operation) -> Done | Failed:
+        assert part.replicas is not None
+        try:
+            count = await part.replicas.delete(host)
+        except ObjectStoreError as exc:
+            return Failed(f"the replica of {host} could not be deleted: {exc}")
+        return Done(f"{count} objects")
+
+    return purge_replica
+
+
+def _purge_snapshots(part: Instances, request: RemoveRequest, _step: PlannedStep) -> Bound:
+    host = request.host
+
+    async def purge_snapshots(_op: Operation) -> Done | Failed:
+        assert part.objects is not None
+        try:
+            count = await asyncio.to_thread(part.objects.delete_prefix, instance_prefix(host))
+        except ObjectStoreError as exc:
+            return Failed(f"the snapshots of {host} could not be deleted: {exc}")
+        return Done(f"{count} objects")
+
+    return purge_snapshots
+
+
+def _forget(part: Instances, request: RemoveRequest, _step: PlannedStep) -> Bound:
+    host = request.host
+
+    async def forget(_op: Operation) -> Done:
+        _unlink_current(part, host)
+        part.store.instances.forget_instance(host)
+        # The router drops the gated rows too: the host is unknown again (404).
+        await part.publisher.publish()
+        return Done(f"instance {host}")
+
+    return forget
+
+
+async def _removing(part: Instances, request: RemoveRequest) -> None:
+    # The intent first, after convergence (failed closed refuses): a crash from here on
+    # is carried on by the next boot (`Instances.resume`, `Apps.resume`).
+    part.store.instances.mark_removing(request.host, request.removal)
+
+
+_REMOVAL: dict[str, EffectOf[Instances, RemoveRequest]] = {
+    "withdraw": _withdraw, "stop": _stop, "purge": _purge, "purge-replica": _purge_replica,
+    "purge-snapshots": _purge_snapshots, "forget": _forget}
+# `instances remove`: under its app's lock and its own.
+# Boot carries on every interrupted removal and add from its mark (`Instances.resume`,
+# in DeployParts.boot's carry_on).
+REMOVE: Spec[RemoveRequest, Instances] = Spec(OpKind.REMOVE_INSTANCE, plan_remove, _REMOVAL,
+                                              locks=Locking.APP, prelude=_removing)
+# One instance of `apps destroy`, under the app lock the destroy holds.
+DESTROY_ONE: Spec[RemoveRequest, Instances] = Spec(OpKind.DESTROY, plan_remove, _REMOVAL,
+                                                   prelude=_removing)

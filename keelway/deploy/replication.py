@@ -1,8 +1,8 @@
 """Replicas by hand: what a replica holds, restoring a database from it, and the drill.
 
-A part beside `Parking`, on the same `Locks` and `Recovery` (wired in
-keelway/api/daemon.py); the replicators themselves follow their instances through
-`Recovery.keep_replica` and the reconciler. Rules:
+A part beside `Restore` and `Snapshots` (wired in keelway/api/daemon.py); the
+replicators themselves follow their instances through `Recovery.keep_replica` and the
+reconciler. Rules:
 - Restore from a replica is the one restore of keelway/deploy/restore.py (the copy
   restored by litestream beside the database and verified before anything changes;
   then hold, stop, swap, the replica reset, start): nothing of it is here.
@@ -17,39 +17,25 @@ from __future__ import annotations
 from typing import Any
 
 from keelway.data.replicas import Drill, ReplicaError
-from keelway.deploy import targets
-from keelway.deploy.crash_restarts import CrashRestarts
+from keelway.deploy import instances
 from keelway.deploy.errors import OperationError
-from keelway.deploy.locks import Locks
-from keelway.deploy.operation import Runner
-from keelway.deploy.passes import Passes
-from keelway.deploy.publisher import Publisher
 from keelway.deploy.replica_keeper import ReplicaKeeper
-from keelway.deploy.restore import Restored, Snapshots
-from keelway.home import Home
-from keelway.runtime.supervisor import Supervisor
+from keelway.deploy.restore import Restore, Restored
+from keelway.deploy.snapshots import Snapshots
 from keelway.store import Store
 
 
 class Replication:
-    def __init__(self, store: Store, home: Home, supervisor: Supervisor,
-                 publisher: Publisher, locks: Locks, passes: Passes, restarts: CrashRestarts,
-                 keeper: ReplicaKeeper, runner: Runner,
+    def __init__(self, store: Store, keeper: ReplicaKeeper, restorer: Restore,
                  snapshots: Snapshots) -> None:
         self.store = store
-        self.home = home
-        self.supervisor = supervisor
-        self.publisher = publisher
-        self.locks = locks
-        self.passes = passes
-        self.restarts = restarts
         self.keeper = keeper
-        self.journal = runner
+        self.restorer = restorer
         self.snapshots = snapshots
 
     async def position(self, host: str) -> dict[str, Any]:
         """`db replicas H`: what the replica holds."""
-        inst = targets.instance_named(self.store, host)
+        inst = instances.named(self.store, host)
         try:
             pos = await self.keeper.required().position(host)
         except ReplicaError as exc:
@@ -58,7 +44,7 @@ class Replication:
 
     async def restore(self, host: str, at: str | None = None) -> Restored:
         """`db restore H --from-replica [--at]`: keelway/deploy/restore.py."""
-        return await self.snapshots.restore_replica(host, at)
+        return await self.restorer.restore_replica(host, at)
 
     # -- drill -----------------------------------------------------------------------
 
@@ -66,11 +52,11 @@ class Replication:
         """Restore the newest snapshot and the latest replica of `host` (or of every
         instance) to temp files and verify them. A copy an instance has none of yet is
         reported skipped; every other result is an event."""
-        hosts = [targets.instance_named(self.store, host).host] if host is not None else [
+        hosts = [instances.named(self.store, host).host] if host is not None else [
             i.host for i in self.store.instances.list_instances()]
         results: list[dict[str, Any]] = []
         for name in hosts:
-            inst = targets.instance_named(self.store, name)
+            inst = instances.named(self.store, name)
             snap = await self._drill_snapshot(name)
             replica = await self._drill_replica(name)
             checked = [c for c in (snap, replica) if "skipped" not in c]

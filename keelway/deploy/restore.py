@@ -1,12 +1,9 @@
-"""Snapshots of an instance's database, taken and checked; the one restore of an
-instance's database, from a snapshot or from its replica; the drill of a snapshot.
+"""The one restore of an instance's database, from a snapshot or from its replica, and
+the copies restores keep.
 
 A part beside `Deployer` and `Parking`, on the same `Locks` and `Recovery` (wired in
-keelway/api/daemon.py). What each holds:
-- snapshot: under the instance lock (so no restore swaps the file under the copy), the
-  copy and its checks run in a thread (keelway/data/snapshots.py). Not an operation of
-  the instance: it changes nothing convergence reads, and a crash leaves only a temp
-  file (swept at boot) or an unlisted copy (pruned).
+keelway/api/daemon.py); taking, listing and verifying snapshots is
+keelway/deploy/snapshots.py. What it holds:
 - restore (`db restore H SNAP`, OpKind.RESTORE; `db restore H --from-replica [--at]`,
   OpKind.RESTORE_REPLICA: one code path, the kind names the source), under the instance
   lock, after convergence:
@@ -35,8 +32,6 @@ keelway/api/daemon.py). What each holds:
   server).
 - kept copies (`db kept H`, `db forget H COPY`, and `gc` for those past the
   retention): under the instance lock, so no restore is keeping one meanwhile.
-- drill of a snapshot: the newest one fetched to a temp file and verified, nothing else
-  touched (keelway/deploy/replication.py drills both copies and records the events).
 
 Crash windows: before SWAP_DB begins → the old database is untouched; boot adopts or
 restarts what ACTIVE names and puts the held route back (keelway/reconcile/plan.py
@@ -61,80 +56,60 @@ import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from keelway import failpoints, names
-from keelway.builds.manifest import REPLICA, DataSpec
+from keelway import failpoints
+from keelway.builds.manifest import REPLICA
 from keelway.data import kept, snapshots, swap
 from keelway.data.kept import KeptCopy
 from keelway.data.objects import ObjectNotFound, ObjectStore, ObjectStoreError
-from keelway.data.replicas import ReplicaError, in_effect, replica_url
-from keelway.data.snapshots import Manifest, NoDatabase
+from keelway.data.replicas import ReplicaError, Replicas, replica_url
+from keelway.data.snapshots import SnapshotManifest
 from keelway.data.verify import Damaged, verify_file
-from keelway.deploy import targets
+from keelway.deploy import instances, targets
 from keelway.deploy.crash_restarts import CrashRestarts
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
-from keelway.deploy.fences import refuse_if_fenced
 from keelway.deploy.locks import Locks
-from keelway.deploy.operation import Runner
-from keelway.deploy.outcome import Outcome, Result
-from keelway.deploy.passes import Passes
+from keelway.deploy.operation import (
+    Bound,
+    EffectOf,
+    Ended,
+    Plan,
+    PlannedStep,
+    Ran,
+    Runner,
+    Spec,
+    stop_generation,
+)
+from keelway.deploy.outcome import Outcome
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.replica_keeper import ReplicaKeeper
-from keelway.deploy.steps import Done, Failed, Steps
+from keelway.deploy.snapshots import ObjectStoreFailed, SnapshotRefused, check_id
+from keelway.deploy.steps import Done, Failed
 from keelway.home import Home
 from keelway.journal import OpKind, StepKind
-from keelway.reconcile.plan import Pass
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
 from keelway.store.lifecycle import InstanceState, RouteState
-from keelway.store.records import Generation, Instance, Operation
+from keelway.store.records import Operation
 
 failpoints.declare("restore.hold.before", "restore.hold.after", "restore.swap.before",
                    "restore.swap.after", "restore.replica.before", "restore.replica.after")
 
 
-log = logging.getLogger("keelway.snapshots")
-
-# How often the schedule looks for due snapshots; the shortest `snapshot_every` is 1m.
-SCHEDULE_S = 30.0
-
-
-def due(now_s: float, last_s: float, every_s: float) -> bool:
-    """Whether a snapshot taken at `last_s` (0: never) is `every_s` old at `now_s`."""
-    return now_s - last_s >= every_s
-
-
-def unchanged_since(db: Path, last_s: float) -> bool:
-    """Whether nothing wrote `db` (nor its -wal) after a snapshot taken at `last_s`: a
-    parked instance's database is not copied again every period for nothing."""
-    if last_s <= 0:
-        return False
-    wal = Path(f"{db}-wal")
-    newest = max(db.stat().st_mtime, wal.stat().st_mtime if wal.exists() else 0.0)
-    return newest < last_s
-
-
-class SnapshotRefused(UserError):
-    """The snapshot failed verification (or is unknown): nothing was changed."""
-
-    code = "snapshot-refused"
+log = logging.getLogger("keelway.restore")
 
 
 class ImportInEffect(UserError):
     code = "import-in-effect"
 
 
-class ObjectStoreFailed(OperationError):
-    code = "object-store-failed"
-
-
 @dataclass(frozen=True)
 class Restored:
     host: str
-    snapshot: Manifest | None  # None: restored from the replica
+    snapshot: SnapshotManifest | None  # None: restored from the replica
     state: InstanceState
     source: str  # "snapshot" or "replica"
     op_id: int | None
@@ -152,189 +127,28 @@ class Restored:
                 "snapshot": dataclasses.asdict(self.snapshot) if self.snapshot else None}
 
 
-class Snapshots:
+class Restore:
     def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
-                 locks: Locks, passes: Passes, restarts: CrashRestarts,
-                 keeper: ReplicaKeeper, runner: Runner, objects: ObjectStore) -> None:
+                 locks: Locks, restarts: CrashRestarts, keeper: ReplicaKeeper, runner: Runner,
+                 objects: ObjectStore) -> None:
         self.store = store
         self.home = home
         self.supervisor = supervisor
         self.publisher = publisher
         self.locks = locks
-        self.passes = passes
         self.restarts = restarts
         self.keeper = keeper
         self.journal = runner
         self.objects = objects
-        # When each instance's newest snapshot was taken, as the schedule last saw it
-        # (read from the object store once per instance, then kept up by the schedule).
-        self._last: dict[str, float] = {}
-        self._specs: dict[tuple[str, str], DataSpec] = {}
-
-    @staticmethod
-    def check_id(snap_id: str) -> str:
-        try:
-            return names.SNAPSHOT_ID.check(snap_id)
-        except names.InvalidName as exc:
-            raise UserError(exc.message, hint=exc.hint) from None
-
-    def _release(self, host: str) -> int | None:
-        for active in self.store.generations.list_active(host):
-            gen = self.store.generations.get_generation(active.generation_id)
-            if gen is not None:
-                return gen.release
-        return None
-
-    async def snapshot(self, host: str) -> Manifest:
-        """Take a verified snapshot of `host`'s database (running or parked)."""
-        targets.instance_named(self.store, host)
-        async with self.locks.instance(host):
-            release = self._release(host)
-            try:
-                # The database the app uses now: the seed's while an import is in
-                # effect (one rule, replicas.in_effect), so a snapshot is what it served.
-                made = await asyncio.to_thread(
-                    snapshots.take, self.objects, self.home, host,
-                    now_s=self.restarts.clock.now(), release=release,
-                    db=in_effect(self.store, self.home, host).db)
-            except NoDatabase as exc:
-                raise NotFoundError(str(exc), hint="the instance has no database yet") from None
-            except Damaged as exc:
-                raise OperationError(f"the copy of {host} failed its check: {exc.message}",
-                                     hint="run `keelway db snapshot` again; if it fails "
-                                          "again the database itself may be damaged") from None
-            except ObjectStoreError as exc:
-                raise ObjectStoreFailed(str(exc), hint="check the object store") from None
-        self.store.ops.add_event("snapshot", f"snapshot {made.id} taken ({made.size} bytes)",
-                                 app=targets.instance_named(self.store, host).app, instance=host)
-        return made
-
-    async def stored(self, host: str) -> list[Manifest]:
-        targets.instance_named(self.store, host)
-        try:
-            return await asyncio.to_thread(snapshots.list_snapshots, self.objects, host)
-        except ObjectStoreError as exc:
-            raise ObjectStoreFailed(str(exc), hint="check the object store") from None
-
-    async def verify(self, host: str, snap_id: str) -> Manifest:
-        """Fetch snapshot `snap_id` and check it; SnapshotRefused if it fails."""
-        targets.instance_named(self.store, host)
-        self.check_id(snap_id)
-        try:
-            return await asyncio.to_thread(snapshots.verify_stored, self.objects, host,
-                                           snap_id, self.home.data_dir(host))
-        except ObjectNotFound:
-            raise NotFoundError(f"{host} has no snapshot {snap_id}",
-                                hint=f"see `keelway db snapshots {host}`") from None
-        except Damaged as exc:
-            raise SnapshotRefused(f"snapshot {snap_id} of {host} failed verification: "
-                                  f"{exc.message}", hint="restore another snapshot") from None
-        except ObjectStoreError as exc:
-            raise ObjectStoreFailed(str(exc), hint="check the object store") from None
-
-    # -- schedule and gc ------------------------------------------------------------
-
-    def data_spec(self, host: str) -> DataSpec:
-        """The `[data]` table of the build the instance runs (the default if none)."""
-        gens = [g for g in self.store.generations.active_generations() if g.instance == host]
-        return self._spec_of(gens[0]) if gens else DataSpec()
-
-    def _spec_of(self, gen: Generation) -> DataSpec:
-        key = (gen.app, gen.build_digest)
-        if key not in self._specs:  # a build's manifest never changes: read it once
-            target = targets.target_of(self.store, gen)
-            if target is None:
-                return DataSpec()
-            self._specs[key] = target.manifest.data
-        return self._specs[key]
-
-    def _specs_by_host(self) -> dict[str, DataSpec]:
-        """Every instance's `[data]` table from one bulk read of ACTIVE (web first)."""
-        found: dict[str, DataSpec] = {}
-        for gen in self.store.generations.active_generations():
-            if gen.instance not in found:
-                found[gen.instance] = self._spec_of(gen)
-        return found
-
-    async def prune_all(self, dry_run: bool) -> list[tuple[str, str]]:
-        """Every instance's snapshots beyond its `keep` (and copies without a manifest)
-        removed, unless `dry_run`; returns (host, snapshot id) of each one beyond."""
-        removed: list[tuple[str, str]] = []
-        specs = self._specs_by_host()
-        for inst in self.store.instances.list_instances():
-            keep = specs.get(inst.host, DataSpec()).keep
-            async with self.locks.instance(inst.host):
-                try:
-                    if dry_run:
-                        listed = await asyncio.to_thread(snapshots.list_snapshots,
-                                                         self.objects, inst.host)
-                        ids = [m.id for m in listed[: max(0, len(listed) - keep)]]
-                    else:
-                        ids = await asyncio.to_thread(snapshots.prune, self.objects,
-                                                      inst.host, keep)
-                except ObjectStoreError as exc:
-                    raise ObjectStoreFailed(str(exc), hint="check the object store") from None
-            removed += [(inst.host, snap_id) for snap_id in ids]
-        return removed
-
-    async def take_due(self) -> list[str]:
-        """One pass of the schedule: snapshot every instance whose `[data]
-        snapshot_every` has passed since its newest snapshot, then prune it to `keep`.
-        Returns the hosts snapshotted. A failure is logged and left to the next pass."""
-        now = self.restarts.clock.now()
-        taken = []
-        for host, spec in sorted(self._specs_by_host().items()):
-            db = self.home.db_path(host)
-            if spec.snapshot_every_s is None or not db.is_file():
-                continue
-            last = self._last.get(host)
-            if last is None:
-                newest = await asyncio.to_thread(snapshots.newest, self.objects, host)
-                last = self._last[host] = newest.taken_at if newest else 0.0
-            if not due(now, last, spec.snapshot_every_s) or unchanged_since(db, last):
-                continue
-            inst = self.store.instances.get_instance(host)
-            if inst is None:
-                continue
-            try:
-                made = await self.snapshot(inst.host)
-                await self.prune_one(inst.host, spec.keep)
-            except OperationError as exc:
-                log.warning("scheduled snapshot of %s: %s", inst.host, exc.message)
-                continue
-            self._last[inst.host] = made.taken_at
-            taken.append(inst.host)
-        return taken
-
-    async def prune_one(self, host: str, keep: int) -> list[str]:
-        async with self.locks.instance(host):
-            try:
-                return await asyncio.to_thread(snapshots.prune, self.objects, host, keep)
-            except ObjectStoreError as exc:
-                raise ObjectStoreFailed(str(exc), hint="check the object store") from None
-
-    async def schedule(self) -> None:
-        """The one loop that takes due snapshots (the daemon runs it; the clock is
-        injected, so a test's hour passes at once)."""
-        while True:
-            await self.restarts.clock.sleep(SCHEDULE_S)
-            try:
-                await self.take_due()
-            except Exception:
-                # The loop outlives any one pass: a store or disk error is logged, and
-                # the next pass tries again.
-                log.exception("snapshot schedule pass failed")
-
-    # -- restore ---------------------------------------------------------------------
 
     async def restore(self, host: str, snap_id: str) -> Restored:
         """Replace `host`'s database with snapshot `snap_id`, verified first. After
         return the instance is in the state it was (a running one serves again, on the
         restored data). A snapshot that fails verification changes nothing."""
-        targets.instance_named(self.store, host)
-        self.check_id(snap_id)
+        instances.named(self.store, host)
+        check_id(snap_id)
 
-        async def stage(staged: Path) -> tuple[Manifest | None, int]:
+        async def stage(staged: Path) -> tuple[SnapshotManifest | None, int]:
             found = await self._stage_snapshot(host, snap_id, staged)
             return found, found.size
 
@@ -343,11 +157,11 @@ class Snapshots:
     async def restore_replica(self, host: str, at: str | None = None) -> Restored:
         """Replace `host`'s database with its replica (as of `at`, ISO 8601), restored
         and verified first; otherwise as `restore`."""
-        targets.instance_named(self.store, host)
+        instances.named(self.store, host)
         when = parse_time(at) if at is not None else None
         replicas = self.keeper.required()
 
-        async def stage(staged: Path) -> tuple[Manifest | None, int]:
+        async def stage(staged: Path) -> tuple[SnapshotManifest | None, int]:
             try:
                 await replicas.restore(host, staged, when)
             except ReplicaError as exc:
@@ -364,48 +178,61 @@ class Snapshots:
         return await self._restore(host, OpKind.RESTORE_REPLICA,
                                    f"replica-{os.urandom(4).hex()}", stage)
 
-    async def _restore(self, host: str, kind: OpKind, tag: str, stage: Stage) -> Restored:
-        """The one restore: `stage` writes a verified copy at the staged path (or raises,
-        nothing changed); then the journaled operation of the module header."""
-        async with self.locks.instance(host):
-            await self.passes.converge(host, Pass.MUTATION)
-            inst = targets.instance_named(self.store, host)
-            refuse_if_fenced(self.store, host, "be restored")
-            if (journal := self.store.imports.get_import(host)) is not None:
-                # A restore replaces the instance's own database, which the import's
-                # rollback must find exactly as it was (SPEC §4 Seed import).
-                raise ImportInEffect(
-                    f"{host} has a seed import in effect ({journal.seed}); nothing was "
-                    "changed", hint=f"roll it back first: `keelway seed rollback {host}`")
-            db = self.home.db_path(host)
-            db.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            staged = swap.staged_path(db, tag)
-            op_ids: list[int] = []
-
-            async def work(op: Operation) -> Result:
-                op_ids.append(op.id)
-                return await self._work(op, inst, staged)
-
+    async def plan(self, host: str, snap_id: str | None, at: str | None = None) -> Plan:
+        """The dry run of a restore from snapshot `snap_id` (None: from the replica, as
+        of `at`): every refusal the restore itself makes before it stages anything,
+        then the plan it would run now. Nothing is fetched or changed; the copy is
+        staged and verified only by the restore."""
+        instances.named(self.store, host)
+        if snap_id is None:
+            if at is not None:
+                parse_time(at)
+            self.keeper.required()
+        else:
+            check_id(snap_id)
             try:
-                found, size = await stage(staged)
-                result = await self.journal.journaled(inst.app, host, kind, work)
-                await self.passes.converge(host, Pass.MUTATION)
-            finally:
-                for side in swap.SIDES:
-                    Path(f"{staged}{side}").unlink(missing_ok=True)
-            if inst.state is InstanceState.RUNNING:
-                targets.link_current(self.store, self.home, host)
+                listed = await asyncio.to_thread(snapshots.list_snapshots, self.objects, host)
+            except ObjectStoreError as exc:
+                raise ObjectStoreFailed(str(exc), hint="check the object store") from None
+            if snap_id not in {m.id for m in listed}:
+                raise NotFoundError(f"{host} has no snapshot {snap_id}",
+                                    hint=f"see `keelway db snapshots {host}`")
+        return self.journal.dry_run(self._spec(snap_id is None), self._request(host, None))
+
+    def _spec(self, from_replica: bool) -> Spec[RestoreRequest, Restore]:
+        return RESTORE_REPLICA if from_replica else RESTORE
+
+    def _request(self, host: str, staged: Path | None) -> RestoreRequest:
+        return RestoreRequest(host, replicating=self._replicating() is not None,
+                              staged=staged)
+
+    async def _restore(self, host: str, kind: OpKind, tag: str, stage: Stage) -> Restored:
+        """The one restore: `stage` writes a verified copy at the staged path under the
+        lock (or raises, nothing journaled); then the operation of the module header,
+        run by the runner (`RESTORE`, `RESTORE_REPLICA`)."""
+        inst = instances.named(self.store, host)
+        staged = swap.staged_path(self.home.db_path(host), tag)
+        request = RestoreRequest(host, replicating=self._replicating() is not None,
+                                 staged=staged, stage=stage)
+        try:
+            ran = await self.journal.run(self._spec(kind is OpKind.RESTORE_REPLICA), self,
+                                         request)
+        finally:
+            for side in swap.SIDES:
+                Path(f"{staged}{side}").unlink(missing_ok=True)
+        found, size = request.staged_as[0]
         source = f"snapshot {found.id}" if found is not None else "its replica"
-        if result.outcome is not Outcome.DONE:
-            raise OperationError(f"{host}: restore from {source} failed: {result.reason}",
+        if ran.result is not None and ran.result.outcome is not Outcome.DONE:
+            raise OperationError(f"{host}: restore from {source} failed: {ran.result.reason}",
                                  hint=f"see `keelway ops {inst.app} --instance {host}`")
+        op = self.store.ops.latest_operation_of(host, {kind})
         copies = await asyncio.to_thread(self._kept, host)
         self.store.ops.add_event("restore", f"restored from {source}; kept: "
                                  f"{', '.join(c.id for c in copies) or 'nothing'}",
                                  app=inst.app, instance=host)
         now = self.store.instances.get_instance(host) or inst
         return Restored(host, found, now.state, "snapshot" if found else "replica",
-                        op_ids[0] if op_ids else None, size, copies, kept.retention_s())
+                        op.id if op is not None else None, size, copies, kept.retention_s())
 
     # -- kept copies -----------------------------------------------------------------
 
@@ -424,13 +251,13 @@ class Snapshots:
 
     async def kept(self, host: str) -> list[KeptCopy]:
         """`db kept H`: what `_kept` lists."""
-        targets.instance_named(self.store, host)
+        instances.named(self.store, host)
         return await asyncio.to_thread(self._kept, host)
 
     async def forget(self, host: str, copy_id: str) -> KeptCopy:
         """`db forget H COPY`: remove one kept copy, named by its id exactly as listed
         (never a path: nothing else of the data dir can be named)."""
-        targets.instance_named(self.store, host)
+        instances.named(self.store, host)
         async with self.locks.instance(host):
             copies = {c.id: c for c in await asyncio.to_thread(self._kept, host)}
             copy = copies.get(copy_id)
@@ -438,7 +265,7 @@ class Snapshots:
                 raise NotFoundError(f"{host} keeps no copy {copy_id!r}; nothing was changed",
                                     hint=f"`keelway db kept {host}` lists them")
             await asyncio.to_thread(kept.forget, copy)
-        inst = targets.instance_named(self.store, host)
+        inst = instances.named(self.store, host)
         self.store.ops.add_event("restore", f"kept copy {copy.id} removed", app=inst.app,
                                  instance=host)
         return copy
@@ -460,7 +287,7 @@ class Snapshots:
             removed += [(inst.host, c.id) for c in old]
         return removed
 
-    async def _stage_snapshot(self, host: str, snap_id: str, staged: Path) -> Manifest:
+    async def _stage_snapshot(self, host: str, snap_id: str, staged: Path) -> SnapshotManifest:
         """The snapshot fetched beside the database, verified, in WAL mode (as every
         instance database is), fsynced; refused with nothing changed otherwise."""
         try:
@@ -475,7 +302,7 @@ class Snapshots:
         except ObjectStoreError as exc:
             raise ObjectStoreFailed(str(exc), hint="check the object store") from None
 
-    def _fetch_staged(self, host: str, snap_id: str, staged: Path) -> Manifest:
+    def _fetch_staged(self, host: str, snap_id: str, staged: Path) -> SnapshotManifest:
         try:
             found = snapshots.fetch(self.objects, host, snap_id, staged)
             swap.to_wal(staged)
@@ -497,110 +324,168 @@ class Snapshots:
                 flushed.result()
         swap.to_wal(staged)
 
-    async def _work(self, op: Operation, inst: Instance, staged: Path) -> Result:
-        steps = Steps(self.store, op.id)
-        host = inst.host
-        running = inst.state is InstanceState.RUNNING
-        if running:
-            async def hold() -> Done | Failed:
-                route = self.store.routes.get_route(host)
-                if route is not None and route.state is not RouteState.HOLDING:
-                    self.store.routes.set_route(host, host, RouteState.HOLDING, route.port,
-                                                route.generation_id, expected=route)
-                try:
-                    await self.publisher.publish(host)
-                except OperationError as exc:
-                    return Failed(exc.message)
-                return Done()
-
-            held = await steps.run(StepKind.HOLD_ROUTE, hold, before=("restore.hold.before",),
-                                   after=("restore.hold.after",))
-            if held is not None:
-                return Result(Outcome.FAILED, held.reason)
-        # Every generation, the replicator too (unsynced: the replica is about to be set
-        # aside, and nothing may read or write the file while it is swapped).
-        for gen in self.store.generations.live_generations(host):
-            stop = targets.stop_effect(self.store, self.supervisor, gen)
-            failed = await steps.run(StepKind.STOP, stop, service=gen.service,
-                                     before_gen=gen.id)
-            if failed is not None:
-                raise OperationError(failed.reason)
-        db = self.home.db_path(host)
+    def _replicating(self) -> Replicas | None:
         replicas = self.keeper.replicas
-        if replicas is not None and not replicas.enabled:
-            replicas = None
-        if replicas is not None:
-            # Before the swap: from here on no replica holds what is being replaced, so
-            # no crash window leaves one that would bring it back (module header).
-            url = replicas.url(host)
+        return replicas if replicas is not None and replicas.enabled else None
 
-            async def aside() -> Done:
-                await asyncio.to_thread(_set_replica_aside, url)
-                return Done("the replica set aside (it holds the database being replaced)")
-
-            await steps.run(StepKind.REPLICA_RESET, aside, before=("restore.replica.before",),
-                            after=("restore.replica.after",))
-
-        async def swapped() -> Done:
-            await asyncio.to_thread(swap.swap, db, staged)
-            return Done(f"database replaced; the old one kept in {kept.KEPT}/")
-
-        await steps.run(StepKind.SWAP_DB, swapped, before=("restore.swap.before",),
-                        after=("restore.swap.after",))
-        if replicas is not None:
-            begun = replicas
-
-            async def begin() -> Done | Failed:
-                if (why := await begun.stop(host, sync=True)) is not None:
-                    return Failed(why)
-                return Done("a new replica begun from the restored file")
-
-            failed = await steps.run(StepKind.REPLICA_STOP, begin, service=REPLICA)
-            if failed is not None:
-                # The database is restored; a replicator started later begins the new
-                # replica anyway (module header). Said, not undone.
-                log.warning("restore of %s: no replica begun from it yet: %s", host,
-                            failed.reason)
-        if not running:
-            return Result(Outcome.DONE)
-        current = self.store.instances.get_instance(host) or inst
-        return await self.restarts.respawn_active(op, current)
-
-    # -- drill -----------------------------------------------------------------------
-
-    async def drill_snapshot(self, host: str) -> SnapshotDrill:
-        """Fetch the newest snapshot of `host` to a temp file and verify it (sha256 and
-        integrity); nothing else is touched. `snapshot` None: there is none yet."""
-        try:
-            newest = await asyncio.to_thread(snapshots.newest, self.objects, host)
-        except ObjectStoreError as exc:
-            return SnapshotDrill(host, None, False, f"the object store: {exc}")
-        if newest is None:
-            return SnapshotDrill(host, None, None, "no snapshot yet")
-        scratch = self.home.data_dir(host)
-        if not scratch.is_dir():
-            scratch = self.home.root
-        try:
-            await asyncio.to_thread(snapshots.verify_stored, self.objects, host, newest.id,
-                                    scratch)
-        except ObjectNotFound:
-            return SnapshotDrill(host, newest, False, f"snapshot {newest.id} is gone")
-        except Damaged as exc:
-            return SnapshotDrill(host, newest, False, exc.message)
-        except (ObjectStoreError, OSError) as exc:
-            return SnapshotDrill(host, newest, False, f"snapshot {newest.id}: {exc}")
-        return SnapshotDrill(host, newest, True, None)
+    def replicas_on(self) -> Replicas:
+        replicas = self._replicating()
+        assert replicas is not None, "planned only when this box replicates"
+        return replicas
 
 
-Stage = Callable[[Path], Awaitable[tuple[Manifest | None, int]]]
+Stage = Callable[[Path], Awaitable[tuple[SnapshotManifest | None, int]]]
 
 
 @dataclass(frozen=True)
-class SnapshotDrill:
+class RestoreRequest:
     host: str
-    snapshot: Manifest | None  # the one checked; None: none yet (or unreadable)
-    ok: bool | None  # None: skipped
-    reason: str | None
+    # Whether this box replicates: the replica is set aside before the swap and a new
+    # one begun after it (module header).
+    replicating: bool
+    # The verified copy the swap puts in (None: a dry run, nothing staged), how it is
+    # staged (under the lock, before the operation begins: a copy that fails is refused
+    # with nothing journaled), and what was staged (the snapshot, its size).
+    staged: Path | None = None
+    stage: Stage | None = None
+    staged_as: list[tuple[SnapshotManifest | None, int]] = field(default_factory=list,
+                                                                 compare=False)
+
+
+def refuse_import(store: Store, host: str) -> None:
+    """A restore replaces the instance's own database, which an import's rollback must
+    find exactly as it was (SPEC §4 Seed import): refused while one is journaled."""
+    if (journal := store.imports.get_import(host)) is not None:
+        raise ImportInEffect(
+            f"{host} has a seed import in effect ({journal.seed}); nothing was "
+            "changed", hint=f"roll it back first: `keelway seed rollback {host}`")
+
+
+def plan_restore(store: Store, request: RestoreRequest) -> Plan:
+    """The steps of a restore of `request.host`, from its records (reads only): a
+    running instance's route held, every live generation (the replicator too) stopped,
+    the replica set aside, the swap, a new replica begun, and a running instance's
+    ACTIVE services started again through the verified start path (one dynamic step:
+    it journals its own spawn and ready steps). A parked or stopped instance has
+    nothing to hold, stop or start. The same for a snapshot's restore and the
+    replica's: only what is staged differs. Refused while an import is in effect."""
+    host = request.host
+    inst = targets.instance_named(store, host)
+    refuse_import(store, host)
+    running = inst.state is InstanceState.RUNNING
+    steps: list[PlannedStep] = []
+    if running:
+        steps.append(PlannedStep(StepKind.HOLD_ROUTE, f"hold {host}'s route (requests "
+                                 "wait) and publish it", "hold",
+                                 before=("restore.hold.before",),
+                                 after=("restore.hold.after",)))
+    steps += [PlannedStep(StepKind.STOP, f"stop {gen.service} generation {gen.id}, proven "
+                          "gone", "stop", service=gen.service, before_gen=gen.id)
+              for gen in store.generations.live_generations(host)]
+    if request.replicating:
+        steps.append(PlannedStep(StepKind.REPLICA_RESET, f"set {host}'s replica aside",
+                                 "aside", before=("restore.replica.before",),
+                                 after=("restore.replica.after",)))
+    steps.append(PlannedStep(StepKind.SWAP_DB, "swap the verified copy in for the "
+                             f"database, the old one kept in {kept.KEPT}/", "swap",
+                             before=("restore.swap.before",), after=("restore.swap.after",)))
+    if request.replicating:
+        steps.append(PlannedStep(StepKind.REPLICA_STOP, "begin a new replica from the "
+                                 "restored file", "begin-replica", service=REPLICA))
+    if running and store.generations.list_active(host):
+        steps.append(PlannedStep(StepKind.SPAWN, "start what ACTIVE names again ("
+                                 + ", ".join(a.service for a in store.generations.list_active(host))
+                                 + ") through the verified start path", "start",
+                                 journals_own=True))
+    return Plan(OpKind.RESTORE, inst.app, host, tuple(steps))
+
+
+def _hold(restore: Restore, request: RestoreRequest, _step: PlannedStep) -> Bound:
+    host = request.host
+
+    async def hold(_op: Operation) -> Done | Failed:
+        route = restore.store.routes.get_route(host)
+        if route is not None and route.state is not RouteState.HOLDING:
+            restore.store.routes.set_route(host, host, RouteState.HOLDING, route.port,
+                                           route.generation_id, expected=route)
+        try:
+            await restore.publisher.publish(host)
+        except OperationError as exc:
+            return Failed(exc.message)
+        return Done()
+
+    return hold
+
+
+def _stop(restore: Restore, _request: RestoreRequest, step: PlannedStep) -> Bound:
+    return stop_generation(restore.store, restore.supervisor, step)
+
+
+def _aside(restore: Restore, request: RestoreRequest, _step: PlannedStep) -> Bound:
+    async def aside(_op: Operation) -> Done:
+        # Before the swap: from here on no replica holds what is being replaced, so no
+        # crash window leaves one that would bring it back (module header).
+        replicas = restore.replicas_on()
+        await asyncio.to_thread(_set_replica_aside, replicas.url(request.host))
+        return Done("the replica set aside (it holds the database being replaced)")
+
+    return aside
+
+
+def _swap(restore: Restore, request: RestoreRequest, _step: PlannedStep) -> Bound:
+    async def swapped(_op: Operation) -> Done:
+        assert request.staged is not None, "a dry run runs nothing"
+        await asyncio.to_thread(swap.swap, restore.home.db_path(request.host), request.staged)
+        return Done(f"database replaced; the old one kept in {kept.KEPT}/")
+
+    return swapped
+
+
+def _begin_replica(restore: Restore, request: RestoreRequest, _step: PlannedStep) -> Bound:
+    async def begin(_op: Operation) -> Done:
+        why = await restore.replicas_on().stop(request.host, sync=True)
+        if why is None:
+            return Done("a new replica begun from the restored file")
+        # The database is restored; a replicator started later begins the new replica
+        # anyway (module header). Said, not undone: the restore goes on.
+        log.warning("restore of %s: no replica begun from it yet: %s", request.host, why)
+        return Done(f"no replica begun yet: {why}")
+
+    return begin
+
+
+def _start(restore: Restore, request: RestoreRequest, _step: PlannedStep) -> Bound:
+    async def start(op: Operation) -> Ended:
+        current = instances.named(restore.store, request.host)
+        return Ended(await restore.restarts.respawn_active(op, current))
+
+    return start
+
+
+async def _stage(restore: Restore, request: RestoreRequest) -> None:
+    assert request.stage is not None and request.staged is not None
+    # The plan refuses an import in effect; so must the stage, before it fetches.
+    refuse_import(restore.store, request.host)
+    restore.home.db_path(request.host).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    request.staged_as.append(await request.stage(request.staged))
+
+
+async def _link_current(restore: Restore, request: RestoreRequest, ran: Ran) -> None:
+    inst = restore.store.instances.get_instance(request.host)
+    if ran.result is not None and inst is not None and (
+            inst.state is InstanceState.RUNNING):
+        targets.link_current(restore.store, restore.home, request.host)
+
+
+_EFFECTS: dict[str, EffectOf[Restore, RestoreRequest]] = {
+    "hold": _hold, "stop": _stop, "aside": _aside, "swap": _swap,
+    "begin-replica": _begin_replica, "start": _start}
+RESTORE: Spec[RestoreRequest, Restore] = Spec(
+    OpKind.RESTORE, plan_restore, _EFFECTS, fence_verb="be restored", converge_after=True,
+    prelude=_stage, after=_link_current)
+RESTORE_REPLICA: Spec[RestoreRequest, Restore] = Spec(
+    OpKind.RESTORE_REPLICA, plan_restore, _EFFECTS, fence_verb="be restored",
+    converge_after=True, prelude=_stage, after=_link_current)
 
 
 def _fsync(path: Path) -> None:

@@ -43,10 +43,10 @@ from keelway import failpoints, names
 from keelway.builds.manifest import ONE_OFF
 from keelway.deploy import targets
 from keelway.deploy.errors import OperationError, UserError
-from keelway.deploy.generation_start import layered_config
-from keelway.deploy.instances import Target
+from keelway.deploy.instances import layered_config
 from keelway.deploy.operation import Bound, Plan, PlannedStep, Runner, Spec
 from keelway.deploy.steps import Done, Failed
+from keelway.deploy.targets import Target
 from keelway.home import Home
 from keelway.journal import OpKind, StepKind
 from keelway.reconcile.plan import Verdict

@@ -59,21 +59,28 @@ from keelway.data import seed as files
 from keelway.data import snapshots
 from keelway.data.objects import ObjectNotFound, ObjectStore, ObjectStoreError, manifest_key
 from keelway.data.verify import Damaged
-from keelway.deploy import targets
+from keelway.deploy import instances, targets
 from keelway.deploy.crash_restarts import CrashRestarts
-from keelway.deploy.errors import OperationError, UserError
+from keelway.deploy.errors import OperationError, UserError, checked
 from keelway.deploy.fences import refuse_if_fenced
 from keelway.deploy.locks import Locks
-from keelway.deploy.operation import Runner
+from keelway.deploy.operation import (
+    Bound,
+    Ended,
+    Plan,
+    PlannedStep,
+    Ran,
+    Runner,
+    Spec,
+    stop_generation,
+)
 from keelway.deploy.outcome import Outcome, Result
-from keelway.deploy.passes import Passes
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.replica_keeper import ReplicaKeeper
 from keelway.deploy.steps import Done, Effect, Failed, Steps
 from keelway.durable import TEMP_PREFIX
 from keelway.home import Home
 from keelway.journal import OpKind, StepKind
-from keelway.reconcile.plan import Pass
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Conflict, Store
 from keelway.store.imports import (
@@ -85,7 +92,7 @@ from keelway.store.imports import (
     record_key,
 )
 from keelway.store.lifecycle import RouteState
-from keelway.store.records import Instance, Operation
+from keelway.store.records import Generation, Operation
 
 log = logging.getLogger("keelway.seeding")
 
@@ -131,12 +138,15 @@ class SeedReport:
     outcome: SeedOutcome
     reason: str | None = None
     plan: tuple[str, ...] = field(default=())
+    # The planned steps the lines of `plan` are (a dry run's).
+    steps: tuple[PlannedStep, ...] = field(default=())
     # What the import brings (an import and its dry run), None for a rollback.
     contents: files.Contents | None = None
 
     def view(self) -> dict[str, object]:
         return {"host": self.host, "seed": self.seed, "outcome": self.outcome.value,
                 "reason": self.reason, "plan": list(self.plan),
+                "steps": [step.as_json() for step in self.steps],
                 "contents": self.contents.view() if self.contents else None}
 
 
@@ -158,8 +168,7 @@ class SnapshotSource:
 
 class Seeding:
     def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
-                 locks: Locks, passes: Passes, restarts: CrashRestarts,
-                 keeper: ReplicaKeeper, runner: Runner,
+                 locks: Locks, restarts: CrashRestarts, keeper: ReplicaKeeper, runner: Runner,
                  delete_replica: DeleteReplica | None = None,
                  objects: ObjectStore | None = None,
                  limits: SeedLimits = SeedLimits()) -> None:
@@ -168,7 +177,6 @@ class Seeding:
         self.supervisor = supervisor
         self.publisher = publisher
         self.locks = locks
-        self.passes = passes
         self.restarts = restarts
         self.keeper = keeper
         self.journal = runner
@@ -185,7 +193,7 @@ class Seeding:
                             "second import waits until it is rolled back",
                             hint=f"`keelway seed rollback {host}` first")
 
-    def _refuse_import(self, host: str, source: Path,
+    def refuse_import(self, host: str, source: Path,
                        allow_empty: bool) -> tuple[files.Verified, files.Contents]:
         """Every reason to refuse, checked before anything changes; what the seed is
         and brings."""
@@ -305,7 +313,7 @@ class Seeding:
         if isinstance(source, Path):
             return await self._import_file(host, source, str(source), dry_run,
                                            allow_empty, progress)
-        targets.instance_named(self.store, host)
+        instances.named(self.store, host)
         self._refuse_journaled(host)
         async with self._fetched(source) as path:
             return await self._import_file(host, path, f"snapshot {source}", dry_run,
@@ -313,107 +321,44 @@ class Seeding:
 
     async def _import_file(self, host: str, source: Path, said: str, dry_run: bool,
                            allow_empty: bool, progress: Progress) -> SeedReport:
-        inst = targets.instance_named(self.store, host)
-        _, contents = self._refuse_import(host, source, allow_empty)
+        instances.named(self.store, host)
+        _, contents = self.refuse_import(host, source, allow_empty)
         if dry_run:
-            return SeedReport(host, None, SeedOutcome.DRY_RUN, contents=contents, plan=(
-                f"verify and store a copy of {said}", "journal the import and close "
-                f"{host}'s gate", f"fence and stop {host}",
-                f"lay down {self.home.seed_db_path(host)} with its seed marker",
-                "mint the import's instance key", "open the gate, lift the fence, start"))
-        seed = files.mint_seed_id()
-        async with self.locks.instance(host):
-            await self.passes.converge(host, Pass.MUTATION)
-            inst = targets.instance_named(self.store, host)
-            verified, contents = self._refuse_import(host, source, allow_empty)
+            plan = self.journal.dry_run(IMPORT, self._import_request(host, said))
+            return SeedReport(host, None, SeedOutcome.DRY_RUN, contents=contents,
+                              plan=tuple(step.describe for step in plan.steps),
+                              steps=plan.steps)
+        request = self._import_request(host, said, seed=files.mint_seed_id(), source=source,
+                                       progress=progress, allow_empty=allow_empty)
+        await self.journal.run(IMPORT, self, request)
+        return SeedReport(host, request.seed, SeedOutcome.IMPORTED, contents=contents)
 
-            async def work(op: Operation) -> Result:
-                return await self._import(op, inst, seed, source, verified, progress)
+    def _import_request(self, host: str, said: str, *, seed: str = "",
+                        source: Path | None = None, progress: Progress = _quiet,
+                        allow_empty: bool = False) -> ImportRequest:
+        return ImportRequest(host, said, self.home.seed_db_path(host),
+                             replicating=self.keeper.replicas is not None, seed=seed,
+                             source=source, progress=progress, allow_empty=allow_empty)
 
-            result = await self.journal.journaled(inst.app, host, OpKind.SEED_IMPORT, work)
-            journal = self.store.imports.get_import(host)
-            if journal is not None and journal.seed == seed and (
-                    journal.known is ImportState.IMPORTING):
-                # It failed before its gate opened: an import always rolls back.
-                undone = await self._rollback_locked(host)
-                raise OperationError(f"{host}: seed import failed ({result.reason}); "
-                                     f"rolled back: {undone.outcome.value}",
-                                     hint=f"see `keelway ops {inst.app} --instance {host}`")
-            if result.outcome is not Outcome.DONE:
-                raise OperationError(f"{host}: seed import failed: {result.reason}")
-            await self.restarts.restart_active(host)
-            targets.link_current(self.store, self.home, host)
-        return SeedReport(host, seed, SeedOutcome.IMPORTED, contents=contents)
-
-    async def _import(self, op: Operation, inst: Instance, seed: str, source: Path,
-                      verified: files.Verified, progress: Progress) -> Result:
-        host = inst.host
-        steps = Steps(self.store, op.id)
-        copy = self.home.seed_copy(seed)
-        stored: list[files.Verified] = []
-
-        async def store_copy() -> Done | Failed:
-            try:
-                stored.append(files.store_copy(source, copy))
-            except files.SeedRefused as exc:
-                return Failed(exc.message)
-            return Done(f"{seed}: {verified.size_bytes} bytes verified")
-
-        if (failed := await self._step(steps, "store", StepKind.SEED_STORE,
-                                       store_copy)) is not None:
-            return Result(Outcome.FAILED, failed.reason)
-        await progress("stored")
-        before = files.env_before(self.home.env_file(host))
-
-        async def begin() -> Done:
-            self.store.imports.begin_import(host, seed, env_before=before, sha256=stored[0].sha256)
-            await self._publish(host)
-            return Done(seed)
-
-        await self._step(steps, "journal", StepKind.SEED_JOURNAL, begin)
-        journal = await self._fence(steps, host, seed)
-        await progress("fenced")
-        if (failed := await self._stop_all(steps, host)) is not None:
-            return Result(Outcome.FAILED, failed.reason)
-        replicas = self.keeper.replicas
-        if replicas is not None:
-            async def sync() -> Done | Failed:
-                # H's own database, every process of H gone: its replica is current
-                # and then left alone until the rollback (the import's goes elsewhere).
-                failed = await replicas.stop(host, sync=True)
-                return Done("synced") if failed is None else Failed(failed)
-
-            if (failed := await self._step(steps, "sync", StepKind.REPLICA_STOP,
-                                           sync)) is not None:
-                return Result(Outcome.FAILED, failed.reason)
-        db = self.home.seed_db_path(host)
-
-        async def lay_down() -> Done | Failed:
-            try:
-                files.lay_down(copy, db, seed, stored[0].sha256)
-            except files.SeedRefused as exc:
-                return Failed(exc.message)
-            return Done(str(db))
-
-        if (failed := await self._step(steps, "lay-down", StepKind.SEED_LAY_DOWN,
-                                       lay_down)) is not None:
-            return Result(Outcome.FAILED, failed.reason)
-
-        async def key() -> Done:
-            minted = files.write_import_env(self.home.env_file(host), db, before)
-            return Done("minted" if minted else "kept")
-
-        await self._step(steps, "key", StepKind.SEED_KEY, key)
-
-        async def open_gate() -> Done:
-            self.store.imports.open_import_gate(host, seed)
-            return Done()
-
-        await self._step(steps, "open", StepKind.SEED_OPEN, open_gate)
-        await self._unfence(steps, host, journal.fence_gen)
-        await progress("open")
-        self.store.ops.add_event("seed", f"seed {seed} imported", app=inst.app, instance=host)
-        return Result(Outcome.DONE)
+    async def after_import(self, request: ImportRequest, ran: Ran) -> None:
+        """Under the lock, once the import's operation ended: one that failed before its
+        gate opened is rolled back now (an import always rolls back); one in effect
+        starts the instance on the seed."""
+        host = request.host
+        reason = ran.result.reason if ran.result is not None else None
+        journal = self.store.imports.get_import(host)
+        app = ran.plan.app
+        if journal is not None and journal.seed == request.seed and (
+                journal.known is ImportState.IMPORTING):
+            undone = await self._roll_back_held(host)
+            raise OperationError(f"{host}: seed import failed ({reason}); "
+                                 f"rolled back: {undone.outcome.value}",
+                                 hint=f"see `keelway ops {app} --instance {host}`")
+        if not ran.done:
+            raise OperationError(f"{host}: seed import failed: {reason}")
+        self.store.ops.add_event("seed", f"seed {request.seed} imported", app=app, instance=host)
+        await self.restarts.restart_active(host)
+        targets.link_current(self.store, self.home, host)
 
     # -- rollback ----------------------------------------------------------------------
 
@@ -422,70 +367,55 @@ class Seeding:
         in, under the instance lock; then start the instance on its own data if it was
         running. The report says how far it got (HELD, DEFERRED: the journal keeps the
         rest for a later pass; UNKNOWN_STATE: nothing was done)."""
-        try:
-            names.HOST.check(host)
-        except names.InvalidName as exc:
-            raise UserError(exc.message, hint=exc.hint) from None
+        checked(names.HOST, host)
         if self.store.imports.get_import(host) is None:
-            # NotFoundError for a host that is nothing at all
-            targets.instance_named(self.store, host)
+            instances.named(self.store, host)  # NotFoundError for a host that is nothing at all
         if dry_run:
             return self._plan(host)
-        async with self.locks.instance(host):
-            await self.passes.converge(host, Pass.MUTATION)
-            report = await self._rollback_locked(host)
-            if report.outcome is SeedOutcome.ROLLED_BACK:
-                await self.restarts.restart_active(host)
-                targets.link_current(self.store, self.home, host)
-        return report
+        request = RollbackRequest(host)
+        await self.journal.run(ROLLBACK, self, request)
+        assert request.state.said is not None
+        return request.state.said
+
+    async def after_rollback(self, request: RollbackRequest, ran: Ran) -> None:
+        """Under the lock, once the rollback's operation ended: its report, and a rolled
+        back instance started on its own data."""
+        said = request.state.said = self._rolled(request, ran)
+        if said.outcome is SeedOutcome.ROLLED_BACK:
+            await self.restarts.restart_active(request.host)
+            targets.link_current(self.store, self.home, request.host)
 
     def _plan(self, host: str) -> SeedReport:
+        """The dry run: the plan the rollback would run now, from the records, one line
+        per numbered step of the module header."""
         journal = self.store.imports.get_import(host)
         if journal is None:
             return SeedReport(host, None, SeedOutcome.DRY_RUN, "no import is journaled")
-        state = journal.known
-        route: tuple[str, ...] = (
-            "close the gate under a new fence generation", "fence and stop the instance",
-            "retire the import's key, remove the import's local data",
-            "restore the original route", "lift the fence")
-        cleanup: tuple[str, ...] = (
-            "delete the seed's copy and the import's replica", "delete the journal row",
-            "mark the record rolled back")
-        match state:
-            case None:
-                return SeedReport(host, journal.seed, SeedOutcome.DRY_RUN,
-                                  f"unknown journal state {journal.state!r}: left alone")
-            case ImportState.IMPORTING | ImportState.SWAPPED:
-                plan: tuple[str, ...] = route + cleanup
-            case ImportState.ROLLING_BACK:
-                plan = route[1:] + cleanup
-            case ImportState.CLEANUP_PENDING:
-                plan = cleanup
-            case _:
-                assert_never(state)
+        plan = plan_rollback(self.store, RollbackRequest(host))
+        if plan.nothing is not None:
+            return SeedReport(host, journal.seed, SeedOutcome.DRY_RUN, plan.nothing)
         return SeedReport(host, journal.seed, SeedOutcome.DRY_RUN,
-                          f"would roll back from {journal.state}", plan)
+                          f"would roll back from {journal.state}", rollback_lines(plan),
+                          plan.steps)
 
-    async def _rollback_locked(self, host: str) -> SeedReport:
-        journal = self.store.imports.get_import(host)
-        if journal is None:
+    async def _roll_back_held(self, host: str) -> SeedReport:
+        """The rollback under the lock the caller holds (a failed import's)."""
+        request = RollbackRequest(host)
+        request.state.origin = self.store.imports.get_import(host)
+        return self._rolled(request, await self.journal.run_held(ROLLBACK, self, request))
+
+    def _rolled(self, request: RollbackRequest, ran: Ran) -> SeedReport:
+        """What a run of the rollback comes to, as its report."""
+        host, origin = request.host, request.state.origin
+        if origin is None:
             return SeedReport(host, None, SeedOutcome.NOTHING, "no import is journaled")
-        if journal.known is None:
-            return self._unknown(journal)
-        app = journal.record.partition("/")[0]
-        reports: list[SeedReport] = []
-
-        async def work(op: Operation) -> Result:
-            reports.append(await self._roll_back(op, journal))
-            report = reports[0]
-            if report.outcome is SeedOutcome.ROLLED_BACK:
-                return Result(Outcome.DONE)
-            return Result(Outcome.FAILED, f"{report.outcome.value}: {report.reason}")
-
-        result = await self.journal.journaled(app, host, OpKind.SEED_ROLLBACK, work)
-        if reports:
-            return reports[0]
-        return SeedReport(host, journal.seed, SeedOutcome.DEFERRED, result.reason)
+        if ran.result is None:
+            return self._unknown(origin)
+        if request.state.report is not None:
+            return request.state.report
+        if ran.done:
+            return SeedReport(host, origin.seed, SeedOutcome.ROLLED_BACK)
+        return SeedReport(host, origin.seed, SeedOutcome.DEFERRED, ran.result.reason)
 
     def _unknown(self, journal: ImportJournal) -> SeedReport:
         why = (f"import {journal.seed} is journaled in an unknown state "
@@ -495,166 +425,37 @@ class Seeding:
                                  instance=journal.instance)
         return SeedReport(journal.instance, journal.seed, SeedOutcome.UNKNOWN_STATE, why)
 
-    async def _roll_back(self, op: Operation, journal: ImportJournal) -> SeedReport:
-        steps = Steps(self.store, op.id)
-        state = journal.known
-        match state:
-            case None:
-                return self._unknown(journal)
-            case ImportState.IMPORTING | ImportState.SWAPPED | ImportState.ROLLING_BACK:
-                held = await self._roll_back_route(steps, journal)
-                if held is not None:
-                    return held
-            case ImportState.CLEANUP_PENDING:
-                # Step 5 again: a crash between the restore and the lift leaves the
-                # journal's generation held, and only that generation is lifted.
-                await self._unfence(steps, journal.instance, journal.fence_gen)
-            case _:
-                assert_never(state)
-        return await self._clean_up(steps, journal)
-
-    async def _roll_back_route(self, steps: Steps, journal: ImportJournal) -> SeedReport | None:
-        """Steps 1 to 5; None when the journal is CLEANUP_PENDING after them, else the
-        report of why the rollback stopped."""
+    def before_data(self, journal: ImportJournal) -> SeedReport | bool:
+        """Step 3's guard, the row at the host read again under the fence: False when
+        the import's data goes (the row is the import's gated one, or there is none and
+        the marker names this seed), True when it is left and the rollback goes on (no
+        row, and the marker names another seed or none), a report when the rollback
+        stops here (the row changed under the fence; a marker that cannot be read, or a
+        row that appeared: deferred), its fence lifted."""
         host, seed = journal.instance, journal.seed
-        row = self.store.imports.row_at(host)
-        if row is not None and row.seed != seed:
-            # A fence an earlier pass kept for this rollback must not hold the host for
-            # whoever owns it now: only our generation is lifted.
-            if journal.known is ImportState.ROLLING_BACK and journal.fence_gen:
-                self.store.instances.unfence(host, journal.fence_gen)
-            return self._held(journal, "the route at the host is not the import's, so "
-                                       "nothing there is touched")
-        if journal.known in (ImportState.IMPORTING, ImportState.SWAPPED):
-            async def close() -> Done:
-                self.store.imports.close_import_gate(host, seed)
-                await self._publish(host)
-                return Done()
-
-            await self._step(steps, "close", StepKind.SEED_CLOSE, close)
-        journal = await self._fence(steps, host, seed)
-        if (failed := await self._stop_all(steps, host)) is not None:
-            # Under the fence still: the next pass finds it its own and resumes.
-            return SeedReport(host, seed, SeedOutcome.DEFERRED, failed.reason)
-        row = self.store.imports.row_at(host)
         db = self.home.seed_db_path(host)
-        if row is None:
-            left = await self._remove_orphaned(steps, journal, db)
-            if left is not None:
-                return left
-        elif row.seed != seed or row.state is not RouteState.GATED:
-            self._lift(journal)
-            return self._held(journal, "the route changed under the fence, so nothing "
-                                       "there is touched")
-        else:
-            await self._retire_and_remove(steps, journal, db)
-
-        async def restore() -> Done | Failed:
-            try:
-                self.store.imports.restore_import_route(host, seed)
-            except Conflict as exc:
-                return Failed(str(exc))
-            await self._publish(host)
-            return Done()
-
-        if (failed := await self._step(steps, "restore", StepKind.SEED_RESTORE,
-                                       restore)) is not None:
-            self._lift(journal)
-            return self._held(journal, failed.reason)
-        await self._unfence(steps, host, journal.fence_gen)
-        return None
-
-    async def _remove_orphaned(self, steps: Steps, journal: ImportJournal,
-                               db: Path) -> SeedReport | None:
-        """Step 3 with no row at the host: the local data goes only when its marker
-        names this seed and the host still has no row; else it is left (None either
-        way: the rollback goes on). A marker that cannot be read defers, fence lifted."""
-        host, seed = journal.instance, journal.seed
+        row = self.store.imports.row_at(host)
+        if row is not None:
+            if row.seed != seed or row.state is not RouteState.GATED:
+                self.lift(journal)
+                return self.held(journal, "the route changed under the fence, so nothing "
+                                          "there is touched")
+            return False
         try:
             named = files.local_seed_id(db)
         except OSError as exc:
-            self._lift(journal)
+            self.lift(journal)
             return SeedReport(host, seed, SeedOutcome.DEFERRED,
                               f"the seed marker beside {db} cannot be read: {exc}")
         if named != seed:
             log.info("%s: import %s has no route; %s is left: its marker names %r",
                      host, seed, db, named)
-            return None
+            return True
         if self.store.imports.row_at(host) is not None:
-            self._lift(journal)
+            self.lift(journal)
             return SeedReport(host, seed, SeedOutcome.DEFERRED,
                               "a route appeared at the host; its data is left")
-        await self._retire_and_remove(steps, journal, db)
-        return None
-
-    async def _retire_and_remove(self, steps: Steps, journal: ImportJournal,
-                                 db: Path) -> None:
-        """The key before the database: the marker that proves the installation is
-        the import's is removed with the database, last."""
-        env_file = self.home.env_file(journal.instance)
-
-        async def retire() -> Done:
-            changed = files.retire_import_env(env_file, journal.env_before)
-            return Done("restored" if changed else "was restored")
-
-        async def remove() -> Done:
-            removed = files.remove_local(db)
-            return Done(", ".join(removed) or "nothing left")
-
-        await self._step(steps, "retire-key", StepKind.SEED_RETIRE_KEY, retire)
-        await self._step(steps, "remove-data", StepKind.SEED_REMOVE_DATA, remove)
-
-    async def _clean_up(self, steps: Steps, journal: ImportJournal) -> SeedReport:
-        """Steps 6 to 8, from CLEANUP_PENDING; nothing is fenced or stopped here."""
-        host, seed = journal.instance, journal.seed
-        valid = names.SEED_ID.accepts(seed)
-        if valid:
-            async def delete_copy() -> Done:
-                copy = self.home.seed_copy(seed)
-                existed = copy.exists()
-                copy.unlink(missing_ok=True)
-                return Done("deleted" if existed else "gone already")
-
-            await self._step(steps, "delete-copy", StepKind.SEED_DELETE_COPY, delete_copy)
-        # Read again right before the replica: the replica is keyed by host, not seed.
-        record = self.store.imports.seed_record(host)
-        ours, why = replica_is_the_imports(journal, record)
-        if valid and ours:
-            async def delete_replica() -> Done | Failed:
-                if self.delete_replica is None:
-                    return Done("no replicas on this box")
-                try:
-                    # The import's own replica (replicas/<host>/<seed>), never the
-                    # host's: that one stayed as it was through the import.
-                    await self.delete_replica(host, seed)
-                except ObjectStoreError as exc:
-                    return Failed(f"the import's replica could not be deleted: {exc}")
-                return Done("deleted")
-
-            if (failed := await self._step(steps, "delete-replica",
-                                           StepKind.SEED_DELETE_REPLICA,
-                                           delete_replica)) is not None:
-                # CLEANUP_PENDING still: the next pass deletes it and goes on.
-                return SeedReport(host, seed, SeedOutcome.DEFERRED, failed.reason)
-        elif valid:
-            log.info("%s: import %s: the replica is left alone: %s", host, seed, why)
-
-        async def forget() -> Done:
-            return Done("deleted" if self.store.imports.delete_import(host, seed) else "gone")
-
-        await self._step(steps, "forget", StepKind.SEED_FORGET, forget)
-
-        async def cas() -> Done:
-            moved = self.store.imports.cas_seed_record(journal.record, seed,
-                                                       frozenset({SeedState.ABORTED}),
-                                                       SeedState.ROLLED_BACK)
-            return Done("rolled back" if moved else "the record names another seed "
-                        "or is done")
-
-        await self._step(steps, "record", StepKind.SEED_RECORD, cas)
-        self.store.ops.add_event("seed", f"seed {seed} rolled back",
-                                 app=journal.record.partition("/")[0], instance=host)
-        return SeedReport(host, seed, SeedOutcome.ROLLED_BACK)
+        return False
 
     # -- boot ----------------------------------------------------------------------------
 
@@ -680,10 +481,14 @@ class Seeding:
                 return self._unknown(journal)
             case ImportState.SWAPPED:
                 host = journal.instance
-                async with self.locks.instance(host):
+
+                async def lift() -> None:
                     if journal.fence_gen is not None:
                         self.store.instances.unfence(host, journal.fence_gen)
                     await self.restarts.restart_active(host)
+
+                async with self.locks.instance(host):
+                    await lift()
                 return SeedReport(host, journal.seed, SeedOutcome.IMPORTED)
             case (ImportState.IMPORTING | ImportState.ROLLING_BACK
                   | ImportState.CLEANUP_PENDING):
@@ -710,7 +515,7 @@ class Seeding:
         inst = self.store.instances.get_instance(host)
         journal = self.store.imports.get_import(host)
         if inst is None and journal is None:
-            targets.instance_named(self.store, host)
+            instances.named(self.store, host)
         record = self.store.imports.seed_record(host)
         db = self.home.seed_db_path(host)
         try:
@@ -735,49 +540,16 @@ class Seeding:
 
     # -- shared steps --------------------------------------------------------------------
 
-    async def _step(self, steps: Steps, point: str, kind: StepKind,
-                    effect: Effect) -> Failed | None:
-        return await steps.run(kind, effect, before=(f"seed.{point}.before",),
-                               after=(f"seed.{point}.after",))
-
-    async def _fence(self, steps: Steps, host: str, seed: str) -> ImportJournal:
-        fenced: list[ImportJournal] = []
-
-        async def fence() -> Done:
-            fenced.append(self.store.imports.fence_import(host, seed))
-            return Done(f"generation {fenced[0].fence_gen}")
-
-        await self._step(steps, "fence", StepKind.SEED_FENCE, fence)
-        return fenced[0]
-
-    async def _unfence(self, steps: Steps, host: str, generation: int | None) -> None:
-        async def unfence() -> Done:
-            if generation is None:
-                return Done("no fence")
-            _, lifted = self.store.instances.unfence(host, generation)
-            return Done(f"generation {generation} " + ("lifted" if lifted else "not held"))
-
-        await self._step(steps, "unfence", StepKind.SEED_UNFENCE, unfence)
-
-    def _lift(self, journal: ImportJournal) -> None:
+    def lift(self, journal: ImportJournal) -> None:
         if journal.fence_gen is not None:
             self.store.instances.unfence(journal.instance, journal.fence_gen)
 
-    def _held(self, journal: ImportJournal, why: str) -> SeedReport:
+    def held(self, journal: ImportJournal, why: str) -> SeedReport:
         log.warning("%s: import %s is not rolled back: %s", journal.instance,
                     journal.seed, why)
         return SeedReport(journal.instance, journal.seed, SeedOutcome.HELD, why)
 
-    async def _stop_all(self, steps: Steps, host: str) -> Failed | None:
-        for gen in self.store.generations.live_generations(host):
-            stop = targets.stop_effect(self.store, self.supervisor, gen)
-            failed = await steps.run(StepKind.STOP, stop, service=gen.service,
-                                     before_gen=gen.id)
-            if failed is not None:
-                return failed
-        return None
-
-    async def _publish(self, host: str) -> None:
+    async def publish(self, host: str) -> None:
         try:
             await self.publisher.publish(host)
         except OperationError as exc:
@@ -800,3 +572,499 @@ def replica_is_the_imports(journal: ImportJournal,
     if record.state not in ABANDONED:
         return False, f"its record names this seed as {record.state}, not abandoned"
     return True, ""
+
+
+# -- plans -------------------------------------------------------------------------------
+
+def _seed_step(kind: StepKind, point: str, describe: str, *,
+               journals_own: bool = False) -> PlannedStep:
+    """A seed step of its own failpoints (`seed.<point>.before|after`); `point` is the
+    name of its effect too."""
+    return PlannedStep(kind, describe, point, before=(f"seed.{point}.before",),
+                       after=(f"seed.{point}.after",), journals_own=journals_own)
+
+
+def _stop_step(gen: Generation) -> PlannedStep:
+    return PlannedStep(StepKind.STOP, f"stop {gen.service} generation {gen.id}", "stop",
+                       service=gen.service, before_gen=gen.id)
+
+
+@dataclass
+class ImportRun:
+    """What one run of an import learns as it goes (its steps hand it on)."""
+
+    verified: files.Verified | None = None
+    stored: files.Verified | None = None
+    env_before: dict[str, str | None] = field(default_factory=dict)
+    fenced: ImportJournal | None = None
+
+
+@dataclass(frozen=True)
+class ImportRequest:
+    host: str
+    said: str  # the seed as the operator named it (a path, a snapshot)
+    seed_db: Path  # where the seeded database is laid down
+    # Whether this box replicates: the host's own replica is synced and stopped first.
+    replicating: bool
+    # What a run carries out (empty for a dry run).
+    seed: str = ""
+    source: Path | None = None
+    progress: Progress = _quiet
+    allow_empty: bool = False
+    state: ImportRun = field(default_factory=ImportRun, compare=False)
+
+
+def plan_import(store: Store, request: ImportRequest) -> Plan:
+    """The steps of a seed import into `request.host`, from its records (reads only):
+    the header's sequence, a STOP for each live generation. The start on the seed
+    follows the operation (the verified start path, `Recovery.restart_active`)."""
+    host = request.host
+    inst = targets.instance_named(store, host)
+    steps = [
+        _seed_step(StepKind.SEED_STORE, "store", f"verify and store a copy of {request.said}"),
+        _seed_step(StepKind.SEED_JOURNAL, "journal",
+                   f"journal the import and close {host}'s gate"),
+        _seed_step(StepKind.SEED_FENCE, "fence", f"fence {host}"),
+        *(_stop_step(gen) for gen in store.generations.live_generations(host)),
+    ]
+    if request.replicating:
+        steps.append(_seed_step(StepKind.REPLICA_STOP, "sync",
+                                f"sync {host}'s own replica and stop its replicator"))
+    steps += [
+        _seed_step(StepKind.SEED_LAY_DOWN, "lay-down",
+                   f"lay down {request.seed_db} with its seed marker"),
+        _seed_step(StepKind.SEED_KEY, "key", "mint the import's instance key"),
+        _seed_step(StepKind.SEED_OPEN, "open", "open the gate"),
+        _seed_step(StepKind.SEED_UNFENCE, "unfence", "lift the import's fence"),
+    ]
+    return Plan(OpKind.SEED_IMPORT, inst.app, host, tuple(steps))
+
+
+def _copy_of(seeding: Seeding, request: ImportRequest) -> Path:
+    return seeding.home.seed_copy(request.seed)
+
+
+def _store(seeding: Seeding, request: ImportRequest, _step: PlannedStep) -> Bound:
+    async def store_copy(_op: Operation) -> Done | Failed:
+        run = request.state
+        assert request.source is not None and run.verified is not None
+        try:
+            run.stored = files.store_copy(request.source, _copy_of(seeding, request))
+        except files.SeedRefused as exc:
+            return Failed(exc.message)
+        await request.progress("stored")
+        return Done(f"{request.seed}: {run.verified.size_bytes} bytes verified")
+
+    return store_copy
+
+
+def _journal(seeding: Seeding, request: ImportRequest, _step: PlannedStep) -> Bound:
+    async def begin(_op: Operation) -> Done:
+        run, host = request.state, request.host
+        assert run.stored is not None
+        run.env_before = files.env_before(seeding.home.env_file(host))
+        seeding.store.imports.begin_import(host, request.seed, env_before=run.env_before,
+                                           sha256=run.stored.sha256)
+        await seeding.publish(host)
+        return Done(request.seed)
+
+    return begin
+
+
+def _fence_import(seeding: Seeding, request: ImportRequest, _step: PlannedStep) -> Bound:
+    async def fence(_op: Operation) -> Done:
+        request.state.fenced = seeding.store.imports.fence_import(request.host, request.seed)
+        await request.progress("fenced")
+        return Done(f"generation {request.state.fenced.fence_gen}")
+
+    return fence
+
+
+def _stop(seeding: Seeding, _request: object, step: PlannedStep) -> Bound:
+    return stop_generation(seeding.store, seeding.supervisor, step)
+
+
+def _sync(seeding: Seeding, request: ImportRequest, _step: PlannedStep) -> Bound:
+    async def sync(_op: Operation) -> Done | Failed:
+        # H's own database, every process of H gone: its replica is current and then
+        # left alone until the rollback (the import's goes elsewhere).
+        replicas = seeding.keeper.replicas
+        assert replicas is not None
+        failed = await replicas.stop(request.host, sync=True)
+        return Done("synced") if failed is None else Failed(failed)
+
+    return sync
+
+
+def _lay_down(seeding: Seeding, request: ImportRequest, _step: PlannedStep) -> Bound:
+    async def lay_down(_op: Operation) -> Done | Failed:
+        assert request.state.stored is not None
+        try:
+            files.lay_down(_copy_of(seeding, request), request.seed_db, request.seed,
+                           request.state.stored.sha256)
+        except files.SeedRefused as exc:
+            return Failed(exc.message)
+        return Done(str(request.seed_db))
+
+    return lay_down
+
+
+def _key(seeding: Seeding, request: ImportRequest, _step: PlannedStep) -> Bound:
+    async def key(_op: Operation) -> Done:
+        minted = files.write_import_env(seeding.home.env_file(request.host), request.seed_db,
+                                        request.state.env_before)
+        return Done("minted" if minted else "kept")
+
+    return key
+
+
+def _open(seeding: Seeding, request: ImportRequest, _step: PlannedStep) -> Bound:
+    async def open_gate(_op: Operation) -> Done:
+        seeding.store.imports.open_import_gate(request.host, request.seed)
+        return Done()
+
+    return open_gate
+
+
+def _unfence(seeding: Seeding, host: str, generation: int | None) -> Done:
+    if generation is None:
+        return Done("no fence")
+    _, lifted = seeding.store.instances.unfence(host, generation)
+    return Done(f"generation {generation} " + ("lifted" if lifted else "not held"))
+
+
+def _unfence_import(seeding: Seeding, request: ImportRequest, _step: PlannedStep) -> Bound:
+    async def unfence(_op: Operation) -> Done:
+        fenced = request.state.fenced
+        done = _unfence(seeding, request.host, fenced.fence_gen if fenced else None)
+        await request.progress("open")
+        return done
+
+    return unfence
+
+
+async def _refuse_again(seeding: Seeding, request: ImportRequest) -> None:
+    # Again under the lock, converged: what was checked before may have moved.
+    assert request.source is not None
+    request.state.verified, _ = seeding.refuse_import(request.host, request.source,
+                                                      request.allow_empty)
+
+
+async def _after_import(seeding: Seeding, request: ImportRequest, ran: Ran) -> None:
+    await seeding.after_import(request, ran)
+
+
+IMPORT: Spec[ImportRequest, Seeding] = Spec(
+    OpKind.SEED_IMPORT, plan_import,
+    {"store": _store, "journal": _journal, "fence": _fence_import, "stop": _stop,
+     "sync": _sync, "lay-down": _lay_down, "key": _key, "open": _open,
+     "unfence": _unfence_import},
+    fence_verb="take a seed import", prelude=_refuse_again, after=_after_import)
+
+
+@dataclass
+class RollbackRun:
+    """What one run of a rollback learns as it goes: the journal as it began (read
+    under the lock), the journal once fenced again, the report of a run that stopped
+    short, and whether the import's local data is left (not the import's)."""
+
+    origin: ImportJournal | None = None
+    fenced: ImportJournal | None = None
+    report: SeedReport | None = None
+    data_left: bool = False
+    # What the whole run came to (`Seeding.after_rollback`).
+    said: SeedReport | None = None
+
+    def journal(self) -> ImportJournal:
+        found = self.fenced or self.origin
+        assert found is not None, "read under the lock before the first step"
+        return found
+
+
+@dataclass(frozen=True)
+class RollbackRequest:
+    host: str
+    state: RollbackRun = field(default_factory=RollbackRun, compare=False)
+
+
+# The module header's numbered steps of the rollback, each step's number: a dry run
+# prints one line per number.
+PHASES = {StepKind.SEED_CLOSE: 1, StepKind.SEED_FENCE: 2, StepKind.STOP: 2,
+          StepKind.SEED_RETIRE_KEY: 3, StepKind.SEED_REMOVE_DATA: 3,
+          StepKind.SEED_RESTORE: 4, StepKind.SEED_UNFENCE: 5, StepKind.SEED_DELETE_COPY: 6,
+          StepKind.SEED_DELETE_REPLICA: 6, StepKind.SEED_FORGET: 7, StepKind.SEED_RECORD: 8}
+
+
+def rollback_lines(plan: Plan) -> tuple[str, ...]:
+    """The rollback's dry run: its planned steps, one line per numbered step."""
+    lines: list[str] = []
+    last = 0
+    for step in plan.steps:
+        phase = PHASES.get(step.kind, 0)
+        if phase and phase == last:
+            lines[-1] += f"; {step.describe}"
+        else:
+            lines.append(step.describe)
+        last = phase
+    return tuple(lines)
+
+
+def plan_rollback(store: Store, request: RollbackRequest) -> Plan:
+    """The steps of the rollback of the import journaled at `request.host`, from its
+    journal's state (reads only), numbered as the module header numbers them. Nothing
+    to do when no import is journaled or its state is unknown. When the route at the
+    host is someone else's, one step that holds: it touches nothing there and lifts
+    only the rollback's own fence generation."""
+    host = request.host
+    journal = store.imports.get_import(host)
+    inst = store.instances.get_instance(host)
+    app = journal.record.partition("/")[0] if journal else (inst.app if inst else "")
+    if journal is None:
+        return Plan(OpKind.SEED_ROLLBACK, app, host, nothing="no import is journaled")
+    state = journal.known
+    seed = journal.seed
+    steps: list[PlannedStep] = []
+    match state:
+        case None:
+            return Plan(OpKind.SEED_ROLLBACK, app, host,
+                        nothing=f"unknown journal state {journal.state!r}: left alone")
+        case ImportState.IMPORTING | ImportState.SWAPPED | ImportState.ROLLING_BACK:
+            row = store.imports.row_at(host)
+            if row is not None and row.seed != seed:
+                return Plan(OpKind.SEED_ROLLBACK, app, host, (PlannedStep(
+                    StepKind.SEED_CLOSE, "hold: the route at the host is not the "
+                    "import's, so nothing there is touched", "hold", journals_own=True),))
+            if state is not ImportState.ROLLING_BACK:
+                steps.append(_seed_step(StepKind.SEED_CLOSE, "close",
+                                        "close the gate under a new fence generation"))
+            steps.append(_seed_step(StepKind.SEED_FENCE, "fence", f"fence {host}"))
+            steps += [_stop_step(gen) for gen in store.generations.live_generations(host)]
+            # Each of these two reads the row again under the fence, and is journaled
+            # only when the import's data is to go (`Seeding.before_data`).
+            steps += [
+                _seed_step(StepKind.SEED_RETIRE_KEY, "retire-key", "retire the import's key",
+                           journals_own=True),
+                _seed_step(StepKind.SEED_REMOVE_DATA, "remove-data",
+                           "remove the import's local data", journals_own=True),
+                _seed_step(StepKind.SEED_RESTORE, "restore", "restore the original route"),
+            ]
+        case ImportState.CLEANUP_PENDING:
+            pass
+        case _:
+            assert_never(state)
+    # Again from CLEANUP_PENDING: a crash between the restore and the lift leaves the
+    # journal's generation held, and only that generation is lifted.
+    steps.append(_seed_step(StepKind.SEED_UNFENCE, "unfence", "lift the fence"))
+    if names.SEED_ID.accepts(seed):
+        steps.append(_seed_step(StepKind.SEED_DELETE_COPY, "delete-copy",
+                                "delete the seed's copy"))
+        # Whether the replica is the import's is read when the step comes (the
+        # rollback's own close aborts the record): journaled only when it is.
+        steps.append(_seed_step(StepKind.SEED_DELETE_REPLICA, "delete-replica",
+                                "delete the import's replica, if its record still names "
+                                "this seed abandoned", journals_own=True))
+    steps += [_seed_step(StepKind.SEED_FORGET, "forget", "delete the journal row"),
+              _seed_step(StepKind.SEED_RECORD, "record", "mark the record rolled back")]
+    return Plan(OpKind.SEED_ROLLBACK, app, host, tuple(steps))
+
+
+def _stopped(request: RollbackRequest, report: SeedReport) -> Ended:
+    """The rollback stops here, saying why; the journal keeps the rest for later."""
+    request.state.report = report
+    return Ended(Result(Outcome.FAILED, f"{report.outcome.value}: {report.reason}"))
+
+
+def _hold(seeding: Seeding, request: RollbackRequest, _step: PlannedStep) -> Bound:
+    async def hold(_op: Operation) -> Ended:
+        journal = request.state.journal()
+        # A fence an earlier pass kept for this rollback must not hold the host for
+        # whoever owns it now: only our generation is lifted.
+        if journal.known is ImportState.ROLLING_BACK and journal.fence_gen:
+            seeding.store.instances.unfence(request.host, journal.fence_gen)
+        return _stopped(request, seeding.held(journal, "the route at the host is not the "
+                                                       "import's, so nothing there is "
+                                                       "touched"))
+
+    return hold
+
+
+def _close(seeding: Seeding, request: RollbackRequest, _step: PlannedStep) -> Bound:
+    async def close(_op: Operation) -> Done:
+        seeding.store.imports.close_import_gate(request.host, request.state.journal().seed)
+        await seeding.publish(request.host)
+        return Done()
+
+    return close
+
+
+def _fence_again(seeding: Seeding, request: RollbackRequest, _step: PlannedStep) -> Bound:
+    async def fence(_op: Operation) -> Done:
+        run = request.state
+        run.fenced = seeding.store.imports.fence_import(request.host, run.journal().seed)
+        return Done(f"generation {run.fenced.fence_gen}")
+
+    return fence
+
+
+def _stop_or_defer(seeding: Seeding, request: RollbackRequest, step: PlannedStep) -> Bound:
+    stop = _stop(seeding, request, step)
+
+    async def stop_or_defer(op: Operation) -> Done | Failed | Ended:
+        end = await stop(op)
+        if isinstance(end, Failed):
+            # Under the fence still: the next pass finds it its own and resumes.
+            request.state.report = SeedReport(request.host, request.state.journal().seed,
+                                              SeedOutcome.DEFERRED, end.reason)
+        return end
+
+    return stop_or_defer
+
+
+def _retire_key(seeding: Seeding, request: RollbackRequest, step: PlannedStep) -> Bound:
+    async def retire_key(op: Operation) -> Done | Ended:
+        run = request.state
+        journal = run.journal()
+        verdict = seeding.before_data(journal)
+        if isinstance(verdict, SeedReport):
+            return _stopped(request, verdict)
+        run.data_left = verdict
+        if verdict:
+            return Done()
+
+        async def retire() -> Done:
+            changed = files.retire_import_env(seeding.home.env_file(request.host),
+                                              journal.env_before)
+            return Done("restored" if changed else "was restored")
+
+        # The key before the database: the marker that proves the installation is the
+        # import's is removed with the database, last.
+        await _journal_own(seeding, op, step, retire)
+        return Done()
+
+    return retire_key
+
+
+def _remove_data(seeding: Seeding, request: RollbackRequest, step: PlannedStep) -> Bound:
+    async def remove_data(op: Operation) -> Done:
+        if request.state.data_left:
+            return Done()
+
+        async def remove() -> Done:
+            removed = files.remove_local(seeding.home.seed_db_path(request.host))
+            return Done(", ".join(removed) or "nothing left")
+
+        await _journal_own(seeding, op, step, remove)
+        return Done()
+
+    return remove_data
+
+
+def _restore(seeding: Seeding, request: RollbackRequest, _step: PlannedStep) -> Bound:
+    async def restore(_op: Operation) -> Done | Failed:
+        journal = request.state.journal()
+        try:
+            seeding.store.imports.restore_import_route(request.host, journal.seed)
+        except Conflict as exc:
+            seeding.lift(journal)
+            request.state.report = seeding.held(journal, str(exc))
+            return Failed(str(exc))
+        await seeding.publish(request.host)
+        return Done()
+
+    return restore
+
+
+def _unfence_rollback(seeding: Seeding, request: RollbackRequest,
+                      _step: PlannedStep) -> Bound:
+    async def unfence(_op: Operation) -> Done:
+        return _unfence(seeding, request.host, request.state.journal().fence_gen)
+
+    return unfence
+
+
+def _delete_copy(seeding: Seeding, request: RollbackRequest, _step: PlannedStep) -> Bound:
+    async def delete_copy(_op: Operation) -> Done:
+        copy = seeding.home.seed_copy(request.state.journal().seed)
+        existed = copy.exists()
+        copy.unlink(missing_ok=True)
+        return Done("deleted" if existed else "gone already")
+
+    return delete_copy
+
+
+def _delete_replica(seeding: Seeding, request: RollbackRequest, step: PlannedStep) -> Bound:
+    async def delete_replica(op: Operation) -> Done | Failed:
+        host, journal = request.host, request.state.journal()
+        # Read again right before the replica: the replica is keyed by host, not seed.
+        ours, why = replica_is_the_imports(journal, seeding.store.imports.seed_record(host))
+        if not ours:
+            log.info("%s: import %s: the replica is left alone: %s", host, journal.seed, why)
+            return Done()
+
+        async def delete() -> Done | Failed:
+            if seeding.delete_replica is None:
+                return Done("no replicas on this box")
+            try:
+                # The import's own replica (replicas/<host>/<seed>), never the host's:
+                # that one stayed as it was through the import.
+                await seeding.delete_replica(host, journal.seed)
+            except ObjectStoreError as exc:
+                return Failed(f"the import's replica could not be deleted: {exc}")
+            return Done("deleted")
+
+        failed = await _journal_own(seeding, op, step, delete)
+        if failed is not None:
+            # CLEANUP_PENDING still: the next pass deletes it and goes on.
+            request.state.report = SeedReport(host, journal.seed, SeedOutcome.DEFERRED,
+                                              failed.reason)
+            return failed
+        return Done()
+
+    return delete_replica
+
+
+def _forget(seeding: Seeding, request: RollbackRequest, _step: PlannedStep) -> Bound:
+    async def forget(_op: Operation) -> Done:
+        deleted = seeding.store.imports.delete_import(request.host, request.state.journal().seed)
+        return Done("deleted" if deleted else "gone")
+
+    return forget
+
+
+def _record(seeding: Seeding, request: RollbackRequest, _step: PlannedStep) -> Bound:
+    async def cas(_op: Operation) -> Done:
+        journal = request.state.journal()
+        moved = seeding.store.imports.cas_seed_record(journal.record, journal.seed,
+                                                      frozenset({SeedState.ABORTED}),
+                                                      SeedState.ROLLED_BACK)
+        seeding.store.ops.add_event("seed", f"seed {journal.seed} rolled back",
+                                    app=journal.record.partition("/")[0], instance=request.host)
+        return Done("rolled back" if moved else "the record names another seed or is done")
+
+    return cas
+
+
+async def _journal_own(seeding: Seeding, op: Operation, step: PlannedStep,
+                       effect: Effect) -> Failed | None:
+    """A dynamic step journaled by its effect, once its guard said so, between the
+    planned step's own failpoints."""
+    return await Steps(seeding.store, op.id).run(step.kind, effect, before=step.before,
+                                                 after=step.after)
+
+
+async def _origin(seeding: Seeding, request: RollbackRequest) -> None:
+    # The journal as the rollback begins, read under the lock, converged.
+    request.state.origin = seeding.store.imports.get_import(request.host)
+
+
+async def _after_rollback(seeding: Seeding, request: RollbackRequest, ran: Ran) -> None:
+    await seeding.after_rollback(request, ran)
+
+
+ROLLBACK: Spec[RollbackRequest, Seeding] = Spec(
+    OpKind.SEED_ROLLBACK, plan_rollback,
+    {"hold": _hold, "close": _close, "fence": _fence_again, "stop": _stop_or_defer,
+     "retire-key": _retire_key, "remove-data": _remove_data, "restore": _restore,
+     "unfence": _unfence_rollback, "delete-copy": _delete_copy,
+     "delete-replica": _delete_replica, "forget": _forget, "record": _record},
+    prelude=_origin, after=_after_rollback)

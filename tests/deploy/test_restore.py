@@ -26,8 +26,8 @@ OTHER = "globex.shop.test"
 @pytest.fixture
 def parts(tmp_path: Path) -> tuple[DeployParts, SqliteStore, Home]:
     deploy, store, home = wired(tmp_path)
-    deploy.tenants.create_app("shop")
-    asyncio.run(deploy.tenants.add_instances("shop", [HOST, OTHER], {}))
+    deploy.apps.create_app("shop")
+    asyncio.run(deploy.instances.add_instances("shop", [HOST, OTHER], {}))
     for host in (HOST, OTHER):  # no router here to publish a held route to
         inst = store.instances.get_instance(host)
         assert inst is not None
@@ -71,7 +71,7 @@ def test_a_replica_restore_after_a_snapshot_restore_gives_the_snapshots_rows(
         snap = await deploy.snapshots.snapshot(HOST)
         _add(db, "b", "c")
         assert await replicas.stop(HOST, sync=True) is None  # the replica holds a, b, c
-        done = await deploy.snapshots.restore(HOST, snap.id)
+        done = await deploy.restore.restore(HOST, snap.id)
         assert done.source == "snapshot" and done.state is InstanceState.PARKED
         assert _rows(db) == ["a"]
         [old] = [c for c in done.kept if c.kind == "database"]
@@ -106,7 +106,7 @@ def test_a_damaged_snapshot_is_refused_and_nothing_changes(
     stored.write_bytes(bytes(data))
     ops_before = store.ops.latest_operation(HOST)
     with pytest.raises(UserError, match=r"failed verification.*nothing was changed"):
-        asyncio.run(deploy.snapshots.restore(HOST, snap.id))
+        asyncio.run(deploy.restore.restore(HOST, snap.id))
     assert _rows(db) == ["a", "b"] and kept.databases(db) == []
     assert store.ops.latest_operation(HOST) == ops_before
     assert [p.name for p in db.parent.iterdir() if p.name.startswith(".tmp")] == []
@@ -159,7 +159,7 @@ def test_two_restores_in_a_row_snapshot_then_replica_lose_no_acknowledged_row(
         snap = await deploy.snapshots.snapshot(HOST)
         _add(db, "b", "c")  # acknowledged after the snapshot
         assert await replicas.stop(HOST, sync=True) is None
-        first = await deploy.snapshots.restore(HOST, snap.id)
+        first = await deploy.restore.restore(HOST, snap.id)
         _add(db, "d")  # written between the two restores, shipped to the new replica
         assert await replicas.stop(HOST, sync=True) is None
         _add(db, "e")  # acknowledged, not shipped yet
@@ -186,9 +186,9 @@ def test_two_snapshot_restores_in_a_row_lose_no_acknowledged_row(
         _add(db, "b")
         two = await deploy.snapshots.snapshot(HOST)
         _add(db, "c")  # acknowledged after both snapshots
-        await deploy.snapshots.restore(HOST, one.id)
+        await deploy.restore.restore(HOST, one.id)
         _add(db, "d")  # written between the two restores
-        await deploy.snapshots.restore(HOST, two.id)
+        await deploy.restore.restore(HOST, two.id)
         assert _rows(db) == ["a", "b"]
 
     asyncio.run(run())
@@ -207,21 +207,41 @@ def test_a_kept_copy_is_removed_by_forget_or_by_gc_once_past_the_retention(
         snap = await deploy.snapshots.snapshot(HOST)
         for row in ("b", "c"):
             _add(db, row)
-            await deploy.snapshots.restore(HOST, snap.id)
+            await deploy.restore.restore(HOST, snap.id)
             await asyncio.sleep(1.1)  # a kept copy's name says its second
         old, new = kept.databases(db)
         with pytest.raises(NotFoundError):
-            await deploy.snapshots.forget(HOST, "../../..")
-        assert await deploy.snapshots.prune_kept(dry_run=False) == []
+            await deploy.restore.forget(HOST, "../../..")
+        assert await deploy.restore.prune_kept(dry_run=False) == []
         # Seven days on, only the copy kept before then goes.
         later = old.kept_at + kept.RETENTION_S + 0.5
         assert new.kept_at > old.kept_at
-        assert await deploy.snapshots.prune_kept(True, later) == [(HOST, old.id)]
+        assert await deploy.restore.prune_kept(True, later) == [(HOST, old.id)]
         assert len(kept.databases(db)) == 2
-        assert await deploy.snapshots.prune_kept(False, later) == [(HOST, old.id)]
+        assert await deploy.restore.prune_kept(False, later) == [(HOST, old.id)]
         assert [c.id for c in kept.databases(db)] == [new.id]
-        gone = await deploy.snapshots.forget(HOST, new.id)
+        gone = await deploy.restore.forget(HOST, new.id)
         assert gone.id == new.id and kept.databases(db) == []
 
     asyncio.run(run())
     assert _rows(db) == ["a"]
+
+
+def test_a_restores_dry_run_changes_nothing_and_is_the_plan_the_restore_journals(
+        parts: tuple[DeployParts, SqliteStore, Home]) -> None:
+    deploy, store, home = parts
+    db = home.db_path(HOST)
+
+    async def run() -> None:
+        _add(db, "a")
+        snap = await deploy.snapshots.snapshot(HOST)
+        _add(db, "b")
+        with pytest.raises(NotFoundError):
+            await deploy.restore.plan(HOST, "20991231T000000000000Z-ffff")
+        before = store.dump()
+        plan = await deploy.restore.plan(HOST, snap.id)
+        assert store.dump() == before and _rows(db) == ["a", "b"]
+        done = await deploy.restore.restore(HOST, snap.id)
+        assert _steps(store, done.op_id) == [s.kind for s in plan.steps if not s.journals_own]
+
+    asyncio.run(run())

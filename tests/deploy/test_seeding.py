@@ -22,6 +22,7 @@ from keelway.data.replicas import Replicas, replica_key
 from keelway.deploy.errors import Fenced, UserError
 from keelway.deploy.seeding import SeedLimits, SeedOutcome, SnapshotSource
 from keelway.home import Home
+from keelway.journal import OpKind
 from keelway.runtime.environment import INSTANCE_KEY, read_env_file
 from keelway.store import SqliteStore
 from keelway.store.imports import ImportState, SeedState
@@ -36,8 +37,8 @@ OTHER = "globex.shop.test"
 @pytest.fixture
 def parts(tmp_path: Path) -> tuple[DeployParts, SqliteStore, Home]:
     deploy, store, home = wired(tmp_path)
-    deploy.tenants.create_app("shop")
-    asyncio.run(deploy.tenants.add_instances("shop", [HOST, OTHER], {}))
+    deploy.apps.create_app("shop")
+    asyncio.run(deploy.instances.add_instances("shop", [HOST, OTHER], {}))
     for host, rows in ((HOST, ["original"]), (OTHER, ["other"])):
         _fill(home.db_path(host), rows)
     return deploy, store, home
@@ -441,7 +442,7 @@ def test_during_an_import_a_snapshot_is_of_the_seed_and_a_restore_is_refused(
     snapshots.fetch(deploy.snapshots.objects, HOST, during.id, out)
     assert _rows(out) == ["seeded"]  # what the app was using, not the file it left
     with pytest.raises(UserError, match="seed import in effect"):
-        asyncio.run(deploy.snapshots.restore(HOST, taken.id))
+        asyncio.run(deploy.restore.restore(HOST, taken.id))
     assert _sums(home, HOST) == own and store.imports.get_import(HOST) is not None
 
 
@@ -633,8 +634,8 @@ def test_a_seed_bigger_than_the_free_space_is_refused_with_nothing_changed(
         tmp_path: Path) -> None:
     for disk in mounted_tmpfs(tmp_path / "disk", 48 * MIB):
         deploy, store, home = wired(disk)
-        deploy.tenants.create_app("shop")
-        asyncio.run(deploy.tenants.add_instances("shop", [HOST], {}))
+        deploy.apps.create_app("shop")
+        asyncio.run(deploy.instances.add_instances("shop", [HOST], {}))
         _fill(home.db_path(HOST), ["original"])
         deploy.seeding.limits = SeedLimits(reserve_bytes=4 * MIB)
         seed = tmp_path / "big.sqlite3"  # 24 MiB of data, off the small disk
@@ -651,3 +652,22 @@ def test_a_seed_bigger_than_the_free_space_is_refused_with_nothing_changed(
         report = asyncio.run(deploy.seeding.import_seed(HOST, small))
         assert report.outcome is SeedOutcome.IMPORTED
         store.close()
+
+
+def _journaled(store: SqliteStore, kind: OpKind) -> list[str]:
+    op = store.ops.latest_operation_of(HOST, {kind})
+    assert op is not None
+    return [step.kind for step in store.ops.steps(op.id)]
+
+
+def test_the_dry_runs_steps_are_the_steps_the_import_and_its_rollback_journal(
+        parts: tuple[DeployParts, SqliteStore, Home], tmp_path: Path) -> None:
+    deploy, store, _ = parts
+    seed = _seed_file(tmp_path, ["s"])
+    said = asyncio.run(deploy.seeding.import_seed(HOST, seed, dry_run=True))
+    asyncio.run(deploy.seeding.import_seed(HOST, seed))
+    assert _journaled(store, OpKind.SEED_IMPORT) == [s.kind for s in said.steps]
+    said = asyncio.run(deploy.seeding.rollback(HOST, dry_run=True))
+    assert said.view()["steps"] and said.plan
+    asyncio.run(deploy.seeding.rollback(HOST))
+    assert _journaled(store, OpKind.SEED_ROLLBACK) == [s.kind for s in said.steps]

@@ -14,7 +14,7 @@ import pytest
 from keelway.api.daemon import wire
 from keelway.data.objects import LocalObjects
 from keelway.deploy.publisher import Publisher
-from keelway.deploy.restore import SCHEDULE_S
+from keelway.deploy.snapshots import SCHEDULE_S
 from keelway.home import Home as KeelwayHome
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import SqliteStore

@@ -221,3 +221,23 @@ def test_adding_500_instances_is_one_fast_request(kw: Keelway) -> None:
     ops = kw.ok("ops", "shop", "--json").json()["operations"]
     assert [(o["kind"], o["state"], [s["name"] for s in o["steps"]]) for o in ops] == [
         ("add-instances", "succeeded", ["lay down"])]
+
+
+def test_the_dry_runs_of_add_remove_and_destroy_print_their_steps_and_change_nothing(
+        kw: Keelway, tmp_path: Path) -> None:
+    app = _env_app(tmp_path / "src")
+    kw.up()
+    kw.ok("deploy", "shop", str(app), "--host", "a.shop.test")
+    before = kw.ok("instances", "list", "shop", "--json").json()
+    said = kw.ok("instances", "add", "shop", "c.shop.test", "--dry-run").out
+    assert "lay-down" in said and "start c.shop.test on v1" in said
+    plan = kw.ok("instances", "remove", "shop", "a.shop.test", "--dry-run", "--json").json()
+    (removal,) = plan["plans"]
+    steps = [s["step"] for s in removal["steps"]]
+    assert removal["op"] == "remove-instance" and steps[0] == "withdraw"
+    assert steps[-1] == "forget"
+    said = kw.ok("apps", "destroy", "shop", "--dry-run").out
+    assert "remove-builds" in said and "forget" in said
+    assert kw.ok("instances", "list", "shop", "--json").json() == before
+    kinds = {op["kind"] for op in kw.ok("ops", "shop", "--json").json()["operations"]}
+    assert not kinds & {"add-instances", "remove-instance", "destroy"}

@@ -1,0 +1,80 @@
+"""`keelway instances`: add, remove, list. Every one takes --json."""
+
+from __future__ import annotations
+
+import click
+
+from keelway.cli.base import answered, api_call, cli, client, config_pairs, json_option
+from keelway.cli.output import fail, plural, table
+from keelway.cli.plans import dry_run_option
+
+
+@cli.group()
+def instances() -> None:
+    """The instances of an app: add, remove, list."""
+
+
+@instances.command("add")
+@click.argument("app")
+@click.argument("hosts", nargs=-1, required=True)
+@click.option("--config", "pairs", multiple=True, help="K=V of the instances' own config.")
+@click.option("--parked", is_flag=True,
+              help="Add them parked: nothing runs until a first request wakes each one.")
+@dry_run_option
+@json_option
+@api_call
+def instances_add(app: str, hosts: tuple[str, ...], pairs: tuple[str, ...], parked: bool,
+                  dry_run: bool, as_json: bool) -> None:
+    """Add instances of APP at HOSTS, laid down whole (data dir, empty database, env file
+    with a key) and started on APP's release if it has one (with --parked, started by
+    their first request instead). One request for all."""
+    config = config_pairs(pairs, as_json)
+    data = client(None).request("POST", f"/v1/apps/{app}/instances",
+                                {"hosts": list(hosts), "config": config, "parked": parked,
+                                 "dry_run": dry_run})
+    if answered(data, as_json, dry_run):
+        return
+    click.echo(f"added {plural(len(data['added']), 'instance', 'instances')} of {app} in "
+               f"{data['seconds']}s")
+    for item in data["started"]:
+        click.echo(f"  {item['host']}: {item['release']} {item['outcome']}")
+    failed = [item["host"] for item in data["started"] if item["outcome"] != "done"]
+    if failed:
+        fail(f"added, but {', '.join(failed)} did not start",
+             f"see `keelway logs {app} --instance {failed[0]}` and `keelway ops {app}`")
+
+
+@instances.command("remove")
+@click.argument("app")
+@click.argument("host")
+@click.option("--purge-data", is_flag=True, help="Remove its data dir and env file too.")
+@dry_run_option
+@json_option
+@api_call
+def instances_remove(app: str, host: str, purge_data: bool, dry_run: bool,
+                     as_json: bool) -> None:
+    """Stop HOST's processes, withdraw its routes and forget it (data kept unless
+    --purge-data)."""
+    data = client(None).request("POST", f"/v1/apps/{app}/instances/{host}/remove",
+                                {"purge_data": purge_data, "dry_run": dry_run})
+    if answered(data, as_json, dry_run):
+        return
+    click.echo(f"removed {host}" + ("" if purge_data else "; its data dir is kept"))
+
+
+@instances.command("list")
+@click.argument("app")
+@json_option
+@api_call
+def instances_list(app: str, as_json: bool) -> None:
+    """APP's instances, their state and aliases."""
+    data = client().request("GET", f"/v1/apps/{app}/instances")
+    if answered(data, as_json):
+        return
+    if not data["instances"]:
+        click.echo(f"{app} has no instances: `keelway instances add {app} HOST`")
+        return
+    table(None, ["instance", "state", "aliases", "own config"],
+          [(i["host"], i.get("label", i["state"]) + (" (adding)" if i["adding"] else ""),
+            ", ".join(i["aliases"]) or "-", ", ".join(i["config"]) or "-")
+           for i in data["instances"]])
