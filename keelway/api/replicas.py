@@ -22,7 +22,7 @@ from keelway.api.plans import plan_response
 from keelway.deploy.replication import Replication
 
 
-class RestoreBody(msgspec.Struct, forbid_unknown_fields=True):
+class ReplicaRestoreBody(msgspec.Struct, forbid_unknown_fields=True):
     at: str | None = None
     dry_run: bool = False
 
@@ -46,7 +46,7 @@ class ReplicasApi:
         return web.json_response(await self.replication.position(request.match_info["host"]))
 
     async def restore(self, request: web.Request) -> web.Response:
-        body: RestoreBody = await read_body(request, RestoreBody)
+        body: ReplicaRestoreBody = await read_body(request, ReplicaRestoreBody)
         host = request.match_info["host"]
         if body.dry_run:
             plan = await self.replication.restorer.plan(host, None, body.at)

@@ -36,7 +36,7 @@ class Empty(msgspec.Struct, forbid_unknown_fields=True):
     pass
 
 
-class RestoreBody(msgspec.Struct, forbid_unknown_fields=True):
+class SnapshotRestoreBody(msgspec.Struct, forbid_unknown_fields=True):
     dry_run: bool = False
 
 
@@ -76,7 +76,7 @@ class SnapshotsApi:
         return web.json_response(snapshot_view(found) | {"ok": True})
 
     async def restore(self, request: web.Request) -> web.Response:
-        body: RestoreBody = await read_body(request, RestoreBody)
+        body: SnapshotRestoreBody = await read_body(request, SnapshotRestoreBody)
         host, snap_id = request.match_info["host"], request.match_info["id"]
         if body.dry_run:
             plan = await self.restorer.plan(host, snap_id)

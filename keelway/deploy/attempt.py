@@ -32,7 +32,7 @@ from keelway import failpoints
 from keelway.builds.manifest import ServiceSpec
 from keelway.deploy import targets
 from keelway.deploy.errors import OperationError
-from keelway.deploy.instances import StartFailed, run_release_command, start_generation
+from keelway.deploy.generation_start import StartFailed, run_release_command, start_generation
 from keelway.deploy.outcome import Outcome, Progress, Result
 from keelway.deploy.plan import (
     Activate,

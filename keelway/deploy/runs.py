@@ -43,7 +43,7 @@ from keelway import failpoints, names
 from keelway.builds.manifest import ONE_OFF
 from keelway.deploy import targets
 from keelway.deploy.errors import OperationError, UserError
-from keelway.deploy.instances import layered_config
+from keelway.deploy.generation_start import layered_config
 from keelway.deploy.operation import Bound, Plan, PlannedStep, Runner, Spec
 from keelway.deploy.steps import Done, Failed
 from keelway.deploy.targets import Target

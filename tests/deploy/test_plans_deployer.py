@@ -20,7 +20,7 @@ from keelway.deploy.deployer import (
     plan_stop,
 )
 from keelway.deploy.errors import Fenced
-from keelway.deploy.instances import Target
+from keelway.deploy.targets import Target
 from keelway.journal import Cause, OpKind, StepKind
 from keelway.store.lifecycle import InstanceState
 from keelway.store.records import ReleaseDraft

@@ -17,6 +17,7 @@ from keelway.home import Home
 from keelway.journal import StepKind
 from keelway.store import SqliteStore
 from keelway.store.lifecycle import InstanceState
+from keelway.testing.dump import dump
 from tests.deploy.wiring import wired
 
 HOST = "acme.shop.test"
@@ -238,9 +239,9 @@ def test_a_restores_dry_run_changes_nothing_and_is_the_plan_the_restore_journals
         _add(db, "b")
         with pytest.raises(NotFoundError):
             await deploy.restore.plan(HOST, "20991231T000000000000Z-ffff")
-        before = store.dump()
+        before = dump(store)
         plan = await deploy.restore.plan(HOST, snap.id)
-        assert store.dump() == before and _rows(db) == ["a", "b"]
+        assert dump(store) == before and _rows(db) == ["a", "b"]
         done = await deploy.restore.restore(HOST, snap.id)
         assert _steps(store, done.op_id) == [s.kind for s in plan.steps if not s.journals_own]
 

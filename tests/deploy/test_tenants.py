@@ -17,6 +17,7 @@ from keelway.journal import OpKind, StepKind
 from keelway.runtime.environment import INSTANCE_KEY, read_env_file
 from keelway.store import SqliteStore
 from keelway.store.lifecycle import OpState, Removal, StepState
+from keelway.testing.dump import dump
 from tests.deploy.wiring import wired
 
 
@@ -52,7 +53,7 @@ def test_bad_input_is_refused_before_any_record_or_file(
         parts: tuple[DeployParts, SqliteStore, Home]) -> None:
     deploy, store, home = parts
     deploy.apps.create_app("shop")
-    before = store.dump()
+    before = dump(store)
     for hosts, config in ((["ok.test", "Nope"], {}), (["ok.test", "ok.test"], {}),
                           (["ok.test"], {"PORT": "1"}), (["ok.test"], {"bad name": "1"}),
                           ([], {})):
@@ -60,7 +61,7 @@ def test_bad_input_is_refused_before_any_record_or_file(
             asyncio.run(deploy.instances.add_instances("shop", hosts, config))
     with pytest.raises(NotFoundError):
         asyncio.run(deploy.instances.add_instances("nope", ["ok.test"], {}))
-    assert store.dump() == before
+    assert dump(store) == before
     assert list((home.root / "data").iterdir()) == []
 
 
@@ -117,16 +118,16 @@ def test_the_dry_runs_of_add_remove_and_destroy_change_nothing_and_are_what_they
         tmp_path: Path) -> None:
     deploy, store, home = wired(tmp_path, _NoRouter)
     deploy.apps.create_app("shop")
-    before = store.dump()
+    before = dump(store)
     add = deploy.instances.plan_add_instances("shop", ["a.test", "b.test"], {})
-    assert store.dump() == before and not (home.root / "data" / "a.test").exists()
+    assert dump(store) == before and not (home.root / "data" / "a.test").exists()
     asyncio.run(deploy.instances.add_instances("shop", ["a.test", "b.test"], {}))
     (op,) = store.ops.list_operations("shop")
     assert [s.kind for s in op.steps] == [s.kind for s in add.steps]
-    before = store.dump()
+    before = dump(store)
     remove = deploy.instances.plan_removal("shop", "a.test", Removal.PURGE_DATA)
     destroy = deploy.apps.plan_destroy_app("shop", Removal.KEEP_DATA)
-    assert store.dump() == before
+    assert dump(store) == before
     asyncio.run(deploy.instances.remove_instance("shop", "a.test", Removal.PURGE_DATA))
     (op,) = store.ops.list_operations("shop", "a.test")[:1]
     assert [s.kind for s in op.steps] == [s.kind for s in remove.steps]
