@@ -8,10 +8,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from aiohttp import web
 
 from keelway.api import bodies
-from keelway.api.http import app_name, read_body
+from keelway.api.http import app_name, read_body, route
 from keelway.api.plans import plan_response
 from keelway.deploy.apps import Apps
 from keelway.deploy.errors import UserError
@@ -23,23 +25,20 @@ def removal(purge: bool) -> Removal:
     return Removal.PURGE_DATA if purge else Removal.KEEP_DATA
 
 
+@dataclass(frozen=True)
 class AppsApi:
-    def __init__(self, store: Store, apps: Apps) -> None:
-        self.store = store
-        self.apps = apps
+    store: Store
+    apps: Apps
 
-    def routes(self) -> list[web.RouteDef]:
-        return [
-            web.post("/v1/apps", self.create_app),
-            web.post("/v1/apps/{app}/destroy", self.destroy_app),
-        ]
 
+    @route("POST", "/v1/apps")
     async def create_app(self, request: web.Request) -> web.Response:
         body: bodies.CreateAppBody = await read_body(request, bodies.CreateAppBody)
         body.check()
         app = self.apps.create_app(body.app)
         return web.json_response({"app": app.name, "created": True})
 
+    @route("POST", "/v1/apps/{app}/destroy")
     async def destroy_app(self, request: web.Request) -> web.Response:
         name = app_name(self.store, request)
         body: bodies.DestroyBody = await read_body(request, bodies.DestroyBody)

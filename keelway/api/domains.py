@@ -7,39 +7,38 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from aiohttp import web
 
 from keelway.api import bodies
-from keelway.api.http import read_body
+from keelway.api.http import read_body, route
 from keelway.deploy import instances
 from keelway.deploy.domains import Domains
 from keelway.store import Store
 
 
+@dataclass(frozen=True)
 class DomainsApi:
-    def __init__(self, store: Store, domains: Domains) -> None:
-        self.store = store
-        self.domains = domains
+    store: Store
+    domains: Domains
 
-    def routes(self) -> list[web.RouteDef]:
-        return [
-            web.get("/v1/instances/{host}/domains", self.list_aliases),
-            web.post("/v1/instances/{host}/domains", self.add_aliases),
-            web.post("/v1/instances/{host}/domains/remove", self.remove_aliases),
-        ]
 
+    @route("GET", "/v1/instances/{host}/domains")
     async def list_aliases(self, request: web.Request) -> web.Response:
         inst = instances.named(self.store, request.match_info["host"])
         return web.json_response({"instance": inst.host, "app": inst.app,
                                   "aliases": [a.host for a in
                                               self.store.instances.list_aliases(inst.host)]})
 
+    @route("POST", "/v1/instances/{host}/domains")
     async def add_aliases(self, request: web.Request) -> web.Response:
         body: bodies.AliasesBody = await read_body(request, bodies.AliasesBody)
         host = request.match_info["host"]
         found = await self.domains.add_aliases(host, body.aliases)
         return web.json_response({"instance": host, "aliases": [a.host for a in found]})
 
+    @route("POST", "/v1/instances/{host}/domains/remove")
     async def remove_aliases(self, request: web.Request) -> web.Response:
         body: bodies.AliasesBody = await read_body(request, bodies.AliasesBody)
         host = request.match_info["host"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from aiohttp import web
@@ -21,6 +21,32 @@ from keelway.store import Store
 log = logging.getLogger("keelway.api")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_Method = TypeVar("_Method", bound=Callable[..., Awaitable[web.StreamResponse]])
+
+# Each handler's route, written beside the handler (`route`) and collected once per API
+# object (`routes_of`), so an API lists no table of its own handlers a second time.
+_ROUTES: dict[object, tuple[str, str]] = {}
+
+
+def route(method: str, path: str) -> Callable[[_Method], _Method]:
+    """Mark a handler method as the one answering `method path`."""
+    def mark(handler: _Method) -> _Method:
+        _ROUTES[handler] = (method, path)
+        return handler
+    return mark
+
+
+def routes_of(*apis: object | None) -> list[web.RouteDef]:
+    """The routes of every marked handler of each API object (None: that part is not
+    wired on this control plane), in the order each class defines them."""
+    found: list[web.RouteDef] = []
+    for api in apis:
+        if api is None:
+            continue
+        for name, member in vars(type(api)).items():
+            if (marked := _ROUTES.get(member)) is not None:
+                found.append(web.route(marked[0], marked[1], getattr(api, name)))
+    return found
 
 
 def error_response(status: int, code: str, message: str, hint: str | None = None) -> web.Response:

@@ -8,13 +8,14 @@ the config endpoint. `dry_run` on an add or a removal answers the plan it would 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
 from keelway.api import bodies
 from keelway.api.apps import removal
-from keelway.api.http import app_name, read_body
+from keelway.api.http import app_name, read_body, route
 from keelway.api.instance_state import label
 from keelway.api.plans import plan_response
 from keelway.api.views import instance_status
@@ -25,20 +26,12 @@ from keelway.store import Store
 from keelway.store.records import Instance
 
 
+@dataclass(frozen=True)
 class InstancesApi:
-    def __init__(self, store: Store, instances: Instances, http_port: int | None) -> None:
-        self.store = store
-        self.instances = instances
-        self.http_port = http_port
+    store: Store
+    instances: Instances
+    http_port: int | None
 
-    def routes(self) -> list[web.RouteDef]:
-        return [
-            web.get("/v1/apps/{app}/instances", self.list_instances),
-            web.post("/v1/apps/{app}/instances", self.add_instances),
-            web.post("/v1/apps/{app}/instances/{host}/remove", self.remove_instance),
-            web.get("/v1/apps/{app}/instances/{host}/config", self.instance_config),
-            web.post("/v1/apps/{app}/instances/{host}/config", self.set_instance_config),
-        ]
 
     def _view(self, inst: Instance, aliases: list[str]) -> dict[str, Any]:
         port = f":{self.http_port}" if self.http_port else ""
@@ -48,6 +41,7 @@ class InstancesApi:
                 "adding": inst.adding, "aliases": aliases,
                 "config": sorted(inst.config), "url": f"http://{inst.host}{port}/"}
 
+    @route("GET", "/v1/apps/{app}/instances")
     async def list_instances(self, request: web.Request) -> web.Response:
         name = app_name(self.store, request)
         by_instance: dict[str, list[str]] = {}
@@ -57,6 +51,7 @@ class InstancesApi:
             self._view(i, by_instance.get(i.host,
                                           [])) for i in self.store.instances.list_instances(name)]})
 
+    @route("POST", "/v1/apps/{app}/instances")
     async def add_instances(self, request: web.Request) -> web.Response:
         name = app_name(self.store, request)
         body: bodies.AddInstancesBody = await read_body(request, bodies.AddInstancesBody)
@@ -77,6 +72,7 @@ class InstancesApi:
                         for r in added.started],
             "seconds": round(time.monotonic() - began, 3)})
 
+    @route("POST", "/v1/apps/{app}/instances/{host}/remove")
     async def remove_instance(self, request: web.Request) -> web.Response:
         name = app_name(self.store, request)
         host = request.match_info["host"]
@@ -88,6 +84,7 @@ class InstancesApi:
         return web.json_response({"app": name, "removed": host,
                                   "purged_data": body.purge_data})
 
+    @route("GET", "/v1/apps/{app}/instances/{host}/config")
     async def instance_config(self, request: web.Request) -> web.Response:
         name = app_name(self.store, request)
         inst = instances.of_app(self.store, name, request.match_info["host"])
@@ -96,6 +93,7 @@ class InstancesApi:
                                   "app_config": app.config,
                                   "effective": {**app.config, **inst.config}})
 
+    @route("POST", "/v1/apps/{app}/instances/{host}/config")
     async def set_instance_config(self, request: web.Request) -> web.Response:
         name = app_name(self.store, request)
         host = request.match_info["host"]

@@ -19,7 +19,7 @@ import msgspec
 from aiohttp import web
 
 from keelway.api import bodies
-from keelway.api.http import app_name, error_response, log, read_body, send_line
+from keelway.api.http import app_name, error_response, log, read_body, route, send_line
 from keelway.api.plans import plan_response
 from keelway.builds import cache as deps_cache
 from keelway.builds import gc as builds_gc
@@ -121,15 +121,8 @@ class Operations:
         self._gc_lock = asyncio.Lock()
         self._deploying: dict[str, int] = {}
 
-    def routes(self) -> list[web.RouteDef]:
-        return [
-            web.post("/v1/deploy", self.deploy),
-            web.post("/v1/apps/{app}/restart", self.restart),
-            web.post("/v1/apps/{app}/config", self.config_set),
-            web.post("/v1/apps/{app}/rollback", self.rollback),
-            web.post("/v1/gc", self.gc),
-        ]
 
+    @route("POST", "/v1/deploy")
     async def deploy(self, request: web.Request) -> web.StreamResponse:
         body: bodies.DeployBody = await read_body(request, bodies.DeployBody)
         body.check()
@@ -169,6 +162,7 @@ class Operations:
             if not self._deploying[body.app]:
                 del self._deploying[body.app]
 
+    @route("POST", "/v1/apps/{app}/restart")
     async def restart(self, request: web.Request) -> web.StreamResponse:
         name = app_name(self.store, request)
         body: bodies.RestartBody = await read_body(request, bodies.RestartBody)
@@ -184,6 +178,7 @@ class Operations:
 
         return await self._operation(request, name, "restart", body.key, digest, work)
 
+    @route("POST", "/v1/apps/{app}/config")
     async def config_set(self, request: web.Request) -> web.StreamResponse:
         name = app_name(self.store, request)
         body: bodies.ConfigBody = await read_body(request, bodies.ConfigBody)
@@ -204,6 +199,7 @@ class Operations:
 
         return await self._operation(request, name, "config", body.key, digest, work)
 
+    @route("POST", "/v1/apps/{app}/rollback")
     async def rollback(self, request: web.Request) -> web.StreamResponse:
         name = app_name(self.store, request)
         body: bodies.RollbackBody = await read_body(request, bodies.RollbackBody)
@@ -296,6 +292,7 @@ class Operations:
         await send_line(response, final)
         return final
 
+    @route("POST", "/v1/gc")
     async def gc(self, request: web.Request) -> web.Response:
         body: bodies.GcBody = await read_body(request, bodies.GcBody)
         # each app's [releases] keep, from its newest release's build

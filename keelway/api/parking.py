@@ -21,12 +21,13 @@ the retry is due. `wait` (an operator's wake) tries such an instance now.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 from aiohttp import web
 
-from keelway.api.http import error_response, read_body
+from keelway.api.http import error_response, read_body, route
 from keelway.api.plans import plan_response
 from keelway.deploy import fences, targets
 from keelway.deploy.parking import CrashBackoff, Parking
@@ -59,19 +60,12 @@ def fence_view(host: str, fence: Fence | None) -> dict[str, Any]:
             "reason": fence.reason}
 
 
+@dataclass(frozen=True)
 class ParkingApi:
-    def __init__(self, parking: Parking) -> None:
-        self.parking = parking
+    parking: Parking
 
-    def routes(self) -> list[web.RouteDef]:
-        return [
-            web.post("/v1/instances/{host}/park", self.park),
-            web.post("/v1/instances/{host}/wake", self.wake),
-            web.post("/v1/instances/{host}/fence", self.fence),
-            web.post("/v1/instances/{host}/unfence", self.unfence),
-            web.get("/v1/instances/{host}/fence", self.get_fence),
-        ]
 
+    @route("POST", "/v1/instances/{host}/park")
     async def park(self, request: web.Request) -> web.Response:
         body: ParkBody = await read_body(request, ParkBody)
         if body.dry_run:
@@ -90,6 +84,7 @@ class ParkingApi:
         return sum(1 for step in (store.ops.steps(op.id) if op is not None else [])
                    if step.kind is StepKind.REPLICA_STOP and step.state is StepState.SUCCEEDED)
 
+    @route("POST", "/v1/instances/{host}/wake")
     async def wake(self, request: web.Request) -> web.Response:
         body: WakeBody = await read_body(request, WakeBody)
         host = request.match_info["host"]
@@ -109,18 +104,21 @@ class ParkingApi:
         return web.json_response({"host": woken.host, "state": "running", "woke": woken.woke,
                                   "generations": woken.generations})
 
+    @route("POST", "/v1/instances/{host}/fence")
     async def fence(self, request: web.Request) -> web.Response:
         body: FenceBody = await read_body(request, FenceBody)
         host = request.match_info["host"]
         held = fences.fence(self.parking.store, host, body.reason)
         return web.json_response(fence_view(host, held))
 
+    @route("POST", "/v1/instances/{host}/unfence")
     async def unfence(self, request: web.Request) -> web.Response:
         body: UnfenceBody = await read_body(request, UnfenceBody)
         host = request.match_info["host"]
         fence, lifted = fences.unfence(self.parking.store, host, body.generation)
         return web.json_response(fence_view(host, fence) | {"lifted": lifted})
 
+    @route("GET", "/v1/instances/{host}/fence")
     async def get_fence(self, request: web.Request) -> web.Response:
         host = request.match_info["host"]
         targets.instance_named(self.parking.store, host)

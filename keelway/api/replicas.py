@@ -14,10 +14,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import msgspec
 from aiohttp import web
 
-from keelway.api.http import read_body
+from keelway.api.http import read_body, route
 from keelway.api.plans import plan_response
 from keelway.deploy.replication import Replication
 
@@ -31,20 +33,16 @@ class DrillBody(msgspec.Struct, forbid_unknown_fields=True):
     host: str | None = None
 
 
+@dataclass(frozen=True)
 class ReplicasApi:
-    def __init__(self, replication: Replication) -> None:
-        self.replication = replication
+    replication: Replication
 
-    def routes(self) -> list[web.RouteDef]:
-        return [
-            web.get("/v1/instances/{host}/replica", self.position),
-            web.post("/v1/instances/{host}/restore-replica", self.restore),
-            web.post("/v1/drill", self.drill),
-        ]
 
+    @route("GET", "/v1/instances/{host}/replica")
     async def position(self, request: web.Request) -> web.Response:
         return web.json_response(await self.replication.position(request.match_info["host"]))
 
+    @route("POST", "/v1/instances/{host}/restore-replica")
     async def restore(self, request: web.Request) -> web.Response:
         body: ReplicaRestoreBody = await read_body(request, ReplicaRestoreBody)
         host = request.match_info["host"]
@@ -54,6 +52,7 @@ class ReplicasApi:
         done = await self.replication.restore(host, body.at)
         return web.json_response(done.view())
 
+    @route("POST", "/v1/drill")
     async def drill(self, request: web.Request) -> web.Response:
         body: DrillBody = await read_body(request, DrillBody)
         results = await self.replication.drill(body.host)

@@ -26,7 +26,7 @@ import msgspec
 from aiohttp import web
 
 from keelway import run_wire
-from keelway.api.http import read_body
+from keelway.api.http import read_body, route
 from keelway.api.plans import plan_response
 from keelway.deploy.errors import OperationError
 from keelway.deploy.runs import Runs, RunStarted, Signals
@@ -265,9 +265,8 @@ class RunPlanApi:
     def __init__(self, runs: Runs) -> None:
         self.runs = runs
 
-    def routes(self) -> list[web.RouteDef]:
-        return [web.post("/v1/apps/{app}/run-plan", self.plan)]
 
+    @route("POST", "/v1/apps/{app}/run-plan")
     async def plan(self, request: web.Request) -> web.Response:
         body: RunPlanBody = await read_body(request, RunPlanBody)
         return plan_response(self.runs.dry_run(request.match_info["app"], body.instance,

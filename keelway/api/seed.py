@@ -18,13 +18,14 @@ The journal's `env_before` values (an instance key) are never in an answer.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 from aiohttp import web
 
 from keelway import names
-from keelway.api.http import read_body
+from keelway.api.http import read_body, route
 from keelway.deploy.errors import UserError, refused_name
 from keelway.deploy.seeding import Seeding, SnapshotSource
 
@@ -50,17 +51,12 @@ class RollbackBody(msgspec.Struct, forbid_unknown_fields=True):
     dry_run: bool = False
 
 
+@dataclass(frozen=True)
 class SeedApi:
-    def __init__(self, seeding: Seeding) -> None:
-        self.seeding = seeding
+    seeding: Seeding
 
-    def routes(self) -> list[web.RouteDef]:
-        return [
-            web.post("/v1/instances/{host}/seed/import", self.import_seed),
-            web.post("/v1/instances/{host}/seed/rollback", self.rollback),
-            web.get("/v1/instances/{host}/seed", self.status),
-        ]
 
+    @route("POST", "/v1/instances/{host}/seed/import")
     async def import_seed(self, request: web.Request) -> web.Response:
         body: ImportBody = await read_body(request, ImportBody)
         report = await self.seeding.import_seed(request.match_info["host"], body.seed(),
@@ -68,10 +64,12 @@ class SeedApi:
                                                 allow_empty=body.allow_empty)
         return web.json_response(report.view())
 
+    @route("POST", "/v1/instances/{host}/seed/rollback")
     async def rollback(self, request: web.Request) -> web.Response:
         body: RollbackBody = await read_body(request, RollbackBody)
         report = await self.seeding.rollback(request.match_info["host"], dry_run=body.dry_run)
         return web.json_response(report.view())
 
+    @route("GET", "/v1/instances/{host}/seed")
     async def status(self, request: web.Request) -> web.Response:
         return web.json_response(self.seeding.status(request.match_info["host"]))

@@ -19,7 +19,7 @@ from keelway import __version__
 from keelway.api import bodies
 from keelway.api.apps import AppsApi
 from keelway.api.domains import DomainsApi
-from keelway.api.http import app_name, errors_middleware, read_body, send_line
+from keelway.api.http import app_name, errors_middleware, read_body, routes_of, send_line
 from keelway.api.instances import InstancesApi
 from keelway.api.operations import Operations
 from keelway.api.parking import ParkingApi
@@ -102,15 +102,8 @@ class Api:
             web.post("/v1/reconcile", self.reconcile),
             web.post("/v1/shutdown", self.shutdown),
             web.post("/v1/router/restart", self.router_restart),
-            *self.operations.routes(),
-            *(self.parking.routes() if self.parking is not None else []),
-            *(self.apps_api.routes() if self.apps_api is not None else []),
-            *(self.instances.routes() if self.instances is not None else []),
-            *(self.domains.routes() if self.domains is not None else []),
-            *(self.seeding.routes() if self.seeding is not None else []),
-            *(self.snapshots.routes() if self.snapshots is not None else []),
-            *(self.replicas.routes() if self.replicas is not None else []),
-            *(self.runs.routes() if self.runs is not None else []),
+            *routes_of(self.operations, self.parking, self.apps_api, self.instances,
+                       self.domains, self.seeding, self.snapshots, self.replicas, self.runs),
         ])
         return app
 

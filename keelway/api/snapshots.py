@@ -18,13 +18,13 @@ changed; an unknown one 404.
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import msgspec
 from aiohttp import web
 
-from keelway.api.http import read_body
+from keelway.api.http import read_body, route
 from keelway.api.plans import plan_response
 from keelway.data import kept
 from keelway.data.snapshots import SnapshotManifest
@@ -44,37 +44,32 @@ def snapshot_view(found: SnapshotManifest) -> dict[str, Any]:
     return asdict(found)
 
 
+@dataclass(frozen=True)
 class SnapshotsApi:
-    def __init__(self, snapshots: Snapshots, restorer: Restore) -> None:
-        self.snapshots = snapshots
-        self.restorer = restorer
+    snapshots: Snapshots
+    restorer: Restore
 
-    def routes(self) -> list[web.RouteDef]:
-        return [
-            web.post("/v1/instances/{host}/snapshots", self.take),
-            web.get("/v1/instances/{host}/snapshots", self.list),
-            web.post("/v1/instances/{host}/snapshots/{id}/verify", self.verify),
-            web.post("/v1/instances/{host}/snapshots/{id}/restore", self.restore),
-            web.get("/v1/instances/{host}/kept", self.kept),
-            web.post("/v1/instances/{host}/kept/{copy}/forget", self.forget),
-        ]
 
+    @route("POST", "/v1/instances/{host}/snapshots")
     async def take(self, request: web.Request) -> web.Response:
         await read_body(request, Empty)
         made = await self.snapshots.snapshot(request.match_info["host"])
         return web.json_response(snapshot_view(made))
 
+    @route("GET", "/v1/instances/{host}/snapshots")
     async def list(self, request: web.Request) -> web.Response:
         host = request.match_info["host"]
         found = await self.snapshots.stored(host)
         return web.json_response({"host": host,
                                   "snapshots": [snapshot_view(m) for m in found]})
 
+    @route("POST", "/v1/instances/{host}/snapshots/{id}/verify")
     async def verify(self, request: web.Request) -> web.Response:
         await read_body(request, Empty)
         found = await self.snapshots.verify(request.match_info["host"], request.match_info["id"])
         return web.json_response(snapshot_view(found) | {"ok": True})
 
+    @route("POST", "/v1/instances/{host}/snapshots/{id}/restore")
     async def restore(self, request: web.Request) -> web.Response:
         body: SnapshotRestoreBody = await read_body(request, SnapshotRestoreBody)
         host, snap_id = request.match_info["host"], request.match_info["id"]
@@ -84,12 +79,14 @@ class SnapshotsApi:
         done = await self.restorer.restore(host, snap_id)
         return web.json_response(done.view())
 
+    @route("GET", "/v1/instances/{host}/kept")
     async def kept(self, request: web.Request) -> web.Response:
         host = request.match_info["host"]
         copies = await self.restorer.kept(host)
         return web.json_response({"host": host, "kept": [c.view() for c in copies],
                                   "retention_s": kept.retention_s()})
 
+    @route("POST", "/v1/instances/{host}/kept/{copy}/forget")
     async def forget(self, request: web.Request) -> web.Response:
         await read_body(request, Empty)
         gone = await self.restorer.forget(request.match_info["host"],
