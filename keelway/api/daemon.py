@@ -337,7 +337,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     router.watch(push_routes)
     api = Api(store, home, deployer, parts.passes, http_port, request_shutdown, router,
               parts.parking, parts.apps, parts.instances, parts.domains, parts.seeding,
-              parts.snapshots, parts.replication, parts.restore)
+              parts.snapshots, parts.replication, parts.restore, parts.runs)
     # Open log streams (`logs -f`) must not hold a shutdown for long.
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False,
                            shutdown_timeout=2.0)

@@ -44,7 +44,7 @@ def routes_of(*apis: object | None) -> list[web.RouteDef]:
         if api is None:
             continue
         for name, member in vars(type(api)).items():
-            if (marked := _ROUTES.get(member)) is not None:
+            if callable(member) and (marked := _ROUTES.get(member)) is not None:
                 found.append(web.route(marked[0], marked[1], getattr(api, name)))
     return found
 
