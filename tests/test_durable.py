@@ -97,10 +97,9 @@ def test_a_databases_side_paths_are_its_wal_shm_and_journal_beside_it(tmp_path: 
         tmp_path / "data" / "db.sqlite3-journal")
 
 
-# Where SQLite's side files are still named outside durable.py, each by its owner's leave:
-# swap.SIDES (deploy/restore.py names a staged copy's files by
-# suffix), and modules of other parts that list the suffixes themselves.
-_NAMED_ELSEWHERE = {"data/swap.py", "data/snapshots.py", "deploy/seeding.py"}
+# The one place besides durable.py that names SQLite's side files: swap.SIDES, derived
+# from durable's list (the swap's order of moving them), which deploy/restore.py reads.
+_NAMED_ELSEWHERE = {"data/swap.py"}
 
 
 def _names_side_files(node: ast.AST) -> bool:

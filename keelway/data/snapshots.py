@@ -37,7 +37,7 @@ from keelway.data.objects import (
     snapshot_prefix,
 )
 from keelway.data.verify import MMAP_BYTES, Damaged, verify_file
-from keelway.durable import PRIVATE_FILE_MODE, TEMP_PREFIX
+from keelway.durable import PRIVATE_FILE_MODE, TEMP_PREFIX, sqlite_side_paths
 from keelway.home import Home
 
 failpoints.declare("snapshot.copy.before", "snapshot.copy.after",
@@ -106,8 +106,8 @@ def copy_online(db: Path, dest: Path, *, fsync: bool = True) -> None:
         if fsync:
             _fsync(dest)
     except BaseException:
-        for side in ("", "-journal", "-wal", "-shm"):
-            Path(f"{dest}{side}").unlink(missing_ok=True)
+        for path in (dest, *sqlite_side_paths(dest)):
+            path.unlink(missing_ok=True)
         raise
 
 
@@ -185,7 +185,7 @@ def _put_bytes(objects: ObjectStore, key: str, data: bytes, scratch: Path) -> No
 
 
 def manifest(objects: ObjectStore, host: str, snap_id: str) -> SnapshotManifest:
-    """The manifest of snapshot `snap_id` of `host`; raises NotFound."""
+    """The manifest of snapshot `snap_id` of `host`; raises ObjectNotFound."""
     with tempfile.TemporaryDirectory(prefix="keelway-manifest-") as scratch:
         path = Path(scratch) / "m.json"
         objects.get_file(manifest_key(host, snap_id), path)

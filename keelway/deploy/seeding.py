@@ -78,7 +78,7 @@ from keelway.deploy.outcome import Outcome, Result
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.replica_keeper import ReplicaKeeper
 from keelway.deploy.steps import Done, Effect, Failed, Steps
-from keelway.durable import TEMP_PREFIX
+from keelway.durable import TEMP_PREFIX, sqlite_side_paths
 from keelway.home import Home
 from keelway.journal import OpKind, StepKind
 from keelway.runtime.supervisor import Supervisor
@@ -299,8 +299,8 @@ class Seeding:
             yield dest
         finally:
             # Opening a WAL-mode file for the copy leaves its -wal and -shm beside it.
-            for suffix in ("", "-wal", "-shm", "-journal"):
-                Path(f"{dest}{suffix}").unlink(missing_ok=True)
+            for path in (dest, *sqlite_side_paths(dest)):
+                path.unlink(missing_ok=True)
 
     async def import_seed(self, host: str, source: Path | SnapshotSource, *,
                           dry_run: bool = False, allow_empty: bool = False,
