@@ -72,14 +72,15 @@ def to_park(awake: Sequence[Awake], activity: Mapping[str, Activity]) -> list[st
     return chosen
 
 
+@dataclass(eq=False)
 class Sweep:
-    def __init__(self, store: Store, parking: Parking, control_socket: Path, clock: Clock,
-                 interval_s: float = SWEEP_S) -> None:
-        self.store = store
-        self.parking = parking
-        self.control_socket = control_socket
-        self.clock = clock
-        self.interval_s = interval_s
+    store: Store
+    parking: Parking
+    control_socket: Path
+    clock: Clock
+    interval_s: float = SWEEP_S
+
+    def __post_init__(self) -> None:
         self._awake_since: dict[str, float] = {}  # running instances only
         self._bounds: dict[tuple[str, str], float | None] = {}  # (app, build digest)
         self._unknown_said = False

@@ -58,14 +58,13 @@ class Remover(Protocol):
     def removal_plan(self, host: str, removal: Removal) -> Plan: ...
 
 
+@dataclass(eq=False)
 class Apps:
-    def __init__(self, store: Store, home: Home, locks: Locks, journal: Runner,
-                 instances: Remover) -> None:
-        self.store = store
-        self.home = home
-        self.locks = locks
-        self.journal = journal
-        self.instances = instances
+    store: Store
+    home: Home
+    locks: Locks
+    journal: Runner
+    instances: Remover
 
     def create_app(self, name: str) -> App:
         checked(names.APP, name)

@@ -40,18 +40,19 @@ from keelway.store.records import CrashRetry, Generation, Instance, Operation
 failpoints.declare("backoff.before", "backoff.after")
 
 
+@dataclass(eq=False)
 class CrashRestarts:
     """Restarts after a crash, with backoff, and respawning what ACTIVE names."""
 
-    def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
-                 clock: Clock, locks: Locks, runner: Runner) -> None:
-        self.store = store
-        self.home = home
-        self.supervisor = supervisor
-        self.publisher = publisher
-        self.clock = clock
-        self.locks = locks
-        self.runner = runner
+    store: Store
+    home: Home
+    supervisor: Supervisor
+    publisher: Publisher
+    clock: Clock
+    locks: Locks
+    runner: Runner
+
+    def __post_init__(self) -> None:
         self._restarts: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.closing = False
 

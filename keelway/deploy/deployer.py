@@ -103,18 +103,17 @@ class InstanceResult:
     generations: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass(eq=False)
 class Deployer:
     """The operations users ask for: deploy, config, rollback, restart, stop, start."""
 
-    def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
-                 locks: Locks, runner: Runner, restarts: CrashRestarts) -> None:
-        self.store = store
-        self.home = home
-        self.supervisor = supervisor
-        self.publisher = publisher
-        self.locks = locks  # the app's lock around a rollout
-        self.runner = runner
-        self.restarts = restarts  # a start respawns what ACTIVE names
+    store: Store
+    home: Home
+    supervisor: Supervisor
+    publisher: Publisher
+    locks: Locks  # the app's lock around a rollout
+    runner: Runner
+    restarts: CrashRestarts  # a start respawns what ACTIVE names
 
     # -- validation ------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ added or removed under its instance's lock, then published.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from keelway.deploy import instances
 from keelway.deploy.errors import NotFoundError, UserError
@@ -18,11 +19,11 @@ from keelway.store.hosts import HostTaken
 from keelway.store.records import Alias
 
 
+@dataclass(eq=False)
 class Domains:
-    def __init__(self, store: Store, publisher: Publisher, locks: Locks) -> None:
-        self.store = store
-        self.publisher = publisher
-        self.locks = locks
+    store: Store
+    publisher: Publisher
+    locks: Locks
 
     async def add_aliases(self, host: str, aliases: Sequence[str]) -> list[Alias]:
         inst = instances.named(self.store, host)

@@ -221,13 +221,15 @@ class ReplicaHook(Protocol):
         ...
 
 
+@dataclass(eq=False)
 class Runner:
     """The one way an operation runs (see the module header)."""
 
-    def __init__(self, store: Store, locks: Locks, owner: str) -> None:
-        self.store = store
-        self.locks = locks
-        self.owner = owner
+    store: Store
+    locks: Locks
+    owner: str
+
+    def __post_init__(self) -> None:
         # The one cycle of the parts: a fault converges, converging may restart what
         # ACTIVE names, and that restart is itself an operation of this runner; and the
         # replica keeper runs its own operation. Both set once at wiring

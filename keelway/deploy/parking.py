@@ -100,17 +100,18 @@ class Woken:
     generations: dict[str, int]
 
 
+@dataclass(eq=False)
 class Parking:
-    def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
-                 clock: Clock, runner: Runner, restarts: CrashRestarts) -> None:
-        self.store = store
-        self.home = home
-        self.supervisor = supervisor
-        self.publisher = publisher
-        self.clock = clock
-        self.runner = runner
-        # A wake respawns what ACTIVE names, and a failed one counts as a crash.
-        self.restarts = restarts
+    store: Store
+    home: Home
+    supervisor: Supervisor
+    publisher: Publisher
+    clock: Clock
+    runner: Runner
+    # A wake respawns what ACTIVE names, and a failed one counts as a crash.
+    restarts: CrashRestarts
+
+    def __post_init__(self) -> None:
         # The wake in flight per instance; an entry lives exactly as long as its task.
         self._wakes: dict[str, asyncio.Task[Woken]] = {}
         # When each instance last woke (the clock's monotonic time), so the idle sweep

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
 from keelway.clock import Clock
 from keelway.deploy import targets
@@ -37,19 +38,20 @@ First = Callable[[], object]
 CarryOn = Callable[[], Awaitable[object]]
 
 
+@dataclass(eq=False)
 class Passes:
     """Boot, periodic and on-demand passes, and `converge`, the one way any part
     reconciles an instance under its lock."""
 
-    def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
-                 clock: Clock, locks: Locks, reconciler: Reconciler) -> None:
-        self.store = store
-        self.home = home
-        self.supervisor = supervisor
-        self.publisher = publisher
-        self.clock = clock
-        self.locks = locks
-        self.reconciler = reconciler
+    store: Store
+    home: Home
+    supervisor: Supervisor
+    publisher: Publisher
+    clock: Clock
+    locks: Locks
+    reconciler: Reconciler
+
+    def __post_init__(self) -> None:
         self.closing = False
 
     async def converge(self, host: str, mode: Pass) -> None:

@@ -135,10 +135,12 @@ def table_of(routes: list[Route], version: int,
     return rt.RouteTable(version=version, routes=entries), refused
 
 
+@dataclass(eq=False)
 class Publisher:
-    def __init__(self, store: Store, control_socket: Path) -> None:
-        self.store = store
-        self.control_socket = control_socket
+    store: Store
+    control_socket: Path
+
+    def __post_init__(self) -> None:
         # What the last publish refused, so a lasting refusal is logged once, not per push.
         self._refused: dict[str, str] = {}
 

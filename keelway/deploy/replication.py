@@ -14,6 +14,7 @@ reconciler. Rules:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from keelway.data.replicas import Drill, ReplicaError
@@ -25,13 +26,12 @@ from keelway.deploy.snapshots import Snapshots
 from keelway.store import Store
 
 
+@dataclass(eq=False)
 class Replication:
-    def __init__(self, store: Store, keeper: ReplicaKeeper, restorer: Restore,
-                 snapshots: Snapshots) -> None:
-        self.store = store
-        self.keeper = keeper
-        self.restorer = restorer
-        self.snapshots = snapshots
+    store: Store
+    keeper: ReplicaKeeper
+    restorer: Restore
+    snapshots: Snapshots
 
     async def position(self, host: str) -> dict[str, Any]:
         """`db replicas H`: what the replica holds."""

@@ -127,19 +127,17 @@ class Restored:
                 "snapshot": dataclasses.asdict(self.snapshot) if self.snapshot else None}
 
 
+@dataclass(eq=False)
 class Restore:
-    def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
-                 locks: Locks, restarts: CrashRestarts, keeper: ReplicaKeeper, runner: Runner,
-                 objects: ObjectStore) -> None:
-        self.store = store
-        self.home = home
-        self.supervisor = supervisor
-        self.publisher = publisher
-        self.locks = locks
-        self.restarts = restarts
-        self.keeper = keeper
-        self.journal = runner
-        self.objects = objects
+    store: Store
+    home: Home
+    supervisor: Supervisor
+    publisher: Publisher
+    locks: Locks
+    restarts: CrashRestarts
+    keeper: ReplicaKeeper
+    runner: Runner
+    objects: ObjectStore
 
     async def restore(self, host: str, snap_id: str) -> Restored:
         """Replace `host`'s database with snapshot `snap_id`, verified first. After
@@ -197,7 +195,7 @@ class Restore:
             if snap_id not in {m.id for m in listed}:
                 raise NotFoundError(f"{host} has no snapshot {snap_id}",
                                     hint=f"see `keelway db snapshots {host}`")
-        return self.journal.dry_run(self._spec(snap_id is None), self._request(host, None))
+        return self.runner.dry_run(self._spec(snap_id is None), self._request(host, None))
 
     def _spec(self, from_replica: bool) -> Spec[RestoreRequest, Restore]:
         return RESTORE_REPLICA if from_replica else RESTORE
@@ -215,7 +213,7 @@ class Restore:
         request = RestoreRequest(host, replicating=self._replicating() is not None,
                                  staged=staged, stage=stage)
         try:
-            ran = await self.journal.run(self._spec(kind is OpKind.RESTORE_REPLICA), self,
+            ran = await self.runner.run(self._spec(kind is OpKind.RESTORE_REPLICA), self,
                                          request)
         finally:
             for side in swap.SIDES:

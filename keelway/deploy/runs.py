@@ -82,13 +82,12 @@ class RunStarted:
     release: int
 
 
+@dataclass(eq=False)
 class Runs:
-    def __init__(self, store: Store, home: Home, supervisor: Supervisor,
-                 runner: Runner) -> None:
-        self.store = store
-        self.home = home
-        self.supervisor = supervisor
-        self.runner = runner
+    store: Store
+    home: Home
+    supervisor: Supervisor
+    runner: Runner
 
     def resolve(self, app: str, host: str | None) -> Instance:
         """The instance a run goes to; refused (UserError) before anything is written."""

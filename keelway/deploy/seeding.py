@@ -166,23 +166,19 @@ class SnapshotSource:
         return f"{self.host}/{self.snap_id}" if self.host else self.snap_id
 
 
+@dataclass(eq=False)
 class Seeding:
-    def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
-                 locks: Locks, restarts: CrashRestarts, keeper: ReplicaKeeper, runner: Runner,
-                 delete_replica: DeleteReplica | None = None,
-                 objects: ObjectStore | None = None,
-                 limits: SeedLimits = SeedLimits()) -> None:
-        self.store = store
-        self.home = home
-        self.supervisor = supervisor
-        self.publisher = publisher
-        self.locks = locks
-        self.restarts = restarts
-        self.keeper = keeper
-        self.journal = runner
-        self.objects = objects
-        self.delete_replica = delete_replica
-        self.limits = limits
+    store: Store
+    home: Home
+    supervisor: Supervisor
+    publisher: Publisher
+    locks: Locks
+    restarts: CrashRestarts
+    keeper: ReplicaKeeper
+    runner: Runner
+    delete_replica: DeleteReplica | None = None
+    objects: ObjectStore | None = None
+    limits: SeedLimits = SeedLimits()
 
     # -- import ------------------------------------------------------------------------
 
@@ -324,13 +320,13 @@ class Seeding:
         instances.named(self.store, host)
         _, contents = self.refuse_import(host, source, allow_empty)
         if dry_run:
-            plan = self.journal.dry_run(IMPORT, self._import_request(host, said))
+            plan = self.runner.dry_run(IMPORT, self._import_request(host, said))
             return SeedReport(host, None, SeedOutcome.DRY_RUN, contents=contents,
                               plan=tuple(step.describe for step in plan.steps),
                               steps=plan.steps)
         request = self._import_request(host, said, seed=files.mint_seed_id(), source=source,
                                        progress=progress, allow_empty=allow_empty)
-        await self.journal.run(IMPORT, self, request)
+        await self.runner.run(IMPORT, self, request)
         return SeedReport(host, request.seed, SeedOutcome.IMPORTED, contents=contents)
 
     def _import_request(self, host: str, said: str, *, seed: str = "",
@@ -373,7 +369,7 @@ class Seeding:
         if dry_run:
             return self._plan(host)
         request = RollbackRequest(host)
-        await self.journal.run(ROLLBACK, self, request)
+        await self.runner.run(ROLLBACK, self, request)
         assert request.state.said is not None
         return request.state.said
 
@@ -402,7 +398,7 @@ class Seeding:
         """The rollback under the lock the caller holds (a failed import's)."""
         request = RollbackRequest(host)
         request.state.origin = self.store.imports.get_import(host)
-        return self._rolled(request, await self.journal.run_held(ROLLBACK, self, request))
+        return self._rolled(request, await self.runner.run_held(ROLLBACK, self, request))
 
     def _rolled(self, request: RollbackRequest, ran: Ran) -> SeedReport:
         """What a run of the rollback comes to, as its report."""

@@ -67,14 +67,15 @@ def check_id(snap_id: str) -> str:
     return checked(names.SNAPSHOT_ID, snap_id)
 
 
+@dataclass(eq=False)
 class Snapshots:
-    def __init__(self, store: Store, home: Home, locks: Locks, clock: Clock,
-                 objects: ObjectStore) -> None:
-        self.store = store
-        self.home = home
-        self.locks = locks
-        self.clock = clock
-        self.objects = objects
+    store: Store
+    home: Home
+    locks: Locks
+    clock: Clock
+    objects: ObjectStore
+
+    def __post_init__(self) -> None:
         # When each instance's newest snapshot was taken, as the schedule last saw it
         # (read from the object store once per instance, then kept up by the schedule).
         self._last: dict[str, float] = {}

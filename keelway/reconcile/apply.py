@@ -124,21 +124,21 @@ def observe(records: Records, supervisor: Supervisor) -> Observed:
     return Observed(frozenset(alive), frozenset(watched), frozenset(orphans))
 
 
+@dataclass(eq=False)
 class Reconciler:
-    def __init__(self, store: Store, supervisor: Supervisor, home: Home,
-                 restarts: ActiveRestarts, replicas: ReplicaUpkeep, grace: Grace,
-                 finalize: Finalize = by_steps) -> None:
-        self.store = store
-        self.supervisor = supervisor
-        self.home = home
-        self.restarts = restarts
-        self.replicas = replicas
-        self.grace = grace  # the service's stop_grace: SIGTERM, then SIGKILL after this
-        # How an interrupted operation ends, by its kind (keelway/deploy/operation.py
-        # `Finalizers`: each spec's `finalize`), and the kinds whose interrupted
-        # operations no instance's plan sees (a run is never the latest; a removal's
-        # instance is gone) that `finalize_orphans` ends by it.
-        self.finalize = finalize
+    store: Store
+    supervisor: Supervisor
+    home: Home
+    restarts: ActiveRestarts
+    replicas: ReplicaUpkeep
+    grace: Grace  # the service's stop_grace: SIGTERM, then SIGKILL after this
+    # How an interrupted operation ends, by its kind (keelway/deploy/operation.py
+    # `Finalizers`: each spec's `finalize`), and the kinds whose interrupted
+    # operations no instance's plan sees (a run is never the latest; a removal's
+    # instance is gone) that `finalize_orphans` ends by it.
+    finalize: Finalize = by_steps
+
+    def __post_init__(self) -> None:
         self.orphan_kinds: frozenset[OpKind] = frozenset()
         # Set by the deploy side when databases are replicated (keelway/data/replicas.py).
         self.replicate = False
