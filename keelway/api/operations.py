@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import json
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -105,16 +106,16 @@ def _final_event(task: asyncio.Task[dict[str, Any]]) -> dict[str, Any]:
     return {"event": "result", "result": result}
 
 
+@dataclass(eq=False)
 class Operations:
-    def __init__(self, store: Store, home: Home, deployer: Deployer,
-                 http_port: int | None, snapshots: Snapshots | None = None,
-                 restore: Restore | None = None) -> None:
-        self.snapshots = snapshots
-        self.restore = restore
-        self.store = store
-        self.home = home
-        self.deployer = deployer
-        self.http_port = http_port
+    store: Store
+    home: Home
+    deployer: Deployer
+    http_port: int | None
+    snapshots: Snapshots | None = None
+    restore: Restore | None = None
+
+    def __post_init__(self) -> None:
         # gc must never remove a build that a deploy is staging or about to run. A deploy
         # registers its app under this lock before staging; gc computes what is pinned
         # and collects under the same lock, treating every build of such an app as pinned.

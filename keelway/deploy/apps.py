@@ -63,7 +63,7 @@ class Apps:
     store: Store
     home: Home
     locks: Locks
-    journal: Runner
+    runner: Runner
     instances: Remover
 
     def create_app(self, name: str) -> App:
@@ -100,7 +100,7 @@ class Apps:
                             lambda host: self.instances.removal_plan(host, removal))
 
     async def _forget_app(self, name: str) -> None:
-        ran = await self.journal.run(FORGET_APP, self, AppRequest(APP_SCOPE, name))
+        ran = await self.runner.run(FORGET_APP, self, AppRequest(APP_SCOPE, name))
         if ran.result is not None and ran.result.outcome is not Outcome.DONE:
             raise OperationError(f"destroy {name}: {ran.result.reason}",
                                  hint="`keelway apps destroy` again carries it on")

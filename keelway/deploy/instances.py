@@ -224,20 +224,17 @@ class Added:
     started: Sequence[StartedOn]
 
 
+@dataclass(eq=False)
 class Instances:
-    def __init__(self, store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
-                 locks: Locks, journal: Runner, starter: Starter,
-                 replicas: Replicas | None = None, objects: ObjectStore | None = None) -> None:
-        self.store = store
-        self.home = home
-        self.supervisor = supervisor
-        self.publisher = publisher
-        self.locks = locks
-        self.journal = journal
-        self.deployer = starter
-        # Where a purge finds the instance's replica and snapshots; None: not kept here.
-        self.replicas = replicas
-        self.objects = objects
+    store: Store
+    home: Home
+    supervisor: Supervisor
+    publisher: Publisher
+    locks: Locks
+    runner: Runner
+    starter: Starter
+    replicas: Replicas | None = None
+    objects: ObjectStore | None = None
 
     async def add_instances(self, app_name: str, hosts: Sequence[str],
                             config: Mapping[str, str], progress: Progress = _quiet,
@@ -286,7 +283,7 @@ class Instances:
                 and inst.state is InstanceState.RUNNING]
         released = bool(self.store.builds.list_releases(app))
         if idle and released:
-            started = await self.deployer.start_new(app, idle, progress)
+            started = await self.starter.start_new(app, idle, progress)
         if len(idle) < len(hosts):
             # Parked ones have parked routes: the router must hold their first request
             # and ask for the wake, not answer 404.
@@ -302,7 +299,7 @@ class Instances:
         app lock the caller holds. Crash inside: the step stays pending, the reconciler
         finalizes the operation, and boot lays the instances still marked `adding` down
         again (each file is made only if missing)."""
-        ran = await self.journal.run(ADD, self, AddRequest(hosts[0], app, tuple(hosts)))
+        ran = await self.runner.run(ADD, self, AddRequest(hosts[0], app, tuple(hosts)))
         if ran.result is not None and ran.result.outcome is not Outcome.DONE:
             raise OperationError(f"laying down the instances failed: {ran.result.reason}",
                                  hint="the instances are recorded; `keelway up` lays them "
@@ -336,7 +333,7 @@ class Instances:
     async def _remove(self, spec: Spec[RemoveRequest, Instances], host: str,
                       removal: Removal) -> None:
         inst = named(self.store, host)
-        ran = await self.journal.run(spec, self, self._remove_request(host, removal, spec.kind))
+        ran = await self.runner.run(spec, self, self._remove_request(host, removal, spec.kind))
         if ran.result is not None and ran.result.outcome is not Outcome.DONE:
             raise OperationError(f"removing {host}: {ran.result.reason}",
                                  hint=f"see `keelway ops {inst.app} --instance {host}`; "
@@ -361,7 +358,7 @@ class Instances:
             self.store.instances.set_instance_config(current, config)
         if targets.running_target(self.store, host) is None:
             return []
-        return await self.deployer.restart(app, host, progress)
+        return await self.starter.restart(app, host, progress)
 
     async def resume(self) -> None:
         """At boot, after the reconciler's pass, the destroys (`Apps.resume`) and before the
