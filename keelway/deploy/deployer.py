@@ -21,7 +21,14 @@ from keelway.builds.manifest import Mode
 from keelway.deploy import targets
 from keelway.deploy.attempt import Attempt
 from keelway.deploy.crash_restarts import CrashRestarts
-from keelway.deploy.errors import AppFailed, NotFoundError, OperationError, UserError
+from keelway.deploy.errors import (
+    AppFailed,
+    NotFoundError,
+    OperationError,
+    UserError,
+    checked,
+    refused_name,
+)
 from keelway.deploy.fences import refuse_if_fenced
 from keelway.deploy.instances import lay_down_step
 from keelway.deploy.locks import Locks
@@ -120,10 +127,7 @@ class Deployer:
     def validate_hosts(self, app: str, hosts: list[str]) -> None:
         """Refuse bad or foreign hostnames before anything is staged or written."""
         for host in hosts:
-            try:
-                names.HOST.check(host)
-            except names.InvalidName as exc:
-                raise UserError(exc.message, hint=exc.hint) from None
+            checked(names.HOST, host)
             claim = self.store.instances.claim(host)
             if claim is not None and claim.alias:
                 raise UserError(f"{host} is {claim.describe()}, not an instance",
@@ -144,10 +148,7 @@ class Deployer:
                      source: dict[str, str] | None = None) -> list[InstanceResult]:
         """Release a staged build to every instance of `app` (and to new `hosts`);
         `source` says where the build was staged from (`keelway releases` shows it)."""
-        try:
-            names.APP.check(app)
-        except names.InvalidName as exc:
-            raise UserError(exc.message, hint=exc.hint) from None
+        checked(names.APP, app)
         known = [i.host for i in self.store.instances.list_instances(app)]
         targets = known + [h for h in hosts if h not in known] or [f"{app}.localhost"]
         self.validate_hosts(app, [h for h in targets if h not in known])
@@ -207,7 +208,7 @@ class Deployer:
         try:
             names.check_config(config)
         except names.InvalidName as exc:
-            raise UserError(exc.message, hint=exc.hint) from None
+            raise refused_name(exc) from None
         return config
 
     async def rollback(self, app: str, to: int | None, progress: Progress = _quiet,

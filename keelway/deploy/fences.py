@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from keelway import names
 from keelway.deploy import targets
-from keelway.deploy.errors import Fenced, UserError
+from keelway.deploy.errors import Fenced, UserError, checked
 from keelway.store import Store
 from keelway.store.records import Fence
 
@@ -32,10 +32,7 @@ def fence(store: Store, host: str, reason: str | None) -> Fence:
     """Hold a new fence generation on `host` (one more than any before)."""
     inst = targets.instance_named(store, host)
     if reason is not None:
-        try:
-            names.FENCE_REASON.check(reason)
-        except names.InvalidName as exc:
-            raise UserError(exc.message, hint=exc.hint) from None
+        checked(names.FENCE_REASON, reason)
     held = store.instances.fence(host, reason)
     store.ops.add_event("fence", f"fenced at generation {held.generation}"
                         + (f" ({reason})" if reason else ""), app=inst.app, instance=host)

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from keelway import failpoints, names
 from keelway.builds.manifest import ONE_OFF
 from keelway.deploy import targets
-from keelway.deploy.errors import OperationError, UserError
+from keelway.deploy.errors import OperationError, UserError, checked
 from keelway.deploy.generation_start import layered_config
 from keelway.deploy.operation import Bound, Plan, PlannedStep, Runner, Spec
 from keelway.deploy.steps import Done, Failed
@@ -91,12 +91,9 @@ class Runs:
 
     def resolve(self, app: str, host: str | None) -> Instance:
         """The instance a run goes to; refused (UserError) before anything is written."""
-        try:
-            names.APP.check(app)
-            if host is not None:
-                names.HOST.check(host)
-        except names.InvalidName as exc:
-            raise UserError(exc.message, hint=exc.hint) from None
+        checked(names.APP, app)
+        if host is not None:
+            checked(names.HOST, host)
         instances = targets.instances_of(self.store, app, host)
         if host is not None:
             return instances[0]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from keelway import names
 from keelway.builds.manifest import DEFAULT_STOP_GRACE_S, Manifest, Mode, load_manifest
-from keelway.deploy.errors import NotFoundError, UserError
+from keelway.deploy.errors import NotFoundError, UserError, checked
 from keelway.deploy.steps import Done, Effect, Failed
 from keelway.durable import symlink_atomic
 from keelway.home import Home
@@ -51,10 +51,7 @@ class Target:
 def instance_named(store: Store, host: str) -> Instance:
     """The instance named `host`, its name checked first: the one lookup every
     operation on one instance starts from (UserError for a bad name, NotFoundError)."""
-    try:
-        names.HOST.check(host)
-    except names.InvalidName as exc:
-        raise UserError(exc.message, hint=exc.hint) from None
+    checked(names.HOST, host)
     inst = store.instances.get_instance(host)
     if inst is None:
         raise NotFoundError(f"no instance {host}", hint="see `keelway status`")
