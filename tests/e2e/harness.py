@@ -6,6 +6,7 @@ import contextlib
 import http.client
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -28,9 +29,30 @@ EXAMPLE = REPO / "examples" / "hello"
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback port for a router or daemon a test starts later.
+
+    Chosen below the kernel's ephemeral range: a port from bind(0) is free only until
+    its socket closes, and until the test's router binds it, any other process asking
+    the kernel for a port (an app's generation, a parallel crash point's daemon) can be
+    given the same one. Nothing is handed ports from below that range unasked, so only
+    another test choosing at random could collide, and the bind here checks for that."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randrange(10000, low)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free loopback port below the ephemeral range")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 @dataclass
