@@ -9,20 +9,10 @@ from keelway.journal import Inhibition
 from keelway.store import Store
 from keelway.store.lifecycle import RouteState
 from keelway.store.records import Generation
+from keelway.testing.dump import dump
 
 DIGEST = "d" * 64
 RETIRING = Inhibition.RETIREMENT_PENDING
-
-
-def dump(store: Store) -> dict[str, list[dict[str, Any]]]:
-    """Every record a write can change, read through the protocol (keelway/testing's
-    `dump`); the SQLite store's own while keelway/testing has none."""
-    try:
-        from keelway.testing.dump import dump as protocol_dump
-    except ImportError:
-        own: dict[str, list[dict[str, Any]]] = store.dump()  # type: ignore[attr-defined]
-        return own
-    return protocol_dump(store)  # type: ignore[no-any-return]
 
 
 def _instance(store: Store, host: str = "a.test") -> None:
