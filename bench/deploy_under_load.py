@@ -260,7 +260,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             pids += [int(p) for p in re.findall(r"router .*\(pid (\d+)\)", log)]
         with contextlib.suppress(sqlite3.Error), contextlib.closing(
                 sqlite3.connect(f"file:{home / 'keelway.db'}?mode=ro", uri=True)) as db:
-            pids += [p for (p,) in db.execute("SELECT pid FROM generations WHERE pid IS NOT NULL")]
+            pids += [p for (p,) in db.execute("SELECT pid FROM presences WHERE pid IS NOT NULL")]
         for pid in pids:
             kill_ours(pid, str(home))
     # An upper bound: wrk counts a "timeout" per stuck connection on each 2 s sweep, and a

@@ -27,8 +27,9 @@ def violations(home: Path) -> list[str]:
     try:
         live = store.generations.live_generations()
         by_id = {g.id: g for g in live}
-        alive = {g.id for g in live if g.pid and g.start_ticks
-                 and process.is_alive(g.pid, g.start_ticks)}
+        presences = store.local.presences(by_id)
+        alive = {g.id for g in live if (leader := presences[g.id].leader)
+                 and process.is_alive(*leader)}
 
         # 5. No process keelway started is alive unless a record names it: every
         # process of the home's trees (its cgroups, and /proc scanned for the home's
@@ -114,7 +115,7 @@ def violations(home: Path) -> list[str]:
                 web = store.generations.get_active(row.instance if row is not None else host, "web")
                 web_gen = store.generations.get_generation(web.generation_id) if web else None
                 if web_gen is None or web_gen.state is GenState.GONE or (
-                        entry.upstream != f"127.0.0.1:{web_gen.port}"):
+                        entry.upstream != f"127.0.0.1:{store.local.presence(web_gen.id).port}"):
                     found.append(f"the router sends {host} to {entry.upstream}, which is not "
                                  "its ACTIVE web generation")
     finally:

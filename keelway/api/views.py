@@ -4,6 +4,7 @@ by the config endpoints (not status)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from keelway.api.instance_state import (
@@ -20,16 +21,16 @@ from keelway.runtime.router_supervisor import RouterHealth
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
 from keelway.store.lifecycle import GenState, OpState
-from keelway.store.records import Event, Generation, Instance, Operation
+from keelway.store.records import Event, Generation, Instance, Operation, Presence
 
 
-def generation_view(gen: Generation) -> dict[str, Any]:
+def generation_view(gen: Generation, presences: Mapping[int, Presence]) -> dict[str, Any]:
     # A process proven gone has no pid (it may name another process by now) and holds
-    # no port (its claim went with the proof).
-    dead = gen.state is GenState.GONE
+    # no port (its claim went with the proof): `presences` need hold only the live.
+    seen = presences.get(gen.id) if gen.state is not GenState.GONE else None
     return {
         "id": gen.id, "service": gen.service, "state": gen.state.value,
-        "pid": None if dead else gen.pid, "port": None if dead else gen.port,
+        "pid": seen.pid if seen else None, "port": seen.port if seen else None,
         "release": f"v{gen.release}", "build": gen.build_digest[:12],
         "started_at": gen.created_at, "exit_code": gen.exit_code,
     }
@@ -147,6 +148,7 @@ def status_view(store: Store, http_port: int | None, app_filter: str | None,
     pinned = store.builds.pinned_builds()
     out: list[dict[str, Any]] = []
     leftovers: list[dict[str, Any]] = []
+    presences = store.local.presences(g.id for g in store.generations.live_generations())
     for app in apps:
         drills = last_drills(store, app.name)
         releases = store.builds.list_releases(app.name)
@@ -160,10 +162,10 @@ def status_view(store: Store, http_port: int | None, app_filter: str | None,
             for _service, gen_id in sorted(active.items()):
                 gen = store.generations.get_generation(gen_id)
                 if gen is not None:
-                    services.append(generation_view(gen) | {"active": True})
+                    services.append(generation_view(gen, presences) | {"active": True})
             for gen in live:
                 if gen.id not in active.values():
-                    item = generation_view(gen) | {"active": False}
+                    item = generation_view(gen, presences) | {"active": False}
                     services.append(item)
                     # A generation its live operation attends (a one-off run) is no
                     # leftover, though ACTIVE does not name it; nor is the replicator,

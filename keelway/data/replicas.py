@@ -285,7 +285,7 @@ class Replicas:
         cgroup or environment, removed as any other."""
         assert self.binary is not None
         config = self.write_config(host)
-        gen = self.store.generations.plan_generation(
+        gen = self.store.plan_generation(
             app=web.app, instance=host, service=REPLICA, release=web.release,
             build_digest=web.build_digest, op_id=op_id, port=None)
         failpoints.hit("replica.spawn.before")
@@ -311,7 +311,8 @@ class Replicas:
         timeout). None on success, else what failed."""
         for gen in self.live(host):
             if not await self.supervisor.stop(gen, self.options.stop_grace_s):
-                return f"replicator generation {gen.id} (pid {gen.pid}) did not stop"
+                pid = self.store.local.presence(gen.id).pid
+                return f"replicator generation {gen.id} (pid {pid}) did not stop"
         if not sync or not self.enabled:
             return None
         config, now = self._configure(host)

@@ -205,7 +205,7 @@ class Attempt:
         )
         if isinstance(started, StartFailed):
             return Failed(str(started))
-        self._say(f"{spec.name} ready (pid {started.pid})")
+        self._say(f"{spec.name} ready (pid {self.store.local.presence(started.id).pid})")
         self._candidates[spec.name] = started
         return None
 
@@ -266,10 +266,10 @@ class Attempt:
     async def _retire(self, spec: ServiceSpec, old: Generation) -> None:
         """Drain and stop an old generation an overlap swap left running."""
         failpoints.hit("retire.before")
-        if old.port is not None:
+        if (old_port := self.store.local.presence(old.id).port) is not None:
             # Bounded drain: the router already sends new requests to the candidate;
             # the ones in flight to the old port finish before it is stopped.
-            drained = await self.publisher.drained(old.port, DRAIN_BOUND_S)
+            drained = await self.publisher.drained(old_port, DRAIN_BOUND_S)
             if not drained:
                 self._say(f"{spec.name}: requests still in flight after "
                           f"{DRAIN_BOUND_S:g}s; stopping it anyway")
@@ -280,7 +280,8 @@ class Attempt:
             latest = self.store.generations.get_generation(gen.id) or gen
             if await self.supervisor.stop(latest, stop_grace_s(self.store, gen)):
                 return Done()
-            return Failed(f"generation {gen.id} (pid {gen.pid}) survived SIGKILL")
+            pid = self.store.local.presence(gen.id).pid
+            return Failed(f"generation {gen.id} (pid {pid}) survived SIGKILL")
 
         failed = await self.steps.run(kind, stop, service=gen.service, before_gen=gen.id)
         if failed is not None:

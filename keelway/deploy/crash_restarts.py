@@ -193,7 +193,8 @@ class CrashRestarts:
             # Its leader is dead; its tree (a daemonized child) may not be: it must be
             # proven gone before a successor takes its key.
             if not await self.supervisor.stop(gen, targets.stop_grace_s(self.store, gen)):
-                raise OperationError(f"{gen.service} generation {gen.id} (pid {gen.pid}) "
+                pid = self.store.local.presence(gen.id).pid
+                raise OperationError(f"{gen.service} generation {gen.id} (pid {pid}) "
                                      "left processes that could not be stopped")
             target = targets.target_of(self.store, gen)
             spec = target.manifest.services.get(gen.service) if target else None

@@ -76,7 +76,7 @@ async def start_generation(
     gate("before the spawn")
     port = pick_free_port(store.local.claimed_ports()) if spec.kind is ServiceKind.WEB else None
     failpoints.hit("plan.before")
-    gen = store.generations.plan_generation(
+    gen = store.plan_generation(
         app=target.app, instance=instance, service=spec.name, release=target.release,
         build_digest=target.build_digest, op_id=op_id, port=port,
     )
@@ -96,7 +96,7 @@ async def start_generation(
             nonlocal gen
             gate("at the spawn")
             gen = await supervisor.spawn(gen, spec.command, target.build_path, env)
-            return Done(f"pid {gen.pid}")
+            return Done(f"pid {store.local.presence(gen.id).pid}")
 
         await steps.run(StepKind.SPAWN, spawn, service=spec.name, before_gen=before_gen,
                         after_gen=gen.id,
@@ -143,7 +143,7 @@ async def run_release_command(
     command = target.manifest.release_command
     assert command is not None
     gate("before the release command")
-    gen = store.generations.plan_generation(
+    gen = store.plan_generation(
         app=target.app, instance=instance, service=RELEASE_SERVICE, release=target.release,
         build_digest=target.build_digest, op_id=op_id, port=None,
     )

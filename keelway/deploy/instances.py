@@ -498,7 +498,8 @@ def _stop(part: Instances, _request: RemoveRequest, step: PlannedStep) -> Bound:
         if current is None or await part.supervisor.stop(
                 current, targets.stop_grace_s(part.store, current)):
             return Done("gone")
-        return Failed(f"generation {gen_id} (pid {current.pid}) did not stop")
+        pid = part.store.local.presence(gen_id).pid
+        return Failed(f"generation {gen_id} (pid {pid}) did not stop")
 
     return stop
 

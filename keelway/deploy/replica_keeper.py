@@ -120,7 +120,7 @@ class ReplicaKeeper:
                     gen = await replicas.spawn(host, op.id, web)
                 except (OSError, ReplicaError) as exc:
                     return Failed(f"the replicator did not start: {exc}")
-                return Done(f"generation {gen.id} pid {gen.pid}")
+                return Done(f"generation {gen.id} pid {self.store.local.presence(gen.id).pid}")
 
             failed = await steps.run(StepKind.REPLICA_START, spawn, service=REPLICA,
                                      before=("replica.start.before",),

@@ -131,7 +131,8 @@ class Runs:
                      signals: Signals) -> bool:
         """Forward signals to the child's session until it exits; True if its terminal
         went away first, which stops it (proven gone when this returns)."""
-        assert gen.pid is not None and gen.start_ticks is not None
+        leader = self.store.local.presence(gen.id).leader
+        assert leader is not None
         while not exited.done():
             getter = asyncio.ensure_future(signals.get())
             await asyncio.wait((exited, getter), return_when=asyncio.FIRST_COMPLETED)
@@ -142,13 +143,13 @@ class Runs:
                 break
             sig = getter.result()
             if sig is None:
-                process.signal_session(gen.pid, gen.start_ticks, signal.SIGHUP)
+                process.signal_session(*leader, signal.SIGHUP)
                 latest = self.store.generations.get_generation(gen.id) or gen
                 if not await self.supervisor.stop(latest, HANGUP_GRACE_S):
-                    raise OperationError(f"run generation {gen.id} (pid {gen.pid}) did not "
+                    raise OperationError(f"run generation {gen.id} (pid {leader[0]}) did not "
                                          "stop after its terminal went away")
                 return True
-            process.signal_session(gen.pid, gen.start_ticks, sig)
+            process.signal_session(*leader, sig)
         return False
 
 
@@ -177,7 +178,7 @@ class _OneOff:
         runs = self.runs
         inst = targets.instance_named(runs.store, self.host)
         target = refusal(runs.store, inst)
-        gen = runs.store.generations.plan_generation(
+        gen = runs.store.plan_generation(
             app=inst.app, instance=inst.host, service=RUN_SERVICE, release=target.release,
             build_digest=target.build_digest, op_id=op.id, port=None)
         env = process_env(
@@ -195,7 +196,7 @@ class _OneOff:
         self.exited = asyncio.ensure_future(
             runs.supervisor.wait_exit(self.gen, None, HANGUP_GRACE_S))
         self.release = target.release
-        return Done(f"generation {self.gen.id} pid {self.gen.pid}")
+        return Done(f"generation {self.gen.id} pid {runs.store.local.presence(self.gen.id).pid}")
 
     async def wait(self) -> Done | Failed:
         """Tell the CLI the command runs, then attend it to its end, the instance lock
@@ -203,10 +204,11 @@ class _OneOff:
         gen, exited, runs = self.gen, self.exited, self.runs
         assert gen is not None and exited is not None
         inst = targets.instance_named(runs.store, self.host)
+        pid = runs.store.local.presence(gen.id).pid
         runs.store.ops.add_event("run", f"run of {self.program} started in v{self.release} "
-                                 f"(generation {gen.id}, pid {gen.pid})",
+                                 f"(generation {gen.id}, pid {pid})",
                                  app=inst.app, instance=inst.host)
-        await self.started(RunStarted(gen.pid or 0, inst.host, self.release))
+        await self.started(RunStarted(pid or 0, inst.host, self.release))
         # A shell may run for hours: operations on the instance go on meanwhile, and
         # the lock is taken back to write the outcome.
         async with self.runs.runner.lent(self.host):
@@ -215,7 +217,7 @@ class _OneOff:
         self.code = UNKNOWN_EXIT if returncode is None else exit_code(returncode)
         latest = self.runs.store.generations.get_generation(gen.id)
         if latest is None or latest.state is not GenState.GONE:
-            return Failed(f"{self.program} (pid {gen.pid}) left processes that could not "
+            return Failed(f"{self.program} (pid {pid}) left processes that could not "
                           "be stopped")
         if hung_up:
             return Failed(f"the terminal went away; {self.program} was stopped "

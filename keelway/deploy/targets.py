@@ -134,7 +134,8 @@ def stop_effect(store: Store, supervisor: Supervisor, gen: Generation) -> Effect
     async def stop() -> Done | Failed:
         if await supervisor.stop(gen, stop_grace_s(store, gen)):
             return Done(f"generation {gen.id} gone")
-        return Failed(f"{gen.service} generation {gen.id} (pid {gen.pid}) did not stop")
+        pid = store.local.presence(gen.id).pid
+        return Failed(f"{gen.service} generation {gen.id} (pid {pid}) did not stop")
 
     return stop
 

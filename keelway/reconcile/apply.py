@@ -9,7 +9,7 @@ and fails the instance closed (`FailedClosed`), with the leftover in the journal
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, assert_never
 
@@ -30,7 +30,7 @@ from keelway.runtime import process
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
 from keelway.store.lifecycle import InstanceState, OpState, RouteState, StepState
-from keelway.store.records import Generation, InstanceView
+from keelway.store.records import Generation, InstanceView, Presence
 
 log = logging.getLogger("keelway.reconcile")
 
@@ -111,15 +111,17 @@ def records_of(view: InstanceView, live_ops: set[int], replicate: bool = False) 
     )
 
 
-def observe(records: Records, supervisor: Supervisor) -> Observed:
-    """What /proc (and the cgroups) say of the generations the records name. A tree is
+def observe(records: Records, supervisor: Supervisor,
+            presences: Mapping[int, Presence]) -> Observed:
+    """What /proc (and the cgroups) say of the generations the records name, whose
+    leaders `presences` holds (store.local's bulk read). A tree is
     looked at only for a generation whose leader is dead or unrecorded: the common case
     costs one stat read per generation."""
-    alive = {g.id for g in records.live if g.pid is not None and g.start_ticks is not None
-             and process.is_alive(g.pid, g.start_ticks)}
+    leaders = {g.id: presences[g.id].leader for g in records.live}
+    alive = {g.id for g in records.live if (leader := leaders[g.id]) is not None
+             and process.is_alive(*leader)}
     orphans = {g.id for g in records.live if g.id not in alive and supervisor.trees.members(
-        g.id, (g.pid, g.start_ticks) if g.pid is not None and g.start_ticks is not None
-        else None)}
+        g.id, leaders[g.id])}
     watched = {g.id for g in records.live if supervisor.is_watched(g.id)}
     return Observed(frozenset(alive), frozenset(watched), frozenset(orphans))
 
@@ -147,7 +149,8 @@ class Reconciler:
         records = gather(self.store, host, live_ops, self.replicate)
         if records is None:
             return []
-        return plan(records, observe(records, self.supervisor), mode, self.finalize)
+        return plan(records, observe(records, self.supervisor, self.store.local.presences(
+            g.id for g in records.live)), mode, self.finalize)
 
     def survey(self, mode: Pass, live_ops: set[int]) -> tuple[list[str], bool]:
         """The instances whose plan does more than republish, planned from one bulk read
@@ -156,9 +159,11 @@ class Reconciler:
         costs its share of a handful of queries, one liveness check per generation
         and no lock."""
         hosts, republish = [], False
-        for view in self.store.instances.instance_views():
+        views = self.store.instances.instance_views()
+        presences = self.store.local.presences(g.id for view in views for g in view.live)
+        for view in views:
             try:
-                actions = self._plan_view(view, mode, live_ops)
+                actions = self._plan_view(view, mode, live_ops, presences)
             except Exception:
                 # One instance's records must not keep the others from their pass: it is
                 # reconciled alone, where its error is reported as its own.
@@ -169,9 +174,10 @@ class Reconciler:
             republish = republish or any(a.kind is Kind.REPUBLISH for a in actions)
         return hosts, republish
 
-    def _plan_view(self, view: InstanceView, mode: Pass, live_ops: set[int]) -> list[Action]:
+    def _plan_view(self, view: InstanceView, mode: Pass, live_ops: set[int],
+                   presences: Mapping[int, Presence]) -> list[Action]:
         records = records_of(view, live_ops, self.replicate)
-        return plan(records, observe(records, self.supervisor), mode, self.finalize)
+        return plan(records, observe(records, self.supervisor, presences), mode, self.finalize)
 
     async def reconcile(self, host: str, mode: Pass, live_ops: set[int]) -> Convergence:
         """Plan and apply for one instance; the caller holds (or tried) its lock."""
@@ -214,8 +220,9 @@ class Reconciler:
                       | Kind.STOP_ACTIVE | Kind.STOP_REPLICA):
                     gen = self._gen(action)
                     if gen is not None and not await self.supervisor.stop(gen, self.grace(gen)):
+                        pid = self.store.local.presence(gen.id).pid
                         self.store.ops.add_event("leftover", f"{gen.service} generation {gen.id} "
-                                                 f"(pid {gen.pid}) could not be stopped",
+                                                 f"(pid {pid}) could not be stopped",
                                                  app=gen.app, instance=host)
                     elif action.kind is Kind.STOP_REPLICA:
                         synced = True
@@ -230,7 +237,8 @@ class Reconciler:
                 case Kind.RESTORE_ROUTE:
                     gen = self._gen(action)
                     if gen is not None:
-                        self.store.routes.set_route(host, host, RouteState.SERVING, gen.port,
+                        self.store.routes.set_route(host, host, RouteState.SERVING,
+                                                    self.store.local.presence(gen.id).port,
                                                     gen.id,
                                                     expected=self.store.routes.get_route(host))
                         outcome.republish = True
@@ -296,7 +304,8 @@ class Reconciler:
             failpoints.hit("reconcile.remove.after")
         if not gone:
             assert gen is not None
-            leftover = (f"{gen.service} generation {gen.id} (pid {gen.pid}) of op "
+            leftover = (f"{gen.service} generation {gen.id} "
+                        f"(pid {self.store.local.presence(gen.id).pid}) of op "
                         f"{action.op_id} could not be removed")
             op = self.store.ops.get_operation(action.op_id)
             if op is not None:

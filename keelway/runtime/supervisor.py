@@ -161,7 +161,7 @@ class Supervisor:
         spawned = await process.spawn(argv, cwd=cwd, env=env, log_path=path, stdio=stdio,
                                       join=self.trees.join_paths(gen.id), identity=identity)
         failpoints.hit("spawn.after")
-        running = self.store.local.record_spawn(gen, spawned.pid, spawned.start_ticks)
+        running = self.store.record_spawn(gen, spawned.pid, spawned.start_ticks)
         failpoints.hit("spawn.recorded")
         handle = _Handle(gen.id, spawned.pid, spawned.start_ticks, spawned.proc,
                          stopping=expected_exit)
@@ -170,13 +170,14 @@ class Supervisor:
 
     def adopt(self, gen: Generation) -> bool:
         """Watch a generation that survived a control-plane restart; False if it is dead."""
-        if gen.pid is None or gen.start_ticks is None:
+        leader = self.store.local.presence(gen.id).leader
+        if leader is None:
             return False
         if gen.id in self._handles:
             return True
-        if not process.is_alive(gen.pid, gen.start_ticks):
+        if not process.is_alive(*leader):
             return False
-        self._watch(_Handle(gen.id, gen.pid, gen.start_ticks, None))
+        self._watch(_Handle(gen.id, *leader, None))
         return True
 
     def is_watched(self, gen_id: int) -> bool:
@@ -238,6 +239,7 @@ class Supervisor:
         makes the next probe go out at once. Not ready within `timeout_s`: TIMED_OUT,
         saying what the last probe saw."""
         handle = self._handles.get(gen.id)
+        port = self.store.local.presence(gen.id).port
         host = host or gen.instance
         deadline = self.clock.monotonic() + timeout_s
         seen: Probe | None = None
@@ -246,10 +248,10 @@ class Supervisor:
         while True:
             if handle is None or handle.exited.is_set():
                 return Readiness(ReadyOutcome.EXITED, self._exit_said(gen, handle))
-            if gen.port is None or health_path is None:
+            if port is None or health_path is None:
                 return Readiness(ReadyOutcome.READY, "running")
             left_s = deadline - self.clock.monotonic()
-            seen = await probe_http(gen.port, health_path, host,
+            seen = await probe_http(port, health_path, host,
                                     timeout_s=min(_PROBE_TIMEOUT_S, max(left_s, 0.05)))
             if isinstance(seen, Answered) and seen.healthy:
                 return Readiness(ReadyOutcome.READY,
@@ -259,7 +261,7 @@ class Supervisor:
                     gen.id, (handle.pid, handle.start_ticks)))
                     if isinstance(seen, NotListening) else [])
                 return Readiness(ReadyOutcome.TIMED_OUT, describe(
-                    seen, port=gen.port, path=health_path, host=host, listening=listening))
+                    seen, port=port, path=health_path, host=host, listening=listening))
             waits = [asyncio.ensure_future(handle.exited.wait())]
             if notify is not None and not notified:
                 waits.append(asyncio.ensure_future(notify.wait()))
@@ -336,8 +338,7 @@ class Supervisor:
         it could not be proven gone (the record stays, naming the leftover)."""
         if gen.state is GenState.GONE:
             return True
-        leader = (gen.pid, gen.start_ticks) if gen.pid is not None and (
-            gen.start_ticks is not None) else None
+        leader = self.store.local.presence(gen.id).leader
         if leader is not None and self.refuses_to_die(gen.id) and process.is_alive(*leader):
             return False
         handle = self._handles.get(gen.id)
@@ -374,7 +375,7 @@ class Supervisor:
         removed = await self.trees.remove_reaped(gen_id, self.clock)
         failpoints.hit("cgroup.remove.after")
         if removed:
-            self.store.local.record_gone(gen_id, exit_code)
+            self.store.record_gone(gen_id, exit_code)
         return removed
 
     async def remove_strays(self) -> list[int]:

@@ -1,7 +1,7 @@
-"""The SQLite store's generations as records: planned with their port claims, moved
-along their lifecycle, named ACTIVE, marked (inhibitions), and their crash-restart
-backoff. What only this box observes of them (pids, start ticks, ports in use, a
-generation proven gone) is keelway/store/local.py."""
+"""The SQLite store's generations as records: planned, moved along their lifecycle
+(proven gone included), named ACTIVE, marked (inhibitions), and their crash-restart
+backoff: what a fleet would share. What only this box observes of them (ports claimed,
+pids, start ticks) is keelway/store/local.py."""
 
 from __future__ import annotations
 
@@ -15,17 +15,17 @@ from keelway.store.records import Active, CrashRetry, Generation
 
 
 class SqliteGenerations:
-    """Generations, port claims with them, ACTIVE, inhibitions and backoff
-    (`GenerationStore`)."""
+    """Generations, ACTIVE, inhibitions and backoff (`GenerationStore`)."""
 
     def __init__(self, db: Db) -> None:
         self.db = db
 
     def plan_generation(
         self, *, app: str, instance: str, service: str, release: int, build_digest: str,
-        op_id: int | None, port: int | None,
+        op_id: int | None,
     ) -> Generation:
-        """Journal a generation before its spawn, with its port claim in the same write.
+        """Journal a generation before its spawn (`Store.plan_generation` adds this box's
+        presence, its port claim, in the same write).
 
         Crash after this commit, before the spawn: the reconciler finds a PLANNED row with
         no pid, so there is no process to look for; it marks it gone and frees the claim.
@@ -33,22 +33,12 @@ class SqliteGenerations:
         with self.db.tx(f"plan a {service} generation of {instance}") as c:
             cur = c.execute(
                 "INSERT INTO generations(app, instance, service, release, build_digest, op_id,"
-                " state, port, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " state, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (app, instance, service, release, build_digest, op_id, GenState.PLANNED.value,
-                 port, self.db.clock.now()),
+                 self.db.clock.now()),
             )
             gen_id = int(cur.lastrowid or 0)
-            if port is not None:
-                try:
-                    c.execute(
-                        "INSERT INTO port_claims(port, generation_id, claimed_at) VALUES (?, ?, ?)",
-                        (port, gen_id, self.db.clock.now()),
-                    )
-                except sqlite3.IntegrityError as exc:
-                    raise Conflict(f"port {port} is already claimed") from exc
-        gen = self.get_generation(gen_id)
-        assert gen is not None
-        return gen
+        return self.for_update(gen_id)
 
     def set_generation_state(self, gen: Generation, state: GenState) -> Generation:
         """Move `gen` (the record the caller read) to `state`: `Conflict` if it was
@@ -58,6 +48,19 @@ class SqliteGenerations:
             c.execute("UPDATE generations SET state=?, version=version+1"
                       " WHERE id=? AND version=?", (state.value, gen.id, gen.version))
         return self.for_update(gen.id)
+
+    def record_exit(self, gen_id: int, exit_code: int | None) -> Generation:
+        """The generation proven gone, with its exit code, and its marks freed: a fact,
+        written whatever version the caller saw; a repeat changes nothing."""
+        with self.db.tx(f"record generation {gen_id} gone") as c:
+            gen = self.for_update(gen_id)
+            if gen.state is not GenState.GONE:
+                check(gen.state, GenState.GONE)
+                c.execute("UPDATE generations SET state=?, exit_code=?, exited_at=?,"
+                          " version=version+1 WHERE id=?",
+                          (GenState.GONE.value, exit_code, self.db.clock.now(), gen_id))
+            c.execute("DELETE FROM inhibitions WHERE generation_id=?", (gen_id,))
+        return self.for_update(gen_id)
 
     def refuse_stale(self, gen: Generation, state: GenState) -> None:
         """The compare of a generation's compare-and-swap, inside the writer's transaction
@@ -183,8 +186,8 @@ def generation_of(r: sqlite3.Row) -> Generation:
     return Generation(
         id=r["id"], app=r["app"], instance=r["instance"], service=r["service"],
         release=r["release"], build_digest=r["build_digest"], op_id=r["op_id"],
-        state=GenState(r["state"]), pid=r["pid"], start_ticks=r["start_ticks"], port=r["port"],
-        created_at=r["created_at"], exited_at=r["exited_at"], exit_code=r["exit_code"],
+        state=GenState(r["state"]), created_at=r["created_at"], exited_at=r["exited_at"],
+        exit_code=r["exit_code"],
         version=r["version"],
     )
 

@@ -196,7 +196,7 @@ class SqliteInstances:
             c.execute("DELETE FROM backoff WHERE instance=?", (host,))
             gens = "SELECT id FROM generations WHERE instance=?"
             c.execute(f"DELETE FROM inhibitions WHERE generation_id IN ({gens})", (host,))
-            c.execute(f"DELETE FROM port_claims WHERE generation_id IN ({gens})", (host,))
+            c.execute(f"DELETE FROM presences WHERE generation_id IN ({gens})", (host,))
             c.execute("DELETE FROM generations WHERE instance=?", (host,))
             c.execute("DELETE FROM fences WHERE instance=?", (host,))
             c.execute("DELETE FROM instances WHERE host=?", (host,))

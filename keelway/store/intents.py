@@ -32,6 +32,46 @@ class Composing(Store, Protocol):
         ...
 
 
+def plan_generation(store: Composing, *, app: str, instance: str, service: str,
+                    release: int, build_digest: str, op_id: int | None,
+                    port: int | None) -> Generation:
+    """A PLANNED generation and this box's presence of it with its port claim, in one
+    write: a port claimed already refuses both (`Conflict`).
+
+    With the shared records and the box's in two databases (a fleet), the record is
+    written first: a crash before the presence leaves a PLANNED generation with no pid
+    and no claim, which the reconciler marks gone, as it does one never spawned."""
+    with store.writing(f"plan a {service} generation of {instance}"):
+        gen = store.generations.plan_generation(
+            app=app, instance=instance, service=service, release=release,
+            build_digest=build_digest, op_id=op_id)
+        store.local.add_presence(gen.id, port)
+    return gen
+
+
+def record_spawn(store: Composing, gen: Generation, pid: int,
+                 start_ticks: int) -> Generation:
+    """PLANNED -> RUNNING, compare-and-swap on `gen.version` (a second spawner loses
+    before anything is written), and the spawn's pid and start ticks, in one write.
+    Split across two databases the move goes first: a RUNNING generation whose pid is
+    not recorded yet is found by its process tree, which names its generation."""
+    with store.writing(f"record the spawn of generation {gen.id}"):
+        running = store.generations.set_generation_state(gen, GenState.RUNNING)
+        store.local.record_process(gen.id, pid, start_ticks)
+    return running
+
+
+def record_gone(store: Composing, gen_id: int, exit_code: int | None) -> Generation:
+    """The generation proven gone, then its port claim freed, in one write. The order
+    is the rule for two databases too: a claim never outlives the proof its process
+    is dead, so the claim goes after the proof (a crash between holds a port longer,
+    never frees one a process still listens on)."""
+    with store.writing(f"record generation {gen_id} gone"):
+        gone = store.generations.record_exit(gen_id, exit_code)
+        store.local.free_port(gen_id)
+    return gone
+
+
 def install(store: Composing, instance: str, *, schedule_rev: int,
             candidates: Mapping[str, Generation], retiring: Iterable[int],
             retire_reason: Inhibition, op_id: int,
@@ -54,7 +94,8 @@ def install(store: Composing, instance: str, *, schedule_rev: int,
             store.generations.add_inhibition(gen_id, retire_reason, op_id)
         web = candidates.get("web")
         if web is not None:
-            store.routes.set_route(instance, instance, RouteState.SERVING, web.port, web.id,
+            store.routes.set_route(instance, instance, RouteState.SERVING,
+                                   store.local.presence(web.id).port, web.id,
                                    expected=store.routes.get_route(instance))
         if inst.state is not InstanceState.RUNNING:
             inst = store.instances.set_instance_state(inst, InstanceState.RUNNING)
@@ -78,7 +119,8 @@ def activate_and_route(store: Composing, instance: str,
         web = (store.generations.get_generation(web_active.generation_id)
                if web_active else None)
         if web is not None and web.state is not GenState.GONE:
-            store.routes.set_route(instance, instance, RouteState.SERVING, web.port, web.id,
+            store.routes.set_route(instance, instance, RouteState.SERVING,
+                                   store.local.presence(web.id).port, web.id,
                                    expected=store.routes.get_route(instance))
 
 
@@ -100,7 +142,7 @@ def fall_back(store: Composing, instance: str, *, active: Mapping[str, int],
             store.generations.remove_inhibition(gen_id, unmark_reason)
         route = store.routes.get_route(instance)
         want: tuple[RouteState, int | None, int | None] = (
-            (RouteState.SERVING, web.port, web.id) if web is not None
+            (RouteState.SERVING, store.local.presence(web.id).port, web.id) if web is not None
             else (RouteState.GATED, None, None))
         have = (route.state, route.port, route.generation_id) if route else None
         changed = have != want and (route is not None or web is not None)

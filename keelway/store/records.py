@@ -169,13 +169,30 @@ class Generation(msgspec.Struct, frozen=True):
     build_digest: str
     op_id: int | None
     state: GenState
-    pid: int | None
-    start_ticks: int | None
-    port: int | None
     created_at: float
     exited_at: float | None
     exit_code: int | None
     version: int
+
+
+class Presence(msgspec.Struct, frozen=True):
+    """What this box alone observes of one generation (`store.local`, keyed by its id):
+    the port claimed for it when it was planned and, once spawned, its leader's pid and
+    start ticks. None where nothing was observed: not spawned yet, not a web, or a
+    generation this box never ran. A fleet shares `Generation`s; never these."""
+
+    generation_id: int
+    port: int | None = None
+    pid: int | None = None
+    start_ticks: int | None = None
+
+    @property
+    def leader(self) -> tuple[int, int] | None:
+        """(pid, start ticks) of its session leader, if it was spawned: what a liveness
+        check or a signal needs, so a reused pid is never taken for it."""
+        if self.pid is None or self.start_ticks is None:
+            return None
+        return self.pid, self.start_ticks
 
 
 class CrashRetry(msgspec.Struct, frozen=True):

@@ -288,6 +288,30 @@ MIGRATIONS: list[str] = [
     ALTER TABLE builds ADD COLUMN source TEXT;
     ALTER TABLE releases ADD COLUMN source TEXT;
     """,
+    # 10: what only this box observes of a generation (the port claimed for it, its
+    # leader's pid and start ticks) leaves the generation's row, which a fleet would
+    # share, for `presences`, keyed by the generation (keelway/store/local.py): a
+    # box-local file later, so it names a generation by id, with no foreign key into the
+    # shared records. The port claim becomes the presence's `claimed_at` (NULL once the
+    # generation is proven gone), one port claimed once by the partial unique index.
+    # Every generation keeps what it had: a running one is adopted after the upgrade.
+    """
+    CREATE TABLE presences (
+        generation_id INTEGER PRIMARY KEY,
+        port INTEGER,
+        pid INTEGER,
+        start_ticks INTEGER,
+        claimed_at REAL
+    );
+    CREATE UNIQUE INDEX presences_claimed ON presences(port) WHERE claimed_at IS NOT NULL;
+    INSERT INTO presences(generation_id, port, pid, start_ticks, claimed_at)
+    SELECT g.id, COALESCE(c.port, g.port), g.pid, g.start_ticks, c.claimed_at
+    FROM generations g LEFT JOIN port_claims c ON c.generation_id = g.id;
+    DROP TABLE port_claims;
+    ALTER TABLE generations DROP COLUMN pid;
+    ALTER TABLE generations DROP COLUMN start_ticks;
+    ALTER TABLE generations DROP COLUMN port;
+    """,
 ]
 
 

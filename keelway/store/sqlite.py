@@ -52,12 +52,15 @@ class SqliteStore:
         self.routes = SqliteRoutes(self.db)
         self.imports = SqliteImports(self.db)
         self.generations = SqliteGenerations(self.db)
-        self.local = SqliteLocal(self.db, self.generations)
+        self.local = SqliteLocal(self.db)
         self.instances = SqliteInstances(self.db, ops=self.ops, generations=self.generations,
                                          routes=self.routes)
 
     # The intents composed over the nouns, one implementation for every backend
     # (keelway/store/intents.py); each runs inside `writing`.
+    plan_generation = intents.plan_generation
+    record_spawn = intents.record_spawn
+    record_gone = intents.record_gone
     install = intents.install
     activate_and_route = intents.activate_and_route
     fall_back = intents.fall_back

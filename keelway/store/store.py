@@ -29,6 +29,10 @@ Rules every implementation keeps:
 - Lifecycle moves are checked where they are written (keelway.store.lifecycle).
 - A generation's port claim is written with the generation and released with the
   record that proves it gone: a claim never outlives the proof its process is dead.
+- What only this box observes (`store.local`: ports, pids, start ticks) is never in a
+  shared record: a `Generation` says which release of which service of which instance,
+  its state and exit; its `Presence` is read by generation id, in bulk where a survey
+  reads many.
 - `ensure_*`, `record_build`, `add_inhibition` and `finish_request` are idempotent:
   a repeat changes nothing.
 """
@@ -64,6 +68,7 @@ from keelway.store.records import (
     Instance,
     InstanceView,
     Operation,
+    Presence,
     Release,
     ReleaseAttempt,
     ReleaseDraft,
@@ -396,14 +401,19 @@ class GenerationStore(Protocol):
     """Generations as records, ACTIVE, inhibitions, crash retries."""
 
     def plan_generation(self, *, app: str, instance: str, service: str, release: int,
-                        build_digest: str, op_id: int | None,
-                        port: int | None) -> Generation:
-        """A PLANNED generation with its port claim in the same write (`Conflict`, and
-        no generation, if the port is claimed)."""
+                        build_digest: str, op_id: int | None) -> Generation:
+        """A PLANNED generation (`Store.plan_generation` writes it with this box's
+        presence of it, its port claim)."""
         ...
 
     def set_generation_state(self, gen: Generation, state: GenState) -> Generation:
         """Compare-and-swap on `gen.version`; the move is checked."""
+        ...
+
+    def record_exit(self, gen_id: int, exit_code: int | None) -> Generation:
+        """The generation proven gone, with its exit code, and its inhibitions freed in
+        the same write (a fact: no compare; repeating it changes nothing). The port
+        claim is this box's: `Store.record_gone` frees both."""
         ...
 
     def get_generation(self, gen_id: int) -> Generation | None: ...
@@ -447,15 +457,31 @@ class GenerationStore(Protocol):
 
 
 class BoxLocalStore(Protocol):
-    """Facts only this box observes: pids, start ticks, ports."""
+    """Facts only this box observes of the generations it runs, each a `Presence` keyed
+    by the generation's id: the port claimed for it, its leader's pid and start ticks.
+    No method takes or returns a shared record, so a fleet can keep these in a file of
+    the box while the generations live in a shared database."""
 
-    def record_spawn(self, gen: Generation, pid: int, start_ticks: int) -> Generation:
-        """PLANNED -> RUNNING with pid and start time; compare-and-swap on `gen.version`."""
+    def add_presence(self, generation_id: int, port: int | None) -> Presence:
+        """The presence of a generation just planned, holding the claim on `port`;
+        `Conflict` (nothing written) if the port is claimed or the presence exists."""
         ...
 
-    def record_gone(self, gen_id: int, exit_code: int | None) -> Generation:
-        """A generation proven dead, its port claim and inhibitions freed in the same
-        write (a fact: no compare; repeating it changes nothing)."""
+    def record_process(self, generation_id: int, pid: int, start_ticks: int) -> Presence:
+        """The pid and start ticks of the generation's spawned leader."""
+        ...
+
+    def free_port(self, generation_id: int) -> None:
+        """Release the generation's port claim (its port stays recorded); idempotent."""
+        ...
+
+    def presence(self, generation_id: int) -> Presence:
+        """What this box observes of it: all None if nothing (never spawned here)."""
+        ...
+
+    def presences(self, generation_ids: Iterable[int]) -> dict[int, Presence]:
+        """`presence` of each of `generation_ids`, in one read: the bulk form every
+        survey uses (the reconciler's, the route table's, `status`)."""
         ...
 
     def claimed_ports(self) -> set[int]: ...
@@ -485,6 +511,23 @@ class Store(Protocol):
     def local(self) -> BoxLocalStore: ...
 
     def close(self) -> None: ...
+
+    def plan_generation(self, *, app: str, instance: str, service: str, release: int,
+                        build_digest: str, op_id: int | None,
+                        port: int | None) -> Generation:
+        """A PLANNED generation and this box's presence of it, with its port claim, in
+        one write (`Conflict`, and no generation, if the port is claimed)."""
+        ...
+
+    def record_spawn(self, gen: Generation, pid: int, start_ticks: int) -> Generation:
+        """PLANNED -> RUNNING (compare-and-swap on `gen.version`) and the spawn's pid and
+        start ticks on its presence, in one write."""
+        ...
+
+    def record_gone(self, gen_id: int, exit_code: int | None) -> Generation:
+        """A generation proven dead (`record_exit`) and its port claim freed, in one
+        write (a fact: no compare; repeating it changes nothing)."""
+        ...
 
     def install(self, instance: str, *, schedule_rev: int,
                 candidates: Mapping[str, Generation], retiring: Iterable[int],

@@ -1,7 +1,7 @@
-"""The in-memory store's generations as records (GenerationStore): planned with their
-port claim, moved along keelway/store/lifecycle.py's table, ACTIVE, inhibitions and
-crash retries. What only this box observes of a generation (pid, start ticks, the
-proof it is gone, port claims) is keelway/testing/memory_local.py."""
+"""The in-memory store's generations as records (GenerationStore): planned, moved
+along keelway/store/lifecycle.py's table (proven gone included), ACTIVE, inhibitions
+and crash retries. What only this box observes of a generation (its port claim, pid,
+start ticks) is keelway/testing/memory_local.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from keelway.journal import Inhibition
 from keelway.store.errors import Conflict, NotFound
 from keelway.store.lifecycle import GenState, check
 from keelway.store.records import Active, CrashRetry, Generation
-from keelway.testing.memory_tables import Claimed, Mark, MemoryDb, MemoryTables
+from keelway.testing.memory_tables import Mark, MemoryDb, MemoryTables
 
 
 class MemoryGenerations:
@@ -19,19 +19,13 @@ class MemoryGenerations:
         self._db = db
 
     def plan_generation(self, *, app: str, instance: str, service: str, release: int,
-                        build_digest: str, op_id: int | None,
-                        port: int | None) -> Generation:
-        now = self._db.clock.now()
+                        build_digest: str, op_id: int | None) -> Generation:
         with self._db.write() as t:
             t.last_generation += 1
             gen = Generation(t.last_generation, app, instance, service, release,
-                             build_digest, op_id, GenState.PLANNED, None, None, port, now,
+                             build_digest, op_id, GenState.PLANNED, self._db.clock.now(),
                              None, None, 1)
             t.generations[gen.id] = gen
-            if port is not None:
-                if port in t.port_claims:
-                    raise Conflict(f"port {port} is already claimed")
-                t.port_claims[port] = Claimed(gen.id, now)
             return gen
 
     def set_generation_state(self, gen: Generation, state: GenState) -> Generation:
@@ -40,6 +34,19 @@ class MemoryGenerations:
             t.generations[gen.id] = msgspec.structs.replace(have, state=state,
                                                             version=have.version + 1)
             return t.generations[gen.id]
+
+    def record_exit(self, gen_id: int, exit_code: int | None) -> Generation:
+        """A fact: no compare, and a repeat changes nothing; the marks go with it."""
+        with self._db.write() as t:
+            gen = _known(t, gen_id)
+            if gen.state is not GenState.GONE:
+                check(gen.state, GenState.GONE)
+                t.generations[gen_id] = msgspec.structs.replace(
+                    gen, state=GenState.GONE, exit_code=exit_code,
+                    exited_at=self._db.clock.now(), version=gen.version + 1)
+            for key in [k for k in t.inhibitions if k[0] == gen_id]:
+                del t.inhibitions[key]
+            return t.generations[gen_id]
 
     def get_generation(self, gen_id: int) -> Generation | None:
         return self._db.tables.generations.get(gen_id)

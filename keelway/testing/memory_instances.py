@@ -159,6 +159,7 @@ class MemoryInstances:
             _drop(t.inhibitions, [k for k in t.inhibitions if k[0] in ids])
             _drop(t.port_claims, [p for p, c in t.port_claims.items()
                                   if c.generation_id in ids])
+            _drop(t.presences, [g for g in t.presences if g in ids])
             _drop(t.generations, list(ids))
             _drop(t.fences, [host])
             _drop(t.seeds, [host])

@@ -1,47 +1,49 @@
 """The in-memory store's box-local facts (BoxLocalStore): what only this box observes
-of its processes, the pid and start ticks of a spawn, the proof one is gone, and the
-ports its generations claim."""
+of its generations, their presences (the port claimed, the spawn's pid and start
+ticks), by generation id alone, as keelway/store/local.py keeps them."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import msgspec
 
-from keelway.store.errors import NotFound
-from keelway.store.lifecycle import GenState, check
-from keelway.store.records import Generation
-from keelway.testing.memory_generations import refuse_stale
-from keelway.testing.memory_tables import MemoryDb
+from keelway.store.errors import Conflict
+from keelway.store.records import Presence
+from keelway.testing.memory_tables import Claimed, MemoryDb
 
 
 class MemoryLocal:
     def __init__(self, db: MemoryDb) -> None:
         self._db = db
 
-    def record_spawn(self, gen: Generation, pid: int, start_ticks: int) -> Generation:
+    def add_presence(self, generation_id: int, port: int | None) -> Presence:
         with self._db.write() as t:
-            have = refuse_stale(t, gen, GenState.RUNNING)
-            t.generations[gen.id] = msgspec.structs.replace(
-                have, state=GenState.RUNNING, pid=pid, start_ticks=start_ticks,
-                version=have.version + 1)
-            return t.generations[gen.id]
+            if port is not None and port in t.port_claims:
+                raise Conflict(f"port {port} is already claimed")
+            if generation_id in t.presences:
+                raise Conflict(f"the presence of generation {generation_id} is taken")
+            t.presences[generation_id] = Presence(generation_id, port)
+            if port is not None:
+                t.port_claims[port] = Claimed(generation_id, self._db.clock.now())
+            return t.presences[generation_id]
 
-    def record_gone(self, gen_id: int, exit_code: int | None) -> Generation:
-        """A fact: no compare, and a repeat changes nothing; the claim and the marks
-        go in the same write."""
+    def record_process(self, generation_id: int, pid: int, start_ticks: int) -> Presence:
         with self._db.write() as t:
-            gen = t.generations.get(gen_id)
-            if gen is None:
-                raise NotFound(f"generation {gen_id}")
-            if gen.state is not GenState.GONE:
-                check(gen.state, GenState.GONE)
-                t.generations[gen_id] = msgspec.structs.replace(
-                    gen, state=GenState.GONE, exit_code=exit_code,
-                    exited_at=self._db.clock.now(), version=gen.version + 1)
-            for port in [p for p, c in t.port_claims.items() if c.generation_id == gen_id]:
+            t.presences[generation_id] = msgspec.structs.replace(
+                self.presence(generation_id), pid=pid, start_ticks=start_ticks)
+            return t.presences[generation_id]
+
+    def free_port(self, generation_id: int) -> None:
+        with self._db.write() as t:
+            for port in [p for p, c in t.port_claims.items() if c.generation_id == generation_id]:
                 del t.port_claims[port]
-            for key in [k for k in t.inhibitions if k[0] == gen_id]:
-                del t.inhibitions[key]
-            return t.generations[gen_id]
+
+    def presence(self, generation_id: int) -> Presence:
+        return self._db.tables.presences.get(generation_id) or Presence(generation_id)
+
+    def presences(self, generation_ids: Iterable[int]) -> dict[int, Presence]:
+        return {gen_id: self.presence(gen_id) for gen_id in sorted(set(generation_ids))}
 
     def claimed_ports(self) -> set[int]:
         return set(self._db.tables.port_claims)

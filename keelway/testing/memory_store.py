@@ -76,6 +76,9 @@ class MemoryStore:
 
     # The intents composed over the nouns, one implementation for every backend
     # (keelway/store/intents.py); each runs inside `writing`.
+    plan_generation = intents.plan_generation
+    record_spawn = intents.record_spawn
+    record_gone = intents.record_gone
     install = intents.install
     activate_and_route = intents.activate_and_route
     fall_back = intents.fall_back

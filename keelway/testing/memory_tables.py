@@ -36,6 +36,7 @@ from keelway.store.records import (
     Generation,
     Instance,
     Operation,
+    Presence,
     Release,
     Request,
     Route,
@@ -90,6 +91,7 @@ class MemoryTables:
     requests: dict[str, Request] = field(default_factory=dict)
     events: dict[int, Event] = field(default_factory=dict)
     generations: dict[int, Generation] = field(default_factory=dict)
+    presences: dict[int, Presence] = field(default_factory=dict)  # by generation id
     port_claims: dict[int, Claimed] = field(default_factory=dict)
     active: dict[tuple[str, str], Active] = field(default_factory=dict)  # (inst, service)
     inhibitions: dict[tuple[int, Inhibition], Mark] = field(default_factory=dict)

@@ -21,8 +21,8 @@ def _inst(state: InstanceState = InstanceState.RUNNING,
 
 def _gen(service: str, release: int = 1, state: GenState = GenState.READY,
          gen_id: int = 1) -> Generation:
-    return Generation(gen_id, "hello", HOST, service, release, "d" * 64, None, state, 4242,
-                      1, 5000, NOW, None, None, 1)
+    return Generation(gen_id, "hello", HOST, service, release, "d" * 64, None, state,
+                      NOW, None, None, 1)
 
 
 def _op(op_id: int, kind: OpKind, state: OpState) -> Operation:
@@ -79,11 +79,11 @@ def test_a_dead_web_with_no_retry_scheduled_is_crashed_and_an_alive_worker_serve
 
 
 def test_a_worker_that_exited_0_has_completed_and_one_that_failed_has_crashed() -> None:
-    done = Generation(2, "hello", HOST, "worker", 1, "d" * 64, None, GenState.GONE, None,
-                      None, None, NOW, NOW, 0, 2)
+    done = Generation(2, "hello", HOST, "worker", 1, "d" * 64, None, GenState.GONE,
+                      NOW, NOW, 0, 2)
     assert _decide(active={"web": _gen("web"), "worker": done}).state is Shown.RUNNING
-    failed = Generation(2, "hello", HOST, "worker", 1, "d" * 64, None, GenState.GONE, None,
-                        None, None, NOW, NOW, 1, 2)
+    failed = Generation(2, "hello", HOST, "worker", 1, "d" * 64, None, GenState.GONE,
+                        NOW, NOW, 1, 2)
     assert _decide(active={"web": _gen("web"), "worker": failed}).state is Shown.CRASHED
 
 

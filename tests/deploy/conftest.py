@@ -51,10 +51,10 @@ class Records:
         self.store.builds.record_build(inst.app, DIGEST, str(build))
         if not self.store.builds.list_releases(inst.app):
             self.store.builds.create_release(inst.app, DIGEST, {}, "Deploy")
-        gen = self.store.generations.plan_generation(app=inst.app, instance=host, service=service,
+        gen = self.store.plan_generation(app=inst.app, instance=host, service=service,
                                                      release=1, build_digest=DIGEST, op_id=None,
                                                      port=None)
-        gen = self.store.local.record_spawn(gen, pid, 1)
+        gen = self.store.record_spawn(gen, pid, 1)
         if active:
             self.store.generations.set_active(host, service, gen.id,
                                               expected=self.store.generations.get_active(
@@ -63,7 +63,7 @@ class Records:
 
     def gone(self, gen: Generation, exit_code: int | None = 1) -> Generation:
         """`gen` recorded gone (it exited, or was proven gone)."""
-        return self.store.local.record_gone(gen.id, exit_code)
+        return self.store.record_gone(gen.id, exit_code)
 
 
 @pytest.fixture

@@ -217,7 +217,8 @@ def test_a_candidate_that_cannot_be_removed_fails_the_instance_closed(
     assert kw.get("one.test")[1].startswith(b"hello from")  # the old one still serves
 
     store = SqliteStore(kw.home / "keelway.db")
-    leftover = store.generations.get_generation(candidate)
+    leftover = store.local.presence(candidate) if store.generations.get_generation(
+        candidate) else None
     store.close()
     assert leftover is not None and leftover.pid is not None
     os.kill(leftover.pid, signal.SIGKILL)

@@ -37,8 +37,7 @@ def manifest(*specs: ServiceSpec, release: str | None = None) -> Manifest:
 
 def gen(gen_id: int, service: str) -> Generation:
     return Generation(gen_id, "hello", HOST, service, 1, "d" * 64, 1, GenState.READY,
-                      1000 + gen_id, 5, 4000 + gen_id if service == "web" else None, 0.0,
-                      None, None, 1)
+                      0.0, None, None, 1)
 
 
 def shape(steps: tuple[AttemptStep, ...]) -> list[str]:

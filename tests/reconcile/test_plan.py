@@ -22,8 +22,8 @@ def inst(state: InstanceState = InstanceState.RUNNING) -> Instance:
 
 
 def gen(gen_id: int, service: str = "web", state: GenState = GenState.READY) -> Generation:
-    return Generation(gen_id, "hello", HOST, service, 1, "d" * 64, 1, state, 1000 + gen_id,
-                      5, 4000 + gen_id if service == "web" else None, 0.0, None, None, 1)
+    return Generation(gen_id, "hello", HOST, service, 1, "d" * 64, 1, state,
+                      0.0, None, None, 1)
 
 
 def step(seq: int, kind: StepKind, *, after: int | None = None, before: int | None = None,

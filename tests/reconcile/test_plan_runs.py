@@ -20,9 +20,9 @@ def _run_generation(store: Store) -> tuple[int, int]:
     deploy = store.ops.begin_operation("hello", HOST, OpKind.DEPLOY, "me")
     store.ops.finish_operation(deploy, OpState.SUCCEEDED)
     run = store.ops.begin_operation("hello", HOST, OpKind.RUN, "me")
-    gen = store.generations.plan_generation(app="hello", instance=HOST, service="run", release=1,
+    gen = store.plan_generation(app="hello", instance=HOST, service="run", release=1,
                                             build_digest="d" * 64, op_id=run.id, port=None)
-    store.local.record_spawn(gen, 4242, 7)
+    store.record_spawn(gen, 4242, 7)
     store.ops.begin_step(run.id, StepKind.RUN_EXIT, service="run")
     return run.id, gen.id
 

@@ -38,8 +38,8 @@ def reachable() -> Iterator[Path]:
 
 def _gen(app: str, host: str, gen_id: int = 1) -> Generation:
     return Generation(id=gen_id, app=app, instance=host, service="web", release=1,
-                      build_digest="d" * 64, op_id=None, state=GenState.PLANNED, pid=None,
-                      start_ticks=None, port=None, created_at=0.0, exited_at=None,
+                      build_digest="d" * 64, op_id=None, state=GenState.PLANNED,
+                      created_at=0.0, exited_at=None,
                       exit_code=None, version=1)
 
 

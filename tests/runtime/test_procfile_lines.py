@@ -73,7 +73,7 @@ def _run_and_stop(store: Store, home: Home, tmp_path: Path, line: str) -> Genera
 
     async def scenario() -> Generation:
         supervisor = Supervisor(store, home, SystemClock(), _no_restart)
-        gen = store.generations.plan_generation(app="hello", instance="one.test", service="worker",
+        gen = store.plan_generation(app="hello", instance="one.test", service="worker",
                                                 release=1, build_digest="d" * 64, op_id=None,
                                                 port=None)
         gen = await supervisor.spawn(gen, line, tmp_path, {"PATH": SYSTEM_PATH})
@@ -101,7 +101,7 @@ def test_a_line_that_starts_with_assignments_runs_its_command_with_them_set(
     assert "greeting: hi there" in log_path(home.log_dir("one.test"), "worker",
                                             gen.id).read_text()
     # The app itself led the generation (the shell exec'd it) and shut down in its grace.
-    assert gen.pid == int((tmp_path / "pid").read_text())
+    assert store.local.presence(gen.id).pid == int((tmp_path / "pid").read_text())
     assert (tmp_path / "stopped").read_text() == "cleanly" and gen.exit_code == 0
 
 
@@ -109,7 +109,7 @@ def test_the_app_of_a_cd_and_command_line_leads_its_generation_and_stops_gracefu
     store: Store, home: Home, tmp_path: Path
 ) -> None:
     gen = _run_and_stop(store, home, tmp_path, "cd . && GREETING=hi python3 app.py")
-    assert gen.pid == int((tmp_path / "pid").read_text())
+    assert store.local.presence(gen.id).pid == int((tmp_path / "pid").read_text())
     assert (tmp_path / "stopped").read_text() == "cleanly"
 
 
@@ -120,7 +120,7 @@ def test_an_app_under_a_shell_that_stays_still_gets_its_stop_grace(
     # given its grace, not be killed with the shell's tree.
     gen = _run_and_stop(store, home, tmp_path, "python3 app.py | cat")
     app_pid = int((tmp_path / "pid").read_text())
-    assert gen.pid != app_pid and gen.state is GenState.GONE
+    assert store.local.presence(gen.id).pid != app_pid and gen.state is GenState.GONE
     assert (tmp_path / "stopped").read_text() == "cleanly"
     stat = process.read_stat(app_pid)
     assert stat is None or stat.state == "Z"  # dead; its reaper is whoever adopted it

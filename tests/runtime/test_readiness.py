@@ -79,7 +79,7 @@ def _ready(store: Store, home: Home, tmp_path: Path, code: str, timeout_s: float
     async def scenario() -> tuple[Readiness, int]:
         supervisor = Supervisor(store, home, SystemClock(), _no_restart)
         port = pick_free_port(store.local.claimed_ports())
-        gen = store.generations.plan_generation(app="hello", instance=HOST, service="web",
+        gen = store.plan_generation(app="hello", instance=HOST, service="web",
                                                 release=1,
                                                 build_digest="d" * 64, op_id=None, port=port)
         notify = NotifyListener(home.notify_socket(gen.id))

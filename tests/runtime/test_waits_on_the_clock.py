@@ -30,17 +30,18 @@ def test_a_settle_window_passes_on_the_injected_clock_not_in_real_time(
 ) -> None:
     async def settle_an_hour() -> tuple[SettleOutcome, float]:
         supervisor = Supervisor(store, home, clock, _no_restart)
-        gen = store.generations.plan_generation(app="hello", instance="one.test", service="worker",
+        gen = store.plan_generation(app="hello", instance="one.test", service="worker",
                                                 release=1, build_digest="d" * 64, op_id=None,
                                                 port=None)
         gen = await supervisor.spawn(gen, "sleep 60", tmp_path,
                                      {"PATH": os.environ["PATH"]})
-        assert gen.pid is not None and gen.start_ticks is not None
+        leader = store.local.presence(gen.id).leader
+        assert leader is not None
         start = time.monotonic()
         try:
             outcome = await asyncio.wait_for(supervisor.settle(gen, HOUR_S), timeout=10)
         finally:
-            await process.stop(gen.pid, gen.start_ticks, grace_s=0.0, clock=SystemClock())
+            await process.stop(*leader, grace_s=0.0, clock=SystemClock())
             for _ in range(500):  # its watcher reaps and buries it, on the loop
                 if not supervisor.is_watched(gen.id):
                     break

@@ -16,7 +16,7 @@ from keelway.testing.clock import FakeClock
 def _gen(store: Store, port: int | None = 4000, service: str = "web") -> int:
     store.apps.ensure_app("blog")
     store.instances.ensure_instance("a.test", "blog")
-    return store.generations.plan_generation(app="blog", instance="a.test", service=service,
+    return store.plan_generation(app="blog", instance="a.test", service=service,
                                              release=1,
                                              build_digest="d" * 64, op_id=None, port=port).id
 
@@ -62,8 +62,8 @@ def test_a_port_claim_is_exclusive_and_freed_when_the_generation_is_gone(store: 
     with pytest.raises(Conflict, match="port 4000"):
         _gen(store, port=4000)
     assert store.local.claimed_ports() == {4000}
-    store.local.record_spawn(_read(store, gen), pid=10, start_ticks=20)
-    store.local.record_gone(gen, exit_code=0)
+    store.record_spawn(_read(store, gen), pid=10, start_ticks=20)
+    store.record_gone(gen, exit_code=0)
     assert store.local.claimed_ports() == set()
     _gen(store, port=4000)
 
@@ -77,7 +77,7 @@ def test_a_failed_claim_writes_no_generation(store: Store) -> None:
 
 def test_a_gone_generation_cannot_come_back(store: Store) -> None:
     gen = _gen(store)
-    store.local.record_gone(gen, None)
+    store.record_gone(gen, None)
     with pytest.raises(IllegalTransition):
         store.generations.set_generation_state(_read(store, gen), GenState.RUNNING)
 
@@ -135,7 +135,7 @@ def test_builds_named_by_releases_or_live_generations_are_pinned(store: Store) -
     store.builds.create_release("blog", "r" * 64, {}, "x")
     gen = _gen(store)
     assert store.builds.pinned_builds() == {("blog", "r" * 64), ("blog", "d" * 64)}
-    store.local.record_gone(gen, None)
+    store.record_gone(gen, None)
     assert store.builds.pinned_builds() == {("blog", "r" * 64)}
 
 
@@ -161,7 +161,7 @@ def test_a_crash_backoff_survives_reopening_and_goes_stale_once_active_moves_on(
     store = SqliteStore(tmp_path / "k.db", clock)
     crashed = _gen(store)
     store.generations.set_active("a.test", "web", crashed, expected=None)
-    store.local.record_gone(crashed, 7)
+    store.record_gone(crashed, 7)
     store.record_crash(CrashRetry("a.test", "web", crashed, 4, clock.now(), clock.now() + 60))
     store.close()
     store = SqliteStore(tmp_path / "k.db", clock)  # as a restarted control plane does

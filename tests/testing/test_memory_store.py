@@ -110,7 +110,7 @@ WRITES: list[Write] = [
                                       "done"),
     lambda s, r: s.ops.add_event("kind", "said", app=_pick(r, [None, *APPS]),
                                  instance=_pick(r, [None, *HOSTS])),
-    lambda s, r: s.generations.plan_generation(
+    lambda s, r: s.plan_generation(
         app=_pick(r, APPS), instance=_pick(r, HOSTS), service=_pick(r, ["web", "worker"]),
         release=r.randrange(1, 3), build_digest=_pick(r, DIGESTS),
         op_id=_pick(r, [None, 1, 2, 3]), port=_pick(r, [None, 4000, 4001, 4002])),
@@ -121,8 +121,11 @@ WRITES: list[Write] = [
     lambda s, r: s.generations.add_inhibition(r.randrange(1, 8), _pick(r, list(Inhibition)),
                                               _pick(r, [None, 1])),
     lambda s, r: s.generations.remove_inhibition(r.randrange(1, 8), _pick(r, list(Inhibition))),
-    lambda s, r: s.local.record_spawn(_gen(s, r), pid=r.randrange(100, 200), start_ticks=5),
-    lambda s, r: s.local.record_gone(r.randrange(1, 8), _pick(r, [None, 1])),
+    lambda s, r: s.record_spawn(_gen(s, r), pid=r.randrange(100, 200), start_ticks=5),
+    lambda s, r: s.record_gone(r.randrange(1, 8), _pick(r, [None, 1])),
+    lambda s, r: s.local.add_presence(r.randrange(1, 12), _pick(r, [None, 4000, 4003])),
+    lambda s, r: s.local.record_process(r.randrange(1, 12), r.randrange(100, 200), 5),
+    lambda s, r: s.local.free_port(r.randrange(1, 12)),
     lambda s, r: s.routes.set_route(
         _pick(r, HOSTS), _pick(r, HOSTS), _pick(r, list(RouteState)), _pick(r, [None, 4000]),
         _pick(r, [None, 1]),
@@ -198,7 +201,7 @@ def _reads(s: Store) -> dict[str, object]:
                         [s.generations.get_generation(i) for i in range(1, 12)],
                         [s.generations.inhibitions(i) for i in range(1, 12)],
                         [s.generations.get_active(h, "worker") for h in HOSTS]),
-        "local": s.local.claimed_ports(),
+        "local": (s.local.claimed_ports(), s.local.presences(range(1, 12))),
         "routes": s.routes.list_routes(),
         "imports": s.imports.list_imports(),
     }

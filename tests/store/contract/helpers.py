@@ -23,14 +23,14 @@ def _instance(store: Store, host: str = "a.test") -> None:
 def _gen(store: Store, service: str = "web", port: int | None = 4000,
          host: str = "a.test") -> Generation:
     _instance(store, host)
-    return store.generations.plan_generation(app="blog", instance=host, service=service,
+    return store.plan_generation(app="blog", instance=host, service=service,
                                              release=1, build_digest=DIGEST, op_id=None,
                                              port=port)
 
 
 def _running(store: Store, **kw: Any) -> Generation:
     gen = _gen(store, **kw)
-    return store.local.record_spawn(gen, pid=100 + gen.id, start_ticks=7)
+    return store.record_spawn(gen, pid=100 + gen.id, start_ticks=7)
 
 
 def _fresh(store: Store, gen: Generation) -> Generation:
@@ -47,7 +47,7 @@ def _everything(store: Store) -> tuple[Any, ...]:
 
 
 def _serving(store: Store, host: str, port: int = 4000) -> int:
-    gen = store.generations.plan_generation(app="shop", instance=host, service="web",
+    gen = store.plan_generation(app="shop", instance=host, service="web",
                                              release=1, build_digest="d" * 64, op_id=None,
                                              port=port)
     store.generations.set_active(host, "web", gen.id, expected=None)

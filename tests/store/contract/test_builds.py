@@ -53,10 +53,10 @@ def test_the_active_and_the_last_good_builds_stay_pinned_beyond_keep(store: Stor
     store.builds.mark_build_good("blog", _digest(1))
     store.builds.mark_build_good("blog", _digest(2))
     store.builds.mark_build_good("blog", _digest(3))
-    gen = store.generations.plan_generation(app="blog", instance="a.test", service="web", release=4,
+    gen = store.plan_generation(app="blog", instance="a.test", service="web", release=4,
                                 build_digest=_digest(4), op_id=None, port=4100)
     store.generations.set_active("a.test", "web", gen.id, expected=None)
-    store.local.record_gone(gen.id, None)  # parked: ACTIVE still names what its wake starts
+    store.record_gone(gen.id, None)  # parked: ACTIVE still names what its wake starts
     assert store.builds.pinned_builds({"blog": 1}) == {
         ("blog", _digest(6)),  # the newest release
         ("blog", _digest(4)),  # ACTIVE
@@ -75,7 +75,7 @@ def test_a_release_deferred_to_a_parked_instance_stays_pinned(store: Store) -> N
 
 def test_a_replicator_running_since_the_first_release_pins_no_build(store: Store) -> None:
     _releases(store, 3)
-    store.generations.plan_generation(app="blog", instance="a.test", service=REPLICA, release=1,
+    store.plan_generation(app="blog", instance="a.test", service=REPLICA, release=1,
                           build_digest=_digest(1), op_id=None, port=None)
     assert store.builds.pinned_builds({"blog": 1}) == {("blog", _digest(3))}
 

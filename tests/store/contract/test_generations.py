@@ -32,14 +32,15 @@ def test_a_stale_generation_loses_its_compare_and_swap_and_writes_nothing(
     store: Store,
 ) -> None:
     planned = _gen(store)
-    running = store.local.record_spawn(planned, pid=10, start_ticks=20)
+    running = store.record_spawn(planned, pid=10, start_ticks=20)
     with pytest.raises(Conflict):
-        store.local.record_spawn(planned, pid=11, start_ticks=21)  # a second spawner, too late
+        store.record_spawn(planned, pid=11, start_ticks=21)  # a second spawner, too late
     ready = store.generations.set_generation_state(running, GenState.READY)
     with pytest.raises(Conflict):
         store.generations.set_generation_state(running, GenState.STOPPING)  # read before READY
     assert _fresh(store, planned) == ready
-    assert (ready.pid, ready.start_ticks, ready.state) == (10, 20, GenState.READY)
+    seen = store.local.presence(ready.id)
+    assert (seen.pid, seen.start_ticks, ready.state) == (10, 20, GenState.READY)
 
 
 def test_an_illegal_move_of_a_fresh_generation_is_refused_and_writes_nothing(
@@ -68,7 +69,7 @@ def test_a_generation_is_read_back_and_listed_newest_first_gone_ones_too(
         store: Store) -> None:
     first = _gen(store, port=4000)
     second = _gen(store, service="worker", port=None)
-    store.local.record_gone(first.id, 0)
+    store.record_gone(first.id, 0)
     assert store.generations.get_generation(first.id) == _fresh(store, first)
     assert store.generations.get_generation(first.id + 1000) is None
     assert [g.id for g in store.generations.recent_generations("a.test")] == [second.id,

@@ -46,9 +46,9 @@ def test_instance_views_read_in_bulk_what_each_instance_reads_alone(store: Store
     older = store.ops.begin_operation("blog", "b.test", OpKind.DEPLOY, owner="me")
     store.ops.finish_operation(older, OpState.SUCCEEDED)
     newer = store.ops.begin_operation("blog", "b.test", OpKind.RESTART, owner="me")
-    web = store.generations.plan_generation(app="blog", instance="a.test", service="web", release=1,
+    web = store.plan_generation(app="blog", instance="a.test", service="web", release=1,
                                 build_digest=DIGEST, op_id=op.id, port=4100)
-    worker = store.generations.plan_generation(app="blog", instance="b.test", service="worker",
+    worker = store.plan_generation(app="blog", instance="b.test", service="worker",
                                    release=1, build_digest=DIGEST, op_id=newer.id, port=None)
     store.ops.begin_step(op.id, StepKind.SPAWN, service="web", after_gen=web.id)
     store.ops.begin_step(newer.id, StepKind.STOP, service="worker", before_gen=worker.id)
@@ -230,7 +230,7 @@ def test_an_instance_is_forgotten_only_once_every_generation_is_gone(store: Stor
     with pytest.raises(Conflict, match="not proven gone"):
         store.instances.forget_instance("a.test")
     assert store.instances.get_instance("a.test") is not None
-    store.local.record_gone(gen_id, 0)
+    store.record_gone(gen_id, 0)
     store.instances.forget_instance("a.test")
     tables = dump(store)
     assert [tables[t] for t in ("instances", "routes", "aliases", "active", "port_claims")] == [
@@ -272,7 +272,7 @@ def test_a_generation_that_is_gone_keeps_no_claim_after_forget(store: Store) -> 
     store.apps.create_app("shop")
     store.instances.add_instances("shop", ["a.test"], {})
     gen_id = _serving(store, "a.test", port=4100)
-    store.local.record_gone(gen_id, None)
+    store.record_gone(gen_id, None)
     assert store.generations.get_generation(
         gen_id).state is GenState.GONE  # type: ignore[union-attr]
     store.instances.forget_instance("a.test")

@@ -37,8 +37,9 @@ def test_a_crash_gates_the_route_that_served_the_crashed_web_in_the_same_write(
 ) -> None:
     web = _running(store)
     store.generations.set_active("a.test", "web", web.id, expected=None)
-    store.routes.set_route("a.test", "a.test", RouteState.SERVING, web.port, web.id, expected=None)
-    store.local.record_gone(web.id, 1)
+    store.routes.set_route("a.test", "a.test", RouteState.SERVING,
+                           store.local.presence(web.id).port, web.id, expected=None)
+    store.record_gone(web.id, 1)
     now = clock.now()
     assert store.record_crash(CrashRetry("a.test", "web", web.id, 1, now, now + 5)) is True
     route = store.routes.get_route("a.test")
@@ -67,7 +68,7 @@ def test_a_failed_start_gates_the_route_its_operation_holds_waiting_and_a_crash_
     for gen in (web, other):
         store.generations.set_active(gen.instance, "web", gen.id, expected=None)
         store.routes.set_route(gen.instance, gen.instance, waiting, None, None, expected=None)
-        store.local.record_gone(gen.id, 3)
+        store.record_gone(gen.id, 3)
     now = clock.now()
     # A crash seen by a watcher leaves a waiting route to the operation that holds it.
     assert store.record_crash(CrashRetry("b.test", "web", other.id, 1, now, now + 5)) is False
@@ -85,7 +86,7 @@ def test_a_crash_backoff_survives_a_reopen_and_goes_stale_once_active_moves_on(
     store = open_store()
     crashed = _running(store)
     store.generations.set_active("a.test", "web", crashed.id, expected=None)
-    store.local.record_gone(crashed.id, 7)
+    store.record_gone(crashed.id, 7)
     store.record_crash(CrashRetry("a.test", "web", crashed.id, 4, clock.now(), clock.now()))
     store = open_store()
     assert [r.failures for r in store.generations.pending_retries()] == [4]
@@ -159,7 +160,7 @@ def test_activate_and_route_routes_only_to_an_active_web_that_is_not_gone(
     store.activate_and_route("a.test", {"worker": worker.id})
     assert store.routes.get_route("a.test") is None  # no web: no route
     web = _running(store, port=4001)
-    store.local.record_gone(web.id, None)
+    store.record_gone(web.id, None)
     store.activate_and_route("a.test", {"web": web.id})
     assert store.routes.get_route("a.test") is None  # the ACTIVE web is gone
     again = _running(store, port=4002)
@@ -286,7 +287,8 @@ def test_an_install_on_a_parked_instance_runs_it_and_supersedes_its_deferred_rel
     assert now is not None and now.state is InstanceState.RUNNING
     assert (now.pending_release, now.pending_cause) == (None, None)
     route = store.routes.get_route("a.test")
-    assert route is not None and (route.state, route.port) == (RouteState.SERVING, web.port)
+    assert route is not None and (route.state, route.port) == (RouteState.SERVING,
+                                                           store.local.presence(web.id).port)
 
 
 def test_a_deferral_by_a_superseded_rollout_writes_nothing(store: Store) -> None:

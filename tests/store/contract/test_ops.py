@@ -123,12 +123,12 @@ def test_a_release_attempt_names_each_release_an_operation_started_processes_of(
         store: Store) -> None:
     _instance(store)
     failed = store.ops.begin_operation("blog", "a.test", OpKind.DEPLOY, owner="me")
-    store.generations.plan_generation(app="blog", instance="a.test", service="web",
+    store.plan_generation(app="blog", instance="a.test", service="web",
                                       release=2, build_digest=DIGEST, op_id=failed.id,
                                       port=None)
     store.ops.finish_operation(failed, OpState.FAILED, error="not ready")
     restart = store.ops.begin_operation("blog", "a.test", OpKind.RESTART, owner="me")
-    store.generations.plan_generation(app="blog", instance="a.test", service="web",
+    store.plan_generation(app="blog", instance="a.test", service="web",
                                       release=1, build_digest=DIGEST, op_id=restart.id,
                                       port=None)
     attempts = store.ops.release_attempts("blog", {OpKind.DEPLOY})

@@ -29,7 +29,9 @@ def test_a_write_by_an_owner_whose_lease_another_took_is_refused_and_changes_not
         lambda: stale.instances.fence("a.test", "stale"),
         lambda: stale.ops.begin_operation("blog", "a.test", OpKind.DEPLOY, owner="me"),
         lambda: stale.routes.next_route_table_version(),
-        lambda: stale.local.record_gone(web.id, 0),
+        lambda: stale.record_gone(web.id, 0),
+        lambda: stale.local.record_process(web.id, 1, 1),
+        lambda: stale.local.free_port(web.id),
         lambda: stale.install("a.test", schedule_rev=rev, candidates={"web": web},
                               retiring=[], retire_reason=RETIRING, op_id=1, release=None),
     ]
