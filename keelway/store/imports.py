@@ -25,6 +25,7 @@ from __future__ import annotations
 import enum
 import json
 import sqlite3
+from collections.abc import Iterable
 from typing import assert_never
 
 import msgspec
@@ -112,6 +113,27 @@ class SeedRecord(msgspec.Struct, frozen=True):
 
 def record_key(app: str, host: str) -> str:
     return f"{app}/{host}"
+
+
+def journaled(journal: ImportJournal | None, instance: str, seed: str,
+              states: Iterable[ImportState]) -> ImportJournal:
+    """`journal` (the row at `instance`) if it names `seed` in one of `states`: what
+    every write of an import checks first, on every backend; `Conflict` otherwise."""
+    states = tuple(states)
+    if journal is None or journal.seed != seed:
+        raise Conflict(f"no import {seed} is journaled at {instance}")
+    if journal.known not in states:
+        raise Conflict(f"import {seed} at {instance} is {journal.state}, not "
+                       + " or ".join(s.value for s in states))
+    return journal
+
+
+def check_move(journal: ImportJournal, to: ImportState) -> None:
+    """`Conflict` unless `to` is a move of the journal's table from where it is."""
+    have = journal.known
+    if have is None or to not in _MOVES[have]:
+        raise Conflict(f"import {journal.seed} at {journal.instance}: {journal.state}"
+                       f" -> {to.value} is not a move of the journal")
 
 
 class SqliteImports:
@@ -302,19 +324,10 @@ class SqliteImports:
     # -- inside a transaction ----------------------------------------------------------
 
     def _journal_in(self, instance: str, seed: str, *states: ImportState) -> ImportJournal:
-        journal = self.get_import(instance)
-        if journal is None or journal.seed != seed:
-            raise Conflict(f"no import {seed} is journaled at {instance}")
-        if journal.known not in states:
-            raise Conflict(f"import {seed} at {instance} is {journal.state}, not "
-                           + " or ".join(s.value for s in states))
-        return journal
+        return journaled(self.get_import(instance), instance, seed, states)
 
     def _move(self, c: sqlite3.Connection, journal: ImportJournal, to: ImportState) -> None:
-        have = journal.known
-        if have is None or to not in _MOVES[have]:
-            raise Conflict(f"import {journal.seed} at {journal.instance}: {journal.state}"
-                           f" -> {to.value} is not a move of the journal")
+        check_move(journal, to)
         swap(c, "seed_imports", {"instance": journal.instance}, journal.version,
              f"the import journal of {journal.instance} changed under us", state=to.value,
              updated_at=self.db.clock.now())

@@ -8,7 +8,7 @@ from keelway.store.errors import Conflict, NotFound
 from keelway.store.identities import IdSpace, app_names
 from keelway.store.lifecycle import Removal
 from keelway.store.records import App
-from keelway.testing.memory_instances import allocate
+from keelway.testing.memory_instances import allocate, kept_removal
 from keelway.testing.memory_tables import MemoryDb, MemoryTables, own, own_or_none, owned_by_key
 
 
@@ -49,10 +49,8 @@ class MemoryApps:
             have = t.apps.get(name)
             if have is None:
                 raise NotFound(f"app {name}")
-            kept = (Removal.PURGE_DATA.value if have.destroying == Removal.PURGE_DATA.value
-                    else removal.value)
-            t.apps[name] = msgspec.structs.replace(have, destroying=kept,
-                                                   version=have.version + 1)
+            t.apps[name] = msgspec.structs.replace(
+                have, destroying=kept_removal(have.destroying, removal), version=have.version + 1)
 
     def destroying_apps(self) -> list[App]:
         return [a for a in self.list_apps() if a.destroying is not None]

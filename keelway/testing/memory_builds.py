@@ -10,7 +10,7 @@ from keelway.journal import REPLICA
 from keelway.store.errors import NotFound
 from keelway.store.lifecycle import GenState
 from keelway.store.records import Build, Release
-from keelway.testing.memory_tables import MemoryDb, MemoryTables, own, own_or_none
+from keelway.testing.memory_tables import MemoryDb, MemoryTables, own, own_or_none, owned_where
 
 
 class MemoryBuilds:
@@ -36,9 +36,8 @@ class MemoryBuilds:
 
     def list_builds(self, app: str | None = None) -> list[Build]:
         # Oldest first per app; builds recorded at one instant keep the order recorded.
-        found = [own(b) for b in self._db.tables.builds.values()
-                 if app is None or b.app == app]
-        return sorted(found, key=lambda b: (b.app, b.created_at))
+        return owned_where(self._db.tables.builds, lambda b: app is None or b.app == app,
+                           lambda b: (b.app, b.created_at))
 
     def forget_build(self, app: str, digest: str) -> None:
         with self._db.write() as t:
@@ -77,8 +76,8 @@ class MemoryBuilds:
         return _next_number(self._db.tables, app)
 
     def list_releases(self, app: str) -> list[Release]:
-        return sorted((own(r) for (a, _), r in self._db.tables.releases.items() if a == app),
-                      key=lambda r: -r.number)
+        return owned_where(self._db.tables.releases, lambda r: r.app == app,
+                           lambda r: -r.number)
 
     def get_release(self, app: str, number: int) -> Release | None:
         return own_or_none(self._db.tables.releases.get((app, number)))

@@ -12,12 +12,13 @@ import msgspec
 
 from keelway.store.errors import Conflict, NotFound
 from keelway.store.imports import (
-    _MOVES,
     ImportJournal,
     ImportState,
     RowAt,
     SeedRecord,
     SeedState,
+    check_move,
+    journaled,
     record_key,
 )
 from keelway.store.lifecycle import InstanceState, RouteState, check
@@ -98,13 +99,11 @@ class MemoryImports:
 
     def open_import_gate(self, instance: str, seed: str) -> ImportJournal:
         with self._db.write() as t:
-            journal = _journal_in(t, instance, seed, ImportState.IMPORTING,
-                                  ImportState.SWAPPED)
-            if journal.known is ImportState.SWAPPED:
-                return own(journal)
-            self._move(t, journal, ImportState.SWAPPED)
-            _seed_to(t, instance, seed, SeedState.IMPORTED)
-            _reinstate(t, instance, journal.instance_before)
+            journal = _to_move(t, instance, seed, ImportState.IMPORTING, ImportState.SWAPPED)
+            if journal is not None:
+                self._move(t, journal, ImportState.SWAPPED)
+                _seed_to(t, instance, seed, SeedState.IMPORTED)
+                _reinstate(t, instance, journal.instance_before)
             return own(t.imports[instance])
 
     def close_import_gate(self, instance: str, seed: str) -> ImportJournal:
@@ -128,10 +127,10 @@ class MemoryImports:
 
     def restore_import_route(self, instance: str, seed: str) -> ImportJournal:
         with self._db.write() as t:
-            journal = _journal_in(t, instance, seed, ImportState.ROLLING_BACK,
-                                  ImportState.CLEANUP_PENDING)
-            if journal.known is ImportState.CLEANUP_PENDING:
-                return own(journal)
+            journal = _to_move(t, instance, seed, ImportState.ROLLING_BACK,
+                               ImportState.CLEANUP_PENDING)
+            if journal is None:
+                return own(t.imports[instance])
             row = row_at(t, instance)
             if row is not None and row.seed != seed:
                 raise Conflict(f"the route at {instance} is not import {seed}'s")
@@ -173,10 +172,7 @@ class MemoryImports:
     # -- inside a write ------------------------------------------------------------------
 
     def _move(self, t: MemoryTables, journal: ImportJournal, to: ImportState) -> None:
-        have = journal.known
-        if have is None or to not in _MOVES[have]:
-            raise Conflict(f"import {journal.seed} at {journal.instance}: {journal.state}"
-                           f" -> {to.value} is not a move of the journal")
+        check_move(journal, to)
         stored = t.imports.get(journal.instance)
         if stored is None or stored.version != journal.version:
             raise Conflict(f"the import journal of {journal.instance} changed under us")
@@ -206,13 +202,15 @@ def row_at(t: MemoryTables, host: str) -> RowAt | None:
 
 def _journal_in(t: MemoryTables, instance: str, seed: str,
                 *states: ImportState) -> ImportJournal:
-    journal = t.imports.get(instance)
-    if journal is None or journal.seed != seed:
-        raise Conflict(f"no import {seed} is journaled at {instance}")
-    if journal.known not in states:
-        raise Conflict(f"import {seed} at {instance} is {journal.state}, not "
-                       + " or ".join(s.value for s in states))
-    return journal
+    return journaled(t.imports.get(instance), instance, seed, states)
+
+
+def _to_move(t: MemoryTables, instance: str, seed: str, at: ImportState,
+             to: ImportState) -> ImportJournal | None:
+    """The journal naming `seed` still `at`, for the move to `to`; None when a repeat of
+    the move finds it done (the moves that are idempotent)."""
+    journal = _journal_in(t, instance, seed, at, to)
+    return None if journal.known is to else journal
 
 
 def _seed_to(t: MemoryTables, host: str, seed: str, state: SeedState) -> None:

@@ -18,7 +18,7 @@ from keelway.store.lifecycle import GenState, InstanceState, Removal, RouteState
 from keelway.store.records import Alias, Fence, Generation, Instance, InstanceView, Route
 from keelway.testing.memory_ops import latest_operation
 from keelway.testing.memory_routes import delete_route, mirror_aliases
-from keelway.testing.memory_tables import MemoryDb, MemoryTables, own, own_or_none
+from keelway.testing.memory_tables import MemoryDb, MemoryTables, own, own_or_none, owned_where
 
 
 class MemoryInstances:
@@ -31,9 +31,8 @@ class MemoryInstances:
         return own_or_none(self._db.tables.instances.get(host))
 
     def list_instances(self, app: str | None = None) -> list[Instance]:
-        found = [own(i) for i in self._db.tables.instances.values()
-                 if app is None or i.app == app]
-        return sorted(found, key=lambda i: (i.app, i.host))
+        return owned_where(self._db.tables.instances, lambda i: app is None or i.app == app,
+                           lambda i: (i.app, i.host))
 
     def ensure_instance(self, host: str, app: str) -> Instance:
         with self._db.write() as t:
@@ -112,20 +111,11 @@ class MemoryInstances:
 
     def mark_removing(self, host: str, removal: Removal) -> None:
         with self._db.write() as t:
-            have = t.instances.get(host)
-            if have is None:
-                raise NotFound(f"instance {host}")
-            t.instances[host] = msgspec.structs.replace(
-                have, removing=_kept(have.removing, removal), version=have.version + 1)
+            _mark_removal(t, host, removal)
 
     def withdraw_instance(self, host: str, removal: Removal) -> bool:
         with self._db.write() as t:
-            have = t.instances.get(host)
-            if have is None:
-                raise NotFound(f"instance {host}")
-            t.instances[host] = msgspec.structs.replace(
-                have, removing=_kept(have.removing, removal), state=InstanceState.STOPPED,
-                version=have.version + 1)
+            _mark_removal(t, host, removal, state=InstanceState.STOPPED)
             routed = False
             for route in [r for r in t.routes.values() if r.instance == host]:
                 routed = True
@@ -157,8 +147,7 @@ class MemoryInstances:
             _drop(t.active, [k for k in t.active if k[0] == host])
             _drop(t.backoff, [k for k in t.backoff if k[0] == host])
             _drop(t.inhibitions, [k for k in t.inhibitions if k[0] in ids])
-            _drop(t.port_claims, [p for p, c in t.port_claims.items()
-                                  if c.generation_id in ids])
+            _drop(t.port_claims, [p for p, g in t.port_claims.items() if g in ids])
             _drop(t.presences, [g for g in t.presences if g in ids])
             _drop(t.generations, list(ids))
             _drop(t.fences, [host])
@@ -166,8 +155,7 @@ class MemoryInstances:
             _drop(t.instances, [host])
 
     def _where(self, keep: Callable[[Instance], bool]) -> list[Instance]:
-        return sorted((own(i) for i in self._db.tables.instances.values() if keep(i)),
-                      key=lambda i: i.host)
+        return owned_where(self._db.tables.instances, keep, lambda i: i.host)
 
     # -- hosts and aliases ---------------------------------------------------------------
 
@@ -300,9 +288,19 @@ def _current(t: MemoryTables, inst: Instance) -> Instance:
     return have
 
 
-def _kept(have: str | None, removal: Removal) -> str:
+def kept_removal(have: str | None, removal: Removal) -> str:
     """A purge asked once stays asked."""
     return Removal.PURGE_DATA.value if have == Removal.PURGE_DATA.value else removal.value
+
+
+def _mark_removal(t: MemoryTables, host: str, removal: Removal, **sets: Any) -> None:
+    """A removal's durable intent on the instance, with the fields `sets`, inside a
+    write (as keelway/store/db.py's `mark_removal`); `NotFound` without the instance."""
+    have = t.instances.get(host)
+    if have is None:
+        raise NotFound(f"instance {host}")
+    t.instances[host] = msgspec.structs.replace(
+        have, removing=kept_removal(have.removing, removal), version=have.version + 1, **sets)
 
 
 def _drop(table: MutableMapping[_K, Any], keys: Iterable[_K]) -> None:

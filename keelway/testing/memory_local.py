@@ -10,7 +10,7 @@ import msgspec
 
 from keelway.store.errors import Conflict
 from keelway.store.records import Presence
-from keelway.testing.memory_tables import Claimed, MemoryDb
+from keelway.testing.memory_tables import MemoryDb
 
 
 class MemoryLocal:
@@ -25,7 +25,7 @@ class MemoryLocal:
                 raise Conflict(f"the presence of generation {generation_id} is taken")
             t.presences[generation_id] = Presence(generation_id, port)
             if port is not None:
-                t.port_claims[port] = Claimed(generation_id, self._db.clock.now())
+                t.port_claims[port] = generation_id
             return t.presences[generation_id]
 
     def record_process(self, generation_id: int, pid: int, start_ticks: int) -> Presence:
@@ -36,7 +36,7 @@ class MemoryLocal:
 
     def free_port(self, generation_id: int) -> None:
         with self._db.write() as t:
-            for port in [p for p, c in t.port_claims.items() if c.generation_id == generation_id]:
+            for port in [p for p, g in t.port_claims.items() if g == generation_id]:
                 del t.port_claims[port]
 
     def presence(self, generation_id: int) -> Presence:

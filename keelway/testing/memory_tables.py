@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -53,14 +53,6 @@ class Mark:
 
 
 @dataclass(frozen=True)
-class Claimed:
-    """A port claim's row beyond its key (the port)."""
-
-    generation_id: int
-    claimed_at: float
-
-
-@dataclass(frozen=True)
 class SeedOf:
     """The seed an instance record names (SQLite: `instances.seed`, `seed_state`)."""
 
@@ -92,7 +84,9 @@ class MemoryTables:
     events: dict[int, Event] = field(default_factory=dict)
     generations: dict[int, Generation] = field(default_factory=dict)
     presences: dict[int, Presence] = field(default_factory=dict)  # by generation id
-    port_claims: dict[int, Claimed] = field(default_factory=dict)
+    # The ports claimed, each by the generation it names (SQLite: a presence's
+    # `claimed_at`, which no read returns).
+    port_claims: dict[int, int] = field(default_factory=dict)
     active: dict[tuple[str, str], Active] = field(default_factory=dict)  # (inst, service)
     inhibitions: dict[tuple[int, Inhibition], Mark] = field(default_factory=dict)
     backoff: dict[tuple[str, str], CrashRetry] = field(default_factory=dict)
@@ -140,6 +134,13 @@ def own(record: _R) -> _R:
 def own_or_none(record: _R | None) -> _R | None:
     """A read of one record: the caller's own copy, or None when there is none."""
     return own(record) if record is not None else None
+
+
+def owned_where(table: Mapping[Any, _R], keep: Callable[[_R], bool],
+                order: Callable[[_R], Any]) -> list[_R]:
+    """A filtered list read: the records `keep` takes, each the caller's own, in `order`
+    (the SQLite store's ORDER BY)."""
+    return sorted((own(record) for record in table.values() if keep(record)), key=order)
 
 
 def owned_by_key(table: Mapping[Any, _R]) -> list[_R]:
