@@ -118,7 +118,7 @@ class Api:
         return web.json_response({"app": name, "config": app.config if app else {}})
 
     async def reconcile(self, request: web.Request) -> web.Response:
-        body: bodies.ReconcileBody = await read_body(request, bodies.ReconcileBody)
+        body: bodies.DryRunBody = await read_body(request, bodies.DryRunBody)
         report = await self.passes.reconcile_all(body.dry_run)
         return web.json_response({"dry_run": body.dry_run, "instances": report})
 
