@@ -44,74 +44,51 @@ def default_root() -> Path:
     return Path.home() / ".local" / "share" / "keelway"
 
 
+class _Under:
+    """A fixed path of the home, `root / parts`, read as an attribute of a Home: the
+    layout is one table of names below, and nothing joins the parts by hand."""
+
+    def __init__(self, *parts: str) -> None:
+        self.parts = parts
+
+    def __get__(self, home: Home, owner: type[Home]) -> Path:
+        return home.root.joinpath(*self.parts)
+
+
 @dataclass(frozen=True)
 class Home:
     root: Path
 
+    store_path = _Under("keelway.db")
+    api_socket = _Under("api.sock")
+    # Where `keelway run` lends the daemon its terminal (keelway/run_wire.py).
+    run_socket = _Under("run.sock")
+    lock_path = _Under("keelway.lock")
+    daemon_log = _Under("logs", "keelway.log")
+    router_dir = _Under("router")
+    router_socket = _Under("router", "control.sock")
+    router_state = _Under("router", "routes.json")
+    router_pidfile = _Under("router", "router.pid")
+    # What the running router was started with: its address, workers, trusted proxies.
+    router_settings = _Under("router", "settings.json")
+    router_log = _Under("logs", "router.log")
+    builds_dir = _Under("builds")
+    # Seeds' verified copies, by seed id (keelway/data/seed.py).
+    seeds_dir = _Under("objects", "seeds")
+    # The default object store (snapshots and their manifests).
+    objects_dir = _Under("objects")
+    # The object store `keelway up --objects` named, kept for the next `up`.
+    objects_setting = _Under("objects.url")
+
     @classmethod
     def from_env(cls) -> Home:
         return cls(default_root())
-
-    @property
-    def store_path(self) -> Path:
-        return self.root / "keelway.db"
-
-    @property
-    def api_socket(self) -> Path:
-        return self.root / "api.sock"
-
-    @property
-    def run_socket(self) -> Path:
-        """Where `keelway run` lends the daemon its terminal (keelway/run_wire.py)."""
-        return self.root / "run.sock"
-
-    @property
-    def lock_path(self) -> Path:
-        return self.root / "keelway.lock"
-
-    @property
-    def daemon_log(self) -> Path:
-        return self.root / "logs" / "keelway.log"
-
-    @property
-    def router_dir(self) -> Path:
-        return self.root / "router"
-
-    @property
-    def router_socket(self) -> Path:
-        return self.root / "router" / "control.sock"
-
-    @property
-    def router_state(self) -> Path:
-        return self.root / "router" / "routes.json"
-
-    @property
-    def router_pidfile(self) -> Path:
-        return self.root / "router" / "router.pid"
-
-    @property
-    def router_settings(self) -> Path:
-        """What the running router was started with: its address, workers, trusted proxies."""
-        return self.root / "router" / "settings.json"
-
-    @property
-    def router_log(self) -> Path:
-        return self.root / "logs" / "router.log"
-
-    @property
-    def builds_dir(self) -> Path:
-        return self.root / "builds"
 
     def data_dir(self, instance: str) -> Path:
         return self.root / "data" / instance
 
     def db_path(self, instance: str) -> Path:
         return self.data_dir(instance) / "db.sqlite3"
-
-    @property
-    def seeds_dir(self) -> Path:
-        """Seeds' verified copies, by seed id (keelway/data/seed.py)."""
-        return self.root / "objects" / "seeds"
 
     def seed_copy(self, seed: str) -> Path:
         return self.seeds_dir / f"{seed}.db"
@@ -120,16 +97,6 @@ class Home:
         """Where a seed import lays its database down: nested in the instance's data
         dir, beside and never over the instance's own database."""
         return self.data_dir(instance) / "seed" / "db.sqlite3"
-
-    @property
-    def objects_dir(self) -> Path:
-        """The default object store (snapshots and their manifests)."""
-        return self.root / "objects"
-
-    @property
-    def objects_setting(self) -> Path:
-        """The object store `keelway up --objects` named, kept for the next `up`."""
-        return self.root / "objects.url"
 
     def env_file(self, instance: str) -> Path:
         return self.root / "env" / f"{instance}.env"

@@ -66,6 +66,9 @@ class Forward:
 
 @dataclass(frozen=True)
 class Started:
+    """The command runs: what the daemon says, and what `Runs.run` hands its caller
+    (one record, so the message is the run's own facts, not a copy of them)."""
+
     pid: int
     instance: str
     release: int

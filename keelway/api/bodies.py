@@ -55,17 +55,16 @@ class RollbackBody(msgspec.Struct, forbid_unknown_fields=True):
     dry_run: bool = False  # answer the plan it would run; change nothing
 
 
-class ReconcileBody(msgspec.Struct, forbid_unknown_fields=True):
-    dry_run: bool = False
-
-
 class InstanceBody(msgspec.Struct, forbid_unknown_fields=True):
     instance: str | None = None
     dry_run: bool = False  # answer the plan it would run; change nothing
 
 
-class GcBody(msgspec.Struct, forbid_unknown_fields=True):
-    dry_run: bool = False
+class DryRunBody(msgspec.Struct, forbid_unknown_fields=True):
+    """The body of a request whose one choice is a dry run: park, reconcile, gc, a
+    snapshot restore, a seed rollback."""
+
+    dry_run: bool = False  # say what it would do; change nothing
 
 
 class ShutdownBody(msgspec.Struct, forbid_unknown_fields=True):

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -16,6 +17,7 @@ from keelway.api.http import read_body, route
 from keelway.deploy import instances
 from keelway.deploy.domains import Domains
 from keelway.store import Store
+from keelway.store.records import Alias
 
 
 @dataclass(frozen=True)
@@ -33,14 +35,18 @@ class DomainsApi:
 
     @route("POST", "/v1/instances/{host}/domains")
     async def add_aliases(self, request: web.Request) -> web.Response:
-        body: bodies.AliasesBody = await read_body(request, bodies.AliasesBody)
-        host = request.match_info["host"]
-        found = await self.domains.add_aliases(host, body.aliases)
-        return web.json_response({"instance": host, "aliases": [a.host for a in found]})
+        return await self._changed(request, self.domains.add_aliases)
 
     @route("POST", "/v1/instances/{host}/domains/remove")
     async def remove_aliases(self, request: web.Request) -> web.Response:
+        return await self._changed(request, self.domains.remove_aliases)
+
+    async def _changed(self, request: web.Request,
+                       change: Callable[[str, Sequence[str]], Awaitable[list[Alias]]],
+                       ) -> web.Response:
+        """An add and a removal read one body and answer alike: the instance and the
+        aliases the change answered."""
         body: bodies.AliasesBody = await read_body(request, bodies.AliasesBody)
         host = request.match_info["host"]
-        found = await self.domains.remove_aliases(host, body.aliases)
+        found = await change(host, body.aliases)
         return web.json_response({"instance": host, "aliases": [a.host for a in found]})

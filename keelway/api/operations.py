@@ -295,7 +295,7 @@ class Operations:
 
     @route("POST", "/v1/gc")
     async def gc(self, request: web.Request) -> web.Response:
-        body: bodies.GcBody = await read_body(request, bodies.GcBody)
+        body: bodies.DryRunBody = await read_body(request, bodies.DryRunBody)
         # each app's [releases] keep, from its newest release's build
         paths = {(b.app, b.digest): Path(b.path) for b in self.store.builds.list_builds()}
         newest: dict[str, Path | None] = {}

@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from keelway.api import bodies
 from keelway.api.http import error_response, read_body, route
 from keelway.api.plans import plan_response
 from keelway.deploy import fences, targets
@@ -49,10 +50,6 @@ class UnfenceBody(msgspec.Struct, forbid_unknown_fields=True):
     generation: int
 
 
-class ParkBody(msgspec.Struct, forbid_unknown_fields=True):
-    dry_run: bool = False
-
-
 def fence_view(host: str, fence: Fence | None) -> dict[str, Any]:
     if fence is None:
         return {"host": host, "generation": 0, "held": False, "reason": None}
@@ -67,7 +64,7 @@ class ParkingApi:
 
     @route("POST", "/v1/instances/{host}/park")
     async def park(self, request: web.Request) -> web.Response:
-        body: ParkBody = await read_body(request, ParkBody)
+        body: bodies.DryRunBody = await read_body(request, bodies.DryRunBody)
         if body.dry_run:
             return plan_response(self.parking.dry_park(request.match_info["host"]))
         done = await self.parking.park(request.match_info["host"])

@@ -29,7 +29,7 @@ from keelway import run_wire
 from keelway.api.http import read_body, route
 from keelway.api.plans import plan_response
 from keelway.deploy.errors import OperationError
-from keelway.deploy.runs import Runs, RunStarted, Signals
+from keelway.deploy.runs import Runs, Signals
 from keelway.home import Home
 from keelway.run_wire import Exited, Forward, Lines, Refused, RunRequest, Started, WireError
 
@@ -170,12 +170,12 @@ class RunServer:
         loop = asyncio.get_running_loop()
         reader: asyncio.Task[None] | None = None
 
-        async def started(spawned: RunStarted) -> None:
+        async def started(spawned: Started) -> None:
             nonlocal reader
             for fd in fds:  # the child has its own copies now
                 os.close(fd)
             fds.clear()
-            await _send(conn, Started(spawned.pid, spawned.instance, spawned.release))
+            await _send(conn, spawned)
             reader = loop.create_task(_read_signals(conn, lines, signals))
 
         stdio = (fds[0], fds[1], fds[2])

@@ -25,6 +25,7 @@ import msgspec
 from aiohttp import web
 
 from keelway import names
+from keelway.api import bodies
 from keelway.api.http import read_body, route
 from keelway.deploy.errors import UserError, refused_name
 from keelway.deploy.seeding import Seeding, SnapshotSource
@@ -47,10 +48,6 @@ class ImportBody(msgspec.Struct, forbid_unknown_fields=True):
         return Path(self.source)
 
 
-class RollbackBody(msgspec.Struct, forbid_unknown_fields=True):
-    dry_run: bool = False
-
-
 @dataclass(frozen=True)
 class SeedApi:
     seeding: Seeding
@@ -66,7 +63,7 @@ class SeedApi:
 
     @route("POST", "/v1/instances/{host}/seed/rollback")
     async def rollback(self, request: web.Request) -> web.Response:
-        body: RollbackBody = await read_body(request, RollbackBody)
+        body: bodies.DryRunBody = await read_body(request, bodies.DryRunBody)
         report = await self.seeding.rollback(request.match_info["host"], dry_run=body.dry_run)
         return web.json_response(report.view())
 

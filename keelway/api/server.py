@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 
@@ -43,6 +42,7 @@ from keelway.deploy.deployer import Deployer
 from keelway.deploy.domains import Domains
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
 from keelway.deploy.instances import Instances
+from keelway.deploy.operation import Plan
 from keelway.deploy.parking import Parking
 from keelway.deploy.passes import Passes
 from keelway.deploy.replication import Replication
@@ -55,6 +55,7 @@ from keelway.runtime.logs import parse_log_name, read_from, tail_lines
 from keelway.runtime.router import RouterRestartFailed, RouterStartFailed
 from keelway.runtime.router_supervisor import RouterSupervisor
 from keelway.store import Store
+from keelway.store.records import Instance
 
 
 class Api:
@@ -117,7 +118,7 @@ class Api:
         return web.json_response({"app": name, "config": app.config if app else {}})
 
     async def reconcile(self, request: web.Request) -> web.Response:
-        body: bodies.ReconcileBody = await read_body(request, bodies.ReconcileBody)
+        body: bodies.DryRunBody = await read_body(request, bodies.DryRunBody)
         report = await self.passes.reconcile_all(body.dry_run)
         return web.json_response({"dry_run": body.dry_run, "instances": report})
 
@@ -221,26 +222,27 @@ class Api:
         await response.write_eof()
         return response
 
-    async def _instances(self, request: web.Request) -> tuple[list[Any], bool]:
-        name = app_name(self.store, request)
-        body: bodies.InstanceBody = await read_body(request, bodies.InstanceBody)
-        return self.deployer.instances_of(name, body.instance), body.dry_run
-
     async def stop(self, request: web.Request) -> web.Response:
-        instances, dry_run = await self._instances(request)
-        if dry_run:
-            return plan_response(*[self.deployer.dry_stop(inst) for inst in instances])
-        for inst in instances:
-            await self.deployer.stop_instance(inst)
-        return web.json_response({"stopped": [i.host for i in instances]})
+        return await self._each_instance(request, "stopped", self.deployer.dry_stop,
+                                         self.deployer.stop_instance)
 
     async def start(self, request: web.Request) -> web.Response:
-        instances, dry_run = await self._instances(request)
-        if dry_run:
-            return plan_response(*[self.deployer.dry_start(inst) for inst in instances])
+        return await self._each_instance(request, "started", self.deployer.dry_start,
+                                         self.deployer.start_instance)
+
+    async def _each_instance(self, request: web.Request, done: str,
+                             plan: Callable[[Instance], Plan],
+                             act: Callable[[Instance], Awaitable[None]]) -> web.Response:
+        """Stop and start alike: the app's instances (or the one the body names), each
+        planned for a dry run, else acted on one after another; answered `{done: hosts}`."""
+        name = app_name(self.store, request)
+        body: bodies.InstanceBody = await read_body(request, bodies.InstanceBody)
+        instances = self.deployer.instances_of(name, body.instance)
+        if body.dry_run:
+            return plan_response(*[plan(inst) for inst in instances])
         for inst in instances:
-            await self.deployer.start_instance(inst)
-        return web.json_response({"started": [i.host for i in instances]})
+            await act(inst)
+        return web.json_response({done: [i.host for i in instances]})
 
     async def router_restart(self, _request: web.Request) -> web.Response:
         if self.router is None:

@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from keelway.api import bodies
 from keelway.api.http import read_body, route
 from keelway.api.plans import plan_response
 from keelway.data import kept
@@ -34,10 +35,6 @@ from keelway.deploy.snapshots import Snapshots
 
 class Empty(msgspec.Struct, forbid_unknown_fields=True):
     pass
-
-
-class SnapshotRestoreBody(msgspec.Struct, forbid_unknown_fields=True):
-    dry_run: bool = False
 
 
 def snapshot_view(found: SnapshotManifest) -> dict[str, Any]:
@@ -71,7 +68,7 @@ class SnapshotsApi:
 
     @route("POST", "/v1/instances/{host}/snapshots/{id}/restore")
     async def restore(self, request: web.Request) -> web.Response:
-        body: SnapshotRestoreBody = await read_body(request, SnapshotRestoreBody)
+        body: bodies.DryRunBody = await read_body(request, bodies.DryRunBody)
         host, snap_id = request.match_info["host"], request.match_info["id"]
         if body.dry_run:
             plan = await self.restorer.plan(host, snap_id)

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import click
 
-from keelway.cli.base import answered, api_call, cli, client, json_option
+from keelway.cli.base import answered, api_command, cli, client
 from keelway.cli.output import plural, table
 from keelway.cli.plans import dry_run_option
 
 
 @cli.group(invoke_without_command=True)
-@json_option
 @click.pass_context
-@api_call
+@api_command
 def apps(ctx: click.Context, as_json: bool) -> None:
     """List apps; `apps create APP`, `apps destroy APP --yes`."""
     if ctx.invoked_subcommand is not None:
@@ -29,8 +28,7 @@ def apps(ctx: click.Context, as_json: bool) -> None:
 
 @apps.command("create")
 @click.argument("app")
-@json_option
-@api_call
+@api_command
 def apps_create(app: str, as_json: bool) -> None:
     """Create APP with no instances, so config can be set before its first deploy."""
     data = client().request("POST", "/v1/apps", {"app": app})
@@ -45,8 +43,7 @@ def apps_create(app: str, as_json: bool) -> None:
 @click.option("--yes", is_flag=True, help="Yes, stop and remove everything of APP.")
 @click.option("--purge-data", is_flag=True, help="Remove the instances' data dirs too.")
 @dry_run_option
-@json_option
-@api_call
+@api_command
 def apps_destroy(app: str, yes: bool, purge_data: bool, dry_run: bool,
                  as_json: bool) -> None:
     """Stop and remove every instance of APP, its routes, builds and records (data dirs

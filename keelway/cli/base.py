@@ -4,6 +4,7 @@ turned into one clear line, the API client. Only click and the stdlib load here.
 from __future__ import annotations
 
 import functools
+import urllib.parse
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -105,6 +106,18 @@ def api_call(func: F) -> F:
             fail(message, hint, EXIT_LOST)
 
     return wrapper  # type: ignore[return-value]
+
+
+def api_command(func: F) -> F:
+    """A command that asks the API: it takes --json, and the API's failures end it as one
+    clear line (`api_call` reads the flag, so the two always go together)."""
+    return json_option(api_call(func))
+
+
+def instance_path(host: str, *rest: str) -> str:
+    """`/v1/instances/HOST/REST...`, each part quoted: the API checks the names, so a bad
+    one must reach it intact, not as more of the path."""
+    return "/".join(["/v1/instances", *(urllib.parse.quote(p, safe="") for p in (host, *rest))])
 
 
 def lost_message(exc: ApiLost) -> tuple[str, str]:

@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import datetime
-import urllib.parse
 from typing import Any
 
 import click
 
-from keelway.cli.base import answered, api_call, cli, client, json_option
-from keelway.cli.output import emit_json
+from keelway.cli.base import answered, api_command, cli, client, instance_path
 from keelway.cli.plans import dry_run_option
 
 
 def _path(host: str, *rest: str) -> str:
-    # Quoted: the API checks the names; a bad one must reach it intact, not as a path.
-    parts = [urllib.parse.quote(p, safe="") for p in (host, *rest)]
-    return "/v1/instances/" + "/".join([parts[0], "snapshots", *parts[1:]])
+    return instance_path(host, "snapshots", *rest)
 
 
 def _when(epoch_s: float) -> str:
@@ -37,44 +33,36 @@ def db() -> None:
 
 @db.command()
 @click.argument("host")
-@json_option
-@api_call
+@api_command
 def snapshot(host: str, as_json: bool) -> None:
     """Take a verified snapshot of the instance's database now."""
     data = client(None).request("POST", _path(host), {})
-    if as_json:
-        emit_json(data)
-    else:
+    if not answered(data, as_json):
         click.echo(f"snapshot {data['id']} of {host}: {data['size']} bytes, verified")
 
 
 @db.command()
 @click.argument("host")
-@json_option
-@api_call
+@api_command
 def snapshots(host: str, as_json: bool) -> None:
     """List the instance's stored snapshots, oldest first."""
     data = client(None).request("GET", _path(host))
-    if as_json:
-        emit_json(data)
-    elif not data["snapshots"]:
+    if answered(data, as_json):
+        return
+    if not data["snapshots"]:
         click.echo(f"{host} has no snapshots")
-    else:
-        for snap in data["snapshots"]:
-            click.echo(_line(snap))
+    for snap in data["snapshots"]:
+        click.echo(_line(snap))
 
 
 @db.command()
 @click.argument("host")
 @click.argument("snap_id", metavar="SNAPSHOT")
-@json_option
-@api_call
+@api_command
 def verify(host: str, snap_id: str, as_json: bool) -> None:
     """Fetch a snapshot and check it: its sha256 and SQLite's integrity check."""
     data = client(None).request("POST", _path(host, snap_id, "verify"), {})
-    if as_json:
-        emit_json(data)
-    else:
+    if not answered(data, as_json):
         click.echo(f"snapshot {snap_id} of {host} is ok (sha256 {data['sha256'][:12]}, "
                    "integrity ok)")
 
@@ -87,8 +75,7 @@ def verify(host: str, snap_id: str, as_json: bool) -> None:
 @click.option("--at", default=None, metavar="TIME",
               help="With --from-replica: the replica as of TIME (ISO 8601).")
 @dry_run_option
-@json_option
-@api_call
+@api_command
 def restore(host: str, snap_id: str | None, from_replica: bool, at: str | None,
             dry_run: bool, as_json: bool) -> None:
     """Replace the instance's database with a verified copy, a SNAPSHOT or (with
@@ -101,9 +88,8 @@ def restore(host: str, snap_id: str | None, from_replica: bool, at: str | None,
     if at is not None and not from_replica:
         raise click.UsageError("--at goes with --from-replica")
     if from_replica:
-        data = client(None).request(
-            "POST", f"/v1/instances/{urllib.parse.quote(host, safe='')}/restore-replica",
-            {"at": at, "dry_run": dry_run})
+        data = client(None).request("POST", instance_path(host, "restore-replica"),
+                                    {"at": at, "dry_run": dry_run})
     else:
         assert snap_id is not None
         data = client(None).request("POST", _path(host, snap_id, "restore"),
@@ -117,8 +103,7 @@ def restore(host: str, snap_id: str | None, from_replica: bool, at: str | None,
 
 
 def _kept_path(host: str, *rest: str) -> str:
-    parts = [urllib.parse.quote(p, safe="") for p in (host, *rest)]
-    return "/v1/instances/" + "/".join([parts[0], "kept", *parts[1:]])
+    return instance_path(host, "kept", *rest)
 
 
 def _say_kept(host: str, copies: list[dict[str, Any]], retention_s: float) -> None:
@@ -134,27 +119,21 @@ def _say_kept(host: str, copies: list[dict[str, Any]], retention_s: float) -> No
 
 @db.command()
 @click.argument("host")
-@json_option
-@api_call
+@api_command
 def kept(host: str, as_json: bool) -> None:
     """List the copies restores kept: each database one replaced, each file replica one
     set aside."""
     data = client(None).request("GET", _kept_path(host))
-    if as_json:
-        emit_json(data)
-    else:
+    if not answered(data, as_json):
         _say_kept(host, data["kept"], data["retention_s"])
 
 
 @db.command()
 @click.argument("host")
 @click.argument("copy_id", metavar="COPY")
-@json_option
-@api_call
+@api_command
 def forget(host: str, copy_id: str, as_json: bool) -> None:
     """Remove one copy a restore kept (its id as `keelway db kept` lists it)."""
     data = client(None).request("POST", _kept_path(host, copy_id, "forget"), {})
-    if as_json:
-        emit_json(data)
-    else:
+    if not answered(data, as_json):
         click.echo(f"removed {data['kind']} {data['id']} of {host} ({data['path']})")

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import click
 
-from keelway.cli.base import api_call, cli, client, json_option
+from keelway.cli.base import api_command, cli, client
 from keelway.cli.output import EXIT_FAILED, emit_json
 
 
 @cli.command()
-@json_option
-@api_call
+@api_command
 def doctor(as_json: bool) -> None:
     """What is wrong with this box, and what to do."""
     checks = client().request("GET", "/v1/doctor")["checks"]

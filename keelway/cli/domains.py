@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import click
 
-from keelway.cli.base import answered, api_call, cli, client, json_option
+from keelway.cli.base import answered, api_command, cli, client
 
 
 @cli.group()
@@ -13,21 +15,21 @@ def domains() -> None:
     """Aliases of an instance: more hosts that serve the same instance."""
 
 
+def _change_arguments(func: Callable[..., None]) -> Callable[..., None]:
+    """What `domains add` and `domains remove` both take: HOST, ALIASES... and --json."""
+    return click.argument("host")(click.argument("aliases", nargs=-1, required=True)(
+        api_command(func)))
+
+
 @domains.command("add")
-@click.argument("host")
-@click.argument("aliases", nargs=-1, required=True)
-@json_option
-@api_call
+@_change_arguments
 def domains_add(host: str, aliases: tuple[str, ...], as_json: bool) -> None:
     """Serve instance HOST at ALIASES too."""
     _change(host, "", aliases, as_json)
 
 
 @domains.command("remove")
-@click.argument("host")
-@click.argument("aliases", nargs=-1, required=True)
-@json_option
-@api_call
+@_change_arguments
 def domains_remove(host: str, aliases: tuple[str, ...], as_json: bool) -> None:
     """Stop serving instance HOST at ALIASES."""
     _change(host, "/remove", aliases, as_json)
@@ -43,8 +45,7 @@ def _change(host: str, verb: str, aliases: tuple[str, ...], as_json: bool) -> No
 
 @domains.command("list")
 @click.argument("host")
-@json_option
-@api_call
+@api_command
 def domains_list(host: str, as_json: bool) -> None:
     """The aliases of instance HOST."""
     data = client().request("GET", f"/v1/instances/{host}/domains")

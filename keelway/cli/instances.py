@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from keelway.cli.base import answered, api_call, cli, client, config_pairs, json_option
+from keelway.cli.base import answered, api_command, cli, client, config_pairs
 from keelway.cli.output import fail, plural, table
 from keelway.cli.plans import dry_run_option
 
@@ -21,8 +21,7 @@ def instances() -> None:
 @click.option("--parked", is_flag=True,
               help="Add them parked: nothing runs until a first request wakes each one.")
 @dry_run_option
-@json_option
-@api_call
+@api_command
 def instances_add(app: str, hosts: tuple[str, ...], pairs: tuple[str, ...], parked: bool,
                   dry_run: bool, as_json: bool) -> None:
     """Add instances of APP at HOSTS, laid down whole (data dir, empty database, env file
@@ -49,8 +48,7 @@ def instances_add(app: str, hosts: tuple[str, ...], pairs: tuple[str, ...], park
 @click.argument("host")
 @click.option("--purge-data", is_flag=True, help="Remove its data dir and env file too.")
 @dry_run_option
-@json_option
-@api_call
+@api_command
 def instances_remove(app: str, host: str, purge_data: bool, dry_run: bool,
                      as_json: bool) -> None:
     """Stop HOST's processes, withdraw its routes and forget it (data kept unless
@@ -64,8 +62,7 @@ def instances_remove(app: str, host: str, purge_data: bool, dry_run: bool,
 
 @instances.command("list")
 @click.argument("app")
-@json_option
-@api_call
+@api_command
 def instances_list(app: str, as_json: bool) -> None:
     """APP's instances, their state and aliases."""
     data = client().request("GET", f"/v1/apps/{app}/instances")

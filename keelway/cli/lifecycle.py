@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from keelway.cli.base import DEFAULT_HTTP, api_call, cli, client, json_option
+from keelway.cli.base import DEFAULT_HTTP, answered, api_command, cli, client
 from keelway.cli.client import ApiError, ApiLost, ApiUnavailable
 from keelway.cli.output import EXIT_ALREADY_RUNNING, emit_json, fail, fail_json
 from keelway.durable import DISK_FULL_HINT
@@ -35,8 +35,7 @@ _DAEMON_DISK_FULL = 5  # keelway.api.daemon.EXIT_DISK_FULL, which the CLI does n
 @click.option("--objects", default=None, metavar="s3://BUCKET/PREFIX",
               help="Keep snapshots in S3 (AWS_* variables for the endpoint and keys); "
                    "kept for later `up`s (default: $KEELWAY_HOME/objects).")
-@json_option
-@api_call
+@api_command
 def up(demo: bool, detach: bool, http_addr: str | None, router_workers: int | None,
        trusted: tuple[str, ...], hold_timeout: float | None, objects: str | None,
        as_json: bool) -> None:
@@ -130,8 +129,7 @@ def _already_running(home: Home, pid: int, as_json: bool) -> None:
 @cli.command()
 @click.option("--keep-apps", is_flag=True,
               help="Leave the apps' processes and the router running (traffic flows on).")
-@json_option
-@api_call
+@api_command
 def down(keep_apps: bool, as_json: bool) -> None:
     """Stop the control plane, the router and the apps (with --keep-apps, only the
     control plane: the router and the apps serve on, and `up` adopts them)."""
@@ -165,14 +163,12 @@ def router() -> None:
 
 
 @router.command("restart")
-@json_option
-@api_call
+@api_command
 def router_restart(as_json: bool) -> None:
     """Replace the router process without dropping a connection (socket handoff); a
     dead router is started again at once."""
     data = client(60.0).request("POST", "/v1/router/restart")
-    if as_json:
-        emit_json(data)
+    if answered(data, as_json):
         return
     if data["was_dead"]:
         click.echo(f"router started: pid {data['old_pid']} was dead, pid {data['new_pid']} "

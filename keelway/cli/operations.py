@@ -9,9 +9,9 @@ from typing import Any
 
 import click
 
-from keelway.cli.base import api_call, cli, client, config_pairs, json_option
+from keelway.cli.base import answered, api_call, api_command, cli, client, config_pairs, json_option
 from keelway.cli.output import EXIT_LOST, emit_json, fail, fail_json, shown_value
-from keelway.cli.plans import dry_run_operation, dry_run_option, echo_plan
+from keelway.cli.plans import dry_run_operation, dry_run_option
 
 
 def run_operation(path: str, body: dict[str, Any], as_json: bool, what: str,
@@ -87,8 +87,7 @@ def deploy(app: str, source: str, hosts: tuple[str, ...], ref: str | None, use_g
 @click.option("--instance", default=None, help="Only this hostname.")
 @key_option
 @dry_run_option
-@json_option
-@api_call
+@api_command
 def restart(app: str, instance: str | None, key: str | None, dry_run: bool,
             as_json: bool) -> None:
     """Start new processes of what APP runs (overlap or hold per service)."""
@@ -103,8 +102,7 @@ def restart(app: str, instance: str | None, key: str | None, dry_run: bool,
 @click.argument("release", required=False)
 @key_option
 @dry_run_option
-@json_option
-@api_call
+@api_command
 def rollback(app: str, release: str | None, key: str | None, dry_run: bool,
              as_json: bool) -> None:
     """Release the build and config of an older release (default: the one before)."""
@@ -145,9 +143,8 @@ class _ConfigGroup(click.Group):
 @click.argument("app")
 @click.option("--instance", default=None,
               help="The config of this instance, layered over the app's.")
-@json_option
 @click.pass_context
-@api_call
+@api_command
 def config(ctx: click.Context, app: str, instance: str | None, as_json: bool) -> None:
     """Show APP's config vars, or change them: `config APP set K=V`, `config APP unset K`;
     with --instance H, H's own vars (layered over the app's; H restarts per mode)."""
@@ -156,8 +153,7 @@ def config(ctx: click.Context, app: str, instance: str | None, as_json: bool) ->
         return
     if instance is not None:
         data = client().request("GET", f"/v1/apps/{app}/instances/{instance}/config")
-        if as_json:
-            emit_json(data)
+        if answered(data, as_json):
             return
         for name, value in sorted(data["effective"].items()):
             source = "instance" if name in data["config"] else "app"
@@ -167,8 +163,7 @@ def config(ctx: click.Context, app: str, instance: str | None, as_json: bool) ->
                        f"`keelway config {app} --instance {instance} set K=V`")
         return
     data = client().request("GET", f"/v1/apps/{app}/config")
-    if as_json:
-        emit_json(data)
+    if answered(data, as_json):
         return
     if not data["config"]:
         click.echo(f"{app} has no config vars; set one with `keelway config {app} set K=V`")
@@ -179,8 +174,7 @@ def config(ctx: click.Context, app: str, instance: str | None, as_json: bool) ->
 def _instance_config(app: str, instance: str, body: dict[str, Any], as_json: bool,
                      what: str) -> None:
     data = client(None).request("POST", f"/v1/apps/{app}/instances/{instance}/config", body)
-    if as_json:
-        emit_json(data)
+    if answered(data, as_json):
         return
     said = [what]
     if data["restarted"]:
@@ -200,58 +194,52 @@ def _dry_config(app: str, instance: str | None, body: dict[str, Any],
     dry_run_operation(f"/v1/apps/{app}/config", body, as_json)
 
 
+def _change_options(func: Callable[..., None]) -> Callable[..., None]:
+    """What `config set` and `config unset` both take: the group's (APP, --instance),
+    --key, --dry-run and --json."""
+    return key_option(dry_run_option(click.pass_obj(api_command(func))))
+
+
+def _change(obj: tuple[str, str | None], change: dict[str, Any], said: str,
+            key: str | None, dry_run: bool, as_json: bool) -> None:
+    """A set or an unset: a dry run plans the app's config release; with --instance the
+    instance's own vars change (it restarts per mode); else the app's config is released
+    as an operation."""
+    app, instance = obj
+    if dry_run:
+        return _dry_config(app, instance, change, as_json)
+    if instance is not None:
+        return _instance_config(app, instance, change, as_json, f"{said} on {instance}")
+    run_operation(f"/v1/apps/{app}/config", change | {"key": key}, as_json,
+                  f"{said} on {app}", app)
+
+
 @config.command("set")
 @click.argument("pairs", nargs=-1, required=True)
-@key_option
-@dry_run_option
-@json_option
-@click.pass_obj
-@api_call
+@_change_options
 def config_set(obj: tuple[str, str | None], pairs: tuple[str, ...], key: str | None,
                dry_run: bool, as_json: bool) -> None:
     """Set K=V (a new release; processes restart per mode)."""
-    app, instance = obj
     values = config_pairs(pairs, as_json)
-    if dry_run:
-        return _dry_config(app, instance, {"set": values}, as_json)
-    if instance is not None:
-        _instance_config(app, instance, {"set": values}, as_json,
-                         f"set {', '.join(values)} on {instance}")
-        return
-    run_operation(f"/v1/apps/{app}/config", {"set": values, "key": key}, as_json,
-                  f"set {', '.join(values)} on {app}", app)
+    _change(obj, {"set": values}, f"set {', '.join(values)}", key, dry_run, as_json)
 
 
 @config.command("unset")
 @click.argument("names", nargs=-1, required=True)
-@key_option
-@dry_run_option
-@json_option
-@click.pass_obj
-@api_call
+@_change_options
 def config_unset(obj: tuple[str, str | None], names: tuple[str, ...], key: str | None,
                  dry_run: bool, as_json: bool) -> None:
     """Remove config vars (a new release)."""
-    app, instance = obj
-    if dry_run:
-        return _dry_config(app, instance, {"unset": list(names)}, as_json)
-    if instance is not None:
-        _instance_config(app, instance, {"unset": list(names)}, as_json,
-                         f"unset {', '.join(names)} on {instance}")
-        return
-    run_operation(f"/v1/apps/{app}/config", {"unset": list(names), "key": key}, as_json,
-                  f"unset {', '.join(names)} on {app}", app)
+    _change(obj, {"unset": list(names)}, f"unset {', '.join(names)}", key, dry_run, as_json)
 
 
 @cli.command()
 @click.option("--dry-run", is_flag=True, help="Only say what it would do.")
-@json_option
-@api_call
+@api_command
 def reconcile(dry_run: bool, as_json: bool) -> None:
     """Converge every instance, as boot does (leftovers, interrupted operations)."""
     data = client(None).request("POST", "/v1/reconcile", {"dry_run": dry_run})
-    if as_json:
-        emit_json(data)
+    if answered(data, as_json):
         return
     verb = "would" if dry_run else "did"
     quiet = True
@@ -270,16 +258,11 @@ def _instance_command(verb: str) -> Callable[..., None]:
     @click.argument("app")
     @click.option("--instance", default=None, help="Only this hostname.")
     @dry_run_option
-    @json_option
-    @api_call
+    @api_command
     def command(app: str, instance: str | None, dry_run: bool, as_json: bool) -> None:
         data = client(None).request("POST", f"/v1/apps/{app}/{verb}",
                                     {"instance": instance, "dry_run": dry_run})
-        if dry_run:
-            echo_plan(data, as_json)
-            return
-        if as_json:
-            emit_json(data)
+        if answered(data, as_json, dry_run):
             return
         done = data["stopped" if verb == "stop" else "started"]
         click.echo(f"{verb}{'ped' if verb == 'stop' else 'ed'} {', '.join(done) or 'nothing'}")
@@ -294,8 +277,7 @@ cli.command("start")(_instance_command("start"))
 
 @cli.command()
 @click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
-@json_option
-@api_call
+@api_command
 def gc(dry_run: bool, as_json: bool) -> None:
     """Remove staged builds that no kept release (`[releases] keep`, default 10; the
     ACTIVE and last good ones always) or process names, the dependency cache entries no
@@ -303,8 +285,7 @@ def gc(dry_run: bool, as_json: bool) -> None:
     snapshots beyond its `[data] keep`, and the copies restores kept, once past their
     retention (7 days unless KEELWAY_KEEP_REPLACED_DAYS says otherwise)."""
     data = client(None).request("POST", "/v1/gc", {"dry_run": dry_run})
-    if as_json:
-        emit_json(data)
+    if answered(data, as_json):
         return
     verb = "would remove" if dry_run else "removed"
     snapshots = data.get("snapshots_removed", [])

@@ -2,33 +2,23 @@
 
 from __future__ import annotations
 
-import urllib.parse
-
 import click
 
-from keelway.cli.base import api_call, cli, client, json_option
-from keelway.cli.output import emit_json, plural
-from keelway.cli.plans import dry_run_option, echo_plan
-
-
-def _path(host: str, verb: str) -> str:
-    # Quoted: the API checks the name; a bad one must reach it intact, not as a path.
-    return f"/v1/instances/{urllib.parse.quote(host, safe='')}/{verb}"
+from keelway.cli.base import answered, api_command, cli, client, instance_path
+from keelway.cli.output import plural
+from keelway.cli.plans import dry_run_option
 
 
 @cli.command()
 @click.argument("host")
 @dry_run_option
-@json_option
-@api_call
+@api_command
 def park(host: str, dry_run: bool, as_json: bool) -> None:
     """Scale an instance to zero: stop its processes; its next request wakes it."""
-    data = client(None).request("POST", _path(host, "park"), {"dry_run": dry_run})
-    if dry_run:
-        echo_plan(data, as_json)
-    elif as_json:
-        emit_json(data)
-    elif data["parked"]:
+    data = client(None).request("POST", instance_path(host, "park"), {"dry_run": dry_run})
+    if answered(data, as_json, dry_run):
+        return
+    if data["parked"]:
         count = data.get("processes_stopped", len(data["stopped"]))
         click.echo(f"parked {host} (stopped {plural(count, 'process', 'processes')})")
     else:
@@ -38,48 +28,39 @@ def park(host: str, dry_run: bool, as_json: bool) -> None:
 @cli.command()
 @click.argument("host")
 @dry_run_option
-@json_option
-@api_call
+@api_command
 def wake(host: str, dry_run: bool, as_json: bool) -> None:
     """Wake a parked instance and wait until it serves."""
-    data = client(None).request("POST", _path(host, "wake"),
+    data = client(None).request("POST", instance_path(host, "wake"),
                                 {"wait": True, "dry_run": dry_run})
-    if dry_run:
-        echo_plan(data, as_json)
-    elif as_json:
-        emit_json(data)
-    else:
+    if not answered(data, as_json, dry_run):
         click.echo(f"woke {host}" if data["woke"] else f"{host} is awake already")
 
 
 @cli.command()
 @click.argument("host")
 @click.option("--reason", default=None, help="Why, as status and the events show it.")
-@json_option
-@api_call
+@api_command
 def fence(host: str, reason: str | None, as_json: bool) -> None:
     """Fence an instance: nothing wakes, starts or restarts it until it is unfenced."""
-    data = client().request("POST", _path(host, "fence"), {"reason": reason})
-    if as_json:
-        emit_json(data)
-    else:
+    data = client().request("POST", instance_path(host, "fence"), {"reason": reason})
+    if not answered(data, as_json):
         click.echo(f"fenced {host} at generation {data['generation']}")
 
 
 @cli.command()
 @click.argument("host")
-@json_option
-@api_call
+@api_command
 def unfence(host: str, as_json: bool) -> None:
     """Lift the instance's current fence generation."""
-    current = client().request("GET", _path(host, "fence"))
+    current = client().request("GET", instance_path(host, "fence"))
     data = current | {"lifted": False}
     if current["held"]:
-        data = client().request("POST", _path(host, "unfence"),
+        data = client().request("POST", instance_path(host, "unfence"),
                                 {"generation": current["generation"]})
-    if as_json:
-        emit_json(data)
-    elif data["lifted"]:
+    if answered(data, as_json):
+        return
+    if data["lifted"]:
         click.echo(f"unfenced {host} (generation {data['generation']} lifted)")
     elif data["held"]:
         click.echo(f"{host} was fenced again meanwhile, at generation {data['generation']}; "

@@ -10,21 +10,19 @@ from typing import Any
 
 import click
 
-from keelway.cli.base import api_call, cli, client, json_option
+from keelway.cli.base import answered, api_command, cli, client
 from keelway.cli.client import ApiLost, ApiUnavailable
 from keelway.cli.output import ago, emit_json, table
 
 
 @cli.command()
 @click.argument("app", required=False)
-@json_option
-@api_call
+@api_command
 def status(app: str | None, as_json: bool) -> None:
     """Instances, processes, builds and leftovers (of APP, or of every app)."""
     query = f"?app={app}" if app else ""
     data = client().request("GET", f"/v1/status{query}")
-    if as_json:
-        emit_json(data)
+    if answered(data, as_json):
         return
     if data.get("router"):
         _router_health(data["router"])
@@ -127,8 +125,7 @@ def _when(at: float) -> str:
 @click.option("--service", default=None)
 @click.option("--instance", default=None)
 @click.option("-n", "--lines", default=100, show_default=True)
-@json_option
-@api_call
+@api_command
 def logs(app: str, follow: bool, service: str | None, instance: str | None, lines: int,
          as_json: bool) -> None:
     """Print the app's process output."""
@@ -158,8 +155,7 @@ def json_line(item: dict[str, Any]) -> str:
 @click.option("-n", "--lines", "count", default=100, show_default=True,
               type=click.IntRange(min=0), help="How many of the newest events.")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new events.")
-@json_option
-@api_call
+@api_command
 def events(app: str, count: int, follow: bool, as_json: bool) -> None:
     """What happened to the app: operations, exits, restarts."""
     data = client().request("GET", f"/v1/apps/{app}/events?limit={count}")
@@ -220,15 +216,13 @@ def _took(duration_s: float | None) -> str:
 @click.option("--instance", default=None)
 @click.option("-n", "--lines", "count", default=50, show_default=True,
               type=click.IntRange(min=0), help="How many of the newest operations.")
-@json_option
-@api_call
+@api_command
 def ops(app: str, instance: str | None, count: int, as_json: bool) -> None:
     """The operation journal, step by step: when each began and how long it took."""
     query = f"?limit={count}" + (f"&instance={urllib.parse.quote(instance)}" if instance
                                  else "")
     data = client().request("GET", f"/v1/apps/{app}/ops{query}")
-    if as_json:
-        emit_json(data)
+    if answered(data, as_json):
         return
     for op in data["operations"]:
         line = (f"op {op['id']} {op['kind']} {op['instance'] or '(the app)'}: {op['state']}"
@@ -264,14 +258,12 @@ def source_text(source: dict[str, str] | None) -> str:
 
 @cli.command()
 @click.argument("app")
-@json_option
-@api_call
+@api_command
 def releases(app: str, as_json: bool) -> None:
     """The app's numbered releases: which one each instance runs, which failed, and
     where each one's build came from."""
     data = client().request("GET", f"/v1/apps/{app}/releases")
-    if as_json:
-        emit_json(data)
+    if answered(data, as_json):
         return
     rows = []
     for r in data["releases"]:

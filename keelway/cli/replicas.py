@@ -4,28 +4,20 @@ command, --from-replica too, is in keelway/cli/data.py)."""
 from __future__ import annotations
 
 import sys
-import urllib.parse
 
 import click
 
-from keelway.cli.base import api_call, client, json_option
+from keelway.cli.base import answered, api_command, client, instance_path
 from keelway.cli.data import db
-from keelway.cli.output import emit_json
-
-
-def _path(host: str, verb: str) -> str:
-    return f"/v1/instances/{urllib.parse.quote(host, safe='')}/{verb}"
 
 
 @db.command()
 @click.argument("host")
-@json_option
-@api_call
+@api_command
 def replicas(host: str, as_json: bool) -> None:
     """What HOST's replica holds: its files, latest position and time, and lag."""
-    data = client().request("GET", _path(host, "replica"))
-    if as_json:
-        emit_json(data)
+    data = client().request("GET", instance_path(host, "replica"))
+    if answered(data, as_json):
         return
     click.echo(f"{host}: {data['url']}")
     click.echo(f"  replicating: {'yes' if data['replicating'] else 'no'}")
@@ -38,15 +30,12 @@ def replicas(host: str, as_json: bool) -> None:
 
 @db.command()
 @click.argument("host", required=False)
-@json_option
-@api_call
+@api_command
 def drill(host: str | None, as_json: bool) -> None:
     """Restore the newest snapshot and the latest replica of HOST (or of every
     instance) to temp files and verify both; exit 1 if any fails."""
     data = client().request("POST", "/v1/drill", {"host": host})
-    if as_json:
-        emit_json(data)
-    else:
+    if not answered(data, as_json):
         for item in data["results"]:
             copies = []
             for copy in ("snapshot", "replica"):

@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import os
 import sys
-import urllib.parse
 from typing import Any
 
 import click
 
 from keelway import names
-from keelway.cli.base import api_call, cli, client, json_option
-from keelway.cli.output import emit_json
+from keelway.cli.base import answered, api_command, cli, client, instance_path
 
 
-def _path(host: str, verb: str = "") -> str:
-    return f"/v1/instances/{urllib.parse.quote(host, safe='')}/seed{verb}"
+def _path(host: str, *verb: str) -> str:
+    return instance_path(host, "seed", *verb)
 
 
 @cli.group()
@@ -63,8 +61,7 @@ def _say_contents(contents: dict[str, Any] | None) -> None:
 @click.option("--dry-run", is_flag=True, help="Verify and say what would happen.")
 @click.option("--allow-empty", is_flag=True,
               help="Import a seed with no tables (or 0 bytes) on purpose.")
-@json_option
-@api_call
+@api_command
 def import_(host: str, source: str, dry_run: bool, allow_empty: bool, as_json: bool) -> None:
     """Import SOURCE into instance HOST: a snapshot id of any instance (HOST2/SNAPID
     when two hold it) or a path to an SQLite file, read with the -wal beside it if there
@@ -74,34 +71,33 @@ def import_(host: str, source: str, dry_run: bool, allow_empty: bool, as_json: b
     except names.InvalidName:
         snapshot = None  # not a host: the daemon says so, for the path it then is
     sent = source if snapshot is not None else os.path.abspath(source)
-    data = client(None).request("POST", _path(host, "/import"),
+    data = client(None).request("POST", _path(host, "import"),
                                 {"source": sent, "dry_run": dry_run,
                                  "allow_empty": allow_empty})
-    emit_json(data) if as_json else _say(data)
+    if not answered(data, as_json):
+        _say(data)
 
 
 @seed.command()
 @click.argument("host")
 @click.option("--dry-run", is_flag=True, help="Say what the rollback would do.")
-@json_option
-@api_call
+@api_command
 def rollback(host: str, dry_run: bool, as_json: bool) -> None:
     """Roll back the seed import of HOST, from wherever its journal stands."""
-    data = client(None).request("POST", _path(host, "/rollback"), {"dry_run": dry_run})
-    emit_json(data) if as_json else _say(data)
+    data = client(None).request("POST", _path(host, "rollback"), {"dry_run": dry_run})
+    if not answered(data, as_json):
+        _say(data)
     if data["outcome"] not in ("rolled-back", "dry-run", "nothing"):
         sys.exit(1)
 
 
 @seed.command()
 @click.argument("host")
-@json_option
-@api_call
+@api_command
 def status(host: str, as_json: bool) -> None:
     """The import journaled at HOST, its record, route and marker."""
     data = client().request("GET", _path(host))
-    if as_json:
-        emit_json(data)
+    if answered(data, as_json):
         return
     journal = data["journal"]
     if journal is None:

@@ -50,7 +50,7 @@ from keelway.deploy.targets import Target
 from keelway.home import Home
 from keelway.journal import OpKind, StepKind
 from keelway.reconcile.plan import Verdict
-from keelway.run_wire import exit_code
+from keelway.run_wire import Started, exit_code
 from keelway.runtime import process
 from keelway.runtime.environment import process_env
 from keelway.runtime.supervisor import Supervisor
@@ -71,15 +71,6 @@ _EXEC = ("/bin/sh", "-c", 'exec "$@"', "keelway-run")
 
 # The child's session gets these; None is the hangup (the terminal went away).
 Signals = asyncio.Queue[signal.Signals | None]
-
-
-@dataclass(frozen=True)
-class RunStarted:
-    """What `Runs.run` tells its caller once the command runs."""
-
-    pid: int
-    instance: str
-    release: int
 
 
 @dataclass(eq=False)
@@ -109,12 +100,13 @@ class Runs:
 
     async def run(self, app: str, host: str | None, argv: Sequence[str], *,
                   stdio: tuple[int, int, int], term: str | None,
-                  started: Callable[[RunStarted], Awaitable[None]], signals: Signals) -> int:
+                  started: Callable[[Started], Awaitable[None]], signals: Signals) -> int:
         """Run `argv` to its end; returns its exit code (128+N for a signal N).
 
         Refusals raise `OperationError` (UserError, NotFoundError) with nothing written.
-        `started` is awaited once the process runs; `signals` carries what the user
-        sent the CLI, and None when its terminal went away. The caller keeps `stdio`
+        `started` is awaited once the process runs, with the wire's `Started` message;
+        `signals` carries what the user sent the CLI, and None when its terminal went
+        away. The caller keeps `stdio`
         and closes it; the child has its own copies.
         """
         inst = self.resolve(app, host)
@@ -163,7 +155,7 @@ class _OneOff:
     argv: tuple[str, ...]
     stdio: tuple[int, int, int]
     term: str | None
-    started: Callable[[RunStarted], Awaitable[None]]
+    started: Callable[[Started], Awaitable[None]]
     signals: Signals
     code: int = UNKNOWN_EXIT
     release: int = 0
@@ -208,7 +200,7 @@ class _OneOff:
         runs.store.ops.add_event("run", f"run of {self.program} started in v{self.release} "
                                  f"(generation {gen.id}, pid {pid})",
                                  app=inst.app, instance=inst.host)
-        await self.started(RunStarted(pid or 0, inst.host, self.release))
+        await self.started(Started(pid or 0, inst.host, self.release))
         # A shell may run for hours: operations on the instance go on meanwhile, and
         # the lock is taken back to write the outcome.
         async with self.runs.runner.lent(self.host):
