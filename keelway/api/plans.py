@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from keelway.deploy.deployer import DeployPlan
+from keelway.deploy.deploy_plan import DeployPlan
 from keelway.deploy.operation import Plan
 
 

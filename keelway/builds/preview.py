@@ -25,6 +25,7 @@ from pathlib import Path
 
 from keelway.builds import deps, tree
 from keelway.builds.build_step import Progress
+from keelway.builds.errors import StagingError
 from keelway.builds.manifest import Manifest, load_manifest
 from keelway.builds.stage import SourceKind, build_dir, checked_source, unpack
 
@@ -44,13 +45,12 @@ class BuildPreview:
     installs: tuple[str, ...] = ()
     commit: str | None = None
 
-    def lines(self) -> list[str]:
-        """The build as `deploy --dry-run` prints it."""
+    def line(self) -> str:
+        """The build as `deploy --dry-run` prints it: one line."""
+        said = f"build {self.digest[:12]} of {self.source}"
         if self.reused:
-            return [f"build {self.digest[:12]} of {self.source}: staged already, "
-                    f"reused ({self.path})"]
-        would = ", ".join(self.installs) if self.installs else "nothing to install"
-        return [f"build {self.digest[:12]} of {self.source}: would be built ({would})"]
+            return f"{said}: staged already, reused ({self.path})"
+        return f"{said}: would be built ({', '.join(self.installs) or 'nothing to install'})"
 
     def as_json(self) -> dict[str, object]:
         return {"digest": self.digest, "path": str(self.path), "reused": self.reused,
@@ -70,6 +70,14 @@ def preview(source: Path, *, builds_dir: Path, app: str, ref: str | None = None,
     builder, so its Python must be one a tenant's uid can run. Raises the BuildError
     `stage` would raise for this source."""
     source = Path(source)
+    try:
+        return _preview(source, builds_dir, app, ref, git, tenants_reach, progress)
+    except OSError as exc:
+        raise StagingError(f"stage {app} from {source}: {exc}") from exc
+
+
+def _preview(source: Path, builds_dir: Path, app: str, ref: str | None, git: bool,
+             tenants_reach: bool, progress: Progress) -> BuildPreview:
     kind = checked_source(source, builds_dir=builds_dir, app=app, ref=ref, git=git)
     if kind is SourceKind.DIRECTORY:
         digest = tree.source_digest(source)

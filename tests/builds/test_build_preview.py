@@ -45,8 +45,8 @@ def test_a_directory_previews_the_digest_stage_names_its_build_by_and_writes_not
     assert not seen.reused and seen.path == builds_dir / "demo" / seen.digest
     staged = stage(app, builds_dir=builds_dir, app="demo")
     assert seen.digest == staged.digest and seen.manifest == staged.manifest
-    assert seen.lines() == [f"build {seen.digest[:12]} of directory {app}: would be built "
-                            "(nothing to install)"]
+    assert seen.line() == (f"build {seen.digest[:12]} of directory {app}: would be built "
+                           "(nothing to install)")
 
 
 def test_a_staged_digest_previews_as_reused(make_app: MakeApp, builds_dir: Path) -> None:
@@ -55,7 +55,7 @@ def test_a_staged_digest_previews_as_reused(make_app: MakeApp, builds_dir: Path)
     before = _tree(builds_dir)
     seen = preview(app, builds_dir=builds_dir, app="demo")
     assert seen.reused and seen.path == staged.path and _tree(builds_dir) == before
-    assert seen.lines()[0].endswith(f"staged already, reused ({staged.path})")
+    assert seen.line().endswith(f"staged already, reused ({staged.path})")
 
 
 def test_a_tarball_and_a_git_ref_preview_the_digest_of_their_staging(

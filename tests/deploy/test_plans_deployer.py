@@ -251,9 +251,9 @@ def test_a_dry_deploy_refuses_what_the_deploy_refuses_and_changes_nothing(
     deployer, home = _deployer(records, tmp_path)
     build = _build(home)
     before = dump(records.store)
-    with pytest.raises(Fenced, match="a.test is fenced .*: it cannot deploy"):
+    with pytest.raises(Fenced, match=r"a\.test is fenced .*: it cannot deploy"):
         deployer.dry_deploy("shop", build, [])
-    with pytest.raises(UserError, match="x.test already belongs to app other"):
+    with pytest.raises(UserError, match=r"x\.test already belongs to app other"):
         deployer.dry_deploy("shop", build, ["x.test"])
     with pytest.raises(UserError):
         deployer.dry_deploy("Bad App", build, [])
