@@ -77,7 +77,7 @@ def test_the_cli_starts_without_aiohttp_uvloop_or_rich() -> None:
 DEPLOY_ORDER = ["errors", "outcome", "locks", "plan", "steps", "targets", "generation_start",
                 "fences", "publisher", "operation", "apps", "instances", "domains", "attempt",
                 "crash_restarts", "replica_keeper", "passes", "parking", "snapshots",
-                "restore", "runs", "deployer", "seeding", "replication"]
+                "restore", "runs", "deploy_plan", "deployer", "seeding", "replication"]
 
 
 def test_the_deploy_path_reads_one_way() -> None:

@@ -19,6 +19,7 @@ class DeployBody(msgspec.Struct, forbid_unknown_fields=True):
     git: bool = False
     key: str | None = None
     mode: str | None = None
+    dry_run: bool = False  # answer the build and the plans it would run; change nothing
 
     def check(self) -> None:
         names.APP.check(self.app)

@@ -21,11 +21,12 @@ from aiohttp import web
 
 from keelway.api import bodies
 from keelway.api.http import app_name, error_response, log, read_body, route, send_line
-from keelway.api.plans import plan_response
+from keelway.api.plans import deploy_plan_response, plan_response
 from keelway.builds import cache as deps_cache
 from keelway.builds import gc as builds_gc
 from keelway.builds.errors import BuildCommandError, BuildError
 from keelway.builds.manifest import Mode
+from keelway.builds.preview import preview
 from keelway.builds.stage import StagedBuild, stage
 from keelway.deploy.deployer import Deployer, InstanceResult
 from keelway.deploy.errors import OperationError, UserError
@@ -86,12 +87,7 @@ def _final_event(task: asyncio.Task[dict[str, Any]]) -> dict[str, Any]:
     try:
         result = task.result()
     except BuildError as exc:
-        # `message` carries the failed step's last lines for a client that did not
-        # show the progress; `summary` is the line alone, for one that streamed them.
-        summary = exc.summary if isinstance(exc, BuildCommandError) else str(exc)
-        return {"event": "error", "error": {
-            "code": "build-failed", "message": str(exc), "summary": summary,
-            "hint": "fix the app and deploy again; nothing was changed"}}
+        return {"event": "error", "error": _build_failed(exc)}
     except OperationError as exc:
         return {"event": "error", "error": {
             "code": exc.code, "message": exc.message, "hint": exc.hint}}
@@ -104,6 +100,15 @@ def _final_event(task: asyncio.Task[dict[str, Any]]) -> dict[str, Any]:
             "code": "internal", "message": "internal error during the operation",
             "hint": "see $KEELWAY_HOME/logs/keelway.log"}}
     return {"event": "result", "result": result}
+
+
+def _build_failed(exc: BuildError) -> dict[str, str]:
+    """A build that failed or was refused, as a deploy answers it (its dry run too)."""
+    # `message` carries the failed step's last lines for a client that did not show the
+    # progress; `summary` is the line alone, for one that streamed them.
+    summary = exc.summary if isinstance(exc, BuildCommandError) else str(exc)
+    return {"code": "build-failed", "message": str(exc), "summary": summary,
+            "hint": "fix the app and deploy again; nothing was changed"}
 
 
 @dataclass(eq=False)
@@ -135,6 +140,8 @@ class Operations:
             raise UserError(f"{source} does not exist",
                             hint="give a directory, a tarball or a git repository")
         self.deployer.validate_hosts(body.app, body.hosts)
+        if body.dry_run:
+            return await self._dry_deploy(body, source, mode)
 
         async def work(progress: Progress) -> dict[str, Any]:
             progress(f"staging {source}")
@@ -162,6 +169,21 @@ class Operations:
             self._deploying[body.app] -= 1
             if not self._deploying[body.app]:
                 del self._deploying[body.app]
+
+    async def _dry_deploy(self, body: bodies.DeployBody, source: Path,
+                          mode: Mode | None) -> web.Response:
+        """The deploy's plan, its build previewed rather than staged: nothing is built,
+        recorded or journaled (keelway/builds/preview.py)."""
+        try:
+            build = await asyncio.to_thread(
+                preview, source, builds_dir=self.home.builds_dir, app=body.app,
+                ref=body.ref, git=body.git,
+                tenants_reach=self.deployer.supervisor.identities.in_force)
+        except BuildError as exc:
+            failed = _build_failed(exc)
+            return error_response(400, failed["code"], failed["message"], failed["hint"])
+        return deploy_plan_response(self.deployer.dry_deploy(body.app, build, body.hosts,
+                                                             mode))
 
     @route("POST", "/v1/apps/{app}/restart")
     async def restart(self, request: web.Request) -> web.StreamResponse:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from keelway.deploy.deploy_plan import DeployPlan
 from keelway.deploy.operation import Plan
 
 
@@ -14,3 +15,9 @@ def plan_response(*plans: Plan) -> web.Response:
     them), as JSON and as the lines `--dry-run` prints."""
     return web.json_response({"dry_run": True, "plans": [p.as_json() for p in plans],
                               "lines": [line for p in plans for line in p.lines()]})
+
+
+def deploy_plan_response(plan: DeployPlan) -> web.Response:
+    """A dry-run deploy: the build, the release and the instances it would add besides
+    each instance's plan, as JSON and as the lines `--dry-run` prints."""
+    return web.json_response({"dry_run": True, **plan.as_json(), "lines": plan.lines()})

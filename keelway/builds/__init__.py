@@ -12,6 +12,7 @@ Modules, lowest first (each imports only those above it, plus keelway.durable):
     cache       installed dependencies by key, shared with builds by hard links
     deps        detect an app's dependencies and install them (or link them from cache)
     stage       directory | tarball | git ref -> builds/<app>/<digest>/, and sweep()
+    preview     what stage would make of a source, read only (deploy --dry-run)
     gc          remove staged builds nothing pins, and unused cache entries
 """
 

@@ -114,12 +114,13 @@ def check(tree: Path, *, tenants_reach: bool, progress: Progress) -> toolchain.P
 def install_python(ctx: Context, python: toolchain.Python) -> None:
     """Make the build's venv with `python` and its dependencies (see the module header)."""
     tree, venv = ctx.tree, ctx.tree / VENV_DIR
-    if (tree / UV_LOCK).is_file():
-        kind, inputs = "uv", _digest_files(tree, [UV_LOCK, PYPROJECT])
-    elif (tree / REQUIREMENTS).is_file():
-        kind, inputs = "pip-requirements", requirements_inputs(tree)
+    kind = python_installer(tree)
+    if kind == "uv":
+        inputs = _digest_files(tree, [UV_LOCK, PYPROJECT])
+    elif kind == "pip-requirements":
+        inputs = requirements_inputs(tree)
     else:
-        kind, inputs = "pip-project", json.dumps(project_dependencies(tree))
+        inputs = json.dumps(project_dependencies(tree))
     key = None if inputs is None else ctx.key(kind, inputs=inputs,
                                                python=python.identity_text())
     if key is None:
@@ -139,6 +140,16 @@ def install_python(ctx: Context, python: toolchain.Python) -> None:
     ctx.outcomes.append("python: installed")
     if key is not None:
         _publish(ctx, key, venv, "venv")
+
+
+def python_installer(tree: Path) -> str:
+    """How an app that wants Python installs its dependencies (the module header's
+    first match): `uv`, `pip-requirements` or `pip-project`; also a cache key's kind."""
+    if (tree / UV_LOCK).is_file():
+        return "uv"
+    if (tree / REQUIREMENTS).is_file():
+        return "pip-requirements"
+    return "pip-project"
 
 
 def _pip_install(ctx: Context, kind: str) -> None:
@@ -294,13 +305,18 @@ def _check_node(package: dict[str, Any], progress: Progress) -> None:
             "install that Node version")
 
 
+def node_lockfile(tree: Path) -> str | None:
+    """The lockfile `npm ci` installs from (None: `npm install` resolves anew)."""
+    return next((name for name in NODE_LOCKFILES if (tree / name).is_file()), None)
+
+
 def install_node(ctx: Context, *, run_build_script: bool) -> None:
     """node_modules from the lockfile (cached) or package.json (not), then the
     `build` script when asked (see the module header)."""
     tree = ctx.tree
     package = read_package_json(tree)
     scripts = _scripts(package)
-    lockfile = next((name for name in NODE_LOCKFILES if (tree / name).is_file()), None)
+    lockfile = node_lockfile(tree)
     version = toolchain.node_version()
     env = {**ctx.env, "npm_config_cache": str(ctx.scratch / "npm"),
            "npm_config_update_notifier": "false", "npm_config_fund": "false",

@@ -123,18 +123,10 @@ def stage(
     BuildCommandError, StagingError); after any exception nothing new is named in
     `builds_dir/<app>` and the temp directory is removed (a crash leaves it to `sweep`).
     """
-    if not names.APP.accepts(app):
-        # The API refused it already; this guards the path builds/<app> for any caller.
-        raise SourceError(f"app name {app!r} is not valid: {names.APP.hint}")
     source = Path(source)
     app_dir = Path(builds_dir) / app
     try:
-        kind = _source_kind(source, ref=ref, git=git)
-        if kind is SourceKind.DIRECTORY and _is_within(app_dir, source):
-            raise SourceError(
-                f"the builds directory {builds_dir} is inside the source {source}; "
-                "stage from a directory that does not contain keelway's state"
-            )
+        kind = checked_source(source, builds_dir=builds_dir, app=app, ref=ref, git=git)
         if not app_dir.is_dir():
             app_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             fsync_dir(app_dir.parent)  # the build's name must survive a crash with it
@@ -153,6 +145,43 @@ def stage(
     except BaseException:
         remove_tree(tmp)  # KeyboardInterrupt, bugs: still leave nothing behind
         raise
+
+
+def checked_source(source: Path, *, builds_dir: Path, app: str, ref: str | None,
+                   git: bool) -> SourceKind:
+    """What `source` is, refused (SourceError) before anything is written when it is
+    nothing `stage` can stage for `app`."""
+    if not names.APP.accepts(app):
+        # The API refused it already; this guards the path builds/<app> for any caller.
+        raise SourceError(f"app name {app!r} is not valid: {names.APP.hint}")
+    kind = _source_kind(source, ref=ref, git=git)
+    if kind is SourceKind.DIRECTORY and _is_within(Path(builds_dir) / app, source):
+        raise SourceError(
+            f"the builds directory {builds_dir} is inside the source {source}; "
+            "stage from a directory that does not contain keelway's state"
+        )
+    return kind
+
+
+def build_dir(builds_dir: Path, app: str, digest: str) -> Path:
+    """Where the build of `app` named `digest` is, once staged whole."""
+    return Path(builds_dir) / app / digest
+
+
+def unpack(kind: SourceKind, source: Path, ref: str | None, dest: Path,
+           progress: Progress) -> str | None:
+    """Lay the tree a build stages from `source` down in the empty directory `dest`
+    (the ignore rules applied); the commit a git source was exported from."""
+    match kind:
+        case SourceKind.DIRECTORY:
+            copy_source_dir(source, dest)
+        case SourceKind.TARBALL:
+            safe_extract_tar(source, dest)
+        case SourceKind.GIT:
+            return _export_git(source, ref, dest, progress)
+        case _:
+            assert_never(kind)
+    return None
 
 
 def _is_within(path: Path, directory: Path) -> bool:
@@ -181,20 +210,11 @@ def _stage_into(tmp: Path, source: Path, kind: SourceKind, ref: str | None,
     app, progress, builder = job.app, job.progress, job.builder
     app_dir = tmp.parent
     progress(f"staging {app} from {kind.value} {source}")
-    commit: str | None = None
-    match kind:
-        case SourceKind.DIRECTORY:
-            copy_source_dir(source, tmp)
-        case SourceKind.TARBALL:
-            safe_extract_tar(source, tmp)
-        case SourceKind.GIT:
-            commit = _export_git(source, ref, tmp, progress)
-        case _:
-            assert_never(kind)
+    commit = unpack(kind, source, ref, tmp, progress)
     progress("checking the manifest")
     manifest = load_manifest(tmp)
     digest = content_digest(tmp)
-    final = app_dir / digest
+    final = build_dir(app_dir.parent, app, digest)
     if final.is_dir():
         progress(f"build {digest[:12]} is already staged; reusing it")
         remove_tree(tmp)

@@ -26,7 +26,7 @@ import shutil
 import stat
 import struct
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from keelway.builds.errors import SourceError
@@ -35,7 +35,7 @@ from keelway.builds.ignore import BUILD_LOG, IGNORE_FILE, MAX_IGNORE_FILE_BYTES,
 from keelway.durable import fsync_dir
 
 __all__ = ["BUILD_LOG", "content_digest", "copy_source_dir", "fsync_tree", "remove_tree",
-           "seal"]
+           "seal", "source_digest"]
 
 _DIGEST_DOMAIN = b"keelway-tree-v1\0"
 _READ_CHUNK_BYTES = 1024 * 1024
@@ -49,10 +49,30 @@ def copy_source_dir(source: Path, dest: Path) -> None:
     Files get keelway's modes (0600/0700); symlinks are copied as links and must resolve
     inside `source`; special files are refused. Raises SourceError naming the entry.
     """
-    root = os.path.realpath(source)
-    rules = IgnoreRules.from_file(_read_ignore_file(Path(source)))
-    for rel, entry in _scan(Path(source), Path(), rules):
+    for rel, entry in _kept(Path(source)):
         target = dest / rel
+        if entry.is_symlink():
+            os.symlink(os.readlink(entry), target)
+        elif entry.is_dir():
+            target.mkdir(mode=DIR_MODE)
+        else:
+            _copy_file(entry, target, file_mode(entry.lstat().st_mode))
+
+
+def source_digest(source: Path) -> str:
+    """The digest `content_digest` gives the copy `copy_source_dir` would make of the
+    directory `source`, read in place: nothing is copied or written (a dry-run deploy
+    names the build it would stage with it). The same entries, refused alike; a copied
+    file's mode differs from its source's only in bits the digest leaves out."""
+    return _digest((os.fsencode(rel.as_posix()), entry) for rel, entry in _kept(source))
+
+
+def _kept(source: Path) -> Iterator[tuple[Path, Path]]:
+    """(relative path, absolute path) of every entry of `source` a build stages, parents
+    first; a symlink that leaves `source` or a special file is refused (SourceError)."""
+    root = os.path.realpath(source)
+    rules = IgnoreRules.from_file(_read_ignore_file(source))
+    for rel, entry in _scan(source, Path(), rules):
         if entry.is_symlink():
             resolved = os.path.realpath(entry)
             if os.path.commonpath([root, resolved]) != root:
@@ -60,13 +80,9 @@ def copy_source_dir(source: Path, dest: Path) -> None:
                     f"{rel} is a symlink to {os.readlink(entry)!r}, outside the app; "
                     "a build must be self-contained: copy the file in instead"
                 )
-            os.symlink(os.readlink(entry), target)
-        elif entry.is_dir():
-            target.mkdir(mode=DIR_MODE)
-        elif entry.is_file():
-            _copy_file(entry, target, file_mode(entry.lstat().st_mode))
-        else:
+        elif not entry.is_dir() and not entry.is_file():
             raise SourceError(f"{rel} is a {_kind(entry)}: only files, dirs and links are staged")
+        yield rel, entry
 
 
 def _read_ignore_file(source: Path) -> bytes | None:
@@ -113,10 +129,12 @@ def _walk_all(root: Path) -> list[tuple[Path, Path]]:
 
 def content_digest(root: Path) -> str:
     """sha256 (hex) over the canonical walk of `root`; see the module header."""
-    records: list[tuple[bytes, Path]] = [
-        (os.fsencode(rel.as_posix()), path) for rel, path in _walk_all(root)
-    ]
-    records.sort(key=lambda record: record[0])
+    return _digest((os.fsencode(rel.as_posix()), path) for rel, path in _walk_all(root))
+
+
+def _digest(entries: Iterable[tuple[bytes, Path]]) -> str:
+    """sha256 (hex) over (relative path, absolute path) records, in path order."""
+    records = sorted(entries, key=lambda record: record[0])
     digest = hashlib.sha256(_DIGEST_DOMAIN)
     for rel_bytes, path in records:
         info = path.lstat()

@@ -66,11 +66,15 @@ key_option = click.option("--key", default=None,
 @click.option("--mode", type=click.Choice(["overlap", "hold"]), default=None,
               help="Swap every service this way (default: per service, from keelway.toml).")
 @key_option
+@dry_run_option
 @json_option
 @api_call
 def deploy(app: str, source: str, hosts: tuple[str, ...], ref: str | None, use_git: bool,
-           mode: str | None, key: str | None, as_json: bool) -> None:
-    """Build SOURCE (a directory, tarball or git repo) and release it to APP."""
+           mode: str | None, key: str | None, dry_run: bool, as_json: bool) -> None:
+    """Build SOURCE (a directory, tarball or git repo) and release it to APP.
+
+    With --dry-run: the build it would stage (or reuse) and each instance's plan; nothing
+    is built, recorded or started."""
     path = Path(source).expanduser().absolute()
     if not path.exists():
         message, hint = f"{source} does not exist", "give a directory, a tarball or a git repo"
@@ -79,6 +83,8 @@ def deploy(app: str, source: str, hosts: tuple[str, ...], ref: str | None, use_g
         fail(message, hint)
     body = {"app": app, "source": str(path), "hosts": list(hosts), "ref": ref, "git": use_git,
             "key": key, "mode": mode}
+    if dry_run:
+        return dry_run_operation("/v1/deploy", body, as_json)
     run_operation("/v1/deploy", body, as_json, f"deployed {app}", app)
 
 

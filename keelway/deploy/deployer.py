@@ -12,15 +12,17 @@ end DONE, leaving the rest on what they run.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from keelway import failpoints, names
-from keelway.builds.manifest import Mode
+from keelway.builds.manifest import Manifest, Mode, load_manifest
+from keelway.builds.preview import BuildPreview
 from keelway.deploy import targets
 from keelway.deploy.attempt import Attempt
 from keelway.deploy.crash_restarts import CrashRestarts
+from keelway.deploy.deploy_plan import DeployPlan
 from keelway.deploy.errors import (
     AppFailed,
     NotFoundError,
@@ -82,6 +84,9 @@ class Intent:
     key: str | None
     request_digest: str | None
     mode: Mode | None = None
+    # The build's manifest, read before it is staged (a dry-run deploy's); None: read
+    # from `build_path`.
+    manifest: Manifest | None = None
 
 
 @dataclass(frozen=True)
@@ -148,20 +153,46 @@ class Deployer:
                      source: dict[str, str] | None = None) -> list[InstanceResult]:
         """Release a staged build to every instance of `app` (and to new `hosts`);
         `source` says where the build was staged from (`keelway releases` shows it)."""
-        checked(names.APP, app)
-        known = [i.host for i in self.store.instances.list_instances(app)]
-        targets = known + [h for h in hosts if h not in known] or [f"{app}.localhost"]
-        self.validate_hosts(app, [h for h in targets if h not in known])
+        every, _added = self._deploy_hosts(app, hosts)
         self.store.apps.ensure_app(app)
-        for host in targets:
+        for host in every:
             self.store.instances.ensure_instance(host, app)
         self.store.builds.record_build(app, build_digest, str(build_path), source)
+        return await self._rollout(self._deploy_intent(
+            app, build_digest, build_path, every, progress, key, request_digest, mode))
+
+    def dry_deploy(self, app: str, build: BuildPreview, hosts: list[str],
+                   mode: Mode | None = None) -> DeployPlan:
+        """What `deploy` of the build `build` previews would do now: the release it
+        would write and each instance's plan, the ones it would add planned as the
+        deploy plans them once added. Reads only; refuses what `deploy` refuses (a bad
+        name, a foreign host, a fenced running instance)."""
+        every, added = self._deploy_hosts(app, hosts)
+        intent = self._deploy_intent(app, build.digest, build.path, every, _quiet, None,
+                                     None, mode, build.manifest)
+        rollout = self._dry_scheduled(intent, added)
+        return DeployPlan(build, rollout.target, tuple(added),
+                          self._dry_plans(rollout, every, added))
+
+    def _deploy_hosts(self, app: str, hosts: list[str]) -> tuple[list[str], list[str]]:
+        """The instances a deploy of `app` releases to, in order (its own, then the new
+        `hosts`; with neither, `<app>.localhost`), and those of them it adds, checked."""
+        checked(names.APP, app)
+        known = [i.host for i in self.store.instances.list_instances(app)]
+        every = known + [h for h in hosts if h not in known] or [f"{app}.localhost"]
+        added = [h for h in every if h not in known]
+        self.validate_hosts(app, added)
+        return every, added
+
+    def _deploy_intent(self, app: str, build_digest: str, build_path: Path,
+                       hosts: list[str], progress: Progress, key: str | None,
+                       request_digest: str | None, mode: Mode | None,
+                       manifest: Manifest | None = None) -> Intent:
         app_record = self.store.apps.get_app(app)
         config = dict(app_record.config) if app_record else {}
-        return await self._rollout(Intent(
-            app, OpKind.DEPLOY, Cause.RELEASE, build_digest, build_path, config,
-            f"Deploy {build_digest[:12]}", tuple(targets), progress, key, request_digest,
-            mode))
+        return Intent(app, OpKind.DEPLOY, Cause.RELEASE, build_digest, build_path, config,
+                      f"Deploy {build_digest[:12]}", tuple(hosts), progress, key,
+                      request_digest, mode, manifest)
 
     async def set_config(self, app: str, changes: dict[str, str | None],
                          progress: Progress = _quiet, key: str | None = None,
@@ -273,21 +304,33 @@ class Deployer:
         """The rollout of `intent` at schedule `revs`: its target is the app's next
         release (read under the app's lock by a rollout that runs)."""
         number = self.store.builds.next_release_number(intent.app)
+        manifest = intent.manifest or load_manifest(intent.build_path)
         return Rollout(
             intent.app, intent.kind, intent.cause,
-            Target.load(intent.app, number, intent.build_digest, intent.build_path,
-                        dict(intent.config), intent.mode),
+            Target.of(intent.app, number, intent.build_digest, intent.build_path,
+                      dict(intent.config), manifest, intent.mode),
             revs, ReleaseDraft(intent.app, intent.build_digest, dict(intent.config),
                                intent.description),
             intent.progress, intent.key, intent.request_digest)
 
     def _dry_rollout(self, intent: Intent) -> list[Plan]:
+        return self._dry_plans(self._dry_scheduled(intent, []), intent.hosts, [])
+
+    def _dry_scheduled(self, intent: Intent, added: list[str]) -> Rollout:
+        """`intent` as scheduled now, at the revision each instance holds (an instance a
+        deploy would add starts at 0), so no plan of it is superseded."""
+        return self._scheduled(intent, {
+            host: 0 if host in added else targets.instance_named(self.store, host).schedule_rev
+            for host in intent.hosts})
+
+    def _dry_plans(self, rollout: Rollout, hosts: Sequence[str],
+                   added: list[str]) -> list[Plan]:
         """Each instance's plan, as the rollout would run it were it scheduled now
-        (every instance is planned, though a real rollout halts at its first failure)."""
-        revs = {host: targets.instance_named(self.store, host).schedule_rev
-                for host in intent.hosts}
-        rollout = self._scheduled(intent, revs)
-        return [self.dry_attempt(rollout, host) for host in intent.hosts]
+        (every instance is planned, though a real rollout halts at its first failure);
+        one a deploy would add has no record yet, so it is planned as what it is then:
+        an instance that runs nothing and has no route."""
+        return [plan_replacing(self.store, AttemptRequest(host, rollout)) if host in added
+                else self.dry_attempt(rollout, host) for host in hosts]
 
     async def start_new(self, app: str, hosts: list[str],
                         progress: Progress = _quiet) -> list[InstanceResult]:
@@ -426,13 +469,24 @@ def plan_attempt_on(store: Store, request: AttemptRequest) -> Plan:
             "wake", "defer", before=("defer.before",), after=("defer.after",),
             arg=release),))
     refuse_if_fenced(store, host, kind.value)
+    return plan_replacing(store, request)
+
+
+def plan_replacing(store: Store, request: AttemptRequest) -> Plan:
+    """An attempt that replaces what the instance runs: it is laid down whole, then the
+    attempt of deploy/plan.py runs over the generations ACTIVE names (none on an
+    instance that runs nothing yet). A dry-run deploy plans an instance it would add
+    with it directly: added RUNNING at schedule 0 with no fence, `plan_attempt_on`
+    would come to this same plan."""
+    rollout, host = request.rollout, request.host
+    release = rollout.target.release
     prior = {a.service: gen for a in store.generations.list_active(host)
              if (gen := store.generations.get_generation(a.generation_id)) is not None
              and gen.state is not GenState.GONE}
     attempt = plan_attempt(rollout.target.manifest, prior, rollout.cause,
                            routed=store.routes.get_route(host) is not None)
     said = ", ".join(describe_step(step) for step in attempt.steps)
-    return Plan(kind, inst.app, host, (
+    return Plan(rollout.kind, rollout.app, host, (
         PlannedStep(StepKind.LAY_DOWN, f"lay {host} down whole (data dir, databases, "
                     "env file)", "lay-down", journals_own=True),
         PlannedStep(StepKind.SPAWN, f"attempt v{release} "

@@ -39,7 +39,14 @@ class Target:
     @classmethod
     def load(cls, app: str, release: int, build_digest: str, build_path: Path,
              config: dict[str, str], mode: Mode | None = None) -> Target:
-        manifest = load_manifest(build_path)
+        return cls.of(app, release, build_digest, build_path, config,
+                      load_manifest(build_path), mode)
+
+    @classmethod
+    def of(cls, app: str, release: int, build_digest: str, build_path: Path,
+           config: dict[str, str], manifest: Manifest, mode: Mode | None = None) -> Target:
+        """A target whose manifest is read already (a dry-run deploy's, of a build not
+        staged yet)."""
         if mode is not None:
             # `deploy --mode`: this release swaps every service in the given mode.
             manifest = dataclasses.replace(manifest, services={
