@@ -44,18 +44,17 @@ from keelway.builds import cache as deps_cache
 from keelway.builds.manifest import REPLICA
 from keelway.builds.stage import stage, sweep
 from keelway.clock import Clock, SystemClock
-from keelway.data import swap
 from keelway.data.objects import LocalObjects, ObjectStore, ObjectStoreError, open_objects
 from keelway.data.replicas import ReplicaError, ReplicaOptions, Replicas
 from keelway.deploy import targets
-from keelway.deploy.apps import Apps
+from keelway.deploy.apps import FORGET_APP, Apps
 from keelway.deploy.crash_restarts import RECOVER, RESTART_CRASHED, CrashRestarts
 from keelway.deploy.deployer import ATTEMPTS, START, STOP, Deployer
 from keelway.deploy.domains import Domains
 from keelway.deploy.errors import OperationError
 from keelway.deploy.instances import ADD, DESTROY_ONE, REMOVE, Instances
 from keelway.deploy.locks import Locks
-from keelway.deploy.operation import Runner, finalizers
+from keelway.deploy.operation import Recovery, Runner, finalizers, recovery
 from keelway.deploy.parking import PARK, WAKE, Parking
 from keelway.deploy.passes import Passes
 from keelway.deploy.publisher import Publisher
@@ -113,20 +112,13 @@ class DeployParts:
     snapshots: Snapshots
     replication: Replication
     restore: Restore
+    # Each kind's boot recovery bound to its part (keelway/deploy/operation.py).
+    recovery: Recovery
 
-    async def boot(self, home: Home) -> None:
-        """The one boot reconciliation (keelway/deploy/passes.py `Passes.boot`), with
-        what each part settles before anything respawns and carries on after."""
-
-        def finish_swaps() -> None:
-            # A restore that committed its swap is carried through, so the instance
-            # comes back on the restored database (keelway/data/swap.py).
-            for host in swap.finish_all(home.root / "data"):
-                log.info("boot: finished the database swap of a restore of %s", host)
-
-        await self.passes.boot(first=(finish_swaps,),
-                               carry_on=(self.apps.resume, self.instances.resume,
-                                         self.seeding.resume))
+    async def boot(self) -> None:
+        """The one boot reconciliation (keelway/deploy/passes.py `Passes.boot`): every
+        interrupted operation ended or carried on by its kind."""
+        await self.passes.boot(self.recovery)
 
 
 def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher, clock: Clock,
@@ -143,10 +135,11 @@ def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
     runner = Runner(store, locks, owner)
     restarts = CrashRestarts(store, home, supervisor, publisher, clock, locks, runner)
     keeper = ReplicaKeeper(store, supervisor, clock, runner, replicas)
-    # How the reconciler ends an interrupted operation of each kind with a spec.
+    # How the reconciler ends an interrupted operation of each kind with a spec (or
+    # leaves it to the kind's own recovery at boot).
     ends = finalizers(PARK, WAKE, STOP, START, RUN, RECOVER, RESTART_CRASHED, REPLICATE,
                       *ATTEMPTS.values(), RESTORE, RESTORE_REPLICA, IMPORT, ROLLBACK, ADD,
-                      REMOVE, DESTROY_ONE)
+                      REMOVE, DESTROY_ONE, FORGET_APP)
     reconciler = Reconciler(store, supervisor, home, restarts, keeper,
                             lambda gen: targets.stop_grace_s(store, gen), ends)
     reconciler.orphan_kinds = ends.orphaned
@@ -161,16 +154,17 @@ def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
     instances = Instances(store, home, supervisor, publisher, locks, runner, deployer,
                           replicas, objects)
     snapshots = Snapshots(store, home, locks, clock, objects)
+    apps = Apps(store, home, locks, runner, instances)
+    seeding = Seeding(store, home, supervisor, publisher, locks, restarts, keeper, runner,
+                      delete_replica=replicas.delete, objects=objects)
+    # Which part carries on each kind a spec recovers at boot.
+    recovers = recovery((ADD, instances), (REMOVE, instances), (FORGET_APP, apps),
+                        (IMPORT, seeding), (ROLLBACK, seeding), (RESTORE, restore))
     return DeployParts(locks, runner, restarts, keeper, passes, deployer,
                        Parking(store, home, supervisor, publisher, clock, runner, restarts),
-                       Runs(store, home, supervisor, runner),
-                       Apps(store, home, locks, runner, instances), instances,
-                       Domains(store, publisher, locks),
-                       Seeding(store, home, supervisor, publisher, locks, restarts, keeper,
-                               runner, delete_replica=replicas.delete, objects=objects),
-                       snapshots,
-                       Replication(store, keeper, restore, snapshots),
-                       restore)
+                       Runs(store, home, supervisor, runner), apps, instances,
+                       Domains(store, publisher, locks), seeding, snapshots,
+                       Replication(store, keeper, restore, snapshots), restore, recovers)
 
 
 def objects_url(home: Home, asked: str | None) -> str | None:
@@ -308,7 +302,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     publisher = Publisher(store, home.router_socket)
     parts = wire(store, home, supervisor, publisher, clock, owner, objects)
     deployer = parts.deployer
-    await parts.boot(home)
+    await parts.boot()
 
     if demo:
         await _deploy_demo(home, store, deployer, announce)

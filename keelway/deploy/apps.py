@@ -26,6 +26,8 @@ from keelway.deploy.outcome import Outcome
 from keelway.deploy.steps import Done
 from keelway.home import Home
 from keelway.journal import OpKind, StepKind
+from keelway.reconcile.apply import end_interrupted
+from keelway.reconcile.plan import Verdict, by_steps
 from keelway.store import Conflict, Store
 from keelway.store.lifecycle import OpState, Removal, StepState
 from keelway.store.records import App, Instance, Operation
@@ -53,7 +55,10 @@ class Remover(Protocol):
     """What removes one instance: keelway/deploy/instances.py `Instances`, a part above
     this module (it looks apps up here), so it is handed in, never imported."""
 
-    async def remove(self, inst: Instance, kind: OpKind, removal: Removal) -> None: ...
+    async def remove(self, inst: Instance, kind: OpKind, removal: Removal,
+                     begun: Operation | None = None) -> None: ...
+
+    async def recover_removal(self, op: Operation) -> None: ...
 
     def removal_plan(self, host: str, removal: Removal) -> Plan: ...
 
@@ -74,23 +79,50 @@ class Apps:
             raise UserError(f"an app named {name} exists already",
                             hint=f"see `keelway status {name}`") from None
 
-    async def destroy_app(self, name: str, removal: Removal) -> list[str]:
+    async def destroy_app(self, name: str, removal: Removal,
+                          begun: Operation | None = None) -> list[str]:
         """Remove every instance of the app (processes proven gone, routes withdrawn,
         records deleted; data kept unless `removal` purges it), then its builds and
-        records, so the name can be used again. Returns the hosts removed."""
+        records, so the name can be used again. Returns the hosts removed.
+
+        The `destroying` mark is written in the write that begins the first of its
+        operations (each instance's, then the app's own: `_destroying`), so every
+        mark has an operation boot finds. `begun`: an interrupted one of them, carried
+        on where it is met (`recover_destroy`)."""
         app = self.store.apps.get_app(name)
         if app is None:
             raise NotFoundError(f"no app named {name}", hint="see `keelway apps`")
         async with self.locks.app(name):
-            self.store.apps.mark_destroying(name, removal)  # the intent, before any effect
             app = self.store.apps.get_app(name) or app
-            removal = Removal(app.destroying or removal)
+            removal = Removal(app.destroying or removal)  # a purge asked once stays asked
             removed = []
             for inst in self.store.instances.list_instances(name):
-                await self.instances.remove(inst, OpKind.DESTROY, removal)
+                mine = begun if begun is not None and begun.instance == inst.host else None
+                await self.instances.remove(inst, OpKind.DESTROY, removal, mine)
                 removed.append(inst.host)
-            await self._forget_app(name)
+            mine = begun if begun is not None and begun.instance == APP_SCOPE else None
+            await self._forget_app(name, removal, mine)
+        if begun is not None and not (self.store.ops.get_operation(begun.id) or begun).terminal:
+            # An instance's removal whose records were gone before it was met.
+            end_interrupted(self.store, begun, Verdict(OpState.SUCCEEDED),
+                            "its records are gone")
         return removed
+
+    async def recover_destroy(self, op: Operation) -> None:
+        """At boot: an interrupted operation of a destroy (an instance's removal, or the
+        app's own) carried on: the whole destroy again from the app's `destroying`
+        mark, this operation run on where it is met, every step a no-op where done.
+        With the app gone it did what it was for; an instance's with no destroy under
+        way is a removal of its own."""
+        app = self.store.apps.get_app(op.app)
+        if app is not None and app.destroying is not None:
+            await self.destroy_app(app.name, Removal(app.destroying), op)
+        elif op.instance != APP_SCOPE:
+            await self.instances.recover_removal(op)
+        elif app is None:
+            end_interrupted(self.store, op, Verdict(OpState.SUCCEEDED), "its records are gone")
+        else:
+            end_interrupted(self.store, op, by_steps(op))
 
     def plan_destroy_app(self, name: str, removal: Removal) -> list[tuple[str, Plan]]:
         """The dry run of `apps destroy`: each instance's removal and the app's own
@@ -99,15 +131,18 @@ class Apps:
         return plan_destroy(self.store, name,
                             lambda host: self.instances.removal_plan(host, removal))
 
-    async def _forget_app(self, name: str) -> None:
-        ran = await self.runner.run(FORGET_APP, self, AppRequest(APP_SCOPE, name))
+    async def _forget_app(self, name: str, removal: Removal,
+                          begun: Operation | None = None) -> None:
+        ran = await self.runner.run(FORGET_APP, self, AppRequest(APP_SCOPE, name, removal),
+                                    begun=begun)
         if ran.result is not None and ran.result.outcome is not Outcome.DONE:
             raise OperationError(f"destroy {name}: {ran.result.reason}",
                                  hint="`keelway apps destroy` again carries it on")
 
     async def resume(self) -> None:
-        """At boot, after the reconciler's pass: carry on every interrupted destroy from
-        its `destroying` mark (before the instances' own removals and adds)."""
+        """Every destroy carried on from its `destroying` mark alone, whatever its
+        operations say (a mark left by a keelway older than `Store.begin_with`; boot
+        carries on each interrupted operation by its kind instead, `recover_destroy`)."""
         finish_orphans(self.store, self.locks)
         for app in self.store.apps.destroying_apps():
             try:
@@ -120,6 +155,7 @@ class Apps:
 class AppRequest:
     host: str  # APP_SCOPE: the app's own operation names no instance
     app: str
+    removal: Removal = Removal.KEEP_DATA  # what the `destroying` mark says
 
 
 def plan_forget_app(_store: Store, request: AppRequest) -> Plan:
@@ -153,17 +189,27 @@ def _forget(apps: Apps, request: AppRequest, _step: PlannedStep) -> Bound:
     return forget
 
 
+def _destroying(apps: Apps, request: AppRequest) -> None:
+    # The intent, in the write that begins the app's own operation (an app with no
+    # instance left has no other).
+    apps.store.apps.mark_destroying(request.app, request.removal)
+
+
+async def _recover_destroy(apps: Apps, op: Operation) -> None:
+    await apps.recover_destroy(op)
+
+
 async def _end_orphans(apps: Apps, _request: AppRequest, _ran: Ran) -> None:
     # A fault leaves the app's op with no reconciler to end it.
     finish_orphans(apps.store, apps.locks)
 
 
 # The app's own operation names no instance: the runner takes the empty name's lock.
-# Boot carries on an interrupted destroy from the app's `destroying` mark
-# (`Apps.resume`, in DeployParts.boot's carry_on).
+# Boot carries on every interrupted operation of a destroy, its instances' and its own
+# (`recover_destroy`).
 FORGET_APP: Spec[AppRequest, Apps] = Spec(
     OpKind.DESTROY, plan_forget_app, {"remove-builds": _remove_builds, "forget": _forget},
-    after=_end_orphans)
+    intent=_destroying, after=_end_orphans, recover=_recover_destroy)
 
 
 def plan_destroy(store: Store, name: str,

@@ -26,7 +26,7 @@ import asyncio
 import logging
 from collections.abc import Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from keelway import failpoints, names
@@ -51,11 +51,13 @@ from keelway.deploy.publisher import Publisher
 from keelway.deploy.steps import Done, Failed, Steps
 from keelway.home import Home
 from keelway.journal import OpKind, StepKind
+from keelway.reconcile.apply import end_interrupted
+from keelway.reconcile.plan import Verdict, by_steps
 from keelway.runtime.environment import ensure_instance_key
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import NotFound, Store
 from keelway.store.hosts import HostTaken
-from keelway.store.lifecycle import InstanceState, Removal
+from keelway.store.lifecycle import InstanceState, OpState, Removal
 from keelway.store.records import App, Instance, Operation
 
 failpoints.declare("laydown.one.before", "laydown.one.after")
@@ -251,16 +253,25 @@ class Instances:
         check_hosts(self.store, hosts)
         layered = checked_config(app, {}, dict(config))
         async with self.locks.app(app_name):
+            instances: list[Instance] = []
+
+            def record() -> None:
+                instances.extend(self.store.instances.add_instances(
+                    app_name, list(hosts), layered, parked=parked))
+
             try:
-                instances = self.store.instances.add_instances(app_name, list(hosts), layered,
-                                                               parked=parked)
+                # The records (each `adding`) and the operation that carries them on,
+                # in one write: boot finds an interrupted add by its operation.
+                op = self.store.begin_with(record, app_name, hosts[0], OpKind.ADD_INSTANCES,
+                                           self.runner.owner)
             except HostTaken as exc:
                 raise taken(exc) from None
             except NotFound:
                 raise NotFoundError(f"no app named {app_name}") from None
             progress(f"recorded {len(instances)} instances")
-            started = await self._finish_add(app_name, list(hosts), progress)
-        return Added(instances, started)
+            request = AddRequest(hosts[0], app_name, tuple(hosts), parked, progress=progress)
+            await self._finish_add(request, op)
+        return Added(instances, request.started)
 
     def plan_add_instances(self, app_name: str, hosts: Sequence[str],
                            config: Mapping[str, str], parked: bool = False) -> Plan:
@@ -271,19 +282,30 @@ class Instances:
         checked_config(app, {}, dict(config))
         return plan_add(self.store, AddRequest(hosts[0], app_name, tuple(hosts), parked))
 
-    async def _finish_add(self, app: str, hosts: list[str],
-                          progress: Progress) -> Sequence[StartedOn]:
-        await self._lay_down(app, hosts)
-        progress(f"laid down {len(hosts)} instances")
-        started: Sequence[StartedOn] = []
-        # Only what runs nothing yet and is not parked: after a crash past a start, that
-        # start counts; a parked instance starts at its first wake.
+    async def _finish_add(self, request: AddRequest, op: Operation) -> None:
+        """Run `ADD` in `op` (begun with the records, or interrupted and carried on at
+        boot), under the app lock the caller holds: LAY_DOWN for every host, then the
+        starts (`_start_added`, attempts of their own) inside the operation, and its end
+        clears the marks in the same write (`_added`). Crash anywhere: the operation is
+        interrupted and boot carries it on (`recover_add`)."""
+        ran = await self.runner.run(ADD, self, request, begun=op)
+        if ran.result is not None and ran.result.outcome is not Outcome.DONE:
+            raise OperationError(f"laying down the instances failed: {ran.result.reason}",
+                                 hint="the instances are recorded; a deploy lays them down "
+                                      "again, or remove them with `instances remove`")
+
+    async def start_added(self, request: AddRequest) -> None:
+        """Once laid down: each instance that runs nothing yet and is not parked started
+        on the app's release (an attempt of its own; after a crash past a start, that
+        start counts; a parked instance starts at its first wake), then published."""
+        app, hosts = request.app, list(request.hosts)
+        request.progress(f"laid down {len(hosts)} instances")
         idle = [host for host in hosts if not self.store.generations.list_active(host)
                 and (inst := self.store.instances.get_instance(host)) is not None
                 and inst.state is InstanceState.RUNNING]
         released = bool(self.store.builds.list_releases(app))
         if idle and released:
-            started = await self.starter.start_new(app, idle, progress)
+            request.started.extend(await self.starter.start_new(app, idle, request.progress))
         if len(idle) < len(hosts):
             # Parked ones have parked routes: the router must hold their first request
             # and ask for the wake, not answer 404.
@@ -291,19 +313,19 @@ class Instances:
         elif not released:
             await publish_pages(self.publisher)
         failpoints.hit("adding.finish.before")
-        self.store.instances.finish_adding(hosts)
-        return started
 
-    async def _lay_down(self, app: str, hosts: list[str]) -> None:
-        """One LAY_DOWN step for every host, journaled on the first (`ADD`), under the
-        app lock the caller holds. Crash inside: the step stays pending, the reconciler
-        finalizes the operation, and boot lays the instances still marked `adding` down
-        again (each file is made only if missing)."""
-        ran = await self.runner.run(ADD, self, AddRequest(hosts[0], app, tuple(hosts)))
-        if ran.result is not None and ran.result.outcome is not Outcome.DONE:
-            raise OperationError(f"laying down the instances failed: {ran.result.reason}",
-                                 hint="the instances are recorded; `keelway up` lays them "
-                                      "down again, or remove them with `instances remove`")
+    async def recover_add(self, op: Operation) -> None:
+        """At boot: an interrupted `instances add` carried on in its own operation, for
+        every instance of its app still marked `adding` (laid down again, each file
+        made only if missing; started if it runs nothing), the marks cleared as it
+        ends. None marked: it ends as its journal says."""
+        hosts = [i.host for i in self.store.instances.adding_instances() if i.app == op.app]
+        if not hosts:
+            end_interrupted(self.store, op, by_steps(op))
+            return
+        host = op.instance if op.instance in hosts else hosts[0]
+        async with self.locks.app(op.app):
+            await self._finish_add(AddRequest(host, op.app, tuple(hosts)), op)
 
     def lay_down_files(self, hosts: list[str]) -> int:
         def one(host: str) -> bool:
@@ -324,16 +346,31 @@ class Instances:
         of_app(self.store, app, host)
         await self._remove(REMOVE, host, removal)
 
-    async def remove(self, inst: Instance, kind: OpKind, removal: Removal) -> None:
+    async def remove(self, inst: Instance, kind: OpKind, removal: Removal,
+                     begun: Operation | None = None) -> None:
         """Remove `inst` as one instance of `apps destroy` (`DESTROY_ONE`), under the
-        app lock its caller holds."""
+        app lock its caller holds (in `begun`: its interrupted removal carried on)."""
         assert kind is OpKind.DESTROY
-        await self._remove(DESTROY_ONE, inst.host, removal)
+        await self._remove(DESTROY_ONE, inst.host, removal, begun)
+
+    async def recover_removal(self, op: Operation) -> None:
+        """At boot: an interrupted removal (or one instance of a destroy) carried on in
+        its own operation from its `removing` mark, every step a no-op where done;
+        one whose records are gone did what it was for."""
+        inst = self.store.instances.get_instance(op.instance)
+        if inst is None:
+            end_interrupted(self.store, op, Verdict(OpState.SUCCEEDED), "its records are gone")
+        elif inst.removing is None:
+            end_interrupted(self.store, op, by_steps(op))
+        else:
+            spec = DESTROY_ONE if op.kind is OpKind.DESTROY else REMOVE
+            await self._remove(spec, inst.host, Removal(inst.removing), op)
 
     async def _remove(self, spec: Spec[RemoveRequest, Instances], host: str,
-                      removal: Removal) -> None:
+                      removal: Removal, begun: Operation | None = None) -> None:
         inst = named(self.store, host)
-        ran = await self.runner.run(spec, self, self._remove_request(host, removal, spec.kind))
+        ran = await self.runner.run(spec, self, self._remove_request(host, removal, spec.kind),
+                                    begun=begun)
         if ran.result is not None and ran.result.outcome is not Outcome.DONE:
             raise OperationError(f"removing {host}: {ran.result.reason}",
                                  hint=f"see `keelway ops {inst.app} --instance {host}`; "
@@ -361,28 +398,31 @@ class Instances:
         return await self.starter.restart(app, host, progress)
 
     async def resume(self) -> None:
-        """At boot, after the reconciler's pass, the destroys (`Apps.resume`) and before the
-        API opens: carry on every interrupted removal and add from its durable intent."""
+        """Every removal and add carried on from its mark alone, whatever its operation
+        says (what a mark left by a keelway older than `Store.begin_with` needs; boot
+        carries on each interrupted operation by its kind instead, `recover_add`,
+        `recover_removal`)."""
         for inst in self.store.instances.removing_instances():
-            await self._carry_on(f"remove {inst.host}", self.remove_instance(
+            await _carry_on(f"remove {inst.host}", self.remove_instance(
                 inst.app, inst.host, Removal(inst.removing or Removal.KEEP_DATA)))
         pending: dict[str, list[str]] = {}
         for inst in self.store.instances.adding_instances():
             pending.setdefault(inst.app, []).append(inst.host)
         for name, hosts in sorted(pending.items()):
-            await self._carry_on(f"add {len(hosts)} instances of {name}",
-                                 self._carry_on_add(name, hosts))
+            await _carry_on(f"add {len(hosts)} instances of {name}",
+                            self._carry_on_add(name, hosts))
         apps.finish_orphans(self.store, self.locks)
 
     async def _carry_on_add(self, app: str, hosts: list[str]) -> None:
         async with self.locks.app(app):
-            await self._finish_add(app, hosts, _quiet)
+            await self.runner.run(ADD, self, AddRequest(hosts[0], app, tuple(hosts)))
 
-    async def _carry_on(self, what: str, work: Coroutine[Any, Any, object]) -> None:
-        try:
-            await work
-        except OperationError as exc:
-            log.warning("boot: %s: %s", what, exc.message)
+
+async def _carry_on(what: str, work: Coroutine[Any, Any, object]) -> None:
+    try:
+        await work
+    except OperationError as exc:
+        log.warning("boot: %s: %s", what, exc.message)
 
 
 # -- plans ----------------------------------------------------------------------------
@@ -393,6 +433,9 @@ class AddRequest:
     app: str
     hosts: tuple[str, ...]
     parked: bool = False
+    progress: Progress = field(default=_quiet, compare=False)
+    # What the operation's starts started (`Instances.start_added`).
+    started: list[StartedOn] = field(default_factory=list, compare=False)
 
 
 def plan_add(store: Store, request: AddRequest) -> Plan:
@@ -427,9 +470,27 @@ def _lay_down(part: Instances, request: AddRequest, _step: PlannedStep) -> Bound
     return lay_down
 
 
-# Under the app lock its caller holds, the records just written: nothing to converge.
+async def _start_added(part: Instances, request: AddRequest, _op: Operation) -> None:
+    # The starts are attempts of their own, each taking its instance's lock.
+    async with part.runner.lent(request.host):
+        await part.start_added(request)
+
+
+def _added(part: Instances, request: AddRequest) -> None:
+    part.store.instances.finish_adding(list(request.hosts))
+
+
+async def _recover_add(part: Instances, op: Operation) -> None:
+    await part.recover_add(op)
+
+
+# Under the app lock its caller holds, the records just written (in the write that
+# began it): nothing to converge. Its starts run inside it, and its end clears the
+# `adding` marks, so a mark is exactly as long-lived as its operation.
 ADD: Spec[AddRequest, Instances] = Spec(OpKind.ADD_INSTANCES, plan_add,
-                                        {"lay-down": _lay_down}, converge_first=False)
+                                        {"lay-down": _lay_down}, converge_first=False,
+                                        closing=_start_added, ending=_added,
+                                        recover=_recover_add)
 
 
 @dataclass(frozen=True)
@@ -567,20 +628,29 @@ def _forget(part: Instances, request: RemoveRequest, _step: PlannedStep) -> Boun
     return forget
 
 
-async def _removing(part: Instances, request: RemoveRequest) -> None:
-    # The intent first, after convergence (failed closed refuses): a crash from here on
-    # is carried on by the next boot (`Instances.resume`, `Apps.resume`).
+def _removing(part: Instances, request: RemoveRequest) -> None:
+    # The intent, in the write that begins the operation, after convergence (failed
+    # closed refuses): a crash from here on is carried on by the next boot
+    # (`recover_removal`; a destroy's by keelway/deploy/apps.py `recover_destroy`).
+    inst = part.store.instances.get_instance(request.host)
+    if request.kind is OpKind.DESTROY and inst is not None:
+        part.store.apps.mark_destroying(inst.app, request.removal)
     part.store.instances.mark_removing(request.host, request.removal)
+
+
+async def _recover_removal(part: Instances, op: Operation) -> None:
+    await part.recover_removal(op)
 
 
 _REMOVAL: dict[str, EffectOf[Instances, RemoveRequest]] = {
     "withdraw": _withdraw, "stop": _stop, "purge": _purge, "purge-replica": _purge_replica,
     "purge-snapshots": _purge_snapshots, "forget": _forget}
-# `instances remove`: under its app's lock and its own.
-# Boot carries on every interrupted removal and add from its mark (`Instances.resume`,
-# in DeployParts.boot's carry_on).
+# `instances remove`: under its app's lock and its own; boot carries an interrupted one
+# on (`recover_removal`).
 REMOVE: Spec[RemoveRequest, Instances] = Spec(OpKind.REMOVE_INSTANCE, plan_remove, _REMOVAL,
-                                              locks=Locking.APP, prelude=_removing)
-# One instance of `apps destroy`, under the app lock the destroy holds.
+                                              locks=Locking.APP, intent=_removing,
+                                              recover=_recover_removal)
+# One instance of `apps destroy`, under the app lock the destroy holds; its kind's
+# recovery is the destroy's (keelway/deploy/apps.py FORGET_APP).
 DESTROY_ONE: Spec[RemoveRequest, Instances] = Spec(OpKind.DESTROY, plan_remove, _REMOVAL,
-                                                   prelude=_removing)
+                                                   intent=_removing)

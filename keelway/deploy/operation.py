@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,13 +46,17 @@ from keelway.deploy.locks import Locks
 from keelway.deploy.outcome import Outcome, Result
 from keelway.deploy.steps import Done, Failed, Steps
 from keelway.journal import REPLICA, OpKind, StepKind
-from keelway.reconcile.plan import Pass, Verdict, by_steps
+from keelway.reconcile.apply import end_interrupted
+from keelway.reconcile.plan import Finalize, Pass, Verdict, by_steps
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
 from keelway.store.lifecycle import OpState, StepState
 from keelway.store.records import Operation
 
 log = logging.getLogger("keelway.deployer")
+
+# A step a crash left pending in an operation that boot carried on (`Spec.recover`).
+CARRIED_ON = "interrupted by a control-plane crash; the operation was carried on at boot"
 
 failpoints.declare("finish.before")
 
@@ -180,16 +185,34 @@ class Spec(Generic[Req, Parts]):
     # for an operation whose caller converged under a lock it holds.
     converge_first: bool = True
     # Under the lock, after the fence check, before the plan and before the operation
-    # begins: an intent the next boot carries on from (a removal's `removing` mark).
+    # begins: a check that may refuse with nothing journaled (a seed verified again),
+    # or a copy staged (a restore's).
     prelude: Callable[[Parts, Req], Awaitable[None]] | None = None
+    # The durable intent the operation carries (a removal's `removing` mark), written
+    # in the same write that begins it (`Store.begin_with`): every mark has the
+    # operation whose journal says how far it got, so `recover` finds it.
+    intent: Callable[[Parts, Req], object] | None = None
+    # Inside the operation, after its last step and before its outcome: work that is
+    # operations of its own (an add's starts, each an attempt), so the intent stays open
+    # until it is done.
+    closing: Callable[[Parts, Req, Operation], Awaitable[None]] | None = None
+    # Written in the same write that ends a DONE operation (`Store.finish_with`): the
+    # intent cleared (an add's `adding`), so a mark never outlives its operation.
+    ending: Callable[[Parts, Req], object] | None = None
     # Under the same lock once the operation ended (seeing how, `Ran`), never
     # journaled: what is derived from the records and rewritten whole (the `current`
     # link), or a follow-up operation run with `run_held`.
     after: Callable[[Parts, Req, Ran], Awaitable[None]] | None = None
-    # At boot, once every instance is reconciled and the orphans ended: carry on the
-    # interrupted operations of this kind from their durable intents (a removal's mark,
-    # an import's journal row). Register it on one spec of the part it belongs to.
-    resume: Callable[[Parts], Awaitable[None]] | None = None
+    # At boot, once every instance is reconciled: an interrupted operation of this kind
+    # carried on (rolled forward, or back) from its journal and the intent it carries,
+    # and ended. The reconciler's passes leave such an operation unfinalized for it (a
+    # crash between the two would lose the carry-on): see `Recovery`. Declared on one
+    # spec of the kind, bound to its part at wiring.
+    recover: Callable[[Parts, Operation], Awaitable[None]] | None = None
+    # At boot, before anything respawns or is reconciled: what the kind must settle
+    # first (a restore's committed swap finished, so the instance comes back on the
+    # restored database).
+    first: Callable[[Parts], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -282,7 +305,7 @@ class Runner:
 
     async def run(self, spec: Spec[Req, Parts], parts: Parts, request: Req, *,
                   key: str | None = None, request_digest: str | None = None,
-                  schedule_rev: int = 0) -> Ran:
+                  schedule_rev: int = 0, begun: Operation | None = None) -> Ran:
         """Lock, converge, refuse a fence, `prelude`, plan, run the plan as one
         operation, then `after`, all under the lock.
 
@@ -290,7 +313,11 @@ class Runner:
         that refuses raises its error with nothing journaled (what `prelude` wrote
         stays: it is an intent the next boot carries on from). An operation of no
         instance (`host == ""`: an app's own) takes the lock of that empty name and
-        converges nothing."""
+        converges nothing.
+
+        `begun`: an operation of this kind already begun (an add's, begun with its
+        records), or an interrupted one carried on at boot (`Spec.recover`): the plan
+        runs as its further steps, and it ends as the plan does."""
         host = request.host
         async with contextlib.AsyncExitStack() as held:
             if host:
@@ -313,43 +340,65 @@ class Runner:
                 await spec.prelude(parts, request)
             ran = await self.run_held(spec, parts, request, key=key,
                                       request_digest=request_digest,
-                                      schedule_rev=schedule_rev)
+                                      schedule_rev=schedule_rev, begun=begun)
             if spec.after is not None:
                 await spec.after(parts, request, ran)
         return ran
 
     async def run_held(self, spec: Spec[Req, Parts], parts: Parts, request: Req, *,
                        key: str | None = None, request_digest: str | None = None,
-                       schedule_rev: int = 0) -> Ran:
+                       schedule_rev: int = 0, begun: Operation | None = None) -> Ran:
         """Plan and run under the lock the caller holds, converged already (the
         reconciler's passes, a crash restart, the steps of a rollout)."""
         plan = spec.plan(self.store, request)
         if plan.nothing is not None:
+            if begun is not None:
+                # Nothing is left to carry on: it ends as its journal says.
+                end_interrupted(self.store, begun, by_steps(begun))
             return Ran(plan, None)
         bound = [(step, spec.effects[step.effect](parts, request, step))
                  for step in plan.steps]
 
         async def work(op: Operation) -> Result:
-            return await _run_steps(self.store, op, bound)
+            result = await _run_steps(self.store, op, bound)
+            if spec.closing is not None and result.outcome is Outcome.DONE:
+                await spec.closing(parts, request, op)
+            return result
 
-        result = await self.journaled(plan.app, plan.host, spec.kind, work, key=key,
-                                      request_digest=request_digest,
-                                      schedule_rev=schedule_rev,
-                                      converge_after=spec.converge_after)
+        intent = spec.intent
+        ending = spec.ending
+        result = await self.journaled(
+            plan.app, plan.host, spec.kind, work, key=key, request_digest=request_digest,
+            schedule_rev=schedule_rev, converge_after=spec.converge_after, begun=begun,
+            intent=None if intent is None else lambda: intent(parts, request),
+            ending=None if ending is None else lambda: ending(parts, request))
         return Ran(plan, result)
 
     async def journaled(self, app: str, host: str, kind: OpKind,
                         work: Callable[[Operation], Awaitable[Result]], *,
                         key: str | None = None, request_digest: str | None = None,
-                        schedule_rev: int = 0, converge_after: bool = False) -> Result:
+                        schedule_rev: int = 0, converge_after: bool = False,
+                        begun: Operation | None = None,
+                        intent: Callable[[], object] | None = None,
+                        ending: Callable[[], object] | None = None) -> Result:
         """Run `work` as one journaled operation owned by this control plane, under
         `host`'s lock (held by the caller). A crash inside `work` leaves it unfinished,
         for the reconciler to finalize (its kind's `finalize`); an exception is
         journaled as a fault and converged at once. `converge_after` reconciles once
-        more after an outcome that was written (a fault has converged already)."""
-        op = self.store.ops.begin_operation(app, host, kind, self.owner, key=key,
-                                            request_digest=request_digest,
-                                            schedule_rev=schedule_rev)
+        more after an outcome that was written (a fault has converged already).
+
+        `intent` is written in the write that begins it, `ending` in the one that ends
+        it DONE; `begun` is the operation to run `work` in instead of a new one."""
+        if begun is not None:
+            op = self._carried_on(begun)
+        elif intent is not None:
+            op = self.store.begin_with(intent, app, host, kind, self.owner, key=key,
+                                       request_digest=request_digest,
+                                       schedule_rev=schedule_rev)
+        else:
+            op = self.store.ops.begin_operation(app, host, kind, self.owner, key=key,
+                                                request_digest=request_digest,
+                                                schedule_rev=schedule_rev)
         self.locks.live_ops.add(op.id)
         faulted = False
         try:
@@ -374,16 +423,29 @@ class Runner:
         if faulted:
             await self._converge_fault(host)
         else:
-            self._finish(op, result)
+            self._finish(op, result, ending)
             if converge_after:
                 await self.converger.converge(host, Pass.MUTATION)
         return result
 
-    def _finish(self, op: Operation, result: Result) -> None:
+    def _carried_on(self, op: Operation) -> Operation:
+        """An interrupted operation about to run on: each step the crash left pending
+        ended failed, as interrupted, so its journal says where the crash was and what
+        was done after it."""
+        for step in op.steps:
+            if step.state is StepState.PENDING:
+                self.store.ops.finish_step(op.id, step.seq, StepState.FAILED,
+                                           error=CARRIED_ON)
+        return self.store.ops.get_operation(op.id) or op
+
+    def _finish(self, op: Operation, result: Result,
+                ending: Callable[[], object] | None = None) -> None:
         failpoints.hit("finish.before")
         latest = self.store.ops.get_operation(op.id) or op
         if not latest.terminal:
-            if result.outcome is Outcome.DONE:
+            if result.outcome is Outcome.DONE and ending is not None:
+                self.store.finish_with(ending, latest, OpState.SUCCEEDED)
+            elif result.outcome is Outcome.DONE:
                 self.store.ops.finish_operation(latest, OpState.SUCCEEDED)
             else:
                 self.store.ops.finish_operation(latest, OpState.FAILED, error=result.reason)
@@ -501,16 +563,87 @@ def stop_generation(store: Store, supervisor: Supervisor, step: PlannedStep) -> 
 @dataclass(frozen=True)
 class Finalizers:
     """How the reconciler finalizes an interrupted operation of each kind: the spec's
-    `finalize` by kind, the journal's step rule (`by_steps`) for a kind with none."""
+    `finalize` by kind, the journal's step rule (`by_steps`) for a kind with none, and
+    nothing (None) for a kind its spec carries on at boot (`Spec.recover`): that one
+    stays unfinalized until `Recovery` has carried it on."""
 
-    by_kind: Mapping[OpKind, Callable[[Operation], Verdict]] = field(default_factory=dict)
+    by_kind: Mapping[OpKind, Finalize] = field(default_factory=dict)
     orphaned: frozenset[OpKind] = frozenset()
+    carried: frozenset[OpKind] = frozenset()
 
-    def __call__(self, op: Operation) -> Verdict:
+    def __call__(self, op: Operation) -> Verdict | None:
+        if op.kind in self.carried:
+            return None
         return self.by_kind.get(op.kind, by_steps)(op)
 
 
 def finalizers(*specs: Spec[Any, Any]) -> Finalizers:
     """The reconciler's finalizer of every kind these specs describe."""
     return Finalizers({spec.kind: spec.finalize for spec in specs},
-                      frozenset(spec.kind for spec in specs if spec.orphaned))
+                      frozenset(spec.kind for spec in specs if spec.orphaned),
+                      frozenset(spec.kind for spec in specs if spec.recover is not None))
+
+
+Recover = Callable[[Operation], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What boot does with the interrupted operations of the kinds whose specs carry
+    them on (`Spec.recover`, `Spec.first`), each bound to its part: one dispatch by
+    kind, the same for every kind (keelway/deploy/passes.py `Passes.boot`)."""
+
+    by_kind: Mapping[OpKind, Recover] = field(default_factory=dict)
+    first: tuple[Callable[[], None], ...] = ()
+
+    def settle_first(self) -> None:
+        for settle in self.first:
+            settle()
+
+    def interrupted(self, store: Store, live_ops: set[int]) -> list[Operation]:
+        """Every operation not terminal and not live of a kind carried on here, oldest
+        first: each instance's latest (and an app's own, or one whose instance is
+        gone), and the one an instance's intent names when a later operation of the
+        instance superseded it as latest (an add's, once its starts began)."""
+        kinds = set(self.by_kind)
+        found = {view.latest.id: view.latest for view in store.instances.instance_views()
+                 if view.latest is not None}
+        for op_id in store.ops.unfinished_operations():  # their instance gone
+            if (gone := store.ops.get_operation(op_id)) is not None:
+                found[op_id] = gone
+        for inst in [*store.instances.adding_instances(),
+                     *store.instances.removing_instances()]:
+            op = store.ops.latest_operation_of(inst.host, kinds)
+            if op is not None:
+                found[op.id] = op
+        return [op for _, op in sorted(found.items())
+                if op.kind in kinds and not op.terminal and op.id not in live_ops]
+
+    async def recover_all(self, store: Store, live_ops: set[int]) -> list[int]:
+        """Carry on each interrupted operation by its kind's `recover`; the ids carried
+        on. One that cannot be carried on now stays unfinished for the next boot."""
+        carried = []
+        for op in self.interrupted(store, live_ops):
+            fresh = store.ops.get_operation(op.id)
+            if fresh is None or fresh.terminal:
+                continue  # an earlier one's carry-on ended it (a destroy's instances)
+            try:
+                await self.by_kind[op.kind](fresh)
+            except OperationError as exc:
+                log.warning("boot: op %d %s on %s: %s; the next boot carries it on",
+                            op.id, op.kind, op.instance or op.app, exc.message)
+                continue
+            carried.append(op.id)
+        return carried
+
+
+def recovery(*bound: tuple[Spec[Any, Any], Any]) -> Recovery:
+    """The boot recovery of every spec that declares one, each with its part."""
+    by_kind: dict[OpKind, Recover] = {}
+    first: list[Callable[[], None]] = []
+    for spec, parts in bound:
+        if spec.recover is not None:
+            by_kind[spec.kind] = functools.partial(spec.recover, parts)
+        if spec.first is not None:
+            first.append(functools.partial(spec.first, parts))
+    return Recovery(by_kind, tuple(first))

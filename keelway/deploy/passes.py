@@ -3,22 +3,24 @@
 and the periodic pass, which only ever tries a lock, never waits behind an operation.
 Every pass also removes process trees that no live record names (invariant 5).
 
-Boot is one reconciliation: strays removed, what a kind must settle before anything
-respawns (`first`), every instance reconciled, the interrupted operations no instance's
-plan sees ended by their kinds' finalizers, each kind's carry-on from its durable
-intents (`carry_on`), keyed requests settled, the route table published.
+Boot is one reconciliation: what a kind must settle before anything respawns (its
+spec's `first`), strays removed, every instance reconciled, the interrupted operations
+no instance's plan sees ended by their kinds' finalizers, keyed requests settled, the
+route table published, then every interrupted operation of a kind that carries its own
+on (`Spec.recover`) dispatched by its kind, oldest first (keelway/deploy/operation.py
+`Recovery`): one mechanism for every kind, no list of resumers.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from keelway.clock import Clock
 from keelway.deploy import targets
 from keelway.deploy.errors import OperationError
 from keelway.deploy.locks import Locks
+from keelway.deploy.operation import Recovery
 from keelway.deploy.publisher import Publisher
 from keelway.durable import disk_full, disk_full_message
 from keelway.home import Home
@@ -31,11 +33,6 @@ from keelway.store.lifecycle import OpState, RequestState
 log = logging.getLogger("keelway.deployer")
 
 PERIODIC_S = 5.0
-
-# Work a kind does at boot: before anything respawns (`first`), or after the instances
-# are reconciled (`carry_on`, an interrupted operation carried on from its intent).
-First = Callable[[], object]
-CarryOn = Callable[[], Awaitable[object]]
 
 
 @dataclass(eq=False)
@@ -67,7 +64,7 @@ class Passes:
         if outcome.republish and mode is not Pass.MUTATION:
             await self.publisher.publish()
 
-    async def boot(self, first: Sequence[First] = (), carry_on: Sequence[CarryOn] = ()) -> None:
+    async def boot(self, recovery: Recovery | None = None) -> None:
         """After a control-plane start: remove trees no record names, reconcile every
         instance (adopt survivors, remove candidates of interrupted operations, restart
         what should run), settle keyed requests that a crash interrupted, and publish
@@ -77,8 +74,8 @@ class Passes:
         stop the boot: the router keeps serving its last table, and the periodic pass
         republishes once it answers and differs from the store."""
         began = self.clock.monotonic()
-        for settle in first:
-            settle()
+        recovery = recovery or Recovery()
+        recovery.settle_first()
         await self._remove_strays()
         # Planned from one bulk read; only an instance with work is locked and
         # reconciled, from a fresh read under its lock.
@@ -104,11 +101,9 @@ class Passes:
             await self.publisher.publish()
         except OperationError as exc:
             log.warning("boot: %s; the periodic pass republishes", exc.message)
-        for carry in carry_on:
-            try:
-                await carry()
-            except OperationError as exc:
-                log.warning("boot: %s; the next boot carries it on", exc.message)
+        carried = await recovery.recover_all(self.store, self.locks.live_ops)
+        if carried:
+            log.info("boot: carried on %d interrupted operations", len(carried))
 
     def settle_request_from_journal(self, key: str) -> None:
         ops = [op for i in self.store.instances.list_instances()

@@ -478,9 +478,17 @@ async def _link_current(restore: Restore, request: RestoreRequest, ran: Ran) -> 
 _EFFECTS: dict[str, EffectOf[Restore, RestoreRequest]] = {
     "hold": _hold, "stop": _stop, "aside": _aside, "swap": _swap,
     "begin-replica": _begin_replica, "start": _start}
+def finish_swaps(restore: Restore) -> None:
+    """At boot, before anything respawns: a restore that committed its swap is carried
+    through, so the instance comes back on the restored database (keelway/data/swap.py),
+    whichever source it had; its operation is then finalized from its journal."""
+    for host in swap.finish_all(restore.home.root / "data"):
+        log.info("boot: finished the database swap of a restore of %s", host)
+
+
 RESTORE: Spec[RestoreRequest, Restore] = Spec(
     OpKind.RESTORE, plan_restore, _EFFECTS, fence_verb="be restored", converge_after=True,
-    prelude=_stage, after=_link_current)
+    prelude=_stage, after=_link_current, first=finish_swaps)
 RESTORE_REPLICA: Spec[RestoreRequest, Restore] = Spec(
     OpKind.RESTORE_REPLICA, plan_restore, _EFFECTS, fence_verb="be restored",
     converge_after=True, prelude=_stage, after=_link_current)

@@ -81,6 +81,8 @@ from keelway.deploy.steps import Done, Effect, Failed, Steps
 from keelway.durable import TEMP_PREFIX, sqlite_side_paths
 from keelway.home import Home
 from keelway.journal import OpKind, StepKind
+from keelway.reconcile.apply import end_interrupted
+from keelway.reconcile.plan import Verdict, by_steps
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Conflict, Store
 from keelway.store.imports import (
@@ -91,7 +93,7 @@ from keelway.store.imports import (
     SeedState,
     record_key,
 )
-from keelway.store.lifecycle import RouteState
+from keelway.store.lifecycle import OpState, RouteState
 from keelway.store.records import Generation, Operation
 
 log = logging.getLogger("keelway.seeding")
@@ -456,11 +458,13 @@ class Seeding:
     # -- boot ----------------------------------------------------------------------------
 
     async def resume(self) -> list[SeedReport]:
-        """At boot, after the reconciler's pass: an import interrupted before its gate
-        opened, and every rollback under way, are carried through to rolled back; an
-        import in effect keeps going (its fence lifted if a crash kept it); an unknown
-        state is reported. Copies of seeds no journal names (a crash before the journal
-        row) are removed."""
+        """Every import journal carried on from its state alone, whatever its operation
+        says: an import interrupted before its gate opened, and every rollback under
+        way, carried through to rolled back; an import in effect keeps going (its fence
+        lifted if a crash kept it); an unknown state is reported. Copies of seeds no
+        journal names (a crash before the journal row) are removed. Boot carries on
+        each interrupted operation by its kind instead (`recover_import`,
+        `recover_rollback`), from the same journal."""
         reports = []
         for journal in self.store.imports.list_imports():
             try:
@@ -469,6 +473,36 @@ class Seeding:
                 log.warning("boot: seed import at %s: %s", journal.instance, exc.message)
         self._sweep_copies()
         return reports
+
+    async def recover_import(self, op: Operation) -> None:
+        """At boot: an interrupted import carried on from the import journal at its
+        host, then ended. None journaled (a crash before its journal row, whose copy
+        `sweep_copies` removed): nothing took effect. Before its gate opened: rolled
+        back (an import always rolls back), as an operation of its own. Its gate open:
+        in effect, its fence lifted and the instance started on the seed."""
+        journal = self.store.imports.get_import(op.instance)
+        if journal is None:
+            end_interrupted(self.store, op, by_steps(op))
+            return
+        report = await self._resume_one(journal)
+        if report.outcome is SeedOutcome.IMPORTED:
+            end_interrupted(self.store, op, Verdict(OpState.SUCCEEDED),
+                            "the import was in effect; carried on at boot")
+        else:
+            end_interrupted(self.store, op, Verdict(
+                OpState.FAILED, f"interrupted by a control-plane crash; rolled back at boot: "
+                f"{report.outcome.value}" + (f" ({report.reason})" if report.reason else "")))
+
+    async def recover_rollback(self, op: Operation) -> None:
+        """At boot: an interrupted rollback run on in its own operation from the
+        journal's state (each step idempotent); with no import journaled any more, it
+        ends as its journal says."""
+        checked(names.HOST, op.instance)
+        await self.runner.run(ROLLBACK, self, RollbackRequest(op.instance), begun=op)
+
+    def sweep_copies(self) -> None:
+        """At boot, before anything: copies of seeds no journal names removed."""
+        self._sweep_copies()
 
     async def _resume_one(self, journal: ImportJournal) -> SeedReport:
         state = journal.known
@@ -750,12 +784,21 @@ async def _after_import(seeding: Seeding, request: ImportRequest, ran: Ran) -> N
     await seeding.after_import(request, ran)
 
 
+async def _recover_import(seeding: Seeding, op: Operation) -> None:
+    await seeding.recover_import(op)
+
+
+def _sweep(seeding: Seeding) -> None:
+    seeding.sweep_copies()
+
+
 IMPORT: Spec[ImportRequest, Seeding] = Spec(
     OpKind.SEED_IMPORT, plan_import,
     {"store": _store, "journal": _journal, "fence": _fence_import, "stop": _stop,
      "sync": _sync, "lay-down": _lay_down, "key": _key, "open": _open,
      "unfence": _unfence_import},
-    fence_verb="take a seed import", prelude=_refuse_again, after=_after_import)
+    fence_verb="take a seed import", prelude=_refuse_again, after=_after_import,
+    recover=_recover_import, first=_sweep)
 
 
 @dataclass
@@ -1057,10 +1100,14 @@ async def _after_rollback(seeding: Seeding, request: RollbackRequest, ran: Ran) 
     await seeding.after_rollback(request, ran)
 
 
+async def _recover_rollback(seeding: Seeding, op: Operation) -> None:
+    await seeding.recover_rollback(op)
+
+
 ROLLBACK: Spec[RollbackRequest, Seeding] = Spec(
     OpKind.SEED_ROLLBACK, plan_rollback,
     {"hold": _hold, "close": _close, "fence": _fence_again, "stop": _stop_or_defer,
      "retire-key": _retire_key, "remove-data": _remove_data, "restore": _restore,
      "unfence": _unfence_rollback, "delete-copy": _delete_copy,
      "delete-replica": _delete_replica, "forget": _forget, "record": _record},
-    prelude=_origin, after=_after_rollback)
+    prelude=_origin, after=_after_rollback, recover=_recover_rollback)

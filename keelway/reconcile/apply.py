@@ -23,6 +23,7 @@ from keelway.reconcile.plan import (
     Observed,
     Pass,
     Records,
+    Verdict,
     by_steps,
     plan,
 )
@@ -30,7 +31,7 @@ from keelway.runtime import process
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
 from keelway.store.lifecycle import InstanceState, OpState, RouteState, StepState
-from keelway.store.records import Generation, InstanceView, Presence
+from keelway.store.records import Generation, InstanceView, Operation, Presence
 
 log = logging.getLogger("keelway.reconcile")
 
@@ -76,6 +77,29 @@ class Convergence:
 
     actions: list[Action] = field(default_factory=list)
     republish: bool = False
+
+
+def end_interrupted(store: Store, op: Operation, verdict: Verdict,
+                    detail: str | None = None) -> None:
+    """End an interrupted operation no instance's plan finalizes (its instance gone,
+    never the latest, or one its kind's recovery carried on) as `verdict` says: its
+    pending steps, then the operation itself, then the event. Each write is idempotent
+    and the operation's is the last: a crash midway is redone."""
+    done = verdict.state is OpState.SUCCEEDED
+    for step in op.steps:
+        if step.state is StepState.PENDING:
+            store.ops.finish_step(op.id, step.seq,
+                                  StepState.SUCCEEDED if done else StepState.FAILED,
+                                  detail=detail if done else None,
+                                  error=None if done else verdict.reason)
+    latest = store.ops.get_operation(op.id) or op
+    if latest.terminal:
+        return
+    store.ops.finish_operation(latest, verdict.state, error=verdict.reason)
+    store.ops.add_event("reconcile", f"op {op.id} {op.kind} finalized "
+                        f"{verdict.state.value}" + (f": {verdict.reason}"
+                                                    if verdict.reason else ""),
+                        app=op.app, instance=op.instance)
 
 
 def gather(store: Store, host: str, live_ops: set[int],
@@ -272,19 +296,9 @@ class Reconciler:
             if latest is not None and latest.id == op.id:
                 continue  # its instance's plan finalizes it
             verdict = self.finalize(op)
-            done = verdict.state is OpState.SUCCEEDED
-            for step in op.steps:
-                if step.state is StepState.PENDING:
-                    self.store.ops.finish_step(op.id, step.seq,
-                                               StepState.SUCCEEDED if done else StepState.FAILED,
-                                               error=None if done else verdict.reason)
-            self.store.ops.finish_operation(self.store.ops.get_operation(op.id) or op,
-                                            verdict.state,
-                                            error=verdict.reason)
-            self.store.ops.add_event("reconcile", f"op {op.id} {op.kind} finalized "
-                                     f"{verdict.state.value}" + (f": {verdict.reason}"
-                                                             if verdict.reason else ""),
-                                     app=op.app, instance=op.instance)
+            if verdict is None:
+                continue  # its kind's recovery carries it on at boot
+            end_interrupted(self.store, op, verdict)
             ended.append(op.id)
         return ended
 

@@ -153,8 +153,9 @@ class Verdict:
 
 
 # How an interrupted operation of a kind is finalized from its journal (its spec's
-# `finalize`, keelway/deploy/operation.py); `by_steps` for a kind that says nothing.
-Finalize = Callable[[Operation], Verdict]
+# `finalize`, keelway/deploy/operation.py); `by_steps` for a kind that says nothing;
+# None: not by a pass, its kind's recovery carries it on at boot and ends it.
+Finalize = Callable[[Operation], Verdict | None]
 
 
 def by_steps(op: Operation) -> Verdict:
@@ -201,10 +202,11 @@ def plan(records: Records, observed: Observed, mode: Pass,
                         continue
                     actions.append(Action(Kind.CLEAR_INHIBITION, generation=before,
                                           reason=reason))
-        if interrupted:
-            # Its kind decides how it ends (the journal's step rule unless its spec
-            # says otherwise); the replicator rules below finish the replicator's job.
-            verdict = finalize(op)
+        # Its kind decides how it ends (the journal's step rule unless its spec says
+        # otherwise; None: its kind's recovery carries it on at boot); the replicator
+        # rules below finish the replicator's job.
+        verdict = finalize(op) if interrupted else None
+        if verdict is not None:
             ok = verdict.state is OpState.SUCCEEDED
             # The evidence step alone decides: it is journaled only by an attempt onto a
             # new release in hold mode (a deploy, a rollback, or a wake running a

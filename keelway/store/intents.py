@@ -13,14 +13,14 @@ crash retry with its gate, a release deferred) stays in that backend.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from typing import Protocol
 
-from keelway.journal import Inhibition
+from keelway.journal import Inhibition, OpKind
 from keelway.store.errors import NotFound, StaleSchedule
-from keelway.store.lifecycle import GenState, InstanceState, RouteState
-from keelway.store.records import Generation, Instance, Release, ReleaseDraft
+from keelway.store.lifecycle import GenState, InstanceState, OpState, RouteState
+from keelway.store.records import Generation, Instance, Operation, Release, ReleaseDraft
 from keelway.store.store import Store
 
 
@@ -207,3 +207,27 @@ def write_release(store: Composing, release: ReleaseDraft | None) -> Release | N
     if app is not None and app.config != release.config:
         store.apps.set_app_config(app, release.config)
     return written
+
+
+def begin_with(store: Composing, intent: Callable[[], object], app: str, instance: str,
+               kind: OpKind, owner: str, *, key: str | None = None,
+               request_digest: str | None = None, schedule_rev: int = 0) -> Operation:
+    """Begin an operation and write its durable intent (a removal's `removing`, an
+    add's records) in one write: no mark is ever without the operation whose journal
+    says how far it got, so the reconciler finds every interrupted one by its
+    operation (keelway/deploy/operation.py `Recovery`). `intent` raising writes
+    nothing, the operation included."""
+    with store.writing(f"begin a {kind.value} operation on {instance} with its intent"):
+        intent()
+        return store.ops.begin_operation(app, instance, kind, owner, key=key,
+                                         request_digest=request_digest,
+                                         schedule_rev=schedule_rev)
+
+
+def finish_with(store: Composing, intent: Callable[[], object], op: Operation,
+                state: OpState, error: str | None = None) -> None:
+    """End an operation and clear what its intent marked (an add's `adding`) in one
+    write: a mark never outlives the operation that carries it on."""
+    with store.writing(f"finish operation {op.id} and clear its intent"):
+        intent()
+        store.ops.finish_operation(op, state, error=error)

@@ -66,6 +66,8 @@ class SqliteStore:
     fall_back = intents.fall_back
     take_out_of_service = intents.take_out_of_service
     park = intents.park
+    begin_with = intents.begin_with
+    finish_with = intents.finish_with
 
     def writing(self, what: str) -> AbstractContextManager[object]:
         return self.db.tx(what)

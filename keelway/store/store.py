@@ -39,7 +39,7 @@ Rules every implementation keeps:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from keelway.clock import Clock
@@ -541,6 +541,17 @@ class Store(Protocol):
     def park(self, inst: Instance) -> Instance:
         """The instance PARKED and its route `parked` (no upstream) in one write;
         compare-and-swap on `inst.version`, the move checked."""
+        ...
+
+    def begin_with(self, intent: Callable[[], object], app: str, instance: str,
+                   kind: OpKind, owner: str, *, key: str | None = None,
+                   request_digest: str | None = None, schedule_rev: int = 0) -> Operation:
+        """`intent` (its writes) and the operation begun, in one write."""
+        ...
+
+    def finish_with(self, intent: Callable[[], object], op: Operation, state: OpState,
+                    error: str | None = None) -> None:
+        """`intent` (its writes) and the operation finished, in one write."""
         ...
 
     def take_out_of_service(self, instance: str, state: InstanceState,
