@@ -136,7 +136,7 @@ class Exchange:
             self.local = None
             self.response_started = True
             self.client.transport.write(local)
-            self.router_answered(self.local_status)
+            self.answered(self.local_status, True)
             self.response_complete(keep_client=True)
 
     def answer_with(self, canned: responses.Canned, close: bool) -> None:
@@ -145,21 +145,17 @@ class Exchange:
         self.local = canned.pick(self.head_request, close)
         self.local_status = canned.status
 
-    def app_answered(self, status: int) -> None:
-        """The upstream's response head (status `status`) goes to the client."""
+    def answered(self, status: int, by_router: bool) -> None:
+        """This request's answer (status `status`) goes to the client: the upstream's
+        response head, or (`by_router`) one the router wrote itself."""
         target = self.target
         if target is not None:
             tally = target.tally
             if tally is not None:
-                tally.app_answered(status)
-
-    def router_answered(self, status: int) -> None:
-        """The router wrote this request's answer itself (status `status`)."""
-        target = self.target
-        if target is not None:
-            tally = target.tally
-            if tally is not None:
-                tally.router_answered(status)
+                if by_router:
+                    tally.router_answered(status)
+                else:
+                    tally.app_answered(status)
 
     def request_body(self, body: bytes) -> None:
         if self.pool is None and not self.held:
@@ -218,7 +214,7 @@ class Exchange:
         close = self.close_client or not self.request_done
         canned = responses.BAD_GATEWAY if answer is None else answer
         self.client.transport.write(canned.pick(self.head_request, close))
-        self.router_answered(canned.status)
+        self.answered(canned.status, True)
         self.close_client = close
         self.response_complete(keep_client=self.request_done)
 
@@ -234,7 +230,7 @@ class Exchange:
         self.response_started = True
         close = self.close_client
         self.client.transport.write(responses.GATEWAY_TIMEOUT.pick(self.head_request, close))
-        self.router_answered(responses.GATEWAY_TIMEOUT.status)
+        self.answered(responses.GATEWAY_TIMEOUT.status, True)
         self.response_complete(keep_client=True)
 
     def response_complete(self, keep_client: bool) -> None:
