@@ -20,14 +20,19 @@ Rules:
 - No Procfile but a package.json with a `start` script: the web is `npm start`, as
   Heroku's Node buildpack has it. `[releases] keep` (at least 1, default 10) is how many
   of an app's newest releases keep their builds from gc.
+- `[rollout]` is how a release reaches an app's instances (`RolloutSpec`): a canary,
+  then cohorts reaching a growing share of them, each judged on its traffic;
+  `cohort_sizes` turns it into the cohorts for a number of instances.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from dataclasses import dataclass, field
 from enum import Enum
+from fractions import Fraction
 from pathlib import Path
 
 import msgspec
@@ -52,10 +57,13 @@ DEFAULT_SETTLE_S = 10.0
 DEFAULT_STOP_GRACE_S = 10.0
 DEFAULT_KEEP_SNAPSHOTS = 24
 DEFAULT_KEEP_RELEASES = 10
+DEFAULT_ROLLOUT_PARALLEL = 8
+DEFAULT_ROLLOUT_BAKE_S = 30.0
 
 _DURATION_RE = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h))+")
 _DURATION_PART_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_PERCENT_RE = re.compile(r"(\d+(?:\.\d+)?)%")
 
 
 class ServiceKind(Enum):
@@ -89,6 +97,76 @@ class DataSpec:
     keep: int = DEFAULT_KEEP_SNAPSHOTS
 
 
+class NoTraffic(Enum):
+    """What a cohort's judgement is when its instances had no request during bake: an
+    outcome of its own, so a quiet cohort is never taken for a healthy or a failing one."""
+
+    PASS = "pass"  # the next cohort starts (the outcome is recorded as "no traffic")
+    WAIT = "wait"  # bake goes on until traffic comes
+    HALT = "halt"  # the rollout halts, for a person to resume or abort
+
+
+@dataclass(frozen=True, slots=True)
+class Amount:
+    """A number of things, or (`percent` set) a percentage of however many there are."""
+
+    count: int = 0
+    percent: Fraction | None = None
+
+    def of(self, total: int) -> int:
+        """How many of `total` this is: a percentage rounded up (10% of 3 instances is
+        one instance, never none), never more than `total`."""
+        if self.percent is None:
+            return min(self.count, total)
+        return min(total, math.ceil(self.percent * total / 100))
+
+    def allows(self, part: int, total: int) -> bool:
+        """Whether `part` of `total` is within this as a budget (a percentage: at most
+        that share, unrounded; a count: at most that many)."""
+        if self.percent is None:
+            return part <= self.count
+        return part * 100 <= self.percent * total
+
+    def __str__(self) -> str:
+        return str(self.count) if self.percent is None else f"{self.percent}%"
+
+
+_ALL: Amount = Amount(percent=Fraction(100))
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutSpec:
+    """How a release reaches an app's instances (issue #19): `canary` instances first,
+    then each of `cohorts` brings the instances on the release up to that many (or that
+    share), the last all of them; at most `parallel` instances start at once; a cohort
+    passes once its instances settled and, over `bake_s`, the router's 5xx answers for
+    them stayed within `max_5xx` (a share of their responses, or a count)."""
+
+    canary: Amount = Amount(count=1)
+    cohorts: tuple[Amount, ...] = (Amount(percent=Fraction(10)),
+                                   Amount(percent=Fraction(50)), _ALL)
+    parallel: int = DEFAULT_ROLLOUT_PARALLEL
+    bake_s: float = DEFAULT_ROLLOUT_BAKE_S
+    max_5xx: Amount = Amount(percent=Fraction(1))
+    on_no_traffic: NoTraffic = NoTraffic.PASS
+
+
+def cohort_sizes(rollout: RolloutSpec, instances: int) -> list[int]:
+    """The sizes of a rollout's cohorts over `instances` instances, canary first: each
+    at least 1, summing to `instances` (none for none). A cohort that would add no
+    instance (10% of 3 is one instance, which the canary already is) is left out."""
+    sizes: list[int] = []
+    reached = 0
+    for step in (rollout.canary, *rollout.cohorts):
+        target = step.of(instances)
+        if target > reached:
+            sizes.append(target - reached)
+            reached = target
+    if reached < instances:  # a spec is refused unless its last cohort is 100%
+        sizes.append(instances - reached)
+    return sizes
+
+
 @dataclass(frozen=True, slots=True)
 class Manifest:
     services: dict[str, ServiceSpec]
@@ -97,6 +175,7 @@ class Manifest:
     data: DataSpec = DataSpec()
     # releases kept per app, their builds pinned (gc: keelway/store/builds.py)
     releases_keep: int = DEFAULT_KEEP_RELEASES
+    rollout: RolloutSpec = RolloutSpec()
 
 
 # keelway.toml as written by the user; turned into ServiceSpecs by `_apply`.
@@ -122,11 +201,21 @@ class _ReleasesTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     keep: int | None = None
 
 
+class _RolloutTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    canary: int | str | None = None
+    cohorts: list[int | str] | None = None
+    parallel: int | None = None
+    bake: str | float | None = None
+    max_5xx: int | str | None = None
+    on_no_traffic: str | None = None
+
+
 class _ConfigFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     build: _BuildTable | None = None
     services: dict[str, dict[str, object]] = {}
     data: _DataTable | None = None
     releases: _ReleasesTable | None = None
+    rollout: _RolloutTable | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +224,7 @@ class _Config:
     services: dict[str, _ServiceTable] = field(default_factory=dict)
     data: _DataTable | None = None
     releases_keep: int | None = None
+    rollout: _RolloutTable | None = None
 
 
 def load_manifest(directory: Path) -> Manifest:
@@ -225,7 +315,8 @@ def _parse_config(data: bytes) -> _Config:
         except msgspec.ValidationError as exc:
             raise ManifestError(f"{CONFIG_FILE} [services.{name}]{_where(str(exc))}") from exc
     return _Config(build_command=top.build.command if top.build else None, services=services,
-                   data=top.data, releases_keep=top.releases.keep if top.releases else None)
+                   data=top.data, releases_keep=top.releases.keep if top.releases else None,
+                   rollout=top.rollout)
 
 
 def _where(message: str, *, tables: bool = False) -> str:
@@ -297,6 +388,7 @@ def _apply(commands: dict[str, str], config: _Config) -> Manifest:
         build_command=build_command,
         data=_data(config.data),
         releases_keep=_releases_keep(config.releases_keep),
+        rollout=_rollout(config.rollout),
     )
 
 
@@ -307,6 +399,76 @@ def _releases_keep(keep: int | None) -> int:
         raise ManifestError(f"{CONFIG_FILE} [releases] keep: {keep} must be at least 1 (the "
                             "current release is always kept)")
     return keep
+
+
+def _rollout(table: _RolloutTable | None) -> RolloutSpec:
+    default = RolloutSpec()
+    if table is None:
+        return default
+    where = f"{CONFIG_FILE} [rollout]"
+    canary = default.canary
+    if table.canary is not None:
+        canary = _amount(table.canary, f"{where} canary", "a number of instances")
+    cohorts = default.cohorts
+    if table.cohorts is not None:
+        cohorts = _cohorts(table.cohorts, f"{where} cohorts")
+    parallel = default.parallel if table.parallel is None else table.parallel
+    if parallel < 1:
+        raise ManifestError(f"{where} parallel: {parallel} must be at least 1 (instances "
+                            "started at once)")
+    max_5xx = default.max_5xx
+    if table.max_5xx is not None:
+        max_5xx = _amount(table.max_5xx, f"{where} max_5xx", "a number of responses")
+    on_no_traffic = default.on_no_traffic
+    if table.on_no_traffic is not None:
+        try:
+            on_no_traffic = NoTraffic(table.on_no_traffic)
+        except ValueError:
+            allowed = ", ".join(f'"{m.value}"' for m in NoTraffic)
+            raise ManifestError(f"{where} on_no_traffic: {table.on_no_traffic!r} is not one "
+                                f"of {allowed}") from None
+    return RolloutSpec(canary=canary, cohorts=cohorts, parallel=parallel,
+                       bake_s=_duration_or(table.bake, default.bake_s, f"{where} bake"),
+                       max_5xx=max_5xx, on_no_traffic=on_no_traffic)
+
+
+def _amount(value: int | str, where: str, count_of: str) -> Amount:
+    """`3` or `"25%"` (0 to 100, decimals allowed) as an Amount."""
+    if isinstance(value, int):
+        if value < 0:
+            raise ManifestError(f"{where}: {value} must be 0 or more ({count_of}), or a "
+                                'percentage like "10%"')
+        return Amount(count=value)
+    found = _PERCENT_RE.fullmatch(value.strip())
+    percent = Fraction(found.group(1)) if found else None
+    if percent is None or percent > 100:
+        raise ManifestError(f"{where}: {value!r} is neither {count_of} nor a percentage "
+                            'from "0%" to "100%" (like "10%")')
+    return Amount(percent=percent)
+
+
+def _cohorts(values: list[int | str], where: str) -> tuple[Amount, ...]:
+    """Cohorts reach growing shares of the instances, the last all of them. Counts and
+    percentages may mix; each kind must grow (which of `5` and `"10%"` is more depends
+    on how many instances there are: `cohort_sizes` leaves out a cohort adding none)."""
+    hint = 'like ["10%", "50%", "100%"]'
+    if not values:
+        raise ManifestError(f"{where}: is empty; list the cohorts, {hint}, or remove it")
+    cohorts = tuple(_amount(v, f"{where}[{i}]", "a number of instances")
+                    for i, v in enumerate(values))
+    percents = [c.percent for c in cohorts if c.percent is not None]
+    counts = [Fraction(c.count) for c in cohorts if c.percent is None]
+    for sizes in (percents, counts):
+        if any(later <= earlier for earlier, later in itertools.pairwise(sizes)):
+            raise ManifestError(f"{where}: {values!r} must grow from one cohort to the "
+                                f"next, {hint}")
+    if cohorts[-1] != _ALL:
+        raise ManifestError(f'{where}: the last cohort must be "100%" (every instance), '
+                            f"{hint}; it is {values[-1]!r}")
+    if any(c.of(1) == 0 for c in cohorts):  # of one instance: none only for 0 or "0%"
+        raise ManifestError(f"{where}: {values!r} has an empty cohort (0 or \"0%\"); "
+                            f"every cohort brings at least one more instance, {hint}")
+    return cohorts
 
 
 def _data(table: _DataTable | None) -> DataSpec:

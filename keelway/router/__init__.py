@@ -15,6 +15,7 @@ Modules, each importing only those listed below it:
     responses    the router's own answers, pre-rendered
     headers      head rewriting: hop-by-hop, X-Forwarded-*, framing (pure)
     route_table  the table, its wire format and host matching       (pure)
+    counts       responses per instance, as reported and summed     (pure)
 
 The router imports nothing from the control plane (store, deploy, api): traffic keeps
 flowing when the control plane is gone. Its one call the other way, a wake, is a raw

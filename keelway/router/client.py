@@ -21,6 +21,7 @@ import msgspec
 
 # The control protocol's messages, by the wire's own names (`wire.Ping`).
 from keelway.router import control_wire as wire
+from keelway.router.counts import ResponseCounts
 from keelway.router.route_table import RouteTable, TableOffer
 
 DEFAULT_TIMEOUT_S: Final = 5.0
@@ -153,6 +154,19 @@ def _activity_of(reply: wire.Reply) -> dict[str, wire.HostActivity]:
     return reply.activity
 
 
+async def responses(sock_path: SocketPath, timeout_s: float = DEFAULT_TIMEOUT_S) -> ResponseCounts:
+    """Per instance, the responses the router sent its clients since it started, by status
+    class, its own answers (502, 503, 504, ...) apart (keelway/router/counts.py). Two
+    reports compare only within one incarnation: `later.since(earlier)`."""
+    return _responses_of(await _call(sock_path, wire.GetResponses(), timeout_s))
+
+
+def _responses_of(reply: wire.Reply) -> ResponseCounts:
+    if reply.responses is None:
+        raise _missing("responses")
+    return reply.responses
+
+
 # -- blocking ------------------------------------------------------------------------
 
 
@@ -204,6 +218,11 @@ def activity_sync(
     return _activity_of(_call_sync(sock_path, wire.GetActivity(), timeout_s))
 
 
+def responses_sync(sock_path: SocketPath, timeout_s: float = DEFAULT_TIMEOUT_S) -> ResponseCounts:
+    """Blocking `responses`."""
+    return _responses_of(_call_sync(sock_path, wire.GetResponses(), timeout_s))
+
+
 def ping_sync(sock_path: SocketPath, timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
     """The router's pid, proving it is up and serving its control socket."""
     reply = _call_sync(sock_path, wire.Ping(), timeout_s)
@@ -232,6 +251,8 @@ __all__ = [
     "push_routes",
     "push_table",
     "push_table_sync",
+    "responses",
+    "responses_sync",
     "retire_over",
     "table_format_sync",
     "take_listener",

@@ -24,6 +24,7 @@ import logging
 import os
 import socket
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ import msgspec
 from keelway.router.control_wire import (
     MAX_LINE_BYTES,
     GetActivity,
+    GetResponses,
     GetTable,
     Handoff,
     HostActivity,
@@ -45,6 +47,7 @@ from keelway.router.control_wire import (
     encode_line,
     request_decoder,
 )
+from keelway.router.counts import ResponseCounts, summed
 from keelway.router.proxy import Proxy
 from keelway.router.route_table import TABLE_FORMAT, TableOffer, accept
 from keelway.router.table_file import save_table
@@ -57,13 +60,17 @@ log: Final = logging.getLogger("keelway.router")
 class ControlServer:
     """Serves the control protocol for one `Proxy`, persisting accepted tables to
     `state_path`; hands `listener` off when asked, calls `on_retire` on a retire, and
-    sums in-flight and activity counts over `workers` when it has them."""
+    sums in-flight, activity and response counts over `workers` when it has them.
+    `incarnation` and `started_at` name this router's life: its response counts began
+    with it (a reader that sees another incarnation knows the router restarted)."""
 
     proxy: Proxy
     state_path: Path | None
     listener: socket.socket | None = None
     on_retire: Callable[[], None] | None = None
     workers: WorkerSet | None = None
+    incarnation: str = field(default_factory=lambda: uuid.uuid4().hex)
+    started_at: float = field(default_factory=time.time)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
     _server: asyncio.AbstractServer | None = field(default=None, init=False)
 
@@ -153,6 +160,14 @@ class ControlServer:
                 return Reply(ok=True, activity={
                     host: HostActivity(idle_s=round(idle_s, 3), open=n)
                     for host, (idle_s, n) in seen.items()})
+            case GetResponses():
+                own = self.proxy.response_counts()
+                workers = self.workers
+                report = own if workers is None else summed(own, await workers.responses())
+                return Reply(ok=True, responses=ResponseCounts(
+                    incarnation=self.incarnation, started_at=self.started_at,
+                    instances=report,
+                    worker_restarts=0 if workers is None else workers.restarts))
             case RetireRouter():
                 if self.on_retire is None:
                     return Reply(ok=False, error="this router cannot retire")

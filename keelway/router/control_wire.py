@@ -18,6 +18,11 @@ definition. One request per line, one reply per line, in order:
                                    over every worker: idle_s is the least any worker
                                    saw (0.0 while open), open the sum; every host of
                                    the current table is named
+    {"op":"responses"}          -> {"ok":true,"responses":{"incarnation":"HEX",
+                                   "started_at":F,"worker_restarts":N,"instances":
+                                   {"HOST":{"app":{"2xx":N,...},"router":{"503":N,...}}}}}
+                                   per instance (its primary host), cumulative since
+                                   started_at over every worker (counts.ResponseCounts)
     anything refused            -> {"ok":false,"error":"..."}
 """
 
@@ -27,6 +32,7 @@ from typing import Final
 
 import msgspec
 
+from keelway.router.counts import ResponseCounts
 from keelway.router.route_table import RouteTable, TableOffer
 
 MAX_LINE_BYTES: Final = 16 * 1024 * 1024
@@ -65,6 +71,11 @@ class GetActivity(msgspec.Struct, tag_field="op", tag="activity", frozen=True):
     every worker (keelway/activator counts idleness from it)."""
 
 
+class GetResponses(msgspec.Struct, tag_field="op", tag="responses", frozen=True):
+    """Per instance, the responses sent to clients so far by status class, the router's
+    own answers apart, over every worker (a rollout judges a cohort on them)."""
+
+
 class HostActivity(msgspec.Struct, frozen=True):
     """One host's traffic as the router saw it: seconds since its last request or
     open connection (precise to the interval between activity requests), and its
@@ -74,7 +85,8 @@ class HostActivity(msgspec.Struct, frozen=True):
     open: int
 
 
-ControlRequest = SetTable | GetTable | Ping | Handoff | RetireRouter | Inflight | GetActivity
+ControlRequest = (SetTable | GetTable | Ping | Handoff | RetireRouter | Inflight | GetActivity
+                  | GetResponses)
 
 
 class Reply(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -85,6 +97,7 @@ class Reply(msgspec.Struct, frozen=True, omit_defaults=True):
     table_format: int | None = None
     inflight: dict[str, int] | None = None
     activity: dict[str, HostActivity] | None = None
+    responses: ResponseCounts | None = None
     refused: dict[str, str] | None = None
     error: str | None = None
 

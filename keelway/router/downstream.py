@@ -371,8 +371,7 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
 
     @staticmethod
     def _local(ex: Exchange, canned: responses.Canned, close: bool) -> Exchange:
-        ex.close_client = close
-        ex.local = canned.pick(ex.head_request, close)
+        ex.answer_with(canned, close)
         return ex
 
     def _refuse(self, canned: responses.Canned) -> None:

@@ -27,6 +27,39 @@ _CRLF: Final = b"\r\n"
 _BUFFER_WHILE_CONNECTING_BYTES: Final = 256 * 1024
 
 
+class Tally:
+    """One instance's responses to clients in this process (keelway/router/counts.py
+    says what counts), kept across table swaps by the proxy. An app's answer costs two
+    comparisons and an add on a native int: the hot path's whole share of counting."""
+
+    __slots__ = ("other", "router", "s1xx", "s2xx", "s3xx", "s4xx", "s5xx")
+
+    def __init__(self) -> None:
+        self.s1xx = self.s2xx = self.s3xx = self.s4xx = self.s5xx = self.other = 0
+        # The router's own answers by status: a handful of statuses, off the fast path.
+        self.router: dict[int, int] = {}
+
+    def app_answered(self, status: int) -> None:
+        if status < 300:
+            if status >= 200:
+                self.s2xx += 1
+            elif status >= 100:
+                self.s1xx += 1
+            else:
+                self.other += 1
+        elif status < 400:
+            self.s3xx += 1
+        elif status < 500:
+            self.s4xx += 1
+        elif status < 600:
+            self.s5xx += 1
+        else:
+            self.other += 1
+
+    def router_answered(self, status: int) -> None:
+        self.router[status] = self.router.get(status, 0) + 1
+
+
 class Exchange:
     """One request and its response on a client connection.
 
@@ -44,6 +77,7 @@ class Exchange:
         "head_request",
         "held",
         "local",
+        "local_status",
         "out",
         "pool",
         "request_done",
@@ -66,6 +100,7 @@ class Exchange:
         self.close_client = close_client
         self.chunked_ok: Final = chunked_ok
         self.local: bytes | None = None
+        self.local_status = 0  # the status of `local`
         self.pool: UpstreamPool | None = None
         self.upstream: UpstreamConnection | None = None
         self.out: list[bytes] = []
@@ -101,7 +136,26 @@ class Exchange:
             self.local = None
             self.response_started = True
             self.client.transport.write(local)
+            self.answered(self.local_status, True)
             self.response_complete(keep_client=True)
+
+    def answer_with(self, canned: responses.Canned, close: bool) -> None:
+        """Make `canned` the router's own answer to this request, sent in its turn."""
+        self.close_client = close
+        self.local = canned.pick(self.head_request, close)
+        self.local_status = canned.status
+
+    def answered(self, status: int, by_router: bool) -> None:
+        """This request's answer (status `status`) goes to the client: the upstream's
+        response head, or (`by_router`) one the router wrote itself."""
+        target = self.target
+        if target is not None:
+            tally = target.tally
+            if tally is not None:
+                if by_router:
+                    tally.router_answered(status)
+                else:
+                    tally.app_answered(status)
 
     def request_body(self, body: bytes) -> None:
         if self.pool is None and not self.held:
@@ -160,6 +214,7 @@ class Exchange:
         close = self.close_client or not self.request_done
         canned = responses.BAD_GATEWAY if answer is None else answer
         self.client.transport.write(canned.pick(self.head_request, close))
+        self.answered(canned.status, True)
         self.close_client = close
         self.response_complete(keep_client=self.request_done)
 
@@ -175,6 +230,7 @@ class Exchange:
         self.response_started = True
         close = self.close_client
         self.client.transport.write(responses.GATEWAY_TIMEOUT.pick(self.head_request, close))
+        self.answered(responses.GATEWAY_TIMEOUT.status, True)
         self.response_complete(keep_client=True)
 
     def response_complete(self, keep_client: bool) -> None:
@@ -199,8 +255,7 @@ class Exchange:
         """
         self.held = False
         self.out.clear()
-        self.close_client = self.close_client or not self.request_done
-        self.local = canned.pick(self.head_request, self.close_client)
+        self.answer_with(canned, self.close_client or not self.request_done)
         if self.client.current is self:
             self.client.unblock_reading(self.client.BLOCK_CONNECTING)
             self.request_done = True  # what is left of the body is not read

@@ -43,8 +43,9 @@ from dataclasses import dataclass
 from typing import Final
 
 from keelway.router import responses
+from keelway.router.counts import APP_CLASSES, OTHER, InstanceCounts
 from keelway.router.downstream import ClientConnection
-from keelway.router.exchange import Exchange
+from keelway.router.exchange import Exchange, Tally
 from keelway.router.route_table import CompiledRoute, Handling, RouteTable, Routing, Traffic
 from keelway.router.upstream import UpstreamPool
 
@@ -138,7 +139,11 @@ class Proxy:
         self.options: Final = options or ProxyOptions()
         # Per instance of the routes, across swaps: what `activity` reports.
         self._activity: dict[str, Traffic] = {}
+        # Per instance ever routed by this process: what `responses` reports. Never
+        # dropped, so an instance's counts only grow while this process lives.
+        self._tallies: dict[str, Tally] = {}
         self.routing = Routing(table)
+        self._count(self.routing)
         self._track(self.routing, time.monotonic())
         self.connections: set[ClientConnection] = set()
         self.draining = False
@@ -180,6 +185,7 @@ class Proxy:
     def swap(self, table: RouteTable) -> None:
         """Make `table` the one new requests see; retire pools it no longer names."""
         routing = Routing(table)
+        self._count(routing)
         old, self.routing = self.routing, routing
         self._fold_hits(old)  # after the assignment: no request marks `old` from here
         self._track(routing, time.monotonic())
@@ -208,6 +214,27 @@ class Proxy:
         if len(activity) > len(instances):
             for instance in [i for i in activity if i not in instances]:
                 del activity[instance]
+
+    def _count(self, routing: Routing) -> None:
+        """Give every route of `routing` its instance's tally, before it serves."""
+        tallies = self._tallies
+        for target in routing.by_host.values():
+            tally = tallies.get(target.instance)
+            if tally is None:
+                tally = tallies[target.instance] = Tally()
+            target.tally = tally
+
+    def response_counts(self) -> dict[str, InstanceCounts]:
+        """Per instance this process ever routed, its responses to clients so far
+        (keelway/router/counts.py)."""
+        report: dict[str, InstanceCounts] = {}
+        for instance, tally in self._tallies.items():
+            by_class = (tally.s1xx, tally.s2xx, tally.s3xx, tally.s4xx, tally.s5xx, tally.other)
+            app = {name: n for name, n in zip((*APP_CLASSES, OTHER), by_class, strict=True)
+                   if n}
+            report[instance] = InstanceCounts(
+                app=app, router={str(status): n for status, n in tally.router.items()})
+        return report
 
     def _fold_hits(self, routing: Routing) -> None:
         activity = self._activity

@@ -25,9 +25,10 @@ class Canned:
     """One local response in the four byte forms a request can need: keep the client
     connection or close it, with a body or (answering HEAD) without."""
 
-    __slots__ = ("close", "close_head", "keep_alive", "keep_alive_head")
+    __slots__ = ("close", "close_head", "keep_alive", "keep_alive_head", "status")
 
     def __init__(self, status: int, text: str, extra_headers: bytes = b"") -> None:
+        self.status: Final = status
         body = text.encode()
         head = (
             status_line(status)

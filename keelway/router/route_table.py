@@ -34,6 +34,7 @@ import msgspec
 from keelway import names
 
 if TYPE_CHECKING:
+    from keelway.router.exchange import Tally
     from keelway.router.upstream import UpstreamPool
 
 
@@ -241,7 +242,8 @@ class CompiledRoute:
     """A compiled route: what the hot path needs, precomputed once per table."""
 
     __slots__ = ("hit", "holding", "host", "instance", "parked", "pool", "proxied",
-                 "retry_after_s", "state", "upstream_host", "upstream_key", "upstream_port")
+                 "retry_after_s", "state", "tally", "upstream_host", "upstream_key",
+                 "upstream_port")
 
     def __init__(self, host: str, route: Route) -> None:
         self.host: Final = host
@@ -263,6 +265,9 @@ class CompiledRoute:
         # The proxy's pool for upstream_key, remembered on first use. A target lives as
         # long as its table is current, and a swap retires only pools no target names.
         self.pool: UpstreamPool | None = None
+        # Its instance's responses, the same for every alias and across tables: set by
+        # the proxy before the table serves (None only in a table no proxy serves).
+        self.tally: Tally | None = None
 
 
 class Routing:

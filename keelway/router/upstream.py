@@ -170,6 +170,7 @@ class UpstreamConnection(ResponseHeadRewriter, asyncio.Protocol):
         )
         ex.close_client = close
         ex.response_started = True
+        ex.answered(status, False)
         self._chunk_out = framing is CHUNKED
         self._until_close = until_close
         self._out.append(head)

@@ -11,6 +11,9 @@ accepts); then, one line each way:
     reload   -> ok V        the worker re-read the table file and serves version V
     inflight -> {...}       its requests in flight per upstream, as JSON
     activity -> {...}       per instance [idle_s, open], as JSON (Proxy.activity)
+    responses -> {...}      per instance its responses so far, as JSON (Proxy.response_counts,
+                            keelway/router/counts.py): {"I":{"app":{"2xx":N,...},
+                            "router":{"503":N,...}},...}
     refuse I S R -> ok N    the control plane refused to wake parked instance I: the
                             worker answered its N held requests for I with 503 and
                             the page of route state S, Retry-After R (both optional:
@@ -34,7 +37,9 @@ Rules: a table push is acknowledged only once every worker serves it, so a deplo
 stops a process some worker still routes to. A worker whose channel closes (its parent
 died) drains and exits: it must not serve a table nobody can update, and it answers its
 held requests 503 + Retry-After at once (Proxy.drain), since nobody would release them.
-A worker that dies is spawned again by its parent, and the slots it held are freed.
+A worker that dies is spawned again by its parent, and the slots it held are freed;
+the parent keeps the response counts it last reported (every `responses` report asks
+each worker), so the router's counts never go down with a worker.
 The router opens its control socket only once its workers are ready, so "the router
 answers" means every worker serves.
 
@@ -60,7 +65,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, cast
 
+import msgspec
+
 from keelway import names
+from keelway.router import counts
+from keelway.router.counts import InstanceCounts
 from keelway.router.hold_slots import HoldSlots
 from keelway.router.proxy import Proxy
 from keelway.router.route_table import Handling
@@ -99,6 +108,10 @@ class Worker:
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._lock = asyncio.Lock()
+        # Its responses as this life of it last reported them; `life` counts its starts,
+        # so a report of a life that ended is never taken for the next one's.
+        self.responses: dict[str, InstanceCounts] = {}
+        self.life = 0
 
     async def start(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -210,6 +223,9 @@ class WorkerSet:
         self.workers = [Worker(i, launch) for i in range(1, count + 1)]
         self._watch: asyncio.Task[None] | None = None
         self._stopping = False
+        # What workers that died had last reported, and how many died.
+        self._departed: dict[str, InstanceCounts] = {}
+        self.restarts = 0
 
     async def start(self) -> None:
         for worker in self.workers:
@@ -241,6 +257,22 @@ class WorkerSet:
                         min(mine[0], float(idle_s)), mine[1] + int(n))
         return seen
 
+    async def responses(self) -> dict[str, InstanceCounts]:
+        """Per instance, the responses of every worker, alive or dead: a worker that does
+        not answer counts as it last reported (counts never go down)."""
+        await asyncio.gather(*(self._ask_responses(w) for w in self.workers))
+        return counts.summed(self._departed, *(w.responses for w in self.workers))
+
+    @staticmethod
+    async def _ask_responses(worker: Worker) -> None:
+        life = worker.life
+        reply = await worker.ask("responses")
+        if reply and worker.life == life:
+            try:
+                worker.responses = counts.report_decoder.decode(reply)
+            except msgspec.DecodeError:
+                log.warning("worker %d sent an unreadable responses report", worker.index)
+
     async def refuse(self, host: str, state: Handling, retry_after_s: int | None) -> None:
         """Every worker answers its held requests for `host` with 503 and the page of
         `state` (a refused wake); Retry-After `retry_after_s`, or the route's own."""
@@ -261,6 +293,11 @@ class WorkerSet:
                 if not worker.alive() and not self._stopping:
                     code = worker.proc.returncode if worker.proc else None
                     log.warning("worker %d exited (%s); starting it again", worker.index, code)
+                    # Its counts stay, as last reported; the next life counts from zero.
+                    self._departed = counts.summed(self._departed, worker.responses)
+                    worker.responses = {}
+                    worker.life += 1
+                    self.restarts += 1
                     await worker.start()
                     await worker.ask("reload")
 
@@ -341,6 +378,8 @@ async def serve_channel(channel_fd: int, proxy: Proxy, state_path: Path | None,
                 writer.write(json.dumps(proxy.inflight()).encode() + b"\n")
             elif line == b"activity":
                 writer.write(json.dumps(proxy.activity()).encode() + b"\n")
+            elif line == b"responses":
+                writer.write(counts.report_encoder.encode(proxy.response_counts()) + b"\n")
             elif line.startswith(b"refuse "):
                 answered = proxy.refuse_wake(*refusal_of(line[len(b"refuse "):]))
                 writer.write(f"ok {answered}\n".encode())
