@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -588,31 +588,33 @@ def _purge_replica(part: Instances, request: RemoveRequest, _step: PlannedStep) 
     replica (its seed imports' under it). Its processes are proven gone, so nothing
     replicates there any more. A failure fails the removal, which carries on from
     here when run again."""
-    host = request.host
-
-    async def purge_replica(_op: Operation) -> Done | Failed:
+    def delete() -> Awaitable[int]:
         assert part.replicas is not None
-        try:
-            count = await part.replicas.delete(host)
-        except ObjectStoreError as exc:
-            return Failed(f"the replica of {host} could not be deleted: {exc}")
-        return Done(f"{count} objects")
+        return part.replicas.delete(request.host)
 
-    return purge_replica
+    return _deleting_objects(f"the replica of {request.host}", delete)
 
 
 def _purge_snapshots(part: Instances, request: RemoveRequest, _step: PlannedStep) -> Bound:
-    host = request.host
-
-    async def purge_snapshots(_op: Operation) -> Done | Failed:
+    def delete() -> Awaitable[int]:
         assert part.objects is not None
+        return asyncio.to_thread(part.objects.delete_prefix, instance_prefix(request.host))
+
+    return _deleting_objects(f"the snapshots of {request.host}", delete)
+
+
+def _deleting_objects(what: str, delete: Callable[[], Awaitable[int]]) -> Bound:
+    """A purge of objects: an object store that fails fails the step (and the removal,
+    which carries on from here when run again); the count is the step's detail."""
+
+    async def purge_objects(_op: Operation) -> Done | Failed:
         try:
-            count = await asyncio.to_thread(part.objects.delete_prefix, instance_prefix(host))
+            count = await delete()
         except ObjectStoreError as exc:
-            return Failed(f"the snapshots of {host} could not be deleted: {exc}")
+            return Failed(f"{what} could not be deleted: {exc}")
         return Done(f"{count} objects")
 
-    return purge_snapshots
+    return purge_objects
 
 
 def _forget(part: Instances, request: RemoveRequest, _step: PlannedStep) -> Bound:

@@ -156,6 +156,7 @@ class OnInstance(Protocol):
 
 Req = TypeVar("Req", bound=OnInstance)
 Parts = TypeVar("Parts")
+T = TypeVar("T")
 
 # The effects of a kind, by the name a planned step gives: each is bound to the parts
 # it uses, the request, and the planned step it carries out.
@@ -244,39 +245,35 @@ class ReplicaHook(Protocol):
         ...
 
 
+class _SetByWire(Generic[T]):
+    """A collaborator of the parts' one cycle, set once by `wire` (keelway/api/daemon.py);
+    reading it before that is a wiring bug, said as such."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, part: object, owner: type | None = None) -> T:
+        value: T | None = vars(part).get(self.name)
+        assert value is not None, f"wire() sets the {self.name}"
+        return value
+
+    def __set__(self, part: object, value: T) -> None:
+        vars(part)[self.name] = value
+
+
 @dataclass(eq=False)
 class Runner:
     """The one way an operation runs (see the module header)."""
 
+    # The one cycle of the parts: a fault converges, converging may restart what ACTIVE
+    # names, and that restart is itself an operation of this runner; and the replica
+    # keeper runs its own operation. Both set once at wiring (keelway/api/daemon.py).
+    converger = _SetByWire[Converger]()
+    replica_hook = _SetByWire[ReplicaHook]()
+
     store: Store
     locks: Locks
     owner: str
-
-    def __post_init__(self) -> None:
-        # The one cycle of the parts: a fault converges, converging may restart what
-        # ACTIVE names, and that restart is itself an operation of this runner; and the
-        # replica keeper runs its own operation. Both set once at wiring
-        # (keelway/api/daemon.py `wire`).
-        self._converger: Converger | None = None
-        self._replica_hook: ReplicaHook | None = None
-
-    @property
-    def converger(self) -> Converger:
-        assert self._converger is not None, "wire() sets the converger"
-        return self._converger
-
-    @converger.setter
-    def converger(self, converger: Converger) -> None:
-        self._converger = converger
-
-    @property
-    def replica_hook(self) -> ReplicaHook:
-        assert self._replica_hook is not None, "wire() sets the replica hook"
-        return self._replica_hook
-
-    @replica_hook.setter
-    def replica_hook(self, hook: ReplicaHook) -> None:
-        self._replica_hook = hook
 
     def busy(self, host: str) -> bool:
         """Whether an operation holds `host`'s lock now (the idle sweep leaves it be)."""
