@@ -18,8 +18,8 @@ from keelway.store.store import Store
 
 def dump(store: Store) -> dict[str, list[dict[str, Any]]]:
     """The records of `store`, by table: apps, instances (with the seed their record
-    names), builds, releases, active, inhibitions, port_claims, the presences of the
-    generations named (store.local), routes (with the seed
+    names), builds, releases, active, inhibitions, port_claims (the one box-local
+    fact a dump compares: pids and start ticks change with every spawn), routes (with the seed
     an import's row names), fences, aliases."""
     instances = store.instances.list_instances()
     known = {g for inst in instances for g in store.generations.generation_ids(inst.host)}
@@ -35,7 +35,6 @@ def dump(store: Store) -> dict[str, list[dict[str, Any]]]:
                         for gen_id in generations
                         for reason in store.generations.inhibitions(gen_id)],
         "port_claims": [{"port": port} for port in sorted(store.local.claimed_ports())],
-        "presences": _rows(list(store.local.presences(generations).values())),
         "routes": [{**_row(r), "seed": _route_seed(store, r.host, r.instance)}
                    for r in store.routes.list_routes()],
         "fences": [_row(f) for inst in instances
