@@ -4,8 +4,11 @@
 No I/O decision lives here, only file effects and checks that the rollback
 (keelway/deploy/seeding.py) runs as journaled steps. Each effect is idempotent, so a
 step cut short by a crash is simply run again:
-- Nothing is trusted until opened: `verify_sqlite` opens a file read-only, asks
-  `PRAGMA integrity_check` and hashes it; a copy is verified again where it lands.
+- Nothing is trusted until opened: `check_seed` opens a file read-only and asks
+  `PRAGMA integrity_check`; the copy keelway stores of it is checked again where it
+  lands and hashed there (`verify_sqlite`), the hash the lay-down is held to. The seed
+  itself is not hashed: no record keeps its hash, and a big sparse seed would be read
+  whole, holes and all, for nothing.
 - A seed is read with the `-wal` beside it when there is one (what SQLite would serve
   from it), and never written: a read-only open, immutable when there is no `-wal`.
 - `inspect` says what a seed brings (its tables and their rows), what laying it down
@@ -39,7 +42,7 @@ from typing import Any
 
 from keelway.data import sparse
 from keelway.data.swap import litestream_state, to_wal
-from keelway.data.verify import Damaged, verify_file
+from keelway.data.verify import Damaged, check_whole, verify_file
 from keelway.data.verify import Verified as Verified  # a seed's check is every copy's
 from keelway.durable import fsync_dir, sqlite_side_paths, temp_path, write_atomic
 from keelway.runtime.environment import INSTANCE_KEY, read_env_file, write_env_file
@@ -157,6 +160,17 @@ def _check_schema(conn: sqlite3.Connection, schema: list[tuple[str, str, str]]) 
 def mint_seed_id() -> str:
     """A new seed id (names.SEED_ID), never reused: 64 random bits."""
     return f"seed-{secrets.token_hex(8)}"
+
+
+def check_seed(path: Path) -> None:
+    """Open `path` read-only and check `PRAGMA integrity_check` is ok; raises
+    `SeedRefused` saying what is wrong. The file itself is never written."""
+    if not path.is_file():
+        raise SeedRefused(f"{path} is not a file")
+    try:
+        check_whole(path)
+    except Damaged as exc:
+        raise SeedRefused(f"{path} is not a usable SQLite database: {exc.message}") from None
 
 
 def verify_sqlite(path: Path) -> Verified:

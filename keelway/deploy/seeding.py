@@ -192,7 +192,7 @@ class Seeding:
                             hint=f"`keelway seed rollback {host}` first")
 
     def refuse_import(self, host: str, source: Path,
-                       allow_empty: bool) -> tuple[files.Verified, files.Contents]:
+                       allow_empty: bool) -> files.Contents:
         """Every reason to refuse, checked before anything changes; what the seed is
         and brings."""
         if not source.is_absolute():
@@ -206,7 +206,7 @@ class Seeding:
                             hint="move it away; keelway does not remove data it cannot "
                                  "prove is an import's")
         try:
-            verified = files.verify_sqlite(source)
+            files.check_seed(source)
             contents = files.inspect(source)
         except files.SeedRefused as exc:
             raise UserError(f"seed refused: {exc.message}; nothing was changed",
@@ -220,7 +220,7 @@ class Seeding:
                             hint="give --allow-empty to import an empty database on "
                                  "purpose")
         self._refuse_size(host, source, contents)
-        return verified, contents
+        return contents
 
     def _refuse_size(self, host: str, source: Path, contents: files.Contents) -> None:
         """Over the largest seed, or more than the free space allows: the stored copy
@@ -320,7 +320,7 @@ class Seeding:
     async def _import_file(self, host: str, source: Path, said: str, dry_run: bool,
                            allow_empty: bool, progress: Progress) -> SeedReport:
         instances.named(self.store, host)
-        _, contents = self.refuse_import(host, source, allow_empty)
+        contents = self.refuse_import(host, source, allow_empty)
         if dry_run:
             plan = self.runner.dry_run(IMPORT, self._import_request(host, said))
             return SeedReport(host, None, SeedOutcome.DRY_RUN, contents=contents,
@@ -623,7 +623,7 @@ def _stop_step(gen: Generation) -> PlannedStep:
 class ImportRun:
     """What one run of an import learns as it goes (its steps hand it on)."""
 
-    verified: files.Verified | None = None
+    checked: files.Contents | None = None  # the seed's, as refuse_import found it
     stored: files.Verified | None = None
     env_before: dict[str, str | None] = field(default_factory=dict)
     fenced: ImportJournal | None = None
@@ -677,13 +677,13 @@ def _copy_of(seeding: Seeding, request: ImportRequest) -> Path:
 def _store(seeding: Seeding, request: ImportRequest, _step: PlannedStep) -> Bound:
     async def store_copy(_op: Operation) -> Done | Failed:
         run = request.state
-        assert request.source is not None and run.verified is not None
+        assert request.source is not None and run.checked is not None
         try:
             run.stored = files.store_copy(request.source, _copy_of(seeding, request))
         except files.SeedRefused as exc:
             return Failed(exc.message)
         await request.progress("stored")
-        return Done(f"{request.seed}: {run.verified.size_bytes} bytes verified")
+        return Done(f"{request.seed}: {run.checked.apparent_bytes} bytes verified")
 
     return store_copy
 
@@ -776,8 +776,8 @@ def _unfence_import(seeding: Seeding, request: ImportRequest, _step: PlannedStep
 async def _refuse_again(seeding: Seeding, request: ImportRequest) -> None:
     # Again under the lock, converged: what was checked before may have moved.
     assert request.source is not None
-    request.state.verified, _ = seeding.refuse_import(request.host, request.source,
-                                                      request.allow_empty)
+    request.state.checked = seeding.refuse_import(request.host, request.source,
+                                                  request.allow_empty)
 
 
 async def _after_import(seeding: Seeding, request: ImportRequest, ran: Ran) -> None:
