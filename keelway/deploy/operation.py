@@ -599,22 +599,15 @@ class Recovery:
 
     def interrupted(self, store: Store, live_ops: set[int]) -> list[Operation]:
         """Every operation not terminal and not live of a kind carried on here, oldest
-        first: each instance's latest (and an app's own, or one whose instance is
-        gone), and each instance's latest of these kinds when a later operation of the
-        instance superseded it as latest (an add's, once its starts began; a seed
-        rollback's, once the restart it began after its unfence)."""
+        first: each instance's latest of these kinds (also when a later operation of
+        another kind superseded it as the instance's latest: an add's, once its starts
+        began; a seed rollback's, once the restart it began after its unfence), and
+        those whose instance is gone."""
         kinds = set(self.by_kind)
-        found = {view.latest.id: view.latest for view in store.instances.instance_views()
-                 if view.latest is not None}
+        found = {op.id: op for op in store.ops.latest_operations_of(kinds)}
         for op_id in store.ops.unfinished_operations():  # their instance gone
             if (gone := store.ops.get_operation(op_id)) is not None:
                 found[op_id] = gone
-        # Per instance, its latest of these kinds too: an operation of another kind it
-        # began itself (a seed rollback's restart after its unfence) is then the latest.
-        for inst in store.instances.list_instances():
-            op = store.ops.latest_operation_of(inst.host, kinds)
-            if op is not None:
-                found[op.id] = op
         return [op for _, op in sorted(found.items())
                 if op.kind in kinds and not op.terminal and op.id not in live_ops]
 

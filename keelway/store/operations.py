@@ -69,6 +69,14 @@ class SqliteOperations:
                         " ORDER BY id DESC LIMIT 1", instance, *(k.value for k in kinds))
         return self._operation(row, []) if row else None
 
+    def latest_operations_of(self, kinds: Collection[OpKind]) -> list[Operation]:
+        marks = ", ".join("?" for _ in kinds)
+        rows = self.db.rows(
+            "SELECT * FROM operations WHERE id IN (SELECT MAX(id) FROM operations"
+            f" WHERE kind IN ({marks}) GROUP BY instance) ORDER BY id",
+            *(k.value for k in kinds))
+        return [self._operation(row, []) for row in rows]
+
     def release_attempts(self, app: str, kinds: Collection[OpKind]) -> list[ReleaseAttempt]:
         """Each (instance, release, build) that an operation of `kinds` started
         processes of, with the newest such operation's id and state, oldest first."""

@@ -270,6 +270,11 @@ class OperationStore(Protocol):
         for (its steps are not read)."""
         ...
 
+    def latest_operations_of(self, kinds: Collection[OpKind]) -> list[Operation]:
+        """`latest_operation_of` for every instance any operation names at once (its
+        instance there or not), oldest first, their steps not read: one read for boot."""
+        ...
+
     def release_attempts(self, app: str, kinds: Collection[OpKind]) -> list[ReleaseAttempt]:
         """Each (instance, release, build) an operation of `kinds` started processes
         of, with the newest such operation and its state, oldest first: whether a

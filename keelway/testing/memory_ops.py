@@ -59,6 +59,13 @@ class MemoryOps:
                  key=lambda o: o.id, default=None)
         return own(op) if op else None
 
+    def latest_operations_of(self, kinds: Collection[OpKind]) -> list[Operation]:
+        newest: dict[str, Operation] = {}
+        for o in self._db.tables.operations.values():
+            if o.kind in kinds and (o.instance not in newest or o.id > newest[o.instance].id):
+                newest[o.instance] = o
+        return [own(o) for o in sorted(newest.values(), key=lambda o: o.id)]
+
     def release_attempts(self, app: str, kinds: Collection[OpKind]) -> list[ReleaseAttempt]:
         t = self._db.tables
         newest: dict[tuple[str, int, str], int] = {}

@@ -87,6 +87,19 @@ def test_operations_are_listed_newest_first_per_app_and_instance(store: Store) -
     assert [o.id for o in store.ops.list_operations("blog", limit=1)] == [three.id]
 
 
+def test_each_instances_latest_operation_of_kinds_is_read_at_once_oldest_first(
+        store: Store) -> None:
+    first = store.ops.begin_operation("blog", "a.test", OpKind.DEPLOY, owner="me")
+    other = store.ops.begin_operation("blog", "b.test", OpKind.DEPLOY, owner="me")
+    run = store.ops.begin_operation("blog", "a.test", OpKind.RUN, owner="me")
+    store.ops.finish_operation(other, OpState.SUCCEEDED)
+    assert [o.id for o in store.ops.latest_operations_of({OpKind.DEPLOY})] == [
+        first.id, other.id]
+    assert [o.id for o in store.ops.latest_operations_of({OpKind.RUN, OpKind.DEPLOY})] == [
+        other.id, run.id]
+    assert store.ops.latest_operations_of({OpKind.STOP}) == []
+
+
 def test_a_run_is_never_the_latest_operation_but_is_found_when_asked_for(
         store: Store) -> None:
     deploy = store.ops.begin_operation("blog", "a.test", OpKind.DEPLOY, owner="me")
