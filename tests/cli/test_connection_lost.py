@@ -82,7 +82,7 @@ def dying_control_plane(home: Path, how: str) -> Iterator[list[bytes]]:
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(home / "api.sock"))
     server.listen(8)
-    server.settimeout(0.2)
+    server.settimeout(0.02)  # how soon the server sees `stop`: each test waits that long
     stop = threading.Event()
 
     def serve() -> None:
