@@ -13,8 +13,9 @@ pass made meanwhile, more or fewer from run to run) never move the point.
 `KEELWAY_FAILPOINTS_TRACE=path` appends every hit to `path`, one per line: its name, a
 tab, and the code path that reached it (a digest of the keelway frames on the stack).
 The crash matrix runs a scenario once with it to learn every point the scenario passes,
-then once per point with that point armed; a point whose name and code path a loop
-already passed, with nothing new hit since, is run once (tests/reconcile).
+then once per point with that point armed; a point whose name and code path were
+passed already (by a loop, or by an earlier scenario set up and checked the same way)
+is run once (tests/reconcile).
 
 Every durable write and every external effect has one failpoint before it and one
 after it; `KNOWN` lists the declared names.
