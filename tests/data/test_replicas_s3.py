@@ -24,6 +24,7 @@ import pytest
 from keelway.data.replicas import Replicas, litestream_binary, verify
 from keelway.home import Home
 from keelway.store import SqliteStore
+from tests.e2e.harness import reserve_port
 
 pytestmark = pytest.mark.slow
 
@@ -38,6 +39,8 @@ def _port() -> int:
     """A free port whose +10000 is free too: SeaweedFS puts each gRPC port there."""
     while True:
         port = random.randrange(20000, 30000)
+        if not (reserve_port(port) and reserve_port(port + 10000)):
+            continue  # another test's pick (tests/e2e/harness.py)
         try:
             for candidate in (port, port + 10000):
                 with socket.socket() as sock:

@@ -28,17 +28,30 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "hello"
 
 
+# Ports handed out by `free_port`, box-wide: one empty file per port, for as long as a
+# test may take to bind what it chose. Every pytest process on the box (CI runs three at
+# once: two workers and the crash matrix, four homes at a time) picks from one range, and
+# between a pick and its router's bind (a daemon boot, a second or two under load) the
+# bind check below cannot see another pick of the same port: at a few thousand picks per
+# run that met about once in three CI runs (`up` finding its port already in use).
+_RESERVED = Path("/tmp/keelway-test-ports")
+_RESERVE_S = 120.0
+
+
 def free_port() -> int:
     """A loopback port for a router or daemon a test starts later.
 
     Chosen below the kernel's ephemeral range: a port from bind(0) is free only until
     its socket closes, and until the test's router binds it, any other process asking
     the kernel for a port (an app's generation, a parallel crash point's daemon) can be
-    given the same one. Nothing is handed ports from below that range unasked, so only
-    another test choosing at random could collide, and the bind here checks for that."""
+    given the same one. Nothing is handed ports from below that range unasked; another
+    test's pick is kept off it (`reserve_port`), and the bind here checks
+    that nothing listens there now."""
     low = _ephemeral_low()
     for _ in range(200):
         port = random.randrange(10000, low)
+        if not reserve_port(port):
+            continue
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
@@ -46,6 +59,28 @@ def free_port() -> int:
                 continue
         return port
     raise RuntimeError("no free loopback port below the ephemeral range")
+
+
+def reserve_port(port: int) -> bool:
+    """Whether `port` is this caller's now: no other pick of it in the last _RESERVE_S.
+    A stale reservation is taken over by renaming it away first, so two callers that
+    both find it stale cannot both have it (one rename wins)."""
+    _RESERVED.mkdir(mode=0o777, exist_ok=True)
+    path = _RESERVED / str(port)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        return True
+    except FileExistsError:
+        pass
+    try:
+        if time.time() - path.stat().st_mtime < _RESERVE_S:
+            return False
+        stale = _RESERVED / f"{port}.stale.{os.getpid()}.{random.getrandbits(32)}"
+        os.rename(path, stale)
+    except FileNotFoundError:
+        return False  # another caller took it over meanwhile
+    stale.unlink()
+    return reserve_port(port)
 
 
 def _ephemeral_low() -> int:
