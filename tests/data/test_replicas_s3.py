@@ -36,9 +36,11 @@ def _weed() -> str | None:
 
 
 def _port() -> int:
-    """A free port whose +10000 is free too: SeaweedFS puts each gRPC port there."""
+    """A free port whose +10000 is free too: SeaweedFS puts each gRPC port there. Both
+    below the kernel's ephemeral range (32768 on Linux), which any outgoing connection
+    may take a port from between this pick and weed's bind."""
     while True:
-        port = random.randrange(20000, 30000)
+        port = random.randrange(10000, 22000)
         if not (reserve_port(port) and reserve_port(port + 10000)):
             continue  # another test's pick (tests/e2e/harness.py)
         try:

@@ -213,10 +213,32 @@ def test_ops_and_events_take_n_and_ops_show_when_each_step_began_and_how_long_it
 
 
 def _follow(kw: Keelway) -> subprocess.Popen[str]:
+    # -X faulthandler: a follower that outlives its wait is made to say where it is
+    # (`_ended`), rather than only time out.
     return subprocess.Popen(
-        [sys.executable, "-m", "keelway.cli.main", "events", "hello", "-f", "-n", "0"],
+        [sys.executable, "-X", "faulthandler", "-m", "keelway.cli.main", "events", "hello",
+         "-f", "-n", "0"],
         env=kw.env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
+
+
+def _ended(follower: subprocess.Popen[str], timeout_s: float) -> tuple[str, str]:
+    """The follower's stdout and stderr once it exits by itself within `timeout_s`. One
+    that does not is made to dump its threads' stacks (SIGABRT: faulthandler), and the
+    test fails with them; either way its pipes are closed here, so a failure leaves no
+    open file for a later test's warnings."""
+    with follower:
+        try:
+            return follower.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            follower.send_signal(signal.SIGABRT)
+            try:
+                out, err = follower.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                follower.kill()
+                out, err = follower.communicate()
+            raise AssertionError(f"the follower did not exit in {timeout_s:g}s; "
+                                 f"it was at:\n{err}\n(stdout: {out!r})") from None
 
 
 def test_events_follow_prints_new_events_and_exits_cleanly_on_ctrl_c_and_when_the_daemon_goes(
@@ -229,11 +251,11 @@ def test_events_follow_prints_new_events_and_exits_cleanly_on_ctrl_c_and_when_th
         kw.ok("restart", "hello")
         time.sleep(1.0)
         follower.send_signal(signal.SIGINT)
-        out, err = follower.communicate(timeout=20)
+    except BaseException:
+        follower.kill()
+        raise
     finally:
-        if follower.poll() is None:
-            follower.kill()
-            follower.wait()
+        out, err = _ended(follower, 20)
     assert follower.returncode == 0 and "Traceback" not in err, err
     assert "op: restart succeeded" in out and "op: deploy" not in out, out
 
@@ -241,11 +263,11 @@ def test_events_follow_prints_new_events_and_exits_cleanly_on_ctrl_c_and_when_th
     try:
         time.sleep(1.0)
         kw.kill_daemon()
-        _out, err = follower.communicate(timeout=30)
+    except BaseException:
+        follower.kill()
+        raise
     finally:
-        if follower.poll() is None:
-            follower.kill()
-            follower.wait()
+        _out, err = _ended(follower, 30)
     assert "Traceback" not in err and follower.returncode == EXIT_LOST, err
     assert "went away" in err and "nothing was changed" in err
 
