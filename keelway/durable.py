@@ -26,8 +26,9 @@ from __future__ import annotations
 import errno
 import itertools
 import os
-import time
 from pathlib import Path
+
+from keelway.failpoints import pause
 
 TEMP_PREFIX = ".tmp-"
 PRIVATE_FILE_MODE = 0o600
@@ -162,17 +163,6 @@ def temp_orphaned(name: str) -> bool:
     return pid_s.isdigit() and _start_ticks(int(pid_s)) is None
 
 
-def _pause_for_tests(path: Path) -> None:
-    """`KEELWAY_TEST_SLOW_WRITE=NAME=SECONDS` holds every write of a file named NAME between
-    its temp file and the rename: the window a sweep must not cut (tests/test_durable.py
-    and the e2e test of `up`). Unset in production: one dict lookup."""
-    slow = os.environ.get("KEELWAY_TEST_SLOW_WRITE")
-    if slow:
-        name, _, seconds = slow.partition("=")
-        if name == path.name:
-            time.sleep(float(seconds or "1"))
-
-
 def write_atomic(path: Path, data: bytes, mode: int = PRIVATE_FILE_MODE) -> None:
     """Replace `path` with `data` so that a crash leaves either the old or the new file.
 
@@ -191,7 +181,8 @@ def write_atomic(path: Path, data: bytes, mode: int = PRIVATE_FILE_MODE) -> None
     finally:
         os.close(fd)
     os.chmod(tmp, mode)  # umask may have narrowed it at creation
-    _pause_for_tests(path)
+    # The window a concurrent sweep must not cut (`temp_orphaned`), held open by tests.
+    pause(f"write.rename.{path.name}")
     os.replace(tmp, path)
     fsync_dir(path.parent)
 

@@ -19,6 +19,13 @@ is run once (tests/reconcile).
 
 Every durable write and every external effect has one failpoint before it and one
 after it; `KNOWN` lists the declared names.
+
+A pause point (`pause`) holds a window open rather than crash in it: `name=SECONDS` in
+`KEELWAY_FAILPOINTS` makes every hit of `name` wait that long, in whichever of keelway's
+processes passes it (the router's writes as the control plane's), for a test that must
+act inside the window (a sweep racing a write in flight: `write.rename.NAME`, between a
+write's temp file and its rename, keelway/durable.py). Pauses are never traced nor
+crashed at: they are not effects, and a write's own failpoints are its caller's.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import hashlib
 import os
 import signal
 import sys
+import time
 from collections import Counter
 from types import FrameType
 
@@ -49,10 +57,34 @@ def _armed() -> dict[str, int]:
 def _parse(raw: str) -> dict[str, int]:
     armed: dict[str, int] = {}
     for part in raw.split(","):
+        if "=" in part:
+            continue  # a pause (`_pauses`)
         name, _, nth = part.strip().partition("@")
         if name:
             armed[name] = int(nth) if nth.isdigit() else 1
     return armed
+
+
+def _pauses(raw: str) -> dict[str, float]:
+    pauses: dict[str, float] = {}
+    for part in raw.split(","):
+        name, sep, seconds = part.strip().rpartition("=")
+        if sep and name:
+            try:
+                pauses[name] = float(seconds)
+            except ValueError:
+                continue  # not a pause: nothing waits on a spec it cannot read
+    return pauses
+
+
+def pause(name: str) -> None:
+    """Wait here if `name` is armed as a pause (`name=SECONDS`); see the module header.
+    Unset in production: one dict lookup."""
+    raw = os.environ.get("KEELWAY_FAILPOINTS")
+    if raw:
+        seconds = _pauses(raw).get(name)
+        if seconds:
+            time.sleep(seconds)
 
 
 def hit(name: str) -> None:

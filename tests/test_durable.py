@@ -15,7 +15,7 @@ from keelway.router.table_file import load_table
 
 def _writer_in_flight(target: Path, seconds: float) -> subprocess.Popen[bytes]:
     """Another process writing `target` and held between its temp file and the rename."""
-    env = {**os.environ, "KEELWAY_TEST_SLOW_WRITE": f"{target.name}={seconds}"}
+    env = {**os.environ, "KEELWAY_FAILPOINTS": f"write.rename.{target.name}={seconds}"}
     code = ("import sys; from pathlib import Path; from keelway.durable import write_atomic;"
             "write_atomic(Path(sys.argv[1]), b'12 34\\n')")
     return subprocess.Popen([sys.executable, "-c", code, str(target)], env=env)

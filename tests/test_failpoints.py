@@ -7,7 +7,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
+
+from keelway import failpoints
 
 # Hits `setup` three times, then waits for the go-ahead file the test writes (standing in
 # for the crash matrix writing the arm file once a scenario's setup is done), then hits
@@ -48,3 +53,19 @@ def test_an_armed_point_counts_only_the_hits_after_its_file_appears(tmp_path: Pa
 def test_a_point_never_reached_after_arming_does_not_fire(tmp_path: Path) -> None:
     done = _run(tmp_path, "op@9")
     assert done.returncode == 0 and "op 5" in done.stdout
+
+
+def test_a_pause_point_waits_where_armed_and_never_crashes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+
+    monkeypatch.setenv("KEELWAY_FAILPOINTS", "write.rename.a.pid=0.3,crash.point@2,odd=x")
+    started = time.monotonic()
+    failpoints.pause("write.rename.a.pid")
+    assert time.monotonic() - started >= 0.3
+    started = time.monotonic()
+    failpoints.pause("write.rename.b.pid")  # not armed: no wait
+    failpoints.pause("odd")  # a spec it cannot read: no wait
+    failpoints.pause("crash.point")  # a crash point is no pause
+    assert time.monotonic() - started < 0.1
+    # ...and a pause is no crash point: only `crash.point` is armed to die
+    assert failpoints._parse(os.environ["KEELWAY_FAILPOINTS"]) == {"crash.point": 2}

@@ -17,7 +17,7 @@ def test_up_succeeds_while_the_routers_pid_file_write_is_held_open(
         kw: Keelway, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # every write of router.pid waits 1 s between its temp file and the rename, so the
     # router's start-up sweep of router/ certainly runs inside the window
-    monkeypatch.setenv("KEELWAY_TEST_SLOW_WRITE", "router.pid=1")
+    monkeypatch.setenv("KEELWAY_FAILPOINTS", "write.rename.router.pid=1")
     kw.up()
     pid_file = kw.home / "router" / "router.pid"
     assert pid_file.exists()
