@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from keelway.router.client import RouterControlError, ping_sync, push_table_sync  # noqa: E402
-from keelway.router.route_table import Handling, Route, RouteTable  # noqa: E402
+from keelway.router.route_table import Handling, RouteEntry, RouteTable  # noqa: E402
 
 HOST = "bench.test"
 PROXY_CPU = "0"
@@ -202,7 +202,7 @@ def start_router(procs: Processes, tmp: Path, port: int, upstream_port: int,
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
-    route = Route(state=Handling.SERVING, upstream=f"127.0.0.1:{upstream_port}")
+    route = RouteEntry(state=Handling.SERVING, upstream=f"127.0.0.1:{upstream_port}")
     push_table_sync(control, RouteTable(version=1, routes={HOST: route}))
     return pid
 

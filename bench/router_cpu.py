@@ -36,7 +36,7 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from keelway.router.proxy import Proxy
-from keelway.router.route_table import Handling, Route, RouteTable
+from keelway.router.route_table import Handling, RouteEntry, RouteTable
 from keelway.router.upstream import UpstreamConnection
 
 REQUEST = b"GET / HTTP/1.1\r\nHost: bench.test\r\n\r\n"
@@ -82,7 +82,7 @@ class MemoryTransport(asyncio.Transport):
 
 
 def wire(proxy: Proxy) -> tuple:  # type: ignore[type-arg]
-    route = Route(state=Handling.SERVING, upstream="127.0.0.1:9")
+    route = RouteEntry(state=Handling.SERVING, upstream="127.0.0.1:9")
     proxy.swap(RouteTable(version=1, routes={"bench.test": route}))
     target = proxy.routing.lookup(b"bench.test")
     assert target is not None

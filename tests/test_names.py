@@ -91,7 +91,7 @@ def test_every_layer_accepts_exactly_the_hosts_the_host_rule_accepts(tmp_path: P
         body = json.dumps({"app": "hello", "source": "/x", "hosts": [host]}).encode()
         assert _accepts(lambda: msgspec.json.decode(body, type=DeployBody).check()) == ok
         assert _accepts(deployer.validate_hosts, "hello", [host]) == ok
-        gated = rt.Route(rt.Handling.GATED)
+        gated = rt.RouteEntry(rt.Handling.GATED)
         assert _accepts(rt.RouteTable, 1, {host: gated}) == ok
         wire = json.dumps({"version": 1, "routes": {host: {"state": "gated"}}}).encode()
         assert _accepts(rt.decode_table, wire) == ok

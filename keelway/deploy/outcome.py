@@ -8,11 +8,11 @@ that produces most of them: the deploy path runs one way, never back up.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-# A line of progress for whoever asked (the CLI shows it; the reconciler drops it).
-Progress = Callable[[str], None]
+# Progress: a line of progress for whoever asked (the CLI shows it; the reconciler drops
+# it), the build's own type, so a build's lines and an operation's reach one callback.
+from keelway.builds.build_step import Progress as Progress
 
 
 class Outcome(enum.Enum):

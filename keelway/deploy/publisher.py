@@ -98,7 +98,7 @@ def table_of(routes: list[Route], version: int,
     instances without rows get none)."""
     retry_in_s = retry_in_s or {}
     standings = standings or {}
-    entries: dict[str, rt.Route] = {}
+    entries: dict[str, rt.RouteEntry] = {}
     refused: dict[str, str] = {}
 
     def put(host: str, instance: str, state: rt.Handling, upstream: str | None) -> None:
@@ -108,7 +108,7 @@ def table_of(routes: list[Route], version: int,
             retry_after_s = max(1, math.ceil(retry))
         try:
             names.HOST.check(host)
-            entries[host] = rt.Route(state=state, upstream=upstream,
+            entries[host] = rt.RouteEntry(state=state, upstream=upstream,
                                      retry_after_s=retry_after_s,
                                      instance=instance if instance != host else None)
         except ValueError as exc:  # InvalidName, or a route that fails its own checks

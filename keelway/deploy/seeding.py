@@ -106,7 +106,8 @@ failpoints.declare(*(f"seed.{p}.{w}" for p in _POINTS for w in ("before", "after
 # Deletes a seed import's own replica of an instance (host, seed) in the object store
 # (keelway/data/replicas.py Replicas.delete); None: this box keeps no replicas.
 DeleteReplica = Callable[[str, str], Awaitable[object]]
-Progress = Callable[[str], Awaitable[None]]
+# A line of an import's progress, awaited: the API streams it before the next step.
+AsyncProgress = Callable[[str], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -302,7 +303,7 @@ class Seeding:
 
     async def import_seed(self, host: str, source: Path | SnapshotSource, *,
                           dry_run: bool = False, allow_empty: bool = False,
-                          progress: Progress = _quiet) -> SeedReport:
+                          progress: AsyncProgress = _quiet) -> SeedReport:
         """Import `source`, an SQLite file or a stored snapshot (fetched and verified
         first), into `host`. After return the import is in effect (IMPORTED) with
         `host` started on it if it was running or parked, or, when it failed past its
@@ -318,7 +319,7 @@ class Seeding:
                                            allow_empty, progress)
 
     async def _import_file(self, host: str, source: Path, said: str, dry_run: bool,
-                           allow_empty: bool, progress: Progress) -> SeedReport:
+                           allow_empty: bool, progress: AsyncProgress) -> SeedReport:
         instances.named(self.store, host)
         contents = self.refuse_import(host, source, allow_empty)
         if dry_run:
@@ -332,7 +333,7 @@ class Seeding:
         return SeedReport(host, request.seed, SeedOutcome.IMPORTED, contents=contents)
 
     def _import_request(self, host: str, said: str, *, seed: str = "",
-                        source: Path | None = None, progress: Progress = _quiet,
+                        source: Path | None = None, progress: AsyncProgress = _quiet,
                         allow_empty: bool = False) -> ImportRequest:
         return ImportRequest(host, said, self.home.seed_db_path(host),
                              replicating=self.keeper.replicas is not None, seed=seed,
@@ -639,7 +640,7 @@ class ImportRequest:
     # What a run carries out (empty for a dry run).
     seed: str = ""
     source: Path | None = None
-    progress: Progress = _quiet
+    progress: AsyncProgress = _quiet
     allow_empty: bool = False
     state: ImportRun = field(default_factory=ImportRun, compare=False)
 

@@ -106,7 +106,7 @@ def parse_upstream(address: str) -> tuple[str, int]:
     return host, port
 
 
-class Route(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class RouteEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """One host's route. `upstream` is required when the state proxies. `instance` is
     the instance the host belongs to when that is another host (an alias); fields at
     their defaults are left out of the encoding, so a table that uses nothing new reads
@@ -133,7 +133,7 @@ class RouteTable(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     refuses a lower one); equal versions are accepted so a republish is harmless."""
 
     version: NonNegative
-    routes: dict[str, Route] = msgspec.field(default_factory=dict)
+    routes: dict[str, RouteEntry] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for host in self.routes:
@@ -160,7 +160,7 @@ def accept(offer: TableOffer) -> tuple[RouteTable, dict[str, str]]:
     A refused host is left out of the table (no route: 404), never kept on what it had:
     an older route there could send traffic to a generation ACTIVE no longer names.
     """
-    routes: dict[str, Route] = {}
+    routes: dict[str, RouteEntry] = {}
     refused: dict[str, str] = {}
     for host, raw in offer.routes.items():
         try:
@@ -175,7 +175,7 @@ EMPTY_TABLE: Final = RouteTable(version=0)
 
 _table_decoder: Final = msgspec.json.Decoder(RouteTable)
 _offer_decoder: Final = msgspec.json.Decoder(TableOffer)
-_route_decoder: Final = msgspec.json.Decoder(Route)
+_route_decoder: Final = msgspec.json.Decoder(RouteEntry)
 _route_encoder: Final = msgspec.json.Encoder()
 
 
@@ -245,7 +245,7 @@ class CompiledRoute:
                  "retry_after_s", "state", "tally", "upstream_host", "upstream_key",
                  "upstream_port")
 
-    def __init__(self, host: str, route: Route) -> None:
+    def __init__(self, host: str, route: RouteEntry) -> None:
         self.host: Final = host
         # What is woken, held and counted: the instance, whichever of its hosts this is.
         self.instance: Final = route.instance or host

@@ -17,8 +17,8 @@ def test_an_alias_names_its_instance_and_a_primary_host_names_nothing_new() -> N
     table, refused = table_of([_row("one.test", "one.test", RouteState.PARKED),
                                _row("www.one.test", "one.test", RouteState.PARKED)], 1)
     assert refused == {}
-    assert table.routes["one.test"] == rt.Route(rt.Handling.PARKED)
-    assert table.routes["www.one.test"] == rt.Route(rt.Handling.PARKED,
+    assert table.routes["one.test"] == rt.RouteEntry(rt.Handling.PARKED)
+    assert table.routes["www.one.test"] == rt.RouteEntry(rt.Handling.PARKED,
                                                      instance="one.test")
 
 
@@ -50,7 +50,7 @@ def test_an_instance_without_a_route_row_says_not_deployed_at_every_host() -> No
                  "workers.test": Standing(InstanceState.RUNNING)}  # no web: no page
     table, _ = table_of([], 1, None, standings)
     assert table.routes == {
-        "fresh.test": rt.Route(rt.Handling.NO_RELEASE),
-        "www.fresh.test": rt.Route(rt.Handling.NO_RELEASE, instance="fresh.test"),
-        "off.test": rt.Route(rt.Handling.STOPPED),
+        "fresh.test": rt.RouteEntry(rt.Handling.NO_RELEASE),
+        "www.fresh.test": rt.RouteEntry(rt.Handling.NO_RELEASE, instance="fresh.test"),
+        "off.test": rt.RouteEntry(rt.Handling.STOPPED),
     }

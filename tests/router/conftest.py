@@ -27,7 +27,7 @@ import uvloop
 
 from keelway.router.client import RouterUnreachable, ping_sync, push_table_sync
 from keelway.router.proxy import Proxy, ProxyOptions
-from keelway.router.route_table import Route, RouteTable
+from keelway.router.route_table import RouteEntry, RouteTable
 
 REPO = Path(__file__).resolve().parents[2]
 HOP_BY_HOP_FROM_UPSTREAM = {
@@ -237,7 +237,7 @@ class RouterProcess:
     def pid(self) -> int:
         return self.proc.pid
 
-    def push(self, version: int, routes: dict[str, Route]) -> int:
+    def push(self, version: int, routes: dict[str, RouteEntry]) -> int:
         return push_table_sync(self.control, RouteTable(version=version, routes=routes))
 
     def rss_bytes(self) -> int:
@@ -296,7 +296,7 @@ T = TypeVar("T")
 class InProcessRouter:
     """The router's Proxy on a uvloop loop in a thread, listening on a loopback port."""
 
-    def __init__(self, routes: dict[str, Route], options: ProxyOptions) -> None:
+    def __init__(self, routes: dict[str, RouteEntry], options: ProxyOptions) -> None:
         self.loop = uvloop.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -308,7 +308,7 @@ class InProcessRouter:
 
     @staticmethod
     async def _start(
-        routes: dict[str, Route], options: ProxyOptions
+        routes: dict[str, RouteEntry], options: ProxyOptions
     ) -> tuple[Proxy, asyncio.Server]:
         proxy = Proxy(RouteTable(version=1, routes=routes), options)
         loop = asyncio.get_running_loop()

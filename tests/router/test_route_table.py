@@ -7,7 +7,7 @@ import pytest
 
 from keelway.router.route_table import (
     Handling,
-    Route,
+    RouteEntry,
     RouteTable,
     Routing,
     decode_table,
@@ -24,7 +24,7 @@ WIRE = (
 def test_the_documented_wire_format_decodes_and_round_trips() -> None:
     table = decode_table(WIRE)
     assert table.version == 7
-    assert table.routes["blog.test"] == Route(Handling.SERVING, "127.0.0.1:34567", 5)
+    assert table.routes["blog.test"] == RouteEntry(Handling.SERVING, "127.0.0.1:34567", 5)
     assert decode_table(encode_table(table)) == table
 
 
@@ -55,10 +55,10 @@ def test_gated_and_holding_routes_are_not_proxied_serving_and_draining_are() -> 
     table = RouteTable(
         version=1,
         routes={
-            "a.test": Route(Handling.SERVING, "127.0.0.1:1"),
-            "b.test": Route(Handling.DRAINING, "127.0.0.1:2"),
-            "c.test": Route(Handling.GATED, retry_after_s=9),
-            "d.test": Route(Handling.HOLDING),
+            "a.test": RouteEntry(Handling.SERVING, "127.0.0.1:1"),
+            "b.test": RouteEntry(Handling.DRAINING, "127.0.0.1:2"),
+            "c.test": RouteEntry(Handling.GATED, retry_after_s=9),
+            "d.test": RouteEntry(Handling.HOLDING),
         },
     )
     routing = Routing(table)
@@ -89,7 +89,7 @@ def test_invalid_tables_are_refused_with_a_reason(bad: bytes) -> None:
 
 def test_a_table_cannot_be_constructed_invalid_either() -> None:
     with pytest.raises(ValueError, match="needs an upstream"):
-        Route(Handling.SERVING)
+        RouteEntry(Handling.SERVING)
 
 
 class _RouteOfFormat1(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -116,8 +116,8 @@ def test_a_table_of_the_format_before_reads_with_each_host_its_own_instance() ->
 
 def test_an_alias_route_names_its_instance_and_wakes_and_counts_as_it() -> None:
     table = RouteTable(version=1, routes={
-        "blog.test": Route(Handling.PARKED),
-        "www.blog.test": Route(Handling.PARKED, instance="blog.test")})
+        "blog.test": RouteEntry(Handling.PARKED),
+        "www.blog.test": RouteEntry(Handling.PARKED, instance="blog.test")})
     assert decode_table(encode_table(table)) == table
     routing = Routing(table)
     assert routing.instances == routing.parked == {"blog.test"}
@@ -129,9 +129,9 @@ def test_an_alias_route_names_its_instance_and_wakes_and_counts_as_it() -> None:
 
 def test_a_table_that_uses_nothing_new_is_read_by_a_router_of_the_format_before() -> None:
     table = RouteTable(version=1, routes={
-        "a.test": Route(Handling.SERVING, "127.0.0.1:1"),
-        "b.test": Route(Handling.GATED, retry_after_s=9),
-        "c.test": Route(Handling.PARKED)})
+        "a.test": RouteEntry(Handling.SERVING, "127.0.0.1:1"),
+        "b.test": RouteEntry(Handling.GATED, retry_after_s=9),
+        "c.test": RouteEntry(Handling.PARKED)})
     old = msgspec.json.decode(encode_table(table), type=dict[str, object])
     routes = msgspec.convert(old["routes"], dict[str, _RouteOfFormat1])
     assert {h: r.state for h, r in routes.items()} == {
@@ -141,5 +141,5 @@ def test_a_table_that_uses_nothing_new_is_read_by_a_router_of_the_format_before(
 @pytest.mark.parametrize("state", [Handling.STOPPED, Handling.NO_RELEASE,
                                    Handling.CRASHED])
 def test_the_states_of_format_2_answer_at_once_and_hold_nothing(state: Handling) -> None:
-    target = Routing(RouteTable(version=1, routes={"a.test": Route(state)})).lookup(b"a.test")
+    target = Routing(RouteTable(version=1, routes={"a.test": RouteEntry(state)})).lookup(b"a.test")
     assert target is not None and not target.proxied and not target.holding

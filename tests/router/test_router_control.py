@@ -18,11 +18,11 @@ from keelway.router.client import (
     ping_sync,
     push_table,
 )
-from keelway.router.route_table import Handling, Route, RouteTable, decode_table
+from keelway.router.route_table import Handling, RouteEntry, RouteTable, decode_table
 
 
-def serving(upstream: str) -> Route:
-    return Route(state=Handling.SERVING, upstream=upstream)
+def serving(upstream: str) -> RouteEntry:
+    return RouteEntry(state=Handling.SERVING, upstream=upstream)
 
 
 def status_for(port: int, host: str) -> int:

@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from keelway.router.route_table import Handling, Route
+from keelway.router.route_table import Handling, RouteEntry
 from tests.router.conftest import RouterProcess, Upstream
 
 LIMIT = 64
 SHORTAGE_LINE = "out of file descriptors (open-files limit 64)"
 
 
-def serving(address: str) -> Route:
-    return Route(state=Handling.SERVING, upstream=address)
+def serving(address: str) -> RouteEntry:
+    return RouteEntry(state=Handling.SERVING, upstream=address)
 
 
 def open_fds(router: RouterProcess) -> int:

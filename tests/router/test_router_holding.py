@@ -15,14 +15,14 @@ from collections.abc import Iterator
 import pytest
 
 from keelway.router.proxy import ProxyOptions
-from keelway.router.route_table import Handling, Route, RouteTable
+from keelway.router.route_table import Handling, RouteEntry, RouteTable
 from tests.router.conftest import InProcessRouter, Upstream
 
 HOLD = ProxyOptions(hold_timeout_s=0.6, max_held=2, drain_timeout_s=0.1)
 
 
-def holding() -> Route:
-    return Route(state=Handling.HOLDING, retry_after_s=7)
+def holding() -> RouteEntry:
+    return RouteEntry(state=Handling.HOLDING, retry_after_s=7)
 
 
 @pytest.fixture
@@ -32,7 +32,7 @@ def held_router() -> Iterator[InProcessRouter]:
     router.stop()
 
 
-def swap(router: InProcessRouter, version: int, routes: dict[str, Route]) -> None:
+def swap(router: InProcessRouter, version: int, routes: dict[str, RouteEntry]) -> None:
     async def apply() -> None:
         router.proxy.swap(RouteTable(version=version, routes=routes))
 
@@ -75,7 +75,7 @@ def test_a_held_request_goes_upstream_when_the_route_serves_again(
     client = send(held_router.port, GET, replies)
     time.sleep(0.3)
     assert replies == []  # still waiting, not refused
-    swap(held_router, 2, {"blog.test": Route(state=Handling.SERVING,
+    swap(held_router, 2, {"blog.test": RouteEntry(state=Handling.SERVING,
                                              upstream=upstream.address)})
     client.join(5)
     assert replies[0].startswith(b"HTTP/1.1 200")
@@ -91,7 +91,7 @@ def test_a_held_request_body_reaches_the_upstream_whole(
     client = send(held_router.port, b"POST /upload HTTP/1.1\r\nHost: blog.test\r\n"
                   b"Content-Length: %d\r\n\r\n%s" % (len(body), body), replies)
     time.sleep(0.2)
-    swap(held_router, 2, {"blog.test": Route(state=Handling.SERVING,
+    swap(held_router, 2, {"blog.test": RouteEntry(state=Handling.SERVING,
                                              upstream=upstream.address)})
     client.join(5)
     assert replies[0].startswith(b"HTTP/1.1 200")
@@ -123,11 +123,11 @@ def test_held_requests_beyond_the_bound_are_refused_at_once(
 
 
 @pytest.mark.parametrize(("routes", "status"), [
-    ({"blog.test": Route(state=Handling.GATED, retry_after_s=3)}, b"503"),
+    ({"blog.test": RouteEntry(state=Handling.GATED, retry_after_s=3)}, b"503"),
     ({}, b"404"),
 ])
 def test_a_held_request_gets_the_answer_of_the_route_that_replaces_the_hold(
-    held_router: InProcessRouter, routes: dict[str, Route], status: bytes
+    held_router: InProcessRouter, routes: dict[str, RouteEntry], status: bytes
 ) -> None:
     replies: list[bytes] = []
     client = send(held_router.port, GET, replies)
@@ -150,7 +150,7 @@ def test_a_client_that_gives_up_while_held_frees_its_place_by_the_hold_timeout(
     replies: list[bytes] = []
     client = send(held_router.port, GET, replies)
     time.sleep(0.1)
-    swap(held_router, 2, {"blog.test": Route(state=Handling.SERVING,
+    swap(held_router, 2, {"blog.test": RouteEntry(state=Handling.SERVING,
                                              upstream=upstream.address)})
     client.join(5)
     assert replies[0].startswith(b"HTTP/1.1 200")
@@ -169,7 +169,7 @@ def test_a_client_that_closes_while_held_frees_its_place_at_the_next_sweep(
     replies: list[bytes] = []
     client = send(held_router.port, GET, replies)
     time.sleep(0.05)
-    swap(held_router, 2, {"blog.test": Route(state=Handling.SERVING,
+    swap(held_router, 2, {"blog.test": RouteEntry(state=Handling.SERVING,
                                              upstream=upstream.address)})
     client.join(5)
     assert replies[0].startswith(b"HTTP/1.1 200"), replies

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import pytest
 
 from keelway.router.proxy import ProxyOptions
-from keelway.router.route_table import Handling, Route
+from keelway.router.route_table import Handling, RouteEntry
 from tests.router.conftest import InProcessRouter
 
 T = TypeVar("T")
@@ -161,7 +161,7 @@ def silent_upstream() -> Iterator[str]:
 def start_proxy() -> Iterator[Any]:
     started: list[InProcessRouter] = []
 
-    def start(routes: dict[str, Route], options: ProxyOptions = FAST) -> InProcessRouter:
+    def start(routes: dict[str, RouteEntry], options: ProxyOptions = FAST) -> InProcessRouter:
         router = InProcessRouter(routes, options)
         started.append(router)
         return router
@@ -193,8 +193,8 @@ def no_errors_logged(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
 # -- transcripts --------------------------------------------------------------------------
 
 
-def serving(upstream: str) -> Route:
-    return Route(state=Handling.SERVING, upstream=upstream)
+def serving(upstream: str) -> RouteEntry:
+    return RouteEntry(state=Handling.SERVING, upstream=upstream)
 
 
 def read_all(sock: socket.socket, timeout_s: float) -> bytes:

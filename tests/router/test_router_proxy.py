@@ -19,11 +19,11 @@ from collections.abc import Callable, Iterator
 
 from websockets.sync.client import connect as ws_connect
 
-from keelway.router.route_table import Handling, Route
+from keelway.router.route_table import Handling, RouteEntry
 
 
-def serving(upstream: str) -> Route:
-    return Route(state=Handling.SERVING, upstream=upstream)
+def serving(upstream: str) -> RouteEntry:
+    return RouteEntry(state=Handling.SERVING, upstream=upstream)
 
 
 def request(
@@ -177,7 +177,7 @@ def test_an_unknown_host_gets_404_naming_no_internals(router, upstream) -> None:
 
 
 def test_a_gated_route_answers_503_with_retry_after(router) -> None:
-    router.push(1, {"blog.test": Route(state=Handling.GATED, retry_after_s=7)})
+    router.push(1, {"blog.test": RouteEntry(state=Handling.GATED, retry_after_s=7)})
     response, _ = request(router.port, "GET", "/")
     assert (response.status, response.getheader("Retry-After")) == (503, "7")
 

@@ -18,7 +18,7 @@ import pytest
 from keelway.router.client import responses_sync
 from keelway.router.counts import InstanceCounts, ResponseCounts, summed
 from keelway.router.proxy import ProxyOptions
-from keelway.router.route_table import Handling, Route
+from keelway.router.route_table import Handling, RouteEntry
 from tests.router.conftest import InProcessRouter, RouterProcess, free_port
 
 
@@ -59,14 +59,14 @@ def app() -> Iterator[str]:
         thread.join(5)
 
 
-def _routes(app: str) -> dict[str, Route]:
+def _routes(app: str) -> dict[str, RouteEntry]:
     return {
-        "a.test": Route(state=Handling.SERVING, upstream=app),
-        "www.a.test": Route(state=Handling.SERVING, upstream=app, instance="a.test"),
-        "b.test": Route(state=Handling.SERVING, upstream=app),
-        "stopped.test": Route(state=Handling.STOPPED),
-        "down.test": Route(state=Handling.SERVING, upstream=f"127.0.0.1:{free_port()}"),
-        "held.test": Route(state=Handling.HOLDING, retry_after_s=3),
+        "a.test": RouteEntry(state=Handling.SERVING, upstream=app),
+        "www.a.test": RouteEntry(state=Handling.SERVING, upstream=app, instance="a.test"),
+        "b.test": RouteEntry(state=Handling.SERVING, upstream=app),
+        "stopped.test": RouteEntry(state=Handling.STOPPED),
+        "down.test": RouteEntry(state=Handling.SERVING, upstream=f"127.0.0.1:{free_port()}"),
+        "held.test": RouteEntry(state=Handling.HOLDING, retry_after_s=3),
     }
 
 
@@ -219,16 +219,16 @@ def test_a_request_held_across_a_swap_counts_for_its_instance(
     start_router: type[RouterProcess], app: str
 ) -> None:
     router = start_router(extra_argv=("--hold-timeout", "5"))
-    held = {"c.test": Route(state=Handling.HOLDING),
-            "www.c.test": Route(state=Handling.HOLDING, instance="c.test")}
+    held = {"c.test": RouteEntry(state=Handling.HOLDING),
+            "www.c.test": RouteEntry(state=Handling.HOLDING, instance="c.test")}
     router.push(1, held)
     answers: list[int] = []
     waiting = threading.Thread(target=lambda: answers.append(
         get(router.port, "www.c.test", "/200")))
     waiting.start()
     time.sleep(0.3)
-    router.push(2, {"c.test": Route(state=Handling.SERVING, upstream=app),
-                    "www.c.test": Route(state=Handling.SERVING, upstream=app,
+    router.push(2, {"c.test": RouteEntry(state=Handling.SERVING, upstream=app),
+                    "www.c.test": RouteEntry(state=Handling.SERVING, upstream=app,
                                         instance="c.test")})
     waiting.join(10)
     assert answers == [200]
@@ -237,7 +237,7 @@ def test_a_request_held_across_a_swap_counts_for_its_instance(
 
 
 def test_the_routers_504_is_its_own_answer(app: str) -> None:
-    proxy = InProcessRouter({"slow.test": Route(state=Handling.SERVING, upstream=app)},
+    proxy = InProcessRouter({"slow.test": RouteEntry(state=Handling.SERVING, upstream=app)},
                             ProxyOptions(upstream_timeout_s=0.1))
     try:
         assert get(proxy.port, "slow.test", "/slow") == 504

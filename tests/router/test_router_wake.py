@@ -22,7 +22,7 @@ import pytest
 from keelway.router.client import activity_sync, push_table_sync
 from keelway.router.control_wire import HostActivity
 from keelway.router.proxy import ProxyOptions
-from keelway.router.route_table import Handling, Route, RouteTable
+from keelway.router.route_table import Handling, RouteEntry, RouteTable
 from keelway.router.waker import WakeAnswer, Waker, outcome_of, wake_request
 from tests.router.conftest import InProcessRouter, RouterProcess, Seen, Upstream, make_handler
 
@@ -30,8 +30,8 @@ HOST = "blog.test"
 GET = f"GET /woken HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode()
 
 
-def parked(retry_after_s: int = 7) -> Route:
-    return Route(state=Handling.PARKED, retry_after_s=retry_after_s)
+def parked(retry_after_s: int = 7) -> RouteEntry:
+    return RouteEntry(state=Handling.PARKED, retry_after_s=retry_after_s)
 
 
 class FakeControlPlane:
@@ -173,8 +173,8 @@ def open_of(router: RouterProcess, host: str = HOST) -> int:
     return seen.open if seen is not None else 0
 
 
-def serving(upstream: Upstream) -> dict[str, Route]:
-    return {HOST: Route(state=Handling.SERVING, upstream=upstream.address)}
+def serving(upstream: Upstream) -> dict[str, RouteEntry]:
+    return {HOST: RouteEntry(state=Handling.SERVING, upstream=upstream.address)}
 
 
 def start_parked(start_router: type[RouterProcess], api: Path, workers: int = 2,
@@ -336,8 +336,8 @@ def test_the_hold_bound_of_a_host_counts_every_worker_and_leaves_other_hosts_alo
         wait_for(lambda: open_of(router, other) == 5)
         assert others == [] and len(replies) == 10
         push_table_sync(router.control, RouteTable(version=2, routes={
-            HOST: Route(state=Handling.SERVING, upstream=wide_upstream.address),
-            other: Route(state=Handling.SERVING, upstream=wide_upstream.address)}))
+            HOST: RouteEntry(state=Handling.SERVING, upstream=wide_upstream.address),
+            other: RouteEntry(state=Handling.SERVING, upstream=wide_upstream.address)}))
         for thread in [*threads, *other_threads]:
             thread.join(10)
         assert len(replies) == 30 and len(others) == 5
@@ -439,8 +439,8 @@ def test_activity_counts_open_websockets_and_idle_time_across_workers(
     tunnels = TunnelUpstream()
     router = start_router(extra_argv=("--workers", "2"))
     try:
-        router.push(1, {"ws.test": Route(state=Handling.SERVING, upstream=tunnels.address),
-                        "quiet.test": Route(state=Handling.SERVING,
+        router.push(1, {"ws.test": RouteEntry(state=Handling.SERVING, upstream=tunnels.address),
+                        "quiet.test": RouteEntry(state=Handling.SERVING,
                                             upstream=upstream.address)})
         first = activity_sync(router.control)
         assert set(first) == {"ws.test", "quiet.test"}
@@ -580,7 +580,7 @@ def test_requests_to_an_alias_of_a_parked_instance_wake_the_instance_by_its_own_
     cp = FakeControlPlane(api_sock)
     try:
         router = start_parked(start_router, api_sock)
-        router.push(2, {HOST: parked(), ALIAS: Route(state=Handling.PARKED,
+        router.push(2, {HOST: parked(), ALIAS: RouteEntry(state=Handling.PARKED,
                                                      retry_after_s=7, instance=HOST)})
         by_alias = GET.replace(HOST.encode(), ALIAS.encode())
         replies, threads = fetch_all(router.port, 10, by_alias)
@@ -590,8 +590,8 @@ def test_requests_to_an_alias_of_a_parked_instance_wake_the_instance_by_its_own_
         assert ALIAS not in activity_sync(router.control)
         assert cp.wakes == [f"POST /v1/instances/{HOST}/wake HTTP/1.1"]
         push_table_sync(router.control, RouteTable(version=3, routes={
-            HOST: Route(state=Handling.SERVING, upstream=wide_upstream.address),
-            ALIAS: Route(state=Handling.SERVING, upstream=wide_upstream.address,
+            HOST: RouteEntry(state=Handling.SERVING, upstream=wide_upstream.address),
+            ALIAS: RouteEntry(state=Handling.SERVING, upstream=wide_upstream.address,
                          instance=HOST)}))
         for thread in threads + more_threads:
             thread.join(10)
@@ -609,7 +609,7 @@ def test_a_refused_wake_answers_an_alias_with_the_page_of_the_refusal(
     cp = FakeControlPlane(api_sock, status=status)
     try:
         router = start_parked(start_router, api_sock, hold_s=10.0)
-        router.push(2, {HOST: parked(), ALIAS: Route(state=Handling.PARKED,
+        router.push(2, {HOST: parked(), ALIAS: RouteEntry(state=Handling.PARKED,
                                                      retry_after_s=7, instance=HOST)})
         started = time.monotonic()
         reply = fetch(router.port, GET.replace(HOST.encode(), ALIAS.encode()))

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from keelway.router.client import activity_sync, ping_sync, push_table_sync
-from keelway.router.route_table import Handling, Route, RouteTable
+from keelway.router.route_table import Handling, RouteEntry, RouteTable
 from keelway.runtime import process
 
 
@@ -117,8 +117,8 @@ def workers(tmp_path: Path) -> Iterator[Workers]:
     router.stop()
 
 
-def _route(upstream: str) -> dict[str, Route]:
-    return {"a.test": Route(state=Handling.SERVING, upstream=upstream)}
+def _route(upstream: str) -> dict[str, RouteEntry]:
+    return {"a.test": RouteEntry(state=Handling.SERVING, upstream=upstream)}
 
 
 def test_every_worker_serves_a_pushed_table_before_the_push_is_acknowledged(
