@@ -12,7 +12,7 @@ import enum
 from keelway.store.errors import IllegalTransition
 
 __all__ = ["GenState", "IllegalTransition", "InstanceState", "OpState", "Removal",
-           "RequestState", "RouteState", "StepState", "check"]
+           "RequestState", "RolloutState", "RouteState", "StepState", "check"]
 
 
 class OpState(enum.StrEnum):
@@ -75,6 +75,24 @@ class RequestState(enum.StrEnum):
     FAILED = "failed"
 
 
+class RolloutState(enum.StrEnum):
+    """Where a release's rollout across an app's instances stands (issue #19). A
+    rollout is never silently a mixed fleet: it is done, aborted, superseded, or halted
+    or paused in the open, waiting for `rollout resume` or `rollout abort`."""
+
+    RUNNING = "running"
+    # A person asked it to stop before its next cohort; `resume` goes on from there.
+    PAUSED = "paused"
+    # A cohort failed (an instance, or its 5xx budget, or no traffic under `halt`): no
+    # new cohort starts; the instances on the release keep serving it.
+    HALTED = "halted"
+    DONE = "done"
+    # Every rolled instance was taken back to the release before (`rollout abort`).
+    ABORTED = "aborted"
+    # A newer release began its own rollout of the app.
+    SUPERSEDED = "superseded"
+
+
 _OP: dict[OpState, frozenset[OpState]] = {
     OpState.RUNNING: frozenset({OpState.SUCCEEDED, OpState.FAILED}),
     OpState.SUCCEEDED: frozenset(),
@@ -116,12 +134,28 @@ _ROUTE: dict[RouteState, frozenset[RouteState]] = {
     RouteState.PARKED: frozenset({RouteState.SERVING, RouteState.GATED, RouteState.HOLDING}),
 }
 
+# A rollout that stopped in the open (paused, halted) goes on or is aborted; any that has
+# not ended is superseded by a newer release's. Done, aborted and superseded are final.
+_ROLLOUT: dict[RolloutState, frozenset[RolloutState]] = {
+    RolloutState.RUNNING: frozenset({RolloutState.PAUSED, RolloutState.HALTED,
+                                     RolloutState.DONE, RolloutState.ABORTED,
+                                     RolloutState.SUPERSEDED}),
+    RolloutState.PAUSED: frozenset({RolloutState.RUNNING, RolloutState.ABORTED,
+                                    RolloutState.SUPERSEDED}),
+    RolloutState.HALTED: frozenset({RolloutState.RUNNING, RolloutState.ABORTED,
+                                    RolloutState.SUPERSEDED}),
+    RolloutState.DONE: frozenset(),
+    RolloutState.ABORTED: frozenset(),
+    RolloutState.SUPERSEDED: frozenset(),
+}
+
 _TABLES: dict[type[enum.Enum], dict[object, frozenset[object]]] = {
     OpState: dict(_OP),  # type: ignore[arg-type]
     StepState: dict(_STEP),  # type: ignore[arg-type]
     GenState: dict(_GEN),  # type: ignore[arg-type]
     InstanceState: dict(_INSTANCE),  # type: ignore[arg-type]
     RouteState: dict(_ROUTE),  # type: ignore[arg-type]
+    RolloutState: dict(_ROLLOUT),  # type: ignore[arg-type]
 }
 
 

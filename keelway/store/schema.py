@@ -312,6 +312,37 @@ MIGRATIONS: list[str] = [
     ALTER TABLE generations DROP COLUMN start_ticks;
     ALTER TABLE generations DROP COLUMN port;
     """,
+    # 11: rollouts (keelway/store/rollouts.py): one release's journaled way across an
+    # app's instances, in cohorts fixed when it begins, and each host's place in it.
+    """
+    CREATE TABLE rollouts (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        app TEXT NOT NULL,
+        release INTEGER NOT NULL,
+        previous INTEGER,
+        kind TEXT NOT NULL,
+        state TEXT NOT NULL,
+        cohorts TEXT NOT NULL,
+        cohort INTEGER NOT NULL DEFAULT 0,
+        reason TEXT,
+        figures TEXT,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        version INTEGER NOT NULL DEFAULT 1
+    );
+    CREATE INDEX rollouts_app ON rollouts(app, id);
+    CREATE INDEX rollouts_state ON rollouts(state);
+    CREATE TABLE rollout_hosts (
+        rollout_id INTEGER NOT NULL REFERENCES rollouts(id) ON DELETE CASCADE,
+        host TEXT NOT NULL,
+        cohort INTEGER NOT NULL,
+        seq INTEGER NOT NULL,
+        state TEXT NOT NULL,
+        reason TEXT,
+        PRIMARY KEY (rollout_id, host)
+    );
+    CREATE INDEX rollout_hosts_seq ON rollout_hosts(rollout_id, seq);
+    """,
 ]
 
 

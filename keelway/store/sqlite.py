@@ -1,7 +1,8 @@
 """The SQLite store: every durable record of keelway in one embedded file.
 
 It implements `Store` (keelway/store/store.py) by composition: one class per noun
-(keelway/store/{apps,instances,builds,operations,routes,imports,generations,local}.py),
+(keelway/store/{apps,instances,builds,operations,routes,imports,generations,local,
+rollouts}.py),
 each over the one shared connection (`Db`, keelway/store/db.py), held here as
 `store.apps`, `store.instances`, ... The rules:
 - Each public method is one BEGIN IMMEDIATE transaction (`Db.tx()`), so a write happens
@@ -34,6 +35,7 @@ from keelway.store.lifecycle import RouteState
 from keelway.store.local import SqliteLocal
 from keelway.store.operations import SqliteOperations
 from keelway.store.records import CrashRetry, Release, ReleaseDraft
+from keelway.store.rollouts import SqliteRollouts
 from keelway.store.routes import SqliteRoutes
 
 
@@ -53,6 +55,7 @@ class SqliteStore:
         self.imports = SqliteImports(self.db)
         self.generations = SqliteGenerations(self.db)
         self.local = SqliteLocal(self.db)
+        self.rollouts = SqliteRollouts(self.db)
         self.instances = SqliteInstances(self.db, ops=self.ops, generations=self.generations,
                                          routes=self.routes)
 

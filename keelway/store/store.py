@@ -53,6 +53,7 @@ from keelway.store.lifecycle import (
     OpState,
     Removal,
     RequestState,
+    RolloutState,
     RouteState,
     StepState,
 )
@@ -76,10 +77,11 @@ from keelway.store.records import (
     Route,
     Step,
 )
+from keelway.store.rollouts import Figures, HostState, RolloutCohort, RolloutJournal
 
 __all__ = ["NOUNS", "AppStore", "BoxLocalStore", "BuildStore", "GenerationStore",
-           "ImportStore", "InstanceStore", "OperationStore", "RouteStore", "Store",
-           "protocol_methods"]
+           "ImportStore", "InstanceStore", "OperationStore", "RolloutStore", "RouteStore",
+           "Store", "protocol_methods"]
 
 
 class AppStore(Protocol):
@@ -492,6 +494,38 @@ class BoxLocalStore(Protocol):
     def claimed_ports(self) -> set[int]: ...
 
 
+class RolloutStore(Protocol):
+    """Rollouts: one release's journaled way across an app's instances, in cohorts
+    (keelway/store/rollouts.py)."""
+
+    def begin_rollout(self, app: str, release: int, previous: int | None, kind: OpKind,
+                      cohorts: Sequence[RolloutCohort]) -> RolloutJournal:
+        """A RUNNING rollout at its first cohort, every host PENDING; every rollout of
+        the app that has not ended is SUPERSEDED in the same write."""
+        ...
+
+    def get_rollout(self, rollout_id: int) -> RolloutJournal | None: ...
+
+    def latest_rollout(self, app: str) -> RolloutJournal | None: ...
+
+    def running_rollouts(self) -> list[RolloutJournal]:
+        """Every RUNNING rollout, oldest first: what a boot after a crash carries on."""
+        ...
+
+    def mark_rollout_hosts(self, rollout_id: int, hosts: Sequence[str], state: HostState,
+                           reason: str | None = None) -> None:
+        """`hosts` of the rollout in `state`, in one write (a fact: no compare, and the
+        rollout's version stays); `NotFound` if there is no such rollout."""
+        ...
+
+    def move_rollout(self, rollout: RolloutJournal, state: RolloutState, *,
+                     cohort: int | None = None, reason: str | None = None,
+                     figures: Figures | None = None) -> RolloutJournal:
+        """Where the rollout stands: compare-and-swap on `rollout.version`, the move
+        checked; `cohort` None keeps it, `reason` and `figures` are written as given."""
+        ...
+
+
 class Store(Protocol):
     """One store: a handle on each noun, and the intents whose rows span nouns."""
 
@@ -514,6 +548,8 @@ class Store(Protocol):
     def generations(self) -> GenerationStore: ...
     @property
     def local(self) -> BoxLocalStore: ...
+    @property
+    def rollouts(self) -> RolloutStore: ...
 
     def close(self) -> None: ...
 
@@ -599,7 +635,7 @@ class Store(Protocol):
 NOUNS: dict[str, type[Any]] = {
     "apps": AppStore, "instances": InstanceStore, "builds": BuildStore,
     "ops": OperationStore, "routes": RouteStore, "imports": ImportStore,
-    "generations": GenerationStore, "local": BoxLocalStore,
+    "generations": GenerationStore, "local": BoxLocalStore, "rollouts": RolloutStore,
 }
 
 

@@ -18,10 +18,10 @@ they are kept in; a `MemoryStore` opened again over the same tables is the same 
 It is not thread-safe: one writer, as one control plane is the only writer of its store.
 
 Layout: one module per noun (memory_apps, memory_instances, memory_builds, memory_ops,
-memory_routes, memory_imports, memory_generations, memory_local), each over the shared
-tables; the intents that span nouns are keelway/store/intents.py's, the same composition
-the SQLite store runs, inside one write of their own (a nested write joins it), and the
-two that need this backend's own writes are here.
+memory_routes, memory_imports, memory_generations, memory_local, memory_rollouts), each
+over the shared tables; the intents that span nouns are keelway/store/intents.py's, the
+same composition the SQLite store runs, inside one write of their own (a nested write
+joins it), and the two that need this backend's own writes are here.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from keelway.testing.memory_imports import MemoryImports
 from keelway.testing.memory_instances import MemoryInstances
 from keelway.testing.memory_local import MemoryLocal
 from keelway.testing.memory_ops import MemoryOps
+from keelway.testing.memory_rollouts import MemoryRollouts
 from keelway.testing.memory_routes import MemoryRoutes, put_route
 from keelway.testing.memory_tables import MemoryDb, MemoryTables
 
@@ -69,6 +70,7 @@ class MemoryStore:
         self.imports = MemoryImports(self._db)
         self.generations = MemoryGenerations(self._db)
         self.local = MemoryLocal(self._db)
+        self.rollouts = MemoryRollouts(self._db)
 
     def reopen(self, owner: str | None = None) -> MemoryStore:
         """The same records opened again, as a restarted control plane opens its store."""

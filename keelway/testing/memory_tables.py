@@ -42,6 +42,7 @@ from keelway.store.records import (
     Route,
     Step,
 )
+from keelway.store.rollouts import RolloutJournal
 
 
 @dataclass(frozen=True)
@@ -93,9 +94,11 @@ class MemoryTables:
     routes: dict[str, Route] = field(default_factory=dict)
     route_seeds: dict[str, str] = field(default_factory=dict)  # the import's row's seed
     imports: dict[str, ImportJournal] = field(default_factory=dict)
+    rollouts: dict[int, RolloutJournal] = field(default_factory=dict)
     last_operation: int = 0
     last_generation: int = 0
     last_event: int = 0
+    last_rollout: int = 0
 
     def snapshot(self) -> MemoryTables:
         saved = dataclasses.replace(self)

@@ -1,0 +1,82 @@
+"""The in-memory store's rollouts (RolloutStore): the same rules as
+keelway/store/rollouts.py, each write atomic in `MemoryDb.write`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+
+from keelway.journal import OpKind
+from keelway.store.errors import Conflict, NotFound
+from keelway.store.lifecycle import RolloutState, check
+from keelway.store.rollouts import (
+    OPEN,
+    Figures,
+    HostState,
+    RolloutCohort,
+    RolloutHost,
+    RolloutJournal,
+)
+from keelway.testing.memory_tables import MemoryDb, owned_where
+
+
+class MemoryRollouts:
+    def __init__(self, db: MemoryDb) -> None:
+        self._db = db
+
+    def begin_rollout(self, app: str, release: int, previous: int | None, kind: OpKind,
+                      cohorts: Sequence[RolloutCohort]) -> RolloutJournal:
+        now = self._db.clock.now()
+        with self._db.write() as t:
+            for old in list(t.rollouts.values()):
+                if old.app == app and old.state in OPEN:
+                    t.rollouts[old.id] = msgspec.structs.replace(
+                        old, state=RolloutState.SUPERSEDED,
+                        reason=f"release {release} superseded it", updated_at=now,
+                        version=old.version + 1)
+            t.last_rollout += 1
+            hosts = tuple(RolloutHost(host, n, HostState.PENDING)
+                          for n, cohort in enumerate(cohorts) for host in cohort.hosts)
+            journal = RolloutJournal(t.last_rollout, app, release, previous, kind,
+                                     RolloutState.RUNNING, tuple(cohorts), 0, hosts, None,
+                                     None, now, now, 1)
+            t.rollouts[journal.id] = journal
+            return journal
+
+    def get_rollout(self, rollout_id: int) -> RolloutJournal | None:
+        return self._db.tables.rollouts.get(rollout_id)
+
+    def latest_rollout(self, app: str) -> RolloutJournal | None:
+        mine = owned_where(self._db.tables.rollouts, lambda r: r.app == app, lambda r: r.id)
+        return mine[-1] if mine else None
+
+    def running_rollouts(self) -> list[RolloutJournal]:
+        return owned_where(self._db.tables.rollouts,
+                           lambda r: r.state is RolloutState.RUNNING, lambda r: r.id)
+
+    def mark_rollout_hosts(self, rollout_id: int, hosts: Sequence[str], state: HostState,
+                           reason: str | None = None) -> None:
+        with self._db.write() as t:
+            have = t.rollouts.get(rollout_id)
+            if have is None:
+                raise NotFound(f"no rollout {rollout_id}")
+            marked = set(hosts)
+            t.rollouts[rollout_id] = msgspec.structs.replace(have, hosts=tuple(
+                msgspec.structs.replace(h, state=state, reason=reason) if h.host in marked
+                else h for h in have.hosts))
+
+    def move_rollout(self, rollout: RolloutJournal, state: RolloutState, *,
+                     cohort: int | None = None, reason: str | None = None,
+                     figures: Figures | None = None) -> RolloutJournal:
+        check(rollout.state, state)
+        with self._db.write() as t:
+            have = t.rollouts.get(rollout.id)
+            if have is None or have.version != rollout.version:
+                raise Conflict(f"rollout {rollout.id} changed under us")
+            moved = msgspec.structs.replace(
+                have, state=state, cohort=have.cohort if cohort is None else cohort,
+                reason=reason, figures=figures, updated_at=self._db.clock.now(),
+                version=have.version + 1)
+            t.rollouts[rollout.id] = moved
+            return moved
