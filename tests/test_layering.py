@@ -78,7 +78,7 @@ def test_the_cli_starts_without_aiohttp_uvloop_or_rich() -> None:
 # The deploy path, bottom up: each part imports only parts listed before it, so a deploy
 # request runs API → deployer → attempt → plan / steps → store, runtime, router and
 # never comes back to a module it has left. A new part takes its place in this list.
-DEPLOY_ORDER = ["errors", "outcome", "locks", "cohorts", "plan", "steps", "targets",
+DEPLOY_ORDER = ["errors", "outcome", "locks", "cohorts", "rollouts", "plan", "steps", "targets",
                 "generation_start", "fences", "publisher", "operation", "apps", "instances",
                 "domains", "attempt",
                 "crash_restarts", "replica_keeper", "passes", "parking", "snapshots",

@@ -68,6 +68,13 @@ class DryRunBody(msgspec.Struct, forbid_unknown_fields=True):
     dry_run: bool = False  # say what it would do; change nothing
 
 
+class KeyBody(msgspec.Struct, forbid_unknown_fields=True):
+    """The body of a request whose one choice is its idempotency key: a rollout's
+    resume or abort."""
+
+    key: str | None = None
+
+
 class ShutdownBody(msgspec.Struct, forbid_unknown_fields=True):
     keep_apps: bool = False
 

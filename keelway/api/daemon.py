@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import errno
 import fcntl
+import functools
 import io
 import logging
 import os
@@ -61,12 +62,14 @@ from keelway.deploy.publisher import Publisher
 from keelway.deploy.replica_keeper import REPLICATE, ReplicaKeeper
 from keelway.deploy.replication import Replication
 from keelway.deploy.restore import RESTORE, RESTORE_REPLICA, Restore
+from keelway.deploy.rollouts import Rollouts
 from keelway.deploy.runs import RUN, Runs
 from keelway.deploy.seeding import IMPORT, ROLLBACK, Seeding
 from keelway.deploy.snapshots import Snapshots
 from keelway.durable import disk_full, disk_full_message, sweep_temp, write_atomic
 from keelway.home import PRIVATE_UMASK, Home
 from keelway.reconcile.apply import Reconciler
+from keelway.router import client as router_client
 from keelway.runtime import router as router_process
 from keelway.runtime.logs import rotate_if_large
 from keelway.runtime.router import RouterSettings
@@ -119,6 +122,9 @@ class DeployParts:
         """The one boot reconciliation (keelway/deploy/passes.py `Passes.boot`): every
         interrupted operation ended or carried on by its kind."""
         await self.passes.boot(self.recovery)
+        # Rollouts are not operations of an instance: each one a crash cut short goes on
+        # from its own journal, once every instance's operations are settled.
+        self.deployer.resume_interrupted()
 
 
 def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher, clock: Clock,
@@ -148,7 +154,10 @@ def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
     # The one cycle: an operation converges through the passes, whose restarts are
     # operations of this runner; and the replica keeper follows every operation.
     runner.converger, runner.replica_hook = passes, keeper
-    deployer = Deployer(store, home, supervisor, publisher, locks, runner, restarts)
+    # A rollout judges each cohort on the router's counts for its instances.
+    counts = functools.partial(router_client.responses, home.router_socket)
+    deployer = Deployer(store, home, supervisor, publisher, locks, runner, restarts,
+                        Rollouts(store, clock, counts))
     restore = Restore(store, home, supervisor, publisher, locks, restarts, keeper, runner,
                       objects)
     instances = Instances(store, home, supervisor, publisher, locks, runner, deployer,

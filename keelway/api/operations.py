@@ -38,6 +38,7 @@ from keelway.home import Home
 from keelway.names import InvalidName
 from keelway.store import Store
 from keelway.store.lifecycle import RequestState
+from keelway.store.rollouts import RolloutJournal
 
 # A request's work: it reports progress lines and returns the JSON body of its answer.
 RequestWork = Callable[[Progress], Coroutine[Any, Any, dict[str, Any]]]
@@ -236,6 +237,41 @@ class Operations:
 
         return await self._operation(request, name, "rollback", body.key, digest, work)
 
+    @route("GET", "/v1/apps/{app}/rollout")
+    async def rollout_status(self, request: web.Request) -> web.Response:
+        journal = self.deployer.rollout_of(request.match_info["app"])
+        return web.json_response({"rollout": rollout_view(journal) if journal else None})
+
+    @route("POST", "/v1/apps/{app}/rollout/pause")
+    async def rollout_pause(self, request: web.Request) -> web.Response:
+        journal = self.deployer.pause_rollout(request.match_info["app"])
+        return web.json_response({"rollout": rollout_view(journal)})
+
+    @route("POST", "/v1/apps/{app}/rollout/resume")
+    async def rollout_resume(self, request: web.Request) -> web.StreamResponse:
+        return await self._rollout_op(request, "resume", self.deployer.resume_rollout)
+
+    @route("POST", "/v1/apps/{app}/rollout/abort")
+    async def rollout_abort(self, request: web.Request) -> web.StreamResponse:
+        return await self._rollout_op(request, "abort", self.deployer.abort_rollout)
+
+    async def _rollout_op(self, request: web.Request, verb: str,
+                          run: Callable[[str, Progress], Coroutine[Any, Any,
+                                                                   list[InstanceResult]]],
+                          ) -> web.StreamResponse:
+        name = app_name(self.store, request)
+        body: bodies.KeyBody = await read_body(request, bodies.KeyBody)
+        digest = _digest(f"rollout {verb} {name}", body)
+
+        async def work(progress: Progress) -> dict[str, Any]:
+            results = await run(name, progress)
+            journal = self.deployer.rollout_of(name)
+            return {"app": name, "instances": self._instances_view(results),
+                    "rollout": rollout_view(journal) if journal else None}
+
+        return await self._operation(request, name, f"rollout-{verb}", body.key, digest,
+                                     work)
+
     def _instances_view(self, results: list[InstanceResult]) -> list[dict[str, Any]]:
         port = self.http_port
         return [{"host": r.host, "release": f"v{r.release}", "outcome": r.outcome,
@@ -359,3 +395,18 @@ class Operations:
                                                         for h, i in pruned],
                                   "kept_removed": [{"instance": h, "id": i} for h, i in aged],
                                   "dry_run": body.dry_run})
+
+
+def rollout_view(journal: RolloutJournal) -> dict[str, Any]:
+    """A rollout as `rollout status` shows it: where it stands, each instance's place,
+    and the figures its last judged cohort was judged on."""
+    figures = msgspec.to_builtins(journal.figures) if journal.figures else None
+    return {"id": journal.id, "app": journal.app, "release": f"v{journal.release}",
+            "previous": f"v{journal.previous}" if journal.previous is not None else None,
+            "kind": journal.kind.value, "state": journal.state.value,
+            "cohort": journal.cohort + 1, "cohorts": len(journal.cohorts),
+            "reason": journal.reason, "figures": figures,
+            "created_at": journal.created_at, "updated_at": journal.updated_at,
+            "instances": [{"host": h.host, "cohort": h.cohort + 1, "state": h.state.value,
+                           "reason": h.reason, "judged": journal.cohorts[h.cohort].judged}
+                          for h in journal.hosts]}

@@ -58,7 +58,10 @@ DEFAULT_STOP_GRACE_S = 10.0
 DEFAULT_KEEP_SNAPSHOTS = 24
 DEFAULT_KEEP_RELEASES = 10
 DEFAULT_ROLLOUT_PARALLEL = 8
-DEFAULT_ROLLOUT_BAKE_S = 30.0
+# No extra watch by default: a cohort is judged on its traffic from its start to the end
+# of its instances' settle windows (10 s each by default), and an app that wants longer
+# says `bake` (a bake holds every cohort boundary of every release that long).
+DEFAULT_ROLLOUT_BAKE_S = 0.0
 
 _DURATION_RE = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h))+")
 _DURATION_PART_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")

@@ -19,13 +19,14 @@ from keelway.cli import (
     parking,
     reading,
     replicas,
+    rollouts,
     run,
     seed,
 )
 from keelway.cli.base import cli
 
 __all__ = ["apps", "cli", "data", "doctor", "domains", "instances", "lifecycle", "main",
-           "operations", "parking", "reading", "replicas", "run", "seed"]
+           "operations", "parking", "reading", "replicas", "rollouts", "run", "seed"]
 
 
 def main() -> None:

@@ -11,7 +11,9 @@ end DONE, leaving the rest on what they run.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,14 +50,18 @@ from keelway.deploy.operation import (
 from keelway.deploy.outcome import Outcome, Progress, Result
 from keelway.deploy.plan import describe_step, fallback_of, plan_attempt
 from keelway.deploy.publisher import Publisher
+from keelway.deploy.rollouts import Rollouts, begin_rollout, on_release, settle_rolling
 from keelway.deploy.steps import Done, Failed
 from keelway.deploy.targets import Target
 from keelway.home import Home
 from keelway.journal import Cause, OpKind, StepKind
 from keelway.runtime.supervisor import Supervisor
-from keelway.store import StaleSchedule, Store
-from keelway.store.lifecycle import GenState, InstanceState
+from keelway.store import Conflict, IllegalTransition, StaleSchedule, Store
+from keelway.store.lifecycle import GenState, InstanceState, RolloutState
 from keelway.store.records import Instance, Operation, ReleaseDraft
+from keelway.store.rollouts import HostState, RolloutJournal
+
+log = logging.getLogger("keelway.deployer")
 
 failpoints.declare("defer.before", "defer.after",
                    "service.out.before", "service.out.after", "service.in.before",
@@ -126,6 +132,10 @@ class Deployer:
     locks: Locks  # the app's lock around a rollout
     runner: Runner
     restarts: CrashRestarts  # a start respawns what ACTIVE names
+    rollouts: Rollouts  # drives a release's cohorts, journaled
+    # Rollouts a crash cut short, carried on in the background (kept: a task nothing
+    # refers to may be collected before it ends).
+    resuming: set[asyncio.Task[object]] = field(default_factory=set)
 
     # -- validation ------------------------------------------------------------------
 
@@ -284,21 +294,173 @@ class Deployer:
         revs = {host: self.store.instances.bump_schedule(host) for host in intent.hosts}
         async with self.locks.app(intent.app):
             rollout = self._scheduled(intent, revs)
-            results: list[InstanceResult] = []
-            for host in intent.hosts:
+            parked = [h for h in intent.hosts
+                      if (inst := self.store.instances.get_instance(h)) is not None
+                      and inst.state is InstanceState.PARKED]
+            awake = [h for h in intent.hosts if h not in parked]
+            releases = self.store.builds.list_releases(intent.app)
+            journal = begin_rollout(self.store, intent.app, rollout.target.release,
+                                    releases[0].number if releases else None, intent.kind,
+                                    awake, parked, rollout.target.manifest.rollout)
+            return await self._drive(journal, rollout)
+
+    async def _drive(self, journal: RolloutJournal, rollout: Rollout) -> list[InstanceResult]:
+        """Carry the journaled rollout on with `rollout`'s attempts (the app's lock
+        held); its results by host, or AppFailed when it stopped short of done."""
+        results: dict[str, InstanceResult] = {}
+        now = rollout
+
+        async def attempt(host: str) -> Result:
+            nonlocal now
+            taking = now
+            result = await self._attempt_on(taking, host)
+            if result.released:
+                # The first install wrote the release; the rest install that one.
+                now = dataclasses.replace(now, release=None)
+            results[host] = InstanceResult(host, taking.target.release, _said(result),
+                                           result.generations)
+            return result
+
+        ended = await self.rollouts.drive(journal, rollout.target.manifest.rollout, attempt,
+                                          lambda: now.release is None, rollout.progress)
+        if ended.state is not RolloutState.DONE:
+            raise AppFailed(
+                f"{ended.reason or 'it stopped'}; the rollout is {ended.state.value}",
+                hint=f"see `keelway rollout status {rollout.app}`, `keelway logs "
+                     f"{rollout.app}` and `keelway ops {rollout.app}`")
+        return [results[h.host] for h in ended.hosts if h.host in results]
+
+    # -- a rollout by name: status, pause, resume, abort ------------------------------
+
+    def rollout_of(self, app: str) -> RolloutJournal | None:
+        """The app's latest rollout (None: it has had none)."""
+        checked(names.APP, app)
+        if self.store.apps.get_app(app) is None:
+            raise NotFoundError(f"no app named {app}", hint="see `keelway apps`")
+        return self.store.rollouts.latest_rollout(app)
+
+    def pause_rollout(self, app: str) -> RolloutJournal:
+        """A running rollout paused: the cohort under way finishes, no next one starts.
+        Written at once, outside the app's lock the rollout holds: its driver reads it
+        before each cohort (and while a bake waits for traffic)."""
+        journal = self._open_rollout(app, (RolloutState.RUNNING,), "pause")
+        try:
+            return self.store.rollouts.move_rollout(journal, RolloutState.PAUSED,
+                                                    reason="paused by request")
+        except (Conflict, IllegalTransition):
+            raise UserError(f"{app}'s rollout moved meanwhile",
+                            hint=f"see `keelway rollout status {app}`") from None
+
+    async def resume_rollout(self, app: str,
+                             progress: Progress = _quiet) -> list[InstanceResult]:
+        """A halted or paused rollout carried on from where it stopped: its failed
+        instances and the ones not begun are attempted, never one on the release."""
+        async with self.locks.app(app):
+            journal = self._open_rollout(app, (RolloutState.HALTED, RolloutState.PAUSED),
+                                         "resume")
+            rollout = self._resumable(journal, progress)
+            failed = journal.in_state(HostState.FAILED)
+            if failed:
+                self.store.rollouts.mark_rollout_hosts(journal.id, failed, HostState.PENDING)
+            journal = self.store.rollouts.move_rollout(
+                settle_rolling(self.store, journal), RolloutState.RUNNING, reason=None,
+                figures=journal.figures)
+            return await self._drive(journal, rollout)
+
+    async def abort_rollout(self, app: str,
+                            progress: Progress = _quiet) -> list[InstanceResult]:
+        """Every instance the rollout took to its release taken back to the release
+        before it (no new release is written: the fleet is one release again), then the
+        rollout ABORTED. A running one is paused first, by `rollout pause`."""
+        async with self.locks.app(app):
+            journal = self._open_rollout(app, (RolloutState.HALTED, RolloutState.PAUSED),
+                                         "abort")
+            previous = journal.previous
+            if previous is None:
+                raise UserError(f"release v{journal.release} of {app} is its first: there "
+                                "is no release to go back to",
+                                hint=f"stop it with `keelway stop {app}`")
+            journal = settle_rolling(self.store, journal)
+            back = self._release_target(app, previous)
+            hosts = [h for h in journal.in_state(HostState.ROLLED, HostState.FAILED)
+                     if on_release(self.store, h, journal.release)]
+            revs = {host: self.store.instances.bump_schedule(host) for host in hosts}
+            rollout = Rollout(app, OpKind.ROLLBACK, Cause.RELEASE, back, revs, None, progress,
+                              None, None)
+            results = []
+            for host in hosts:
                 result = await self._attempt_on(rollout, host)
-                if result.released:
-                    # The first install wrote the release; the rest install that one.
-                    rollout = dataclasses.replace(rollout, release=None)
-                results.append(InstanceResult(host, rollout.target.release, _said(result),
+                results.append(InstanceResult(host, back.release, _said(result),
                                               result.generations))
                 if result.outcome is not Outcome.DONE:
-                    raise AppFailed(
-                        f"{host}: {result.reason}" + ("" if host == intent.hosts[-1] else
-                                                      "; the rollout halted here"),
-                        hint=f"see `keelway logs {intent.app} --instance {host}` and "
-                             f"`keelway ops {intent.app}`")
+                    raise AppFailed(f"{host}: {result.reason}; the abort stopped here, "
+                                    "the rollout is still "
+                                    f"{journal.state.value}",
+                                    hint=f"see `keelway logs {app} --instance {host}`")
+                self.store.rollouts.mark_rollout_hosts(journal.id, [host], HostState.REVERTED)
+            fresh = self.store.rollouts.get_rollout(journal.id)
+            assert fresh is not None
+            self.store.rollouts.move_rollout(fresh, RolloutState.ABORTED,
+                                             reason=f"aborted: back on v{previous}",
+                                             figures=fresh.figures)
             return results
+
+    def resume_interrupted(self) -> None:
+        """After a crash: each rollout left RUNNING carried on in the background from
+        where its journal stands (its cut-short attempts ended by the boot first)."""
+        for journal in self.store.rollouts.running_rollouts():
+            task = asyncio.get_running_loop().create_task(self._resume_after_crash(journal))
+            self.resuming.add(task)
+            task.add_done_callback(self.resuming.discard)
+
+    async def _resume_after_crash(self, journal: RolloutJournal) -> object:
+        try:
+            async with self.locks.app(journal.app):
+                fresh = self.store.rollouts.get_rollout(journal.id)
+                if fresh is None or fresh.state is not RolloutState.RUNNING:
+                    return None
+                try:
+                    rollout = self._resumable(fresh, _quiet)
+                except OperationError as exc:
+                    self.store.rollouts.move_rollout(fresh, RolloutState.HALTED,
+                                                     reason=exc.message)
+                    return None
+                return await self._drive(settle_rolling(self.store, fresh), rollout)
+        except OperationError as exc:
+            log.warning("rollout of %s v%d after the restart: %s", journal.app,
+                        journal.release, exc.message)
+        return None
+
+    def _open_rollout(self, app: str, states: Sequence[RolloutState],
+                      verb: str) -> RolloutJournal:
+        journal = self.rollout_of(app)
+        if journal is None or journal.state not in states:
+            said = "has had no rollout" if journal is None else (
+                f"has no rollout to {verb}: v{journal.release}'s is {journal.state.value}")
+            raise UserError(f"{app} {said}", hint=f"see `keelway rollout status {app}`")
+        return journal
+
+    def _release_target(self, app: str, number: int) -> Target:
+        release = self.store.builds.get_release(app, number)
+        if release is None:
+            raise UserError(f"release v{number} of {app} was never written (its first "
+                            "instance did not take it)", hint=f"deploy {app} again")
+        build = targets.build_path(self.store, app, release.build_digest)
+        if build is None:
+            raise UserError(f"the build of v{number} is no longer staged",
+                            hint="deploy its source again")
+        return Target.load(app, number, release.build_digest, build, dict(release.config))
+
+    def _resumable(self, journal: RolloutJournal, progress: Progress) -> Rollout:
+        """The rollout `journal` records, as its attempts need it again: its release
+        (written: the first instance took it), each host not on it scheduled anew."""
+        target = self._release_target(journal.app, journal.release)
+        hosts = [h.host for h in journal.hosts if h.state is not HostState.ROLLED]
+        revs = {host: self.store.instances.bump_schedule(host) for host in hosts
+                if self.store.instances.get_instance(host) is not None}
+        cause = Cause.CONFIG if journal.kind is OpKind.CONFIG else Cause.RELEASE
+        return Rollout(journal.app, journal.kind, cause, target, revs, None, progress, None,
+                       None)
 
     def _scheduled(self, intent: Intent, revs: Mapping[str, int]) -> Rollout:
         """The rollout of `intent` at schedule `revs`: its target is the app's next

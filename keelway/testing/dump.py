@@ -2,9 +2,10 @@
 after an error ("nothing changed"), read through the `Store` protocol alone, so it is
 one function for every backend and no backend carries a test-only method.
 
-It leaves out events and the journal (operations, steps, idempotency keys), which an
-error may append to. Each table is a list of plain dicts (msgspec's builtins of the
-records), in the protocol's order of each read.
+It leaves out events and the journals (operations, steps, idempotency keys, rollouts),
+which an error may append to (a failed deploy journals its halted rollout). Each table
+is a list of plain dicts (msgspec's builtins of the records), in the protocol's order of
+each read.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ def dump(store: Store) -> dict[str, list[dict[str, Any]]]:
     """The records of `store`, by table: apps, instances (with the seed their record
     names), builds, releases, active, inhibitions, port_claims (the one box-local
     fact a dump compares: pids and start ticks change with every spawn), routes (with the seed
-    an import's row names), fences, aliases, and each app's latest rollout."""
+    an import's row names), fences, aliases."""
     instances = store.instances.list_instances()
     known = {g for inst in instances for g in store.generations.generation_ids(inst.host)}
     generations = sorted(known | {g.id for g in store.generations.live_generations()})
@@ -40,8 +41,6 @@ def dump(store: Store) -> dict[str, list[dict[str, Any]]]:
         "fences": [_row(f) for inst in instances
                    if (f := store.instances.get_fence(inst.host)) is not None],
         "aliases": _rows(store.instances.list_aliases()),
-        "rollouts": [_row(r) for app in store.apps.list_apps()
-                     if (r := store.rollouts.latest_rollout(app.name)) is not None],
     }
 
 

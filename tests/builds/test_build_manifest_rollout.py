@@ -36,7 +36,7 @@ def test_no_rollout_table_gives_the_defaults(tmp_path: Path) -> None:
     assert rollout == RolloutSpec()
     assert rollout.canary == Amount(count=1)
     assert [str(c) for c in rollout.cohorts] == ["10%", "50%", "100%"]
-    assert (rollout.parallel, rollout.bake_s) == (8, 30.0)
+    assert (rollout.parallel, rollout.bake_s) == (8, 0.0)
     assert str(rollout.max_5xx) == "1%"
     assert rollout.on_no_traffic is NoTraffic.PASS
     assert _rollout(tmp_path, "") == RolloutSpec()

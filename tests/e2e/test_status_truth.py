@@ -219,7 +219,15 @@ def _follow(kw: Keelway) -> subprocess.Popen[str]:
         [sys.executable, "-X", "faulthandler", "-m", "keelway.cli.main", "events", "hello",
          "-f", "-n", "0"],
         env=kw.env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+        stderr=subprocess.PIPE, text=True, preexec_fn=_interruptible)
+
+
+def _interruptible() -> None:
+    """Ctrl-C as a terminal gives it: a shell that starts a job in the background
+    without job control (CI's, as `cmd &`) sets SIGINT ignored for it and its children,
+    and Python makes KeyboardInterrupt of SIGINT only where it was not ignored at start
+    (seen: the follower stuck in its long poll after the SIGINT, its stack dumped)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _ended(follower: subprocess.Popen[str], timeout_s: float) -> tuple[str, str]:

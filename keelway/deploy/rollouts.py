@@ -1,0 +1,269 @@
+"""A release's rollout across an app's instances (issue #19; SPEC §4 Deployer): its
+cohorts in turn, each cohort's instances in parallel, each cohort judged before the next
+begins, every step of it journaled (keelway/store/rollouts.py) so that a crash, a pause
+or a halt leaves it resumable from where it stands.
+
+Invariants this module keeps:
+
+- the fleet is never silently mixed: a rollout ends done (every instance on the
+  release), halted or paused (recorded, shown by `rollout status`, waiting for `resume`
+  or `abort`), aborted, or superseded by a newer release's rollout;
+- no cohort begins before the one before it passed: its instances all took the release
+  (an instance's own attempt: start, ready, settle, fallback by mode) and, when another
+  cohort follows, the router's 5xx for them from the cohort's start to the end of its
+  bake stayed within the budget (keelway/deploy/cohorts.py `judge`); the last cohort
+  gates nothing, so nothing bakes after it;
+- an instance that took the release is never attempted again: a resumed rollout starts
+  only its PENDING hosts, and a ROLLING one (its attempt cut short by a crash) only when
+  its records say it is not on the release (`settle_rolling`);
+- each write comes between its failpoints: the rollout begun (`rollout.begin.*`), a
+  cohort's hosts marked (`rollout.hosts.*`: ROLLING before any attempt, the results
+  after), the rollout moved to its next cohort or judged (`rollout.cohort.*`), and its
+  end (`rollout.end.*`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from keelway import failpoints
+from keelway.builds.manifest import RolloutSpec
+from keelway.clock import Clock
+from keelway.deploy.cohorts import CohortVerdict, Judgement, judge, plan_cohorts
+from keelway.deploy.outcome import Outcome, Progress, Result
+from keelway.journal import OpKind
+from keelway.router.counts import ResponseCounts
+from keelway.store import Conflict, IllegalTransition, Store
+from keelway.store.lifecycle import InstanceState, RolloutState
+from keelway.store.rollouts import (
+    Figures,
+    HostFigures,
+    HostState,
+    RolloutCohort,
+    RolloutJournal,
+)
+
+log = logging.getLogger("keelway.rollouts")
+
+failpoints.declare("rollout.begin.before", "rollout.begin.after",
+                   "rollout.hosts.before", "rollout.hosts.after",
+                   "rollout.cohort.before", "rollout.cohort.after",
+                   "rollout.end.before", "rollout.end.after")
+
+# One instance's attempt of the rollout's release (keelway/deploy/deployer.py).
+AttemptHost = Callable[[str], Awaitable[Result]]
+# The router's response counts now; None when no router answers (a rollout then judges
+# a cohort on its instances' own health alone, and says so).
+ReadCounts = Callable[[], Awaitable[ResponseCounts | None]]
+# Whether the rollout's release row is written yet: until it is, instances take it one
+# at a time (the first install writes it), then the cohort's rest in parallel.
+ReleaseWritten = Callable[[], bool]
+
+# How long a bake that waits for traffic (`on_no_traffic = "wait"`) waits at least
+# between two looks at the router's counts.
+WAIT_LOOK_S = 1.0
+
+
+def begin_rollout(store: Store, app: str, release: int, previous: int | None, kind: OpKind,
+          awake: Sequence[str], parked: Sequence[str], spec: RolloutSpec) -> RolloutJournal:
+    """The rollout journaled, its cohorts planned from `spec` (parked instances last,
+    unjudged); every open rollout of `app` superseded in the same write."""
+    cohorts = [RolloutCohort(c.hosts, c.judged) for c in plan_cohorts(awake, parked, spec)]
+    failpoints.hit("rollout.begin.before")
+    journal = store.rollouts.begin_rollout(app, release, previous, kind, cohorts)
+    failpoints.hit("rollout.begin.after")
+    return journal
+
+
+def settle_rolling(store: Store, journal: RolloutJournal) -> RolloutJournal:
+    """After a crash: each ROLLING host's attempt ended as its records say (the boot
+    reconciler finished its operation): ROLLED if the instance runs the release (or,
+    parked, has it pending), PENDING otherwise, so a resume attempts it again and never
+    one that took the release."""
+    rolled: list[str] = []
+    again: list[str] = []
+    for host in journal.in_state(HostState.ROLLING):
+        (rolled if on_release(store, host, journal.release) else again).append(host)
+    if rolled:
+        store.rollouts.mark_rollout_hosts(journal.id, rolled, HostState.ROLLED)
+    if again:
+        store.rollouts.mark_rollout_hosts(journal.id, again, HostState.PENDING)
+    fresh = store.rollouts.get_rollout(journal.id)
+    assert fresh is not None
+    return fresh
+
+
+def on_release(store: Store, host: str, release: int) -> bool:
+    """Whether `host` runs release `release` (parked: has it pending for its wake)."""
+    inst = store.instances.get_instance(host)
+    if inst is None:
+        return False
+    if inst.state is InstanceState.PARKED and inst.pending_release is not None:
+        return inst.pending_release == release
+    for active in store.generations.list_active(host):
+        gen = store.generations.get_generation(active.generation_id)
+        if gen is not None:
+            return gen.release == release
+    return False
+
+
+@dataclass(eq=False)
+class Rollouts:
+    """Drives journaled rollouts: the deployer hands each its attempt."""
+
+    store: Store
+    clock: Clock
+    counts: ReadCounts | None = None
+
+    async def drive(self, journal: RolloutJournal, spec: RolloutSpec, attempt: AttemptHost,
+                    released: ReleaseWritten, progress: Progress) -> RolloutJournal:
+        """Carry `journal` on from the cohort it stands at to its end, or to where it
+        stops (halted, paused, superseded); the rollout as it then stands."""
+        total = len(journal.cohorts)
+        for n in range(journal.cohort, total):
+            journal = self._fresh(journal)
+            if journal.state is not RolloutState.RUNNING:
+                return journal  # paused by a person, or superseded, meanwhile
+            if n != journal.cohort:
+                failpoints.hit("rollout.cohort.before")
+                # The figures the cohort before passed on stay shown until the next
+                # judgement replaces them.
+                moved = self._move(journal, RolloutState.RUNNING, cohort=n,
+                                   figures=journal.figures)
+                failpoints.hit("rollout.cohort.after")
+                if moved is None:
+                    return self._fresh(journal)
+                journal = moved
+            cohort = journal.cohorts[n]
+            todo = [h.host for h in journal.hosts
+                    if h.cohort == n and h.state in (HostState.PENDING, HostState.ROLLING)]
+            gates = cohort.judged and n < total - 1 and self.counts is not None
+            before = await self._counts() if gates else None
+            if todo:
+                progress(f"cohort {n + 1} of {total}: {len(todo)} instance"
+                         f"{'' if len(todo) == 1 else 's'}"
+                         + (" (parked: the release waits for their wake)"
+                            if not cohort.judged else ""))
+                failed = await self._attempt_cohort(journal, todo, spec, attempt, released)
+                if failed is not None:
+                    return self._end(journal, RolloutState.HALTED, failed)
+            if gates:
+                journal = await self._bake(journal, n, cohort, spec, before)
+                if journal.state is not RolloutState.RUNNING:
+                    return journal
+        return self._end(journal, RolloutState.DONE, None)
+
+    async def _attempt_cohort(self, journal: RolloutJournal, todo: list[str],
+                              spec: RolloutSpec, attempt: AttemptHost,
+                              released: ReleaseWritten) -> str | None:
+        """Every host of `todo` attempted, at most `spec.parallel` at once (one at a time
+        until the release row is written); each one's state journaled. Why the cohort
+        failed (its first failed host), or None."""
+        failpoints.hit("rollout.hosts.before")
+        self.store.rollouts.mark_rollout_hosts(journal.id, todo, HostState.ROLLING)
+        failpoints.hit("rollout.hosts.after")
+        results: dict[str, Result] = {}
+        waiting = list(todo)
+        while waiting and not released():
+            host = waiting.pop(0)
+            results[host] = await attempt(host)
+            if results[host].outcome is not Outcome.DONE:
+                break  # the cohort fails; the hosts not begun stay ROLLING, then PENDING
+        if waiting and all(r.outcome is Outcome.DONE for r in results.values()):
+            gate = asyncio.Semaphore(max(1, spec.parallel))
+
+            async def one(host: str) -> tuple[str, Result]:
+                async with gate:
+                    return host, await attempt(host)
+
+            results.update(await asyncio.gather(*(one(h) for h in waiting)))
+        rolled = [h for h in todo if h in results and results[h].outcome is Outcome.DONE]
+        failed = [h for h in todo if h in results and results[h].outcome is not Outcome.DONE]
+        untried = [h for h in todo if h not in results]
+        failpoints.hit("rollout.hosts.before")
+        if rolled:
+            self.store.rollouts.mark_rollout_hosts(journal.id, rolled, HostState.ROLLED)
+        for host in failed:
+            self.store.rollouts.mark_rollout_hosts(journal.id, [host], HostState.FAILED,
+                                                   results[host].reason)
+        if untried:
+            self.store.rollouts.mark_rollout_hosts(journal.id, untried, HostState.PENDING)
+        failpoints.hit("rollout.hosts.after")
+        if not failed:
+            return None
+        first = failed[0]
+        return f"{first}: {results[first].reason or results[first].outcome.value}"
+
+    async def _bake(self, journal: RolloutJournal, n: int, cohort: RolloutCohort,
+                    spec: RolloutSpec, before: ResponseCounts | None) -> RolloutJournal:
+        """The cohort's judgement on the router's counts since `before` (its start),
+        after `spec.bake_s` more: the rollout RUNNING with the figures, or HALTED."""
+        while True:
+            if spec.bake_s > 0:
+                await self.clock.sleep(spec.bake_s)
+            after = await self._counts()
+            if before is None or after is None:
+                if after is None:
+                    log.warning("rollout %d: no router counts; cohort %d judged on its "
+                                "instances' health alone", journal.id, n + 1)
+                return journal
+            judgement = judge(before, after, cohort.hosts, spec)
+            if judgement.verdict is CohortVerdict.RESTART:
+                before = after  # a restarted router: its figures start again
+                continue
+            if judgement.verdict is CohortVerdict.WAIT:
+                now = self._fresh(journal)
+                if now.state is not RolloutState.RUNNING:
+                    return now  # paused while it waited for traffic
+                await self.clock.sleep(max(WAIT_LOOK_S, spec.bake_s))
+                continue
+            figures = _figures(n, judgement)
+            state = RolloutState.HALTED if judgement.halts else RolloutState.RUNNING
+            failpoints.hit("rollout.cohort.before")
+            moved = self._move(journal, state, reason=judgement.said() if judgement.halts
+                               else None, figures=figures)
+            failpoints.hit("rollout.cohort.after")
+            return moved if moved is not None else self._fresh(journal)
+
+    async def _counts(self) -> ResponseCounts | None:
+        if self.counts is None:
+            return None
+        try:
+            return await self.counts()
+        except Exception as exc:  # a router that does not answer: no figures, said so
+            log.warning("rollout: the router's counts could not be read: %s", exc)
+            return None
+
+    def _fresh(self, journal: RolloutJournal) -> RolloutJournal:
+        fresh = self.store.rollouts.get_rollout(journal.id)
+        assert fresh is not None
+        return fresh
+
+    def _move(self, journal: RolloutJournal, state: RolloutState, *,
+              cohort: int | None = None, reason: str | None = None,
+              figures: Figures | None = None) -> RolloutJournal | None:
+        """The rollout moved; None if it moved under us (paused by a person, superseded)."""
+        try:
+            return self.store.rollouts.move_rollout(journal, state, cohort=cohort,
+                                                    reason=reason, figures=figures)
+        except (Conflict, IllegalTransition):
+            return None
+
+    def _end(self, journal: RolloutJournal, state: RolloutState,
+             reason: str | None) -> RolloutJournal:
+        failpoints.hit("rollout.end.before")
+        fresh = self._fresh(journal)
+        ended = self._move(fresh, state, reason=reason, figures=fresh.figures)
+        failpoints.hit("rollout.end.after")
+        return ended if ended is not None else self._fresh(journal)
+
+
+def _figures(n: int, judgement: Judgement) -> Figures:
+    return Figures(n, judgement.verdict.value, judgement.responses, judgement.errors,
+                   str(judgement.budget), judgement.said(),
+                   tuple(HostFigures(host, counts.total(), counts.app_5xx()
+                                     + counts.router_5xx())
+                         for host, counts in judgement.by_host.items()))
