@@ -22,6 +22,7 @@ from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
 from keelway.store.lifecycle import GenState, OpState
 from keelway.store.records import Event, Generation, Instance, Operation, Presence
+from keelway.store.rollouts import OPEN as OPEN_ROLLOUTS
 
 
 def generation_view(gen: Generation, presences: Mapping[int, Presence]) -> dict[str, Any]:
@@ -207,9 +208,16 @@ def status_view(store: Store, http_port: int | None, app_filter: str | None,
                 "drill": drills.get(inst.host),
                 "last_operation": operation_view(latest, with_steps=False) if latest else None,
             })
+        rollout = store.rollouts.latest_rollout(app.name)
         out.append({
             "name": app.name,
             "release": releases[0].label if releases else None,
+            # Where its latest rollout stands, while it may still act (running, paused,
+            # halted): a fleet on two releases says so, and why.
+            "rollout": ({"release": f"v{rollout.release}", "state": rollout.state.value,
+                         "cohort": rollout.cohort + 1, "cohorts": len(rollout.cohorts),
+                         "reason": rollout.reason}
+                        if rollout is not None and rollout.state in OPEN_ROLLOUTS else None),
             "instances": instances,
             "builds": [
                 {"digest": b.digest, "good": b.good, "pinned": (b.app, b.digest) in pinned}

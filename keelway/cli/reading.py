@@ -82,6 +82,12 @@ def status(app: str | None, as_json: bool) -> None:
         table(f"{item['name']} ({newest or 'no release'})",
               ["instance", "state", "release", "service", "gen", "pid", "port", "process"],
               rows)
+        rollout = item.get("rollout")
+        if rollout:
+            click.echo(f"rollout of {rollout['release']}: {rollout['state']} at cohort "
+                       f"{rollout['cohort']} of {rollout['cohorts']}"
+                       + (f" ({rollout['reason']})" if rollout["reason"] else "")
+                       + f"; `keelway rollout status {item['name']}`")
         for note in notes:
             click.echo(note)
     for left in data["leftovers"]:

@@ -362,8 +362,15 @@ class Deployer:
             failed = journal.in_state(HostState.FAILED)
             if failed:
                 self.store.rollouts.mark_rollout_hosts(journal.id, failed, HostState.PENDING)
+            journal = settle_rolling(self.store, journal)
+            # A cohort whose every instance took the release stopped on its figures (or
+            # a pause): a person's resume goes on past them, to the next cohort.
+            cohort = journal.cohort
+            if cohort + 1 < len(journal.cohorts) and all(
+                    h.state is HostState.ROLLED for h in journal.hosts if h.cohort == cohort):
+                cohort += 1
             journal = self.store.rollouts.move_rollout(
-                settle_rolling(self.store, journal), RolloutState.RUNNING, reason=None,
+                journal, RolloutState.RUNNING, cohort=cohort, reason=None,
                 figures=journal.figures)
             return await self._drive(journal, rollout)
 

@@ -147,9 +147,9 @@ class Rollouts:
                          f"{'' if len(todo) == 1 else 's'}"
                          + (" (parked: the release waits for their wake)"
                             if not cohort.judged else ""))
-                failed = await self._attempt_cohort(journal, todo, spec, attempt, released)
-                if failed is not None:
-                    return self._end(journal, RolloutState.HALTED, failed)
+                stopped = await self._attempt_cohort(journal, todo, spec, attempt, released)
+                if stopped is not None:
+                    return self._end(journal, *stopped)
             if gates:
                 journal = await self._bake(journal, n, cohort, spec, before)
                 if journal.state is not RolloutState.RUNNING:
@@ -158,10 +158,12 @@ class Rollouts:
 
     async def _attempt_cohort(self, journal: RolloutJournal, todo: list[str],
                               spec: RolloutSpec, attempt: AttemptHost,
-                              released: ReleaseWritten) -> str | None:
+                              released: ReleaseWritten) -> tuple[RolloutState, str] | None:
         """Every host of `todo` attempted, at most `spec.parallel` at once (one at a time
-        until the release row is written); each one's state journaled. Why the cohort
-        failed (its first failed host), or None."""
+        until the release row is written); each one's state journaled. None if all took
+        the release; else how the rollout ends and why: SUPERSEDED when a newer schedule
+        made an attempt stand down (the newer release's rollout takes over), HALTED
+        with the first failed host otherwise."""
         failpoints.hit("rollout.hosts.before")
         self.store.rollouts.mark_rollout_hosts(journal.id, todo, HostState.ROLLING)
         failpoints.hit("rollout.hosts.after")
@@ -195,7 +197,10 @@ class Rollouts:
         if not failed:
             return None
         first = failed[0]
-        return f"{first}: {results[first].reason or results[first].outcome.value}"
+        said = f"{first}: {results[first].reason or results[first].outcome.value}"
+        if any(results[h].outcome is Outcome.SUPERSEDED for h in failed):
+            return RolloutState.SUPERSEDED, said
+        return RolloutState.HALTED, said
 
     async def _bake(self, journal: RolloutJournal, n: int, cohort: RolloutCohort,
                     spec: RolloutSpec, before: ResponseCounts | None) -> RolloutJournal:
