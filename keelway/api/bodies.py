@@ -20,6 +20,7 @@ class DeployBody(msgspec.Struct, forbid_unknown_fields=True):
     key: str | None = None
     mode: str | None = None
     dry_run: bool = False  # answer the build and the plans it would run; change nothing
+    rollout: dict[str, str] = {}  # this release's [rollout] keys (`--rollout K=V`)
 
     def check(self) -> None:
         names.APP.check(self.app)
@@ -38,6 +39,7 @@ class ConfigBody(msgspec.Struct, forbid_unknown_fields=True):
     unset: list[str] = []
     key: str | None = None
     dry_run: bool = False  # answer the plan it would run; change nothing
+    rollout: dict[str, str] = {}  # this release's [rollout] keys (`--rollout K=V`)
 
     def changes(self) -> dict[str, str | None]:
         """The checked changes, None for an unset (a name both unset and set is set)."""
@@ -54,6 +56,7 @@ class RollbackBody(msgspec.Struct, forbid_unknown_fields=True):
     to: int | None = None
     key: str | None = None
     dry_run: bool = False  # answer the plan it would run; change nothing
+    rollout: dict[str, str] = {}  # this release's [rollout] keys (`--rollout K=V`)
 
 
 class InstanceBody(msgspec.Struct, forbid_unknown_fields=True):

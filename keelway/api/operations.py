@@ -25,10 +25,10 @@ from keelway.api.plans import deploy_plan_response, plan_response
 from keelway.builds import cache as deps_cache
 from keelway.builds import gc as builds_gc
 from keelway.builds.errors import BuildCommandError, BuildError
-from keelway.builds.manifest import Mode
+from keelway.builds.manifest import Manifest, Mode
 from keelway.builds.preview import preview
 from keelway.builds.stage import StagedBuild, stage
-from keelway.deploy.deployer import Deployer, InstanceResult
+from keelway.deploy.deployer import Deployer, InstanceResult, rollout_spec
 from keelway.deploy.errors import OperationError, UserError
 from keelway.deploy.outcome import Progress
 from keelway.deploy.restore import Restore
@@ -133,6 +133,7 @@ class Operations:
     async def deploy(self, request: web.Request) -> web.StreamResponse:
         body: bodies.DeployBody = await read_body(request, bodies.DeployBody)
         body.check()
+        _check_rollout(body.rollout)
         mode = _mode(body.mode)
         source = Path(body.source)
         if not source.is_absolute():
@@ -157,7 +158,7 @@ class Operations:
             results = await self.deployer.deploy(body.app, staged.digest, staged.path,
                                                  body.hosts, progress, key=body.key,
                                                  request_digest=digest, mode=mode,
-                                                 source=origin)
+                                                 source=origin, rollout=body.rollout)
             return {"app": body.app, "build": staged.digest,
                     "instances": self._instances_view(results)}
 
@@ -207,6 +208,7 @@ class Operations:
         name = app_name(self.store, request)
         body: bodies.ConfigBody = await read_body(request, bodies.ConfigBody)
         changes = body.changes()
+        _check_rollout(body.rollout)
         if not changes:
             raise UserError("nothing to change", hint="give K=V to set or K to unset")
         # The whole resulting config, checked before the answer starts streaming, so a
@@ -217,7 +219,8 @@ class Operations:
         digest = _digest(f"config {name}", body)
 
         async def work(progress: Progress) -> dict[str, Any]:
-            results = await self.deployer.set_config(name, changes, progress, body.key, digest)
+            results = await self.deployer.set_config(name, changes, progress, body.key, digest,
+                                                     body.rollout)
             return {"app": name, "changed": sorted(changes),
                     "instances": self._instances_view(results)}
 
@@ -227,12 +230,14 @@ class Operations:
     async def rollback(self, request: web.Request) -> web.StreamResponse:
         name = app_name(self.store, request)
         body: bodies.RollbackBody = await read_body(request, bodies.RollbackBody)
+        _check_rollout(body.rollout)
         if body.dry_run:
             return plan_response(*self.deployer.dry_rollback(name, body.to))
         digest = _digest(f"rollback {name}", body)
 
         async def work(progress: Progress) -> dict[str, Any]:
-            results = await self.deployer.rollback(name, body.to, progress, body.key, digest)
+            results = await self.deployer.rollback(name, body.to, progress, body.key, digest,
+                                                   body.rollout)
             return {"app": name, "instances": self._instances_view(results)}
 
         return await self._operation(request, name, "rollback", body.key, digest, work)
@@ -397,6 +402,13 @@ class Operations:
                                   "dry_run": body.dry_run})
 
 
+def _check_rollout(pairs: dict[str, str]) -> None:
+    """A request's `--rollout` keys, checked before anything begins (a 400 that changed
+    nothing); the release's own manifest is laid under them once it is known."""
+    if pairs:
+        rollout_spec(Manifest({}), pairs)
+
+
 def rollout_view(journal: RolloutJournal) -> dict[str, Any]:
     """A rollout as `rollout status` shows it: where it stands, each instance's place,
     and the figures its last judged cohort was judged on."""
@@ -406,6 +418,7 @@ def rollout_view(journal: RolloutJournal) -> dict[str, Any]:
             "kind": journal.kind.value, "state": journal.state.value,
             "cohort": journal.cohort + 1, "cohorts": len(journal.cohorts),
             "reason": journal.reason, "figures": figures,
+            "overrides": dict(journal.overrides),
             "created_at": journal.created_at, "updated_at": journal.updated_at,
             "instances": [{"host": h.host, "cohort": h.cohort + 1, "state": h.state.value,
                            "reason": h.reason, "judged": journal.cohorts[h.cohort].judged}

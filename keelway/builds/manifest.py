@@ -27,9 +27,11 @@ Rules:
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from fractions import Fraction
@@ -404,11 +406,49 @@ def _releases_keep(keep: int | None) -> int:
     return keep
 
 
-def _rollout(table: _RolloutTable | None) -> RolloutSpec:
+# `--rollout KEY=VALUE` on deploy, config and rollback: which keys, and which field of
+# RolloutSpec each one sets.
+ROLLOUT_KEYS: dict[str, str] = {"canary": "canary", "cohorts": "cohorts",
+                                "parallel": "parallel", "bake": "bake_s",
+                                "max_5xx": "max_5xx", "on_no_traffic": "on_no_traffic"}
+
+
+def overlay_rollout(spec: RolloutSpec, pairs: Mapping[str, str]) -> RolloutSpec:
+    """`spec` (an app's `[rollout]`) with the keys of `pairs` in its place: one release's
+    `--rollout KEY=VALUE`, each value as keelway.toml writes it (`cohorts` comma
+    separated), checked by the same rules; ManifestError naming the key otherwise."""
+    if not pairs:
+        return spec
+    unknown = sorted(set(pairs) - set(ROLLOUT_KEYS))
+    if unknown:
+        raise ManifestError(f"--rollout {unknown[0]}: not a key of [rollout] (one of "
+                            f"{', '.join(ROLLOUT_KEYS)})")
+    raw: dict[str, object] = {}
+    for key, value in pairs.items():
+        if key == "cohorts":
+            raw[key] = [_count_or_text(v.strip()) for v in value.split(",")]
+        elif key in ("canary", "max_5xx", "parallel"):
+            raw[key] = _count_or_text(value.strip())
+        else:
+            raw[key] = value.strip()
+    try:
+        table = msgspec.convert(raw, type=_RolloutTable)
+    except msgspec.ValidationError as exc:
+        raise ManifestError(f"--rollout{_where(str(exc))}") from exc
+    given = _rollout(table, "--rollout")
+    return dataclasses.replace(spec, **{ROLLOUT_KEYS[k]: getattr(given, ROLLOUT_KEYS[k])
+                                        for k in pairs})
+
+
+def _count_or_text(value: str) -> int | str:
+    return int(value) if value.isdigit() else value
+
+
+def _rollout(table: _RolloutTable | None, where: str = f"{CONFIG_FILE} [rollout]"
+             ) -> RolloutSpec:
     default = RolloutSpec()
     if table is None:
         return default
-    where = f"{CONFIG_FILE} [rollout]"
     canary = default.canary
     if table.canary is not None:
         canary = _amount(table.canary, f"{where} canary", "a number of instances")

@@ -55,6 +55,24 @@ def run_operation(path: str, body: dict[str, Any], as_json: bool, what: str,
 
 key_option = click.option("--key", default=None,
                           help="Idempotency key: a repeat replays the recorded outcome.")
+rollout_option = click.option(
+    "--rollout", "rollout", multiple=True, metavar="KEY=VALUE",
+    help="This release's [rollout] key over keelway.toml's (canary, cohorts, parallel, "
+         "bake, max_5xx, on_no_traffic; repeatable; cohorts comma separated).")
+
+
+def rollout_pairs(pairs: tuple[str, ...], as_json: bool) -> dict[str, str]:
+    """`--rollout KEY=VALUE`s as the API takes them; the daemon checks the values."""
+    found: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            message, hint = f"--rollout {pair!r} is not KEY=VALUE", "like --rollout parallel=16"
+            if as_json:
+                fail_json("bad-request", message, hint)
+            fail(message, hint)
+        found[key.strip()] = value
+    return found
 
 
 @cli.command()
@@ -65,12 +83,14 @@ key_option = click.option("--key", default=None,
 @click.option("--git", "use_git", is_flag=True, help="Deploy SOURCE's git HEAD, not its files.")
 @click.option("--mode", type=click.Choice(["overlap", "hold"]), default=None,
               help="Swap every service this way (default: per service, from keelway.toml).")
+@rollout_option
 @key_option
 @dry_run_option
 @json_option
 @api_call
 def deploy(app: str, source: str, hosts: tuple[str, ...], ref: str | None, use_git: bool,
-           mode: str | None, key: str | None, dry_run: bool, as_json: bool) -> None:
+           mode: str | None, rollout: tuple[str, ...], key: str | None, dry_run: bool,
+           as_json: bool) -> None:
     """Build SOURCE (a directory, tarball or git repo) and release it to APP.
 
     With --dry-run: the build it would stage (or reuse) and each instance's plan; nothing
@@ -82,7 +102,7 @@ def deploy(app: str, source: str, hosts: tuple[str, ...], ref: str | None, use_g
             fail_json("bad-request", message, hint)
         fail(message, hint)
     body = {"app": app, "source": str(path), "hosts": list(hosts), "ref": ref, "git": use_git,
-            "key": key, "mode": mode}
+            "key": key, "mode": mode, "rollout": rollout_pairs(rollout, as_json)}
     if dry_run:
         return dry_run_operation("/v1/deploy", body, as_json)
     run_operation("/v1/deploy", body, as_json, f"deployed {app}", app)
@@ -106,11 +126,12 @@ def restart(app: str, instance: str | None, key: str | None, dry_run: bool,
 @cli.command()
 @click.argument("app")
 @click.argument("release", required=False)
+@rollout_option
 @key_option
 @dry_run_option
 @api_command
-def rollback(app: str, release: str | None, key: str | None, dry_run: bool,
-             as_json: bool) -> None:
+def rollback(app: str, release: str | None, rollout: tuple[str, ...], key: str | None,
+             dry_run: bool, as_json: bool) -> None:
     """Release the build and config of an older release (default: the one before)."""
     number: int | None = None
     if release is not None:
@@ -123,8 +144,9 @@ def rollback(app: str, release: str | None, key: str | None, dry_run: bool,
         number = int(digits)
     if dry_run:
         return dry_run_operation(f"/v1/apps/{app}/rollback", {"to": number}, as_json)
-    run_operation(f"/v1/apps/{app}/rollback", {"to": number, "key": key}, as_json,
-                  f"rolled back {app}", app)
+    run_operation(f"/v1/apps/{app}/rollback",
+                  {"to": number, "key": key, "rollout": rollout_pairs(rollout, as_json)},
+                  as_json, f"rolled back {app}", app)
 
 
 class _ConfigGroup(click.Group):
@@ -202,12 +224,13 @@ def _dry_config(app: str, instance: str | None, body: dict[str, Any],
 
 def _change_options(func: Callable[..., None]) -> Callable[..., None]:
     """What `config set` and `config unset` both take: the group's (APP, --instance),
-    --key, --dry-run and --json."""
-    return key_option(dry_run_option(click.pass_obj(api_command(func))))
+    --rollout, --key, --dry-run and --json."""
+    return rollout_option(key_option(dry_run_option(click.pass_obj(api_command(func)))))
 
 
 def _change(obj: tuple[str, str | None], change: dict[str, Any], said: str,
-            key: str | None, dry_run: bool, as_json: bool) -> None:
+            key: str | None, dry_run: bool, as_json: bool,
+            rollout: tuple[str, ...] = ()) -> None:
     """A set or an unset: a dry run plans the app's config release; with --instance the
     instance's own vars change (it restarts per mode); else the app's config is released
     as an operation."""
@@ -215,28 +238,37 @@ def _change(obj: tuple[str, str | None], change: dict[str, Any], said: str,
     if dry_run:
         return _dry_config(app, instance, change, as_json)
     if instance is not None:
+        if rollout:
+            message, hint = ("--rollout is for an app's release, not one instance's vars",
+                             "drop --rollout or --instance")
+            if as_json:
+                fail_json("bad-request", message, hint)
+            fail(message, hint)
         return _instance_config(app, instance, change, as_json, f"{said} on {instance}")
-    run_operation(f"/v1/apps/{app}/config", change | {"key": key}, as_json,
+    run_operation(f"/v1/apps/{app}/config",
+                  change | {"key": key, "rollout": rollout_pairs(rollout, as_json)}, as_json,
                   f"{said} on {app}", app)
 
 
 @config.command("set")
 @click.argument("pairs", nargs=-1, required=True)
 @_change_options
-def config_set(obj: tuple[str, str | None], pairs: tuple[str, ...], key: str | None,
-               dry_run: bool, as_json: bool) -> None:
+def config_set(obj: tuple[str, str | None], pairs: tuple[str, ...], rollout: tuple[str, ...],
+               key: str | None, dry_run: bool, as_json: bool) -> None:
     """Set K=V (a new release; processes restart per mode)."""
     values = config_pairs(pairs, as_json)
-    _change(obj, {"set": values}, f"set {', '.join(values)}", key, dry_run, as_json)
+    _change(obj, {"set": values}, f"set {', '.join(values)}", key, dry_run, as_json, rollout)
 
 
 @config.command("unset")
 @click.argument("names", nargs=-1, required=True)
 @_change_options
-def config_unset(obj: tuple[str, str | None], names: tuple[str, ...], key: str | None,
-                 dry_run: bool, as_json: bool) -> None:
+def config_unset(obj: tuple[str, str | None], names: tuple[str, ...],
+                 rollout: tuple[str, ...], key: str | None, dry_run: bool,
+                 as_json: bool) -> None:
     """Remove config vars (a new release)."""
-    _change(obj, {"unset": list(names)}, f"unset {', '.join(names)}", key, dry_run, as_json)
+    _change(obj, {"unset": list(names)}, f"unset {', '.join(names)}", key, dry_run, as_json,
+            rollout)
 
 
 @cli.command()

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from keelway import failpoints, names
-from keelway.builds.manifest import Manifest, Mode, load_manifest
+from keelway.builds.errors import ManifestError
+from keelway.builds.manifest import Manifest, Mode, RolloutSpec, load_manifest, overlay_rollout
 from keelway.builds.preview import BuildPreview
 from keelway.deploy import targets
 from keelway.deploy.attempt import Attempt
@@ -93,6 +94,8 @@ class Intent:
     # The build's manifest, read before it is staged (a dry-run deploy's); None: read
     # from `build_path`.
     manifest: Manifest | None = None
+    # This release's `--rollout KEY=VALUE`, over the app's [rollout].
+    rollout: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -160,16 +163,19 @@ class Deployer:
                      progress: Progress = _quiet, key: str | None = None,
                      request_digest: str | None = None,
                      mode: Mode | None = None,
-                     source: dict[str, str] | None = None) -> list[InstanceResult]:
+                     source: dict[str, str] | None = None,
+                     rollout: Mapping[str, str] | None = None) -> list[InstanceResult]:
         """Release a staged build to every instance of `app` (and to new `hosts`);
-        `source` says where the build was staged from (`keelway releases` shows it)."""
+        `source` says where the build was staged from (`keelway releases` shows it);
+        `rollout`, this release's own [rollout] keys."""
         every, _added = self._deploy_hosts(app, hosts)
         self.store.apps.ensure_app(app)
         for host in every:
             self.store.instances.ensure_instance(host, app)
         self.store.builds.record_build(app, build_digest, str(build_path), source)
-        return await self._rollout(self._deploy_intent(
-            app, build_digest, build_path, every, progress, key, request_digest, mode))
+        intent = self._deploy_intent(app, build_digest, build_path, every, progress, key,
+                                     request_digest, mode)
+        return await self._rollout(dataclasses.replace(intent, rollout=rollout or {}))
 
     def dry_deploy(self, app: str, build: BuildPreview, hosts: list[str],
                    mode: Mode | None = None) -> DeployPlan:
@@ -206,9 +212,12 @@ class Deployer:
 
     async def set_config(self, app: str, changes: dict[str, str | None],
                          progress: Progress = _quiet, key: str | None = None,
-                         request_digest: str | None = None) -> list[InstanceResult]:
+                         request_digest: str | None = None,
+                         rollout: Mapping[str, str] | None = None) -> list[InstanceResult]:
         """A new release with changed config vars (None unsets); restarts per mode."""
         intent = self._config_intent(app, changes, progress, key, request_digest)
+        if intent is not None:
+            intent = dataclasses.replace(intent, rollout=rollout or {})
         if intent is None:
             # `apps create`, then config before the first deploy: nothing runs yet, so
             # there is nothing to roll out; the first deploy's release carries it.
@@ -253,12 +262,12 @@ class Deployer:
         return config
 
     async def rollback(self, app: str, to: int | None, progress: Progress = _quiet,
-                       key: str | None = None,
-                       request_digest: str | None = None) -> list[InstanceResult]:
+                       key: str | None = None, request_digest: str | None = None,
+                       rollout: Mapping[str, str] | None = None) -> list[InstanceResult]:
         """A new release with the build and config of an older one (default: the one
         before the latest)."""
-        return await self._rollout(self._rollback_intent(app, to, progress, key,
-                                                         request_digest))
+        intent = self._rollback_intent(app, to, progress, key, request_digest)
+        return await self._rollout(dataclasses.replace(intent, rollout=rollout or {}))
 
     def dry_rollback(self, app: str, to: int | None) -> list[Plan]:
         return self._dry_rollout(self._rollback_intent(app, to, _quiet, None, None))
@@ -299,12 +308,14 @@ class Deployer:
                       and inst.state is InstanceState.PARKED]
             awake = [h for h in intent.hosts if h not in parked]
             releases = self.store.builds.list_releases(intent.app)
+            spec = rollout_spec(rollout.target.manifest, intent.rollout)
             journal = begin_rollout(self.store, intent.app, rollout.target.release,
                                     releases[0].number if releases else None, intent.kind,
-                                    awake, parked, rollout.target.manifest.rollout)
-            return await self._drive(journal, rollout)
+                                    awake, parked, spec, intent.rollout)
+            return await self._drive(journal, rollout, spec)
 
-    async def _drive(self, journal: RolloutJournal, rollout: Rollout) -> list[InstanceResult]:
+    async def _drive(self, journal: RolloutJournal, rollout: Rollout,
+                     spec: RolloutSpec) -> list[InstanceResult]:
         """Carry the journaled rollout on with `rollout`'s attempts (the app's lock
         held); its results by host, or AppFailed when it stopped short of done."""
         results: dict[str, InstanceResult] = {}
@@ -321,7 +332,7 @@ class Deployer:
                                            result.generations)
             return result
 
-        ended = await self.rollouts.drive(journal, rollout.target.manifest.rollout, attempt,
+        ended = await self.rollouts.drive(journal, spec, attempt,
                                           lambda: now.release is None, rollout.progress)
         if ended.state is not RolloutState.DONE:
             raise AppFailed(
@@ -372,7 +383,7 @@ class Deployer:
             journal = self.store.rollouts.move_rollout(
                 journal, RolloutState.RUNNING, cohort=cohort, reason=None,
                 figures=journal.figures)
-            return await self._drive(journal, rollout)
+            return await self._drive(journal, rollout, self._spec_of(journal, rollout))
 
     async def abort_rollout(self, app: str,
                             progress: Progress = _quiet) -> list[InstanceResult]:
@@ -432,7 +443,8 @@ class Deployer:
                     self.store.rollouts.move_rollout(fresh, RolloutState.HALTED,
                                                      reason=exc.message)
                     return None
-                return await self._drive(settle_rolling(self.store, fresh), rollout)
+                return await self._drive(settle_rolling(self.store, fresh), rollout,
+                                         self._spec_of(fresh, rollout))
         except OperationError as exc:
             log.warning("rollout of %s v%d after the restart: %s", journal.app,
                         journal.release, exc.message)
@@ -457,6 +469,12 @@ class Deployer:
             raise UserError(f"the build of v{number} is no longer staged",
                             hint="deploy its source again")
         return Target.load(app, number, release.build_digest, build, dict(release.config))
+
+    @staticmethod
+    def _spec_of(journal: RolloutJournal, rollout: Rollout) -> RolloutSpec:
+        """How a rollout carried on is judged: as it began, its release's [rollout]
+        with the overrides it was given."""
+        return rollout_spec(rollout.target.manifest, dict(journal.overrides))
 
     def _resumable(self, journal: RolloutJournal, progress: Progress) -> Rollout:
         """The rollout `journal` records, as its attempts need it again: its release
@@ -794,3 +812,12 @@ def _respawn(deployer: Deployer, request: HostRequest, _step: PlannedStep) -> Bo
 START: Spec[HostRequest, Deployer] = Spec(
     OpKind.START, plan_start, {"in-service": _in_service, "respawn": _respawn},
     fence_verb="start", converge_after=True, after=_link_current)
+
+
+def rollout_spec(manifest: Manifest, overrides: Mapping[str, str]) -> RolloutSpec:
+    """How a release rolls out: its manifest's [rollout] with `overrides` (`--rollout
+    KEY=VALUE`) over it; a bad override is the user's (UserError), nothing begun."""
+    try:
+        return overlay_rollout(manifest.rollout, overrides)
+    except ManifestError as exc:
+        raise UserError(str(exc), hint="see docs/app-contract.md#rollouts") from None

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from keelway import failpoints
@@ -68,12 +68,15 @@ WAIT_LOOK_S = 1.0
 
 
 def begin_rollout(store: Store, app: str, release: int, previous: int | None, kind: OpKind,
-          awake: Sequence[str], parked: Sequence[str], spec: RolloutSpec) -> RolloutJournal:
-    """The rollout journaled, its cohorts planned from `spec` (parked instances last,
-    unjudged); every open rollout of `app` superseded in the same write."""
+                  awake: Sequence[str], parked: Sequence[str], spec: RolloutSpec,
+                  overrides: Mapping[str, str] | None = None) -> RolloutJournal:
+    """The rollout journaled, its cohorts planned from `spec` (the app's [rollout] with
+    the release's `overrides` over it; parked instances last, unjudged); every open
+    rollout of `app` superseded in the same write."""
     cohorts = [RolloutCohort(c.hosts, c.judged) for c in plan_cohorts(awake, parked, spec)]
     failpoints.hit("rollout.begin.before")
-    journal = store.rollouts.begin_rollout(app, release, previous, kind, cohorts)
+    journal = store.rollouts.begin_rollout(app, release, previous, kind, cohorts,
+                                           sorted((overrides or {}).items()))
     failpoints.hit("rollout.begin.after")
     return journal
 

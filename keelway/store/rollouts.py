@@ -90,6 +90,9 @@ class RolloutJournal(msgspec.Struct, frozen=True):
     kind: OpKind
     state: RolloutState
     cohorts: tuple[RolloutCohort, ...]
+    # The release's own `--rollout KEY=VALUE` over the app's [rollout], as given: a
+    # resume judges by them again.
+    overrides: tuple[tuple[str, str], ...]
     cohort: int
     hosts: tuple[RolloutHost, ...]
     reason: str | None
@@ -107,6 +110,7 @@ class RolloutJournal(msgspec.Struct, frozen=True):
 
 _cohorts = msgspec.json.Decoder(tuple[RolloutCohort, ...])
 _figures = msgspec.json.Decoder(Figures)
+_overrides = msgspec.json.Decoder(tuple[tuple[str, str], ...])
 
 
 class SqliteRollouts:
@@ -116,7 +120,8 @@ class SqliteRollouts:
         self.db = db
 
     def begin_rollout(self, app: str, release: int, previous: int | None, kind: OpKind,
-                      cohorts: Sequence[RolloutCohort]) -> RolloutJournal:
+                      cohorts: Sequence[RolloutCohort],
+                      overrides: Sequence[tuple[str, str]] = ()) -> RolloutJournal:
         now = self.db.clock.now()
         with self.db.tx(f"begin the rollout of release {release} of {app}") as c:
             open_ = ", ".join("?" for _ in OPEN)
@@ -125,10 +130,11 @@ class SqliteRollouts:
                       (RolloutState.SUPERSEDED.value, f"release {release} superseded it",
                        now, app, *(s.value for s in OPEN)))
             cur = c.execute(
-                "INSERT INTO rollouts(app, release, previous, kind, state, cohorts, cohort, "
-                "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, 0, ?, ?)",
+                "INSERT INTO rollouts(app, release, previous, kind, state, cohorts, overrides, "
+                "cohort, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, ?)",
                 (app, release, previous, kind.value, RolloutState.RUNNING.value,
-                 msgspec.json.encode(tuple(cohorts)).decode(), now, now))
+                 msgspec.json.encode(tuple(cohorts)).decode(),
+                 msgspec.json.encode(tuple(overrides)).decode(), now, now))
             rollout_id = int(cur.lastrowid or 0)
             c.executemany(
                 "INSERT INTO rollout_hosts(rollout_id, host, cohort, seq, state) "
@@ -183,6 +189,7 @@ class SqliteRollouts:
                                   "ORDER BY seq", r["id"]))
         return RolloutJournal(
             r["id"], r["app"], r["release"], r["previous"], OpKind(r["kind"]),
-            RolloutState(r["state"]), _cohorts.decode(r["cohorts"]), r["cohort"], hosts,
+            RolloutState(r["state"]), _cohorts.decode(r["cohorts"]),
+            _overrides.decode(r["overrides"]), r["cohort"], hosts,
             r["reason"], _figures.decode(r["figures"]) if r["figures"] else None,
             r["created_at"], r["updated_at"], r["version"])

@@ -323,6 +323,7 @@ MIGRATIONS: list[str] = [
         kind TEXT NOT NULL,
         state TEXT NOT NULL,
         cohorts TEXT NOT NULL,
+        overrides TEXT NOT NULL DEFAULT '[]',
         cohort INTEGER NOT NULL DEFAULT 0,
         reason TEXT,
         figures TEXT,

@@ -499,9 +499,11 @@ class RolloutStore(Protocol):
     (keelway/store/rollouts.py)."""
 
     def begin_rollout(self, app: str, release: int, previous: int | None, kind: OpKind,
-                      cohorts: Sequence[RolloutCohort]) -> RolloutJournal:
-        """A RUNNING rollout at its first cohort, every host PENDING; every rollout of
-        the app that has not ended is SUPERSEDED in the same write."""
+                      cohorts: Sequence[RolloutCohort],
+                      overrides: Sequence[tuple[str, str]] = ()) -> RolloutJournal:
+        """A RUNNING rollout at its first cohort, every host PENDING, with the release's
+        own `--rollout` `overrides`; every rollout of the app that has not ended is
+        SUPERSEDED in the same write."""
         ...
 
     def get_rollout(self, rollout_id: int) -> RolloutJournal | None: ...

@@ -26,7 +26,8 @@ class MemoryRollouts:
         self._db = db
 
     def begin_rollout(self, app: str, release: int, previous: int | None, kind: OpKind,
-                      cohorts: Sequence[RolloutCohort]) -> RolloutJournal:
+                      cohorts: Sequence[RolloutCohort],
+                      overrides: Sequence[tuple[str, str]] = ()) -> RolloutJournal:
         now = self._db.clock.now()
         with self._db.write() as t:
             for old in list(t.rollouts.values()):
@@ -39,7 +40,8 @@ class MemoryRollouts:
             hosts = tuple(RolloutHost(host, n, HostState.PENDING)
                           for n, cohort in enumerate(cohorts) for host in cohort.hosts)
             journal = RolloutJournal(t.last_rollout, app, release, previous, kind,
-                                     RolloutState.RUNNING, tuple(cohorts), 0, hosts, None,
+                                     RolloutState.RUNNING, tuple(cohorts),
+                                     tuple((k, v) for k, v in overrides), 0, hosts, None,
                                      None, now, now, 1)
             t.rollouts[journal.id] = journal
             return journal

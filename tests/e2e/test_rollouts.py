@@ -186,3 +186,21 @@ def test_a_newer_release_supersedes_a_rollout_under_way(kw: Keelway, tmp_path: P
     rollouts = _status(kw)
     assert (rollouts["release"], rollouts["state"]) == ("v3", "done")
     assert set(_releases(kw).values()) == {"v3"}
+
+
+def test_a_releases_own_rollout_keys_shape_its_cohorts_and_a_bad_one_changes_nothing(
+        kw: Keelway, tmp_path: Path) -> None:
+    _deployed(kw, _app(tmp_path, "a"))
+    before = kw.store_dump()
+    refused = kw.run("config", "shop", "set", "GREETING=hi", "--rollout", "cohorts=50%",
+                     "--json")
+    assert refused.code == 1 and refused.json()["error"]["code"] == "bad-request"
+    assert "--rollout cohorts" in refused.json()["error"]["message"]
+    assert kw.run("config", "shop", "set", "GREETING=hi", "--rollout", "parallel").code == 1
+    assert kw.store_dump() == before and _status(kw)["release"] == "v1"
+    kw.ok("config", "shop", "set", "GREETING=hi", "--rollout", "canary=2",
+          "--rollout", "cohorts=50%,100%", "--rollout", "parallel=4", timeout_s=240)
+    rollout = _status(kw)
+    assert rollout["overrides"] == {"canary": "2", "cohorts": "50%,100%", "parallel": "4"}
+    assert [i["cohort"] for i in rollout["instances"]] == [1] * 2 + [2] * 8 + [3] * 10
+    assert set(_releases(kw).values()) == {"v2"}

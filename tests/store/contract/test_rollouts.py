@@ -92,9 +92,13 @@ def test_a_move_swaps_on_the_version_keeps_its_cohort_unless_told_and_keeps_figu
 def test_a_rollout_is_read_again_whole_by_a_store_opened_again(
         open_store: OpenStore) -> None:
     first = open_store()
-    began = first.rollouts.begin_rollout("shop", 3, None, OpKind.ROLLBACK, COHORTS)
+    began = first.rollouts.begin_rollout("shop", 3, None, OpKind.ROLLBACK, COHORTS,
+                                         [("bake", "10s"), ("parallel", "2")])
+    assert began.overrides == (("bake", "10s"), ("parallel", "2"))
     first.rollouts.mark_rollout_hosts(began.id, ["a.test"], HostState.ROLLED)
     again = open_store()
     read = again.rollouts.get_rollout(began.id)
     assert read is not None and read.in_state(HostState.ROLLED) == ["a.test"]
     assert read.kind is OpKind.ROLLBACK and read.previous is None
+    assert read.overrides == began.overrides and read == began.__class__(
+        **{**{f: getattr(began, f) for f in began.__struct_fields__}, "hosts": read.hosts})
