@@ -380,6 +380,10 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     home.api_socket.unlink(missing_ok=True)
     parts.passes.close()
     await parts.restarts.close()
+    # A rollout carried on since boot stops where it stands: its journal keeps it
+    # RUNNING, and the next boot carries it on again.
+    for task in list(deployer.resuming):
+        task.cancel()
     if not keep_apps:
         await _stop_all(store, supervisor, parts.keeper.replicas)
     await supervisor.shutdown()

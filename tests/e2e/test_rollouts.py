@@ -204,3 +204,27 @@ def test_a_releases_own_rollout_keys_shape_its_cohorts_and_a_bad_one_changes_not
     assert rollout["overrides"] == {"canary": "2", "cohorts": "50%,100%", "parallel": "4"}
     assert [i["cohort"] for i in rollout["instances"]] == [1] * 2 + [2] * 8 + [3] * 10
     assert set(_releases(kw).values()) == {"v2"}
+
+
+def test_a_paused_rollout_stops_before_its_next_cohort_and_resumes_from_there(
+        kw: Keelway, tmp_path: Path) -> None:
+    _deployed(kw, _app(tmp_path, "a"))
+    slow = _app(tmp_path, "slow", 'bake = "2s"\n')
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        running = pool.submit(kw.run, "deploy", "shop", str(slow), timeout_s=240)
+        deadline = time.monotonic() + 60  # until the canary took it and bakes
+        while time.monotonic() < deadline and not (
+                (now := _status(kw))["release"] == "v2"
+                and now["instances"][0]["state"] == "rolled"):
+            time.sleep(0.05)
+        paused = kw.ok("rollout", "pause", "shop", "--json").json()["rollout"]
+        assert paused["state"] == "paused"
+        stopped = running.result()
+    assert stopped.code == 1 and "the rollout is paused" in stopped.err, stopped.err
+    rollout = _status(kw)
+    assert rollout["state"] == "paused" and rollout["cohort"] in (1, 2)
+    assert kw.run("rollout", "pause", "shop").code == 1  # nothing running to pause
+    releases = _releases(kw)
+    assert releases[HOSTS[0]] == "v2" and list(releases.values()).count("v2") < 20
+    kw.ok("rollout", "resume", "shop", timeout_s=240)
+    assert _status(kw)["state"] == "done" and set(_releases(kw).values()) == {"v2"}
