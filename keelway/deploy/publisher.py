@@ -25,6 +25,7 @@ counts it as that instance.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections.abc import Mapping
@@ -143,6 +144,13 @@ class Publisher:
     def __post_init__(self) -> None:
         # What the last publish refused, so a lasting refusal is logged once, not per push.
         self._refused: dict[str, str] = {}
+        # Pushes are one at a time and shared (`publish`): how many began, and what the
+        # last one to end well applied (its version, its refusals, each host's instance)
+        # with its number.
+        self._pushing = asyncio.Lock()
+        self._began = 0
+        self._last: tuple[int, dict[str, str], dict[str, str]] = (0, {}, {})
+        self._last_number = 0
 
     def _table(self, routes: list[Route], version: int,
                ) -> tuple[rt.RouteTable, dict[str, str]]:
@@ -164,10 +172,35 @@ class Publisher:
     async def publish(self, instance: str | None = None) -> int:
         """Push the store's whole route table; returns the version the router applied.
 
+        Callers share pushes: one that began after this call read every route written
+        before it, so when one such push has ended this call returns with it, and
+        otherwise it makes one. A cohort of a rollout publishing its instances at once
+        is a few pushes of the whole table, not one per instance, and no caller returns
+        before a push that holds what it wrote.
+
         With `instance`, a route of that instance that was refused (here or by the
         router) raises RouteRefused after the push: the rest of the table is applied
         all the same. Refusals of other instances' routes are only logged.
         """
+        ticket = self._began
+        async with self._pushing:
+            if self._last_number <= ticket:  # no push begun since this call ended well
+                self._began += 1
+                number = self._began
+                self._last, self._last_number = await self._push(), number
+        version, refused, owner = self._last
+        if instance is not None:
+            mine = sorted(h for h in refused if owner.get(h, h) == instance)
+            if mine:
+                raise RouteRefused(
+                    "; ".join(f"publish route for {h!r}: {refused[h]}" for h in mine),
+                    hint="every other route was published; this one stays unrouted "
+                         "until its record is valid (see the router log)")
+        return version
+
+    async def _push(self) -> tuple[int, dict[str, str], dict[str, str]]:
+        """One push of the store's whole table: the version applied, what was refused,
+        and each routed host's instance."""
         routes = self.store.routes.list_routes()
         version = self.store.routes.next_route_table_version()
         failpoints.hit("publish.before")
@@ -190,15 +223,7 @@ class Publisher:
         failpoints.hit("publish.after")
         refused.update(applied.refused)
         self._note(refused)
-        if instance is not None:
-            owner = {route.host: route.instance for route in routes}
-            mine = sorted(h for h in refused if owner.get(h, h) == instance)
-            if mine:
-                raise RouteRefused(
-                    "; ".join(f"publish route for {h!r}: {refused[h]}" for h in mine),
-                    hint="every other route was published; this one stays unrouted "
-                         "until its record is valid (see the router log)")
-        return applied.version
+        return applied.version, refused, {route.host: route.instance for route in routes}
 
     def _note(self, refused: dict[str, str]) -> None:
         for host, why in refused.items():
