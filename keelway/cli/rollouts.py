@@ -8,6 +8,7 @@ rolled back to the release before it (issue #19, keelway/deploy/rollouts.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -21,18 +22,34 @@ def rollout() -> None:
     """Where a release's rollout stands; pause, resume or abort it."""
 
 
-@rollout.command(name="status")
-@click.argument("app")
-@api_command
-def status(app: str, as_json: bool) -> None:
-    """Where the app's latest rollout stands, instance by instance."""
-    data = client().request("GET", f"/v1/apps/{app}/rollout")
+def _on_app(name: str) -> Callable[[Callable[..., None]], click.Command]:
+    """A `rollout` subcommand on APP, with --json and the API's failures said."""
+    def made(func: Callable[..., None]) -> click.Command:
+        return rollout.command(name=name)(click.argument("app")(api_command(func)))
+
+    return made
+
+
+def _shown(method: str, path: str, as_json: bool) -> None:
+    data = client().request(method, path)
     if answered(data, as_json):
         return
     if data["rollout"] is None:
-        click.echo(f"{app} has had no rollout")
+        click.echo(f"{path.split('/')[3]} has had no rollout")
         return
     _say(data["rollout"])
+
+
+@_on_app("status")
+def status(app: str, as_json: bool) -> None:
+    """Where the app's latest rollout stands, instance by instance."""
+    _shown("GET", f"/v1/apps/{app}/rollout", as_json)
+
+
+@_on_app("pause")
+def pause(app: str, as_json: bool) -> None:
+    """Stop a running rollout before its next cohort (the cohort under way finishes)."""
+    _shown("POST", f"/v1/apps/{app}/rollout/pause", as_json)
 
 
 def _say(view: dict[str, Any]) -> None:
@@ -52,31 +69,16 @@ def _say(view: dict[str, Any]) -> None:
         click.echo(f"  {inst['cohort']:>3}  {inst['host']}{parked}  {inst['state']}{reason}")
 
 
-@rollout.command(name="pause")
-@click.argument("app")
-@api_command
-def pause(app: str, as_json: bool) -> None:
-    """Stop a running rollout before its next cohort (the cohort under way finishes)."""
-    data = client().request("POST", f"/v1/apps/{app}/rollout/pause")
-    if answered(data, as_json):
-        return
-    _say(data["rollout"])
-
-
-@rollout.command(name="resume")
-@click.argument("app")
 @key_option
-@api_command
+@_on_app("resume")
 def resume(app: str, key: str | None, as_json: bool) -> None:
     """Carry a halted or paused rollout on: its failed instances and those not begun."""
     run_operation(f"/v1/apps/{app}/rollout/resume", {"key": key}, as_json,
                   f"{app}'s rollout is done", app)
 
 
-@rollout.command(name="abort")
-@click.argument("app")
 @key_option
-@api_command
+@_on_app("abort")
 def abort(app: str, key: str | None, as_json: bool) -> None:
     """Take every instance the rollout rolled back to the release before it."""
     run_operation(f"/v1/apps/{app}/rollout/abort", {"key": key}, as_json,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,8 +62,6 @@ from keelway.store.lifecycle import GenState, InstanceState, RolloutState
 from keelway.store.records import Instance, Operation, ReleaseDraft
 from keelway.store.rollouts import HostState, RolloutJournal
 
-log = logging.getLogger("keelway.deployer")
-
 failpoints.declare("defer.before", "defer.after",
                    "service.out.before", "service.out.after", "service.in.before",
                    "service.in.after")
@@ -71,6 +69,9 @@ failpoints.declare("defer.before", "defer.after",
 
 def _quiet(_message: str) -> None:
     pass
+
+
+log = logging.getLogger("keelway.deployer")
 
 
 @dataclass(frozen=True)
@@ -282,17 +283,14 @@ class Deployer:
                 raise UserError(f"{app} has no earlier release to roll back to",
                                 hint=f"see `keelway releases {app}`")
             to = releases[1].number
-        chosen = self.store.builds.get_release(app, to)
-        if chosen is None:
+        if self.store.builds.get_release(app, to) is None:
             raise NotFoundError(f"{app} has no release v{to}",
                                 hint=f"see `keelway releases {app}`")
-        build = targets.build_path(self.store, app, chosen.build_digest)
-        if build is None:
-            raise UserError(f"the build of v{to} is no longer staged",
-                            hint="deploy its source again")
-        return Intent(app, OpKind.ROLLBACK, Cause.RELEASE, chosen.build_digest, build,
-                      dict(chosen.config), f"Rollback to v{to}", self._hosts(app), progress,
-                      key, request_digest)
+        chosen = self._release_target(app, to)
+        return Intent(app, OpKind.ROLLBACK, Cause.RELEASE, chosen.build_digest,
+                      chosen.build_path, dict(chosen.config), f"Rollback to v{to}",
+                      self._hosts(app), progress, key, request_digest,
+                      manifest=chosen.manifest)
 
     def _hosts(self, app: str) -> tuple[str, ...]:
         return tuple(i.host for i in self.store.instances.list_instances(app))
@@ -406,10 +404,8 @@ class Deployer:
             rollout = Rollout(app, OpKind.ROLLBACK, Cause.RELEASE, back, revs, None, progress,
                               None, None)
             results = []
-            for host in hosts:
-                result = await self._attempt_on(rollout, host)
-                results.append(InstanceResult(host, back.release, _said(result),
-                                              result.generations))
+            async for host, result, said in self._each(rollout, hosts):
+                results.append(said)
                 if result.outcome is not Outcome.DONE:
                     raise AppFailed(f"{host}: {result.reason}; the abort stopped here, "
                                     "the rollout is still "
@@ -529,12 +525,15 @@ class Deployer:
         revs = {host: self.store.instances.bump_schedule(host) for host in hosts}
         rollout = Rollout(app, OpKind.DEPLOY, Cause.RELEASE, target, revs, None, progress,
                           None, None)
-        results = []
+        return [said async for _host, _result, said in self._each(rollout, hosts)]
+
+    async def _each(self, rollout: Rollout, hosts: Sequence[str],
+                    ) -> AsyncIterator[tuple[str, Result, InstanceResult]]:
+        """`rollout`'s attempt on each of `hosts` in turn: how each went, and as said."""
         for host in hosts:
             result = await self._attempt_on(rollout, host)
-            results.append(InstanceResult(host, target.release, _said(result),
-                                          result.generations))
-        return results
+            yield host, result, InstanceResult(host, rollout.target.release, _said(result),
+                                               result.generations)
 
     async def restart(self, app: str, host: str | None, progress: Progress = _quiet,
                       key: str | None = None,

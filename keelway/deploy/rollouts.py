@@ -46,12 +46,11 @@ from keelway.store.rollouts import (
     RolloutJournal,
 )
 
+# Around each write: the rollout begun, a cohort's hosts marked, its move to the next
+# cohort or its judgement, and its end.
+failpoints.declare(*(f"rollout.{write}.{when}" for write in ("begin", "hosts", "cohort", "end")
+                     for when in ("before", "after")))
 log = logging.getLogger("keelway.rollouts")
-
-failpoints.declare("rollout.begin.before", "rollout.begin.after",
-                   "rollout.hosts.before", "rollout.hosts.after",
-                   "rollout.cohort.before", "rollout.cohort.after",
-                   "rollout.end.before", "rollout.end.after")
 
 # One instance's attempt of the rollout's release (keelway/deploy/deployer.py).
 AttemptHost = Callable[[str], Awaitable[Result]]

@@ -75,24 +75,6 @@ class RequestState(enum.StrEnum):
     FAILED = "failed"
 
 
-class RolloutState(enum.StrEnum):
-    """Where a release's rollout across an app's instances stands (issue #19). A
-    rollout is never silently a mixed fleet: it is done, aborted, superseded, or halted
-    or paused in the open, waiting for `rollout resume` or `rollout abort`."""
-
-    RUNNING = "running"
-    # A person asked it to stop before its next cohort; `resume` goes on from there.
-    PAUSED = "paused"
-    # A cohort failed (an instance, or its 5xx budget, or no traffic under `halt`): no
-    # new cohort starts; the instances on the release keep serving it.
-    HALTED = "halted"
-    DONE = "done"
-    # Every rolled instance was taken back to the release before (`rollout abort`).
-    ABORTED = "aborted"
-    # A newer release began its own rollout of the app.
-    SUPERSEDED = "superseded"
-
-
 _OP: dict[OpState, frozenset[OpState]] = {
     OpState.RUNNING: frozenset({OpState.SUCCEEDED, OpState.FAILED}),
     OpState.SUCCEEDED: frozenset(),
@@ -134,19 +116,31 @@ _ROUTE: dict[RouteState, frozenset[RouteState]] = {
     RouteState.PARKED: frozenset({RouteState.SERVING, RouteState.GATED, RouteState.HOLDING}),
 }
 
-# A rollout that stopped in the open (paused, halted) goes on or is aborted; any that has
-# not ended is superseded by a newer release's. Done, aborted and superseded are final.
+class RolloutState(enum.StrEnum):
+    """Where a release's rollout across an app's instances stands (issue #19). It is
+    never silently a mixed fleet: `running`; `paused` by a person before its next
+    cohort, or `halted` by a cohort that failed (an instance, its 5xx budget, or no
+    traffic under `halt`), the instances on the release serving it meanwhile, both
+    waiting for `resume` or `abort`; `done`; `aborted` (every rolled instance back on
+    the release before); `superseded` by a newer release's rollout."""
+
+    RUNNING = "running"
+    PAUSED = "paused"
+    HALTED = "halted"
+    DONE = "done"
+    ABORTED = "aborted"
+    SUPERSEDED = "superseded"
+
+
+# A rollout that has not ended may be aborted or superseded; a running one also pauses,
+# halts or ends done, and a paused or halted one runs again. Ended ones are final.
+_ENDINGS = frozenset({RolloutState.ABORTED, RolloutState.SUPERSEDED})
 _ROLLOUT: dict[RolloutState, frozenset[RolloutState]] = {
-    RolloutState.RUNNING: frozenset({RolloutState.PAUSED, RolloutState.HALTED,
-                                     RolloutState.DONE, RolloutState.ABORTED,
-                                     RolloutState.SUPERSEDED}),
-    RolloutState.PAUSED: frozenset({RolloutState.RUNNING, RolloutState.ABORTED,
-                                    RolloutState.SUPERSEDED}),
-    RolloutState.HALTED: frozenset({RolloutState.RUNNING, RolloutState.ABORTED,
-                                    RolloutState.SUPERSEDED}),
-    RolloutState.DONE: frozenset(),
-    RolloutState.ABORTED: frozenset(),
-    RolloutState.SUPERSEDED: frozenset(),
+    RolloutState.RUNNING: _ENDINGS | {RolloutState.PAUSED, RolloutState.HALTED,
+                                      RolloutState.DONE},
+    RolloutState.PAUSED: _ENDINGS | {RolloutState.RUNNING},
+    RolloutState.HALTED: _ENDINGS | {RolloutState.RUNNING},
+    **{ended: frozenset() for ended in (RolloutState.DONE, *_ENDINGS)},
 }
 
 _TABLES: dict[type[enum.Enum], dict[object, frozenset[object]]] = {
