@@ -52,6 +52,8 @@ from keelway.deploy.outcome import Outcome, Progress, Result
 from keelway.deploy.plan import describe_step, fallback_of, plan_attempt
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.rollouts import Rollouts, begin_rollout, on_release, settle_rolling
+from keelway.deploy.rollouts import mark as mark_hosts
+from keelway.deploy.rollouts import move as move_rollout
 from keelway.deploy.steps import Done, Failed
 from keelway.deploy.targets import Target
 from keelway.home import Home
@@ -354,8 +356,8 @@ class Deployer:
         before each cohort (and while a bake waits for traffic)."""
         journal = self._open_rollout(app, (RolloutState.RUNNING,), "pause")
         try:
-            return self.store.rollouts.move_rollout(journal, RolloutState.PAUSED,
-                                                    reason="paused by request")
+            return move_rollout(self.store, journal, RolloutState.PAUSED,
+                                reason="paused by request")
         except (Conflict, IllegalTransition):
             raise UserError(f"{app}'s rollout moved meanwhile",
                             hint=f"see `keelway rollout status {app}`") from None
@@ -370,7 +372,7 @@ class Deployer:
             rollout = self._resumable(journal, progress)
             failed = journal.in_state(HostState.FAILED)
             if failed:
-                self.store.rollouts.mark_rollout_hosts(journal.id, failed, HostState.PENDING)
+                mark_hosts(self.store, journal.id, failed, HostState.PENDING)
             journal = settle_rolling(self.store, journal)
             # A cohort whose every instance took the release stopped on its figures (or
             # a pause): a person's resume goes on past them, to the next cohort.
@@ -378,9 +380,8 @@ class Deployer:
             if cohort + 1 < len(journal.cohorts) and all(
                     h.state is HostState.ROLLED for h in journal.hosts if h.cohort == cohort):
                 cohort += 1
-            journal = self.store.rollouts.move_rollout(
-                journal, RolloutState.RUNNING, cohort=cohort, reason=None,
-                figures=journal.figures)
+            journal = move_rollout(self.store, journal, RolloutState.RUNNING, cohort=cohort,
+                                   figures=journal.figures)
             return await self._drive(journal, rollout, self._spec_of(journal, rollout))
 
     async def abort_rollout(self, app: str,
@@ -411,12 +412,11 @@ class Deployer:
                                     "the rollout is still "
                                     f"{journal.state.value}",
                                     hint=f"see `keelway logs {app} --instance {host}`")
-                self.store.rollouts.mark_rollout_hosts(journal.id, [host], HostState.REVERTED)
+                mark_hosts(self.store, journal.id, [host], HostState.REVERTED)
             fresh = self.store.rollouts.get_rollout(journal.id)
             assert fresh is not None
-            self.store.rollouts.move_rollout(fresh, RolloutState.ABORTED,
-                                             reason=f"aborted: back on v{previous}",
-                                             figures=fresh.figures)
+            move_rollout(self.store, fresh, RolloutState.ABORTED,
+                         reason=f"aborted: back on v{previous}", figures=fresh.figures)
             return results
 
     def resume_interrupted(self) -> None:
@@ -436,8 +436,7 @@ class Deployer:
                 try:
                     rollout = self._resumable(fresh, _quiet)
                 except OperationError as exc:
-                    self.store.rollouts.move_rollout(fresh, RolloutState.HALTED,
-                                                     reason=exc.message)
+                    move_rollout(self.store, fresh, RolloutState.HALTED, reason=exc.message)
                     return None
                 return await self._drive(settle_rolling(self.store, fresh), rollout,
                                          self._spec_of(fresh, rollout))

@@ -80,6 +80,30 @@ def begin_rollout(store: Store, app: str, release: int, previous: int | None, ki
     return journal
 
 
+def mark(store: Store, rollout_id: int, hosts: Sequence[str], state: HostState,
+         reason: str | None = None) -> None:
+    """Hosts' places in a rollout written, between the `rollout.hosts` failpoints."""
+    if not hosts:
+        return
+    failpoints.hit("rollout.hosts.before")
+    store.rollouts.mark_rollout_hosts(rollout_id, hosts, state, reason)
+    failpoints.hit("rollout.hosts.after")
+
+
+def move(store: Store, journal: RolloutJournal, state: RolloutState, *,
+         cohort: int | None = None, reason: str | None = None,
+         figures: Figures | None = None) -> RolloutJournal:
+    """Where a rollout stands written, between failpoints: `rollout.end` for a move to
+    an end or a stop (done, halted, aborted, ...), `rollout.cohort` for one that goes
+    on (a next cohort, a judgement passed, a resume)."""
+    point = "rollout.cohort" if state is RolloutState.RUNNING else "rollout.end"
+    failpoints.hit(f"{point}.before")
+    moved = store.rollouts.move_rollout(journal, state, cohort=cohort, reason=reason,
+                                        figures=figures)
+    failpoints.hit(f"{point}.after")
+    return moved
+
+
 def settle_rolling(store: Store, journal: RolloutJournal) -> RolloutJournal:
     """After a crash: each ROLLING host's attempt ended as its records say (the boot
     reconciler finished its operation): ROLLED if the instance runs the release (or,
@@ -89,10 +113,8 @@ def settle_rolling(store: Store, journal: RolloutJournal) -> RolloutJournal:
     again: list[str] = []
     for host in journal.in_state(HostState.ROLLING):
         (rolled if on_release(store, host, journal.release) else again).append(host)
-    if rolled:
-        store.rollouts.mark_rollout_hosts(journal.id, rolled, HostState.ROLLED)
-    if again:
-        store.rollouts.mark_rollout_hosts(journal.id, again, HostState.PENDING)
+    mark(store, journal.id, rolled, HostState.ROLLED)
+    mark(store, journal.id, again, HostState.PENDING)
     fresh = store.rollouts.get_rollout(journal.id)
     assert fresh is not None
     return fresh
@@ -130,12 +152,10 @@ class Rollouts:
             if journal.state is not RolloutState.RUNNING:
                 return journal  # paused by a person, or superseded, meanwhile
             if n != journal.cohort:
-                failpoints.hit("rollout.cohort.before")
                 # The figures the cohort before passed on stay shown until the next
                 # judgement replaces them.
                 moved = self._move(journal, RolloutState.RUNNING, cohort=n,
                                    figures=journal.figures)
-                failpoints.hit("rollout.cohort.after")
                 if moved is None:
                     return self._fresh(journal)
                 journal = moved
@@ -166,9 +186,7 @@ class Rollouts:
         the release; else how the rollout ends and why: SUPERSEDED when a newer schedule
         made an attempt stand down (the newer release's rollout takes over), HALTED
         with the first failed host otherwise."""
-        failpoints.hit("rollout.hosts.before")
-        self.store.rollouts.mark_rollout_hosts(journal.id, todo, HostState.ROLLING)
-        failpoints.hit("rollout.hosts.after")
+        mark(self.store, journal.id, todo, HostState.ROLLING)
         results: dict[str, Result] = {}
         waiting = list(todo)
         while waiting and not released():
@@ -187,15 +205,10 @@ class Rollouts:
         rolled = [h for h in todo if h in results and results[h].outcome is Outcome.DONE]
         failed = [h for h in todo if h in results and results[h].outcome is not Outcome.DONE]
         untried = [h for h in todo if h not in results]
-        failpoints.hit("rollout.hosts.before")
-        if rolled:
-            self.store.rollouts.mark_rollout_hosts(journal.id, rolled, HostState.ROLLED)
+        mark(self.store, journal.id, rolled, HostState.ROLLED)
         for host in failed:
-            self.store.rollouts.mark_rollout_hosts(journal.id, [host], HostState.FAILED,
-                                                   results[host].reason)
-        if untried:
-            self.store.rollouts.mark_rollout_hosts(journal.id, untried, HostState.PENDING)
-        failpoints.hit("rollout.hosts.after")
+            mark(self.store, journal.id, [host], HostState.FAILED, results[host].reason)
+        mark(self.store, journal.id, untried, HostState.PENDING)
         if not failed:
             return None
         first = failed[0]
@@ -229,10 +242,8 @@ class Rollouts:
                 continue
             figures = _figures(n, judgement)
             state = RolloutState.HALTED if judgement.halts else RolloutState.RUNNING
-            failpoints.hit("rollout.cohort.before")
             moved = self._move(journal, state, reason=judgement.said() if judgement.halts
                                else None, figures=figures)
-            failpoints.hit("rollout.cohort.after")
             return moved if moved is not None else self._fresh(journal)
 
     async def _counts(self) -> ResponseCounts | None:
@@ -254,17 +265,15 @@ class Rollouts:
               figures: Figures | None = None) -> RolloutJournal | None:
         """The rollout moved; None if it moved under us (paused by a person, superseded)."""
         try:
-            return self.store.rollouts.move_rollout(journal, state, cohort=cohort,
-                                                    reason=reason, figures=figures)
+            return move(self.store, journal, state, cohort=cohort, reason=reason,
+                        figures=figures)
         except (Conflict, IllegalTransition):
             return None
 
     def _end(self, journal: RolloutJournal, state: RolloutState,
              reason: str | None) -> RolloutJournal:
-        failpoints.hit("rollout.end.before")
         fresh = self._fresh(journal)
         ended = self._move(fresh, state, reason=reason, figures=fresh.figures)
-        failpoints.hit("rollout.end.after")
         return ended if ended is not None else self._fresh(journal)
 
 

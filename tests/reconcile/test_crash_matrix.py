@@ -617,6 +617,57 @@ SCENARIOS["rollout"] = ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host
                         lambda h: h.ok("config", "hello", "set", "GREETING=hi"))
 ROLLED_FORWARD["rollout"] = _rollout_settled
 ONLY["rollout"] = "rollout."
+
+
+def _halted_rollout(h: Home) -> None:
+    """A config rollout over two instances halted after its canary: no request came
+    during the canary's bake, and the release says `on_no_traffic = halt`."""
+    done = h.cli("config", "hello", "set", "GREETING=hi", "--rollout", "on_no_traffic=halt")
+    assert done.returncode == 1 and "no request during bake" in done.stderr, done.stderr
+
+
+def _finished_by(verb: str, state: RolloutState, release: Callable[[Any], int]
+                 ) -> Callable[[Home], bool]:
+    """After a crash in `rollout VERB`: the rollout is in `state`, or still halted (the
+    crash came before the move that carries it on) and `rollout VERB` again gets it
+    there; then both instances run `release` of it."""
+    def finished(h: Home) -> bool:
+        if _latest_rollout(h).state is RolloutState.HALTED:
+            again = h.cli("rollout", verb, "hello")
+            assert again.returncode == 0, again.stderr
+        journal = _latest_rollout(h)
+        store = SqliteStore(h.root / "keelway.db")
+        try:
+            return journal.state is state and all(
+                on_release(store, host, release(journal)) for host in ("one.test", "two.test"))
+        finally:
+            store.close()
+
+    return finished
+
+
+def _latest_rollout(h: Home) -> Any:
+    store = SqliteStore(h.root / "keelway.db")
+    try:
+        return store.rollouts.latest_rollout("hello")
+    finally:
+        store.close()
+
+
+# A halted rollout carried on (`rollout resume`) and taken back (`rollout abort`): a crash
+# at any of their writes leaves the rollout where `resume` or `abort` asked again finishes
+# it, never an instance attempted twice. The attempts themselves are the config's and the
+# rollback's, crashed in those scenarios (ONLY).
+_TWO_HALTED = [lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test",
+                              "--host", "two.test"), _halted_rollout]
+SCENARIOS["rollout-resume"] = (_TWO_HALTED, lambda h: h.ok("rollout", "resume", "hello"))
+ROLLED_FORWARD["rollout-resume"] = _finished_by("resume", RolloutState.DONE,
+                                                lambda journal: journal.release)
+ONLY["rollout-resume"] = "rollout."
+SCENARIOS["rollout-abort"] = (_TWO_HALTED, lambda h: h.ok("rollout", "abort", "hello"))
+ROLLED_FORWARD["rollout-abort"] = _finished_by("abort", RolloutState.ABORTED,
+                                               lambda journal: journal.previous)
+ONLY["rollout-abort"] = "rollout."
 # Scenarios whose every generation of a hold-mode service is checked for overlap in time,
 # not only at the end: the one before must be recorded gone before the next is planned.
 HOLD_CHECKED = {"park", "wake", "wake-release"}
