@@ -36,6 +36,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from scale import cli  # noqa: E402
+
 from keelway.cli.client import Client  # noqa: E402
 from keelway.home import Home  # noqa: E402
 from tests.e2e.harness import free_port, kill_home_processes  # noqa: E402
@@ -63,17 +65,6 @@ while True:
     finally:
         conn.close()
 '''
-
-
-def cli(env: dict[str, str], *args: str, timeout_s: float = 900) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-m", "keelway.cli.main", *args, "--json"],
-                         env=env, capture_output=True, text=True, timeout=timeout_s,
-                         stdin=subprocess.DEVNULL)
-    if out.returncode != 0:
-        raise RuntimeError(f"keelway {' '.join(args)[:200]}: {out.stdout[-2000:]}"
-                           f"{out.stderr[-2000:]}")
-    result: dict[str, Any] = json.loads(out.stdout)
-    return result
 
 
 def app_dir(root: Path, settle: str, parallel: int) -> Path:
@@ -104,7 +95,7 @@ def timed_rollout(env: dict[str, str], api: Client, value: str) -> tuple[float, 
     poller.start()
     began = time.perf_counter()
     try:
-        cli(env, "config", APP, "set", f"WAVE={value}")
+        cli(env, "config", APP, "set", f"WAVE={value}", timeout_s=900)
     finally:
         took = time.perf_counter() - began
         done.set()
@@ -125,7 +116,8 @@ def run(instances: int, parallel: int, settle: str) -> dict[str, Any]:
         api = Client(Home(home).api_socket, 60)
         app = app_dir(tmp, settle, parallel)
         began = time.perf_counter()
-        cli(env, "deploy", APP, str(app), *(a for h in hosts for a in ("--host", h)))
+        cli(env, "deploy", APP, str(app), *(a for h in hosts for a in ("--host", h)),
+            timeout_s=900)
         result["first_deploy_s"] = round(time.perf_counter() - began, 2)
         began = time.perf_counter()
         cli(env, "restart", APP, "--instance", hosts[0])

@@ -97,8 +97,6 @@ class Intent:
     # The build's manifest, read before it is staged (a dry-run deploy's); None: read
     # from `build_path`.
     manifest: Manifest | None = None
-    # This release's `--rollout KEY=VALUE`, over the app's [rollout].
-    rollout: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -176,9 +174,8 @@ class Deployer:
         for host in every:
             self.store.instances.ensure_instance(host, app)
         self.store.builds.record_build(app, build_digest, str(build_path), source)
-        intent = self._deploy_intent(app, build_digest, build_path, every, progress, key,
-                                     request_digest, mode)
-        return await self._rollout(dataclasses.replace(intent, rollout=rollout or {}))
+        return await self._rollout(self._deploy_intent(
+            app, build_digest, build_path, every, progress, key, request_digest, mode), rollout)
 
     def dry_deploy(self, app: str, build: BuildPreview, hosts: list[str],
                    mode: Mode | None = None) -> DeployPlan:
@@ -219,8 +216,6 @@ class Deployer:
                          rollout: Mapping[str, str] | None = None) -> list[InstanceResult]:
         """A new release with changed config vars (None unsets); restarts per mode."""
         intent = self._config_intent(app, changes, progress, key, request_digest)
-        if intent is not None:
-            intent = dataclasses.replace(intent, rollout=rollout or {})
         if intent is None:
             # `apps create`, then config before the first deploy: nothing runs yet, so
             # there is nothing to roll out; the first deploy's release carries it.
@@ -228,7 +223,7 @@ class Deployer:
             assert app_record is not None
             self.store.apps.set_app_config(app_record, self.new_config(app, changes))
             return []
-        return await self._rollout(intent)
+        return await self._rollout(intent, rollout)
 
     def dry_config(self, app: str, changes: dict[str, str | None]) -> list[Plan]:
         intent = self._config_intent(app, changes, _quiet, None, None)
@@ -269,8 +264,8 @@ class Deployer:
                        rollout: Mapping[str, str] | None = None) -> list[InstanceResult]:
         """A new release with the build and config of an older one (default: the one
         before the latest)."""
-        intent = self._rollback_intent(app, to, progress, key, request_digest)
-        return await self._rollout(dataclasses.replace(intent, rollout=rollout or {}))
+        return await self._rollout(self._rollback_intent(app, to, progress, key,
+                                                         request_digest), rollout)
 
     def dry_rollback(self, app: str, to: int | None) -> list[Plan]:
         return self._dry_rollout(self._rollback_intent(app, to, _quiet, None, None))
@@ -297,7 +292,10 @@ class Deployer:
     def _hosts(self, app: str) -> tuple[str, ...]:
         return tuple(i.host for i in self.store.instances.list_instances(app))
 
-    async def _rollout(self, intent: Intent) -> list[InstanceResult]:
+    async def _rollout(self, intent: Intent,
+                       overrides: Mapping[str, str] | None = None) -> list[InstanceResult]:
+        """`intent` rolled out, `overrides` (its `--rollout KEY=VALUE`) over the app's
+        [rollout]."""
         # Scheduling comes first and outside every lock: a newer intent is what makes an
         # older attempt, still running, stand down at its next check.
         revs = {host: self.store.instances.bump_schedule(host) for host in intent.hosts}
@@ -308,10 +306,10 @@ class Deployer:
                       and inst.state is InstanceState.PARKED]
             awake = [h for h in intent.hosts if h not in parked]
             releases = self.store.builds.list_releases(intent.app)
-            spec = rollout_spec(rollout.target.manifest, intent.rollout)
+            spec = rollout_spec(rollout.target.manifest, overrides or {})
             journal = begin_rollout(self.store, intent.app, rollout.target.release,
                                     releases[0].number if releases else None, intent.kind,
-                                    awake, parked, spec, intent.rollout)
+                                    awake, parked, spec, overrides)
             return await self._drive(journal, rollout, spec)
 
     async def _drive(self, journal: RolloutJournal, rollout: Rollout,

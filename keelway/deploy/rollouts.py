@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from keelway import failpoints
 from keelway.builds.manifest import RolloutSpec
 from keelway.clock import Clock
-from keelway.deploy.cohorts import CohortVerdict, Judgement, judge, plan_cohorts
+from keelway.deploy.cohorts import CohortVerdict, Judgement, errors_of, judge, plan_cohorts
 from keelway.deploy.outcome import Outcome, Progress, Result
 from keelway.journal import OpKind
 from keelway.router.counts import ResponseCounts
@@ -280,6 +280,5 @@ class Rollouts:
 def _figures(n: int, judgement: Judgement) -> Figures:
     return Figures(n, judgement.verdict.value, judgement.responses, judgement.errors,
                    str(judgement.budget), judgement.said(),
-                   tuple(HostFigures(host, counts.total(), counts.app_5xx()
-                                     + counts.router_5xx())
+                   tuple(HostFigures(host, counts.total(), errors_of(counts))
                          for host, counts in judgement.by_host.items()))
