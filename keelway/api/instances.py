@@ -16,9 +16,9 @@ from aiohttp import web
 from keelway.api import bodies
 from keelway.api.apps import removal
 from keelway.api.http import app_name, read_body, route
-from keelway.api.instance_state import label
+from keelway.api.instance_state import InstanceStatus, label
 from keelway.api.plans import plan_response
-from keelway.api.views import instance_status
+from keelway.api.views import Fleet
 from keelway.deploy import apps, instances
 from keelway.deploy.errors import UserError
 from keelway.deploy.instances import AddRequest, Instances, starts_after_add
@@ -33,9 +33,9 @@ class InstancesApi:
     http_port: int | None
 
 
-    def _view(self, inst: Instance, aliases: list[str]) -> dict[str, Any]:
+    def _view(self, inst: Instance, aliases: list[str],
+              status: InstanceStatus) -> dict[str, Any]:
         port = f":{self.http_port}" if self.http_port else ""
-        status = instance_status(self.store, inst)
         return {"host": inst.host, "app": inst.app, "state": status.state.value,
                 "label": label(status), "desired": inst.state.value,
                 "adding": inst.adding, "aliases": aliases,
@@ -44,12 +44,10 @@ class InstancesApi:
     @route("GET", "/v1/apps/{app}/instances")
     async def list_instances(self, request: web.Request) -> web.Response:
         name = app_name(self.store, request)
-        by_instance: dict[str, list[str]] = {}
-        for alias in self.store.instances.list_aliases():
-            by_instance.setdefault(alias.instance, []).append(alias.host)
+        fleet = Fleet.read(self.store)
         return web.json_response({"app": name, "instances": [
-            self._view(i, by_instance.get(i.host,
-                                          [])) for i in self.store.instances.list_instances(name)]})
+            self._view(i, [a.host for a in fleet.aliases.get(i.host, [])], fleet.status(i))
+            for i in fleet.instances(name)]})
 
     @route("POST", "/v1/apps/{app}/instances")
     async def add_instances(self, request: web.Request) -> web.Response:

@@ -293,6 +293,9 @@ class SqliteInstances:
         """Every instance a fence holds, in one query (the bulk view reads it)."""
         return {r[0] for r in self.db.rows("SELECT instance FROM fences WHERE held=1")}
 
+    def list_fences(self) -> list[Fence]:
+        return [_fence(r) for r in self.db.rows("SELECT * FROM fences ORDER BY instance")]
+
     # -- the bulk view -----------------------------------------------------------------
 
     def instance_views(self) -> list[InstanceView]:

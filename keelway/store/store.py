@@ -203,6 +203,11 @@ class InstanceStore(Protocol):
         """Every instance a fence holds."""
         ...
 
+    def list_fences(self) -> list[Fence]:
+        """Every instance's fence record, held or lifted, by instance (status reads them
+        in bulk)."""
+        ...
+
     def instance_views(self) -> list[InstanceView]:
         """Every instance as convergence reads it (`gather`'s records), in bulk."""
         ...

@@ -229,6 +229,9 @@ class MemoryInstances:
     def fenced_instances(self) -> set[str]:
         return {f.instance for f in self._db.tables.fences.values() if f.held}
 
+    def list_fences(self) -> list[Fence]:
+        return [fence for _, fence in sorted(self._db.tables.fences.items())]
+
     def instance_views(self) -> list[InstanceView]:
         t = self._db.tables
         active: dict[str, dict[str, int]] = {}

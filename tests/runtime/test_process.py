@@ -7,6 +7,9 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+import uvloop
+
 from keelway.clock import SystemClock
 from keelway.runtime import process
 
@@ -87,3 +90,34 @@ def test_stopping_a_process_that_is_already_gone_is_proven_at_once(tmp_path: Pat
                                    clock=SystemClock(), proc=spawned.proc)
 
     asyncio.run(scenario())
+
+
+LIST_FDS = ("import os; print(sorted(int(n) for n in os.listdir('/proc/self/fd')"
+            " if os.path.exists(f'/proc/self/fd/{n}')), flush=True)")
+
+
+@pytest.mark.parametrize("close_range", [True, False], ids=["close_range", "walk"])
+def test_a_child_holds_only_stdio_and_what_it_is_given(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, close_range: bool) -> None:
+    """uvloop passes on every inheritable descriptor whatever `close_fds` says: the child
+    marks them close-on-exec itself, with close_range(2) or, on a kernel without it, by
+    walking /proc/self/fd; both leave exactly stdio and `pass_fds`."""
+    if not close_range:
+        monkeypatch.setattr(process, "_syscall", None)
+    leaked_r, leaked_w = os.pipe()
+    given_r, given_w = os.pipe()
+    for fd in (leaked_r, leaked_w, given_r, given_w):
+        os.set_inheritable(fd, True)  # as a descriptor received without CLOEXEC would be
+
+    async def scenario() -> None:
+        spawned = await process.spawn([sys.executable, "-S", "-c", LIST_FDS], cwd=tmp_path,
+                                      env=dict(os.environ), log_path=tmp_path / "out.log",
+                                      pass_fds=(given_w,))
+        assert await spawned.proc.wait() == 0
+
+    try:
+        uvloop.run(scenario())
+    finally:
+        for fd in (leaked_r, leaked_w, given_r, given_w):
+            os.close(fd)
+    assert (tmp_path / "out.log").read_text().strip() == str([0, 1, 2, given_w])

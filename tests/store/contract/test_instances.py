@@ -301,6 +301,10 @@ def test_only_held_fences_are_listed_as_fenced(store: Store) -> None:
     assert store.instances.fenced_instances() == {"a.test", "b.test"}
     store.instances.unfence("a.test", fence.generation)
     assert store.instances.fenced_instances() == {"b.test"}
+    # Every record is listed, a lifted one too, as `get_fence` reads it.
+    assert store.instances.list_fences() == [store.instances.get_fence("a.test"),
+                                             store.instances.get_fence("b.test")]
+    assert [f.held for f in store.instances.list_fences()] == [False, True]
 
 
 def test_a_removal_s_intent_is_recorded_once_and_a_purge_stays_asked(store: Store) -> None:
