@@ -64,13 +64,18 @@ from keelway.store.lifecycle import GenState, InstanceState, RolloutState
 from keelway.store.records import Instance, Operation, ReleaseDraft
 from keelway.store.rollouts import HostState, RolloutJournal
 
-failpoints.declare("defer.before", "defer.after",
+failpoints.declare("defer.before", "defer.after", "defer.batch.before", "defer.batch.after",
                    "service.out.before", "service.out.after", "service.in.before",
                    "service.in.after")
 
 
 def _quiet(_message: str) -> None:
     pass
+
+
+# How many parked instances' deferrals one write journals (`Deployer._defer_parked`): a
+# thousand instances' worth in ten writes, and a turn of the event loop between two.
+DEFER_BATCH = 100
 
 
 log = logging.getLogger("keelway.deployer")
@@ -330,8 +335,15 @@ class Deployer:
                                            result.generations)
             return result
 
+        async def defer(hosts: Sequence[str]) -> dict[str, Result]:
+            deferred = await self._defer_parked(now, hosts)
+            for host, result in deferred.items():
+                results[host] = InstanceResult(host, now.target.release, _said(result), {})
+            return deferred
+
         ended = await self.rollouts.drive(journal, spec, attempt,
-                                          lambda: now.release is None, rollout.progress)
+                                          lambda: now.release is None, rollout.progress,
+                                          defer)
         if ended.state is not RolloutState.DONE:
             raise AppFailed(
                 f"{ended.reason or 'it stopped'}; the rollout is {ended.state.value}",
@@ -580,6 +592,48 @@ class Deployer:
             raise UserError(f"{inst.host} runs nothing to restart",
                             hint=f"deploy {inst.app} first, or `keelway start {inst.app}`")
         return target
+
+    async def _defer_parked(self, rollout: Rollout, hosts: Sequence[str]) -> dict[str, Result]:
+        """The release left pending on parked `hosts` in writes of DEFER_BATCH
+        (`Store.defer_releases`): each host journaled as its own attempt would be (an
+        operation, its DEFER step), without an attempt's per-host round of locking,
+        converging and a write per step, which took a thousand-instance rollout's
+        parked cohort seconds on end with no turn for a request. Only once the release
+        row is written (`rollout.release` None: the first instance wrote it). A host
+        passed over (its lock held by an operation, an operation of it unfinished, awake
+        or rescheduled by now) is left to its own attempt. Nothing to converge after:
+        a deferral changes no process, route or ACTIVE (so the `current` link stays
+        right too). The results of those deferred."""
+        assert rollout.release is None, "the release row is written first"
+        results: dict[str, Result] = {}
+        for start in range(0, len(hosts), DEFER_BATCH):
+            held: list[str] = []
+            try:
+                for host in hosts[start:start + DEFER_BATCH]:
+                    lock = self.locks.instance(host)
+                    if lock.locked():
+                        continue
+                    await lock.acquire()  # free: taken at once, no turn of the loop
+                    held.append(host)
+                ready = [(host, rollout.revisions[host]) for host in held
+                         if (latest := self.store.ops.latest_operation(host)) is None
+                         or latest.terminal]
+                failpoints.hit("defer.batch.before")
+                written = self.store.defer_releases(
+                    ready, app=rollout.app, kind=rollout.kind, owner=self.runner.owner,
+                    number=rollout.target.release, cause=rollout.cause, key=rollout.key,
+                    request_digest=rollout.request_digest)
+                failpoints.hit("defer.batch.after")
+            finally:
+                for host in held:
+                    self.locks.instance(host).release()
+            for op in written:
+                results[op.instance] = Result(Outcome.DONE, "deferred to the next wake",
+                                              deferred=True)
+                rollout.progress(f"{op.instance} is parked: v{rollout.target.release} "
+                                 "starts at its next wake")
+            await asyncio.sleep(0)  # a request's turn between two writes
+        return results
 
     async def _attempt_on(self, rollout: Rollout, host: str) -> Result:
         ran = await self.runner.run(ATTEMPTS[rollout.kind], self,

@@ -54,6 +54,9 @@ log = logging.getLogger("keelway.rollouts")
 
 # One instance's attempt of the rollout's release (keelway/deploy/deployer.py).
 AttemptHost = Callable[[str], Awaitable[Result]]
+# The release deferred on many parked instances at once, in batched writes: the result
+# of each host it deferred; a host it passed over is left to its own attempt.
+DeferHosts = Callable[[Sequence[str]], Awaitable[dict[str, Result]]]
 # The router's response counts now; None when no router answers (a rollout then judges
 # a cohort on its instances' own health alone, and says so).
 ReadCounts = Callable[[], Awaitable[ResponseCounts | None]]
@@ -143,9 +146,12 @@ class Rollouts:
     counts: ReadCounts | None = None
 
     async def drive(self, journal: RolloutJournal, spec: RolloutSpec, attempt: AttemptHost,
-                    released: ReleaseWritten, progress: Progress) -> RolloutJournal:
+                    released: ReleaseWritten, progress: Progress,
+                    defer: DeferHosts | None = None) -> RolloutJournal:
         """Carry `journal` on from the cohort it stands at to its end, or to where it
-        stops (halted, paused, superseded); the rollout as it then stands."""
+        stops (halted, paused, superseded); the rollout as it then stands. `defer`: how
+        the parked cohort's hosts take the release in bulk, before any is attempted
+        one by one."""
         total = len(journal.cohorts)
         for n in range(journal.cohort, total):
             journal = self._fresh(journal)
@@ -169,7 +175,9 @@ class Rollouts:
                          f"{'' if len(todo) == 1 else 's'}"
                          + (" (parked: the release waits for their wake)"
                             if not cohort.judged else ""))
-                stopped = await self._attempt_cohort(journal, todo, spec, attempt, released)
+                stopped = await self._attempt_cohort(
+                    journal, todo, spec, attempt, released,
+                    None if cohort.judged else defer)
                 if stopped is not None:
                     return self._end(journal, *stopped)
             if gates:
@@ -180,9 +188,11 @@ class Rollouts:
 
     async def _attempt_cohort(self, journal: RolloutJournal, todo: list[str],
                               spec: RolloutSpec, attempt: AttemptHost,
-                              released: ReleaseWritten) -> tuple[RolloutState, str] | None:
+                              released: ReleaseWritten,
+                              defer: DeferHosts | None) -> tuple[RolloutState, str] | None:
         """Every host of `todo` attempted, at most `spec.parallel` at once (one at a time
-        until the release row is written); each one's state journaled. None if all took
+        until the release row is written; `defer` first, for the parked cohort); each
+        one's state journaled. None if all took
         the release; else how the rollout ends and why: SUPERSEDED when a newer schedule
         made an attempt stand down (the newer release's rollout takes over), HALTED
         with the first failed host otherwise."""
@@ -194,6 +204,10 @@ class Rollouts:
             results[host] = await attempt(host)
             if results[host].outcome is not Outcome.DONE:
                 break  # the cohort fails; the hosts not begun stay ROLLING, then PENDING
+        if waiting and defer is not None and released() and all(
+                r.outcome is Outcome.DONE for r in results.values()):
+            results.update(await defer(waiting))
+            waiting = [h for h in waiting if h not in results]
         if waiting and all(r.outcome is Outcome.DONE for r in results.values()):
             gate = asyncio.Semaphore(max(1, spec.parallel))
 

@@ -13,13 +13,13 @@ crash retry with its gate, a release deferred) stays in that backend.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Protocol
 
-from keelway.journal import Inhibition, OpKind
+from keelway.journal import Cause, Inhibition, OpKind, StepKind
 from keelway.store.errors import NotFound, StaleSchedule
-from keelway.store.lifecycle import GenState, InstanceState, OpState, RouteState
+from keelway.store.lifecycle import GenState, InstanceState, OpState, RouteState, StepState
 from keelway.store.records import Generation, Instance, Operation, Release, ReleaseDraft
 from keelway.store.store import Store
 
@@ -222,6 +222,37 @@ def begin_with(store: Composing, intent: Callable[[], object], app: str, instanc
         return store.ops.begin_operation(app, instance, kind, owner, key=key,
                                          request_digest=request_digest,
                                          schedule_rev=schedule_rev)
+
+
+def defer_releases(store: Composing, deferrals: Sequence[tuple[str, int]], *, app: str,
+                   kind: OpKind, owner: str, number: int, cause: Cause,
+                   key: str | None = None,
+                   request_digest: str | None = None) -> list[Operation]:
+    """Release `number` (its row written already) left pending on each parked instance
+    of `deferrals` (host, the schedule revision its rollout holds), each journaled as
+    the operation its own attempt would have written: begun, one DEFER step succeeded
+    (`v<number>`), succeeded, its event; all in one write, so a crash leaves every one
+    of them or none. An instance not parked any more, or rescheduled past its revision,
+    is passed over (nothing written for it): its own attempt decides. The operations
+    written, in the order given."""
+    done: list[Operation] = []
+    with store.writing(f"defer v{number} on {len(deferrals)} parked instances"):
+        for host, rev in deferrals:
+            inst = store.instances.get_instance(host)
+            if inst is None or inst.schedule_rev != rev or inst.state is not InstanceState.PARKED:
+                continue
+            store.defer_release(host, schedule_rev=rev, number=number, cause=cause,
+                                release=None)
+            op = store.ops.begin_operation(app, host, kind, owner, key=key,
+                                           request_digest=request_digest, schedule_rev=rev)
+            seq = store.ops.begin_step(op.id, StepKind.DEFER)
+            store.ops.finish_step(op.id, seq, StepState.SUCCEEDED, detail=f"v{number}")
+            begun = store.ops.get_operation(op.id)
+            assert begun is not None  # written in this same write
+            done.append(store.ops.finish_operation(begun, OpState.SUCCEEDED))
+            store.ops.add_event("op", f"{kind} succeeded: deferred to the next wake",
+                                app=app, instance=host)
+    return done
 
 
 def finish_with(store: Composing, intent: Callable[[], object], op: Operation,

@@ -616,6 +616,14 @@ class Store(Protocol):
         (nothing written) if the schedule moved past `schedule_rev`."""
         ...
 
+    def defer_releases(self, deferrals: Sequence[tuple[str, int]], *, app: str, kind: OpKind,
+                       owner: str, number: int, cause: Cause, key: str | None = None,
+                       request_digest: str | None = None) -> list[Operation]:
+        """A rollout's deferrals to many parked instances (host, schedule revision), each
+        journaled as its own operation with its DEFER step, in one write; an instance
+        not parked or rescheduled is passed over. The operations written."""
+        ...
+
     def clear_pending(self, instance: str, number: int) -> None:
         """Forget the pending release if it is still `number` (a newer one stays)."""
         ...

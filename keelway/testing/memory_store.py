@@ -88,6 +88,7 @@ class MemoryStore:
     park = intents.park
     begin_with = intents.begin_with
     finish_with = intents.finish_with
+    defer_releases = intents.defer_releases
 
     def writing(self, what: str) -> AbstractContextManager[object]:
         return self._db.write()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -190,6 +190,45 @@ def test_parked_instances_take_the_release_last_and_are_not_judged(store: Memory
     assert ended.state is RolloutState.DONE and fleet.attempted[-1] == "p.test"
     assert ended.cohorts[-1].judged is False
     assert ended.in_state(HostState.ROLLED) == [*HOSTS[:3], "p.test"]
+
+
+def test_the_parked_cohort_is_deferred_in_bulk_and_what_that_passes_over_is_attempted(
+        store: MemoryStore) -> None:
+    """`defer` takes the parked cohort first, once the release row is written; a host
+    it passes over (awake by now, its lock held) gets its own attempt."""
+    fleet, asked = Fleet(), []
+    parked = ("p1.test", "p2.test", "p3.test")
+
+    async def defer(hosts: Sequence[str]) -> dict[str, Result]:
+        asked.append(list(hosts))
+        return {h: Result(Outcome.DONE, deferred=True) for h in hosts if h != "p2.test"}
+
+    journal = _begin(store, hosts=HOSTS[:2], parked=parked)
+    driver = Rollouts(store, FakeClock(), Router().counts)
+    ended = asyncio.run(driver.drive(journal, SPEC, fleet.attempt, lambda: fleet.released,
+                                     _quiet, defer))
+    assert ended.state is RolloutState.DONE
+    assert asked == [list(parked)]  # once, the parked cohort whole
+    assert fleet.attempted == [*HOSTS[:2], "p2.test"]
+    assert ended.in_state(HostState.ROLLED) == [*HOSTS[:2], *parked]
+
+
+def test_nothing_is_deferred_in_bulk_before_the_release_row_is_written(
+        store: MemoryStore) -> None:
+    """Every instance parked: the first one's own attempt writes the release, then the
+    rest are deferred in bulk."""
+    fleet, asked = Fleet(), []
+
+    async def defer(hosts: Sequence[str]) -> dict[str, Result]:
+        asked.append(list(hosts))
+        return {h: Result(Outcome.DONE, deferred=True) for h in hosts}
+
+    journal = _begin(store, hosts=[], parked=("p1.test", "p2.test", "p3.test"))
+    driver = Rollouts(store, FakeClock(), Router().counts)
+    ended = asyncio.run(driver.drive(journal, SPEC, fleet.attempt, lambda: fleet.released,
+                                     _quiet, defer))
+    assert ended.state is RolloutState.DONE
+    assert fleet.attempted == ["p1.test"] and asked == [["p2.test", "p3.test"]]
 
 
 def test_a_pause_written_meanwhile_stops_the_rollout_before_its_next_cohort(

@@ -122,3 +122,29 @@ def test_run_on_a_parked_instance_uses_the_release_its_next_wake_serves(
     # The run wakes nothing: the instance sleeps on, its release still to run at the wake.
     assert kw.app_pids() == [] and _instance(kw, HOST)["state"] == "parked"
     assert _release_served(kw, HOST) == newest
+
+
+def test_a_rollout_defers_its_parked_cohort_in_bulk_each_instance_journaled_alone(
+        kw: Keelway, tmp_path: Path) -> None:
+    """After the awake instance wrote the release, the parked ones take it in one write
+    (keelway/deploy/deployer.py `_defer_parked`): each still has its own operation with
+    its DEFER step, as its own attempt would have written, and its wake serves it."""
+    kw.up()
+    parked = ["p1.test", "p2.test", "p3.test"]
+    kw.ok("deploy", "hello", str(hello(tmp_path, "a")), "--host", HOST,
+          *(a for h in parked for a in ("--host", h)))
+    for host in parked:
+        kw.ok("park", host)
+    changed = kw.ok("config", "hello", "set", "GREETING=hey", "--json").json()
+    assert sorted((i["host"], i["outcome"]) for i in changed["instances"]) == [
+        (HOST, "done"), *((h, "deferred") for h in parked)]
+    ops = kw.ok("ops", "hello", "--json").json()["operations"]
+    for host in parked:
+        mine = [op for op in ops if op["instance"] == host]
+        assert mine[0]["kind"] == "config" and mine[0]["state"] == "succeeded", mine[0]
+        assert [(s["name"], s["state"], s["detail"]) for s in mine[0]["steps"]] == [
+            ("deferred to the next wake", "succeeded", "v2")], mine[0]
+        assert _instance(kw, host)["pending_release"] == "v2"
+    rollout = kw.ok("rollout", "status", "hello", "--json").json()["rollout"]
+    assert rollout["state"] == "done"
+    assert _release_served(kw, "p2.test") == "v2"

@@ -618,6 +618,18 @@ SCENARIOS["rollout"] = ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host
 ROLLED_FORWARD["rollout"] = _rollout_settled
 ONLY["rollout"] = "rollout."
 
+# A rollout whose last cohort is parked: once the awake instance wrote the release, the
+# parked one takes it in a batched write (keelway/deploy/deployer.py `_defer_parked`).
+# A crash on either side of that write leaves it done by the boot: the parked instance
+# has the release pending (and its own operation), or it is deferred again.
+SCENARIOS["rollout-parked"] = (
+    [lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test", "--host",
+                    "two.test"),
+     lambda h: h.ok("park", "two.test")],
+    lambda h: h.ok("config", "hello", "set", "GREETING=hi"))
+ROLLED_FORWARD["rollout-parked"] = _rollout_settled
+ONLY["rollout-parked"] = "defer.batch."
+
 
 def _halted_rollout(h: Home) -> None:
     """A config rollout over two instances halted after its canary: no request came

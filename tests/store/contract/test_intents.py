@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from keelway.journal import Cause
+from keelway.journal import Cause, OpKind, StepKind
 from keelway.store import Conflict, NotFound, StaleSchedule, Store
 from keelway.store.lifecycle import (
     IllegalTransition,
     InstanceState,
+    OpState,
     RouteState,
+    StepState,
 )
 from keelway.store.records import CrashRetry, Generation, ReleaseDraft
 from keelway.testing.clock import FakeClock
@@ -300,6 +302,45 @@ def test_a_deferral_by_a_superseded_rollout_writes_nothing(store: Store) -> None
         store.defer_release("a.test", schedule_rev=rev, number=1, cause=Cause.RELEASE,
                             release=ReleaseDraft("blog", DIGEST, {}, "Deploy"))
     assert _everything(store) == before
+
+
+def _parked(store: Store, host: str) -> int:
+    """`host` parked, and the schedule revision a rollout of it would hold."""
+    _instance(store, host)
+    inst = store.instances.get_instance(host)
+    assert inst is not None
+    store.park(inst)
+    return store.instances.bump_schedule(host)
+
+
+def test_deferrals_in_bulk_journal_each_parked_instance_as_its_own_attempt_would(
+        store: Store) -> None:
+    """One write for many parked instances: each gets the release pending and its own
+    operation (one DEFER step, succeeded) and event; an instance awake by now, or
+    rescheduled past the rollout's revision, is passed over with nothing written."""
+    revs = {host: _parked(store, host) for host in ("a.test", "b.test", "c.test")}
+    _instance(store, "awake.test")
+    revs["awake.test"] = store.instances.bump_schedule("awake.test")
+    store.instances.bump_schedule("c.test")  # a newer operation took c.test over
+    written = store.defer_releases(sorted(revs.items()), app="blog", kind=OpKind.CONFIG,
+                                   owner="me", number=3, cause=Cause.CONFIG, key="k1")
+    assert [op.instance for op in written] == ["a.test", "b.test"]
+    for op in written:
+        assert (op.kind, op.state, op.key, op.schedule_rev) == (
+            OpKind.CONFIG, OpState.SUCCEEDED, "k1", revs[op.instance])
+        steps = store.ops.steps(op.id)
+        assert [(s.kind, s.state, s.detail) for s in steps] == [
+            (StepKind.DEFER, StepState.SUCCEEDED, "v3")]
+        inst = store.instances.get_instance(op.instance)
+        assert inst is not None and inst.state is InstanceState.PARKED
+        assert (inst.pending_release, inst.pending_cause) == (3, Cause.CONFIG)
+    for host in ("awake.test", "c.test"):
+        assert store.ops.latest_operation(host) is None
+        inst = store.instances.get_instance(host)
+        assert inst is not None and inst.pending_release is None
+    said = {(e.instance, e.message) for e in store.ops.list_events("blog")}
+    assert ("a.test", "config succeeded: deferred to the next wake") in said
+    assert not any(instance == "awake.test" for instance, _ in said)
 
 
 def test_a_pending_release_is_cleared_only_while_it_is_the_one_named(store: Store) -> None:
