@@ -137,7 +137,12 @@ class Api:
         app = request.query.get("app")
         if app is not None and self.store.apps.get_app(app) is None:
             raise NotFoundError(f"no app named {app}", hint="see `keelway apps`")
-        view = status_view(self.store, self.http_port, app, self.deployer.locks.live_ops)
+        # Read apart from the loop that commits every journal write: a thousand
+        # instances' status neither waits behind a rollout's writes nor holds them.
+        live = set(self.deployer.locks.live_ops)
+        port = self.http_port
+        view = await self.store.read_apart(
+            lambda store: status_view(store, port, app, live))
         if self.router is not None:
             view["router"] = router_view(self.router.health())
         view["isolation"] = isolation_view(self.deployer.supervisor.identities)

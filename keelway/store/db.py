@@ -65,6 +65,41 @@ class Db:
             self._conn.close()
             raise
 
+    @classmethod
+    def read_only(cls, path: Path, clock: Clock | None = None) -> Db:
+        """A connection that only reads the store at `path` (opened and migrated by its
+        writer already): no lease taken, no schema touched, and SQLite refuses any write
+        through it (`query_only`, a read-only open). What reads away from the event loop
+        use (`SqliteStore.read_apart`)."""
+        db = cls.__new__(cls)
+        db.path = Path(path)
+        db.clock = clock or SystemClock()
+        db.owner = box_owner(db.path)
+        db._depth = 0
+        conn = sqlite3.connect(f"{db.path.resolve().as_uri()}?mode=ro", uri=True,
+                               isolation_level=None, check_same_thread=False)
+        try:
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA query_only=ON")
+            conn.execute("PRAGMA busy_timeout=5000")
+        except BaseException:
+            conn.close()
+            raise
+        db._conn = conn
+        return db
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """One read transaction: every read inside it sees the store as of one commit
+        (WAL keeps that snapshot for it while the writer goes on)."""
+        with self.reading(f"read {self.path}"):
+            self._conn.execute("BEGIN")
+        try:
+            yield
+        finally:
+            if self._conn.in_transaction:
+                self._conn.execute("COMMIT")
+
     def close(self) -> None:
         self._conn.close()
 

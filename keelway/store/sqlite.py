@@ -19,8 +19,12 @@ each over the one shared connection (`Db`, keelway/store/db.py), held here as
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import TypeVar
 
 from keelway.clock import Clock
 from keelway.journal import Cause
@@ -37,6 +41,9 @@ from keelway.store.operations import SqliteOperations
 from keelway.store.records import CrashRetry, Release, ReleaseDraft
 from keelway.store.rollouts import SqliteRollouts
 from keelway.store.routes import SqliteRoutes
+from keelway.store.store import Store
+
+T = TypeVar("T")
 
 
 class SqliteStore:
@@ -44,8 +51,11 @@ class SqliteStore:
     default the one token of this box: `keelway.store.db.box_owner`)."""
 
     def __init__(self, path: Path, clock: Clock | None = None, *,
-                 owner: str | None = None) -> None:
-        self.db = Db(path, clock, owner)
+                 owner: str | None = None, db: Db | None = None) -> None:
+        """`db`: the connection to hold instead of opening the writer's (a reader's)."""
+        self.db = db if db is not None else Db(path, clock, owner)
+        self._reader: SqliteStore | None = None
+        self._reading = threading.Lock()
         self.path = self.db.path
         self.clock = self.db.clock
         self.apps = SqliteApps(self.db)
@@ -77,7 +87,25 @@ class SqliteStore:
         return self.db.tx(what)
 
     def close(self) -> None:
+        with self._reading:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
         self.db.close()
+
+    async def read_apart(self, read: Callable[[Store], T]) -> T:
+        """`read` run in a worker thread over a read-only connection of its own, inside
+        one read transaction: a consistent picture that costs the event loop (which
+        commits every journal write) nothing while it is read. One read at a time."""
+        return await asyncio.to_thread(self._read_snapshot, read)
+
+    def _read_snapshot(self, read: Callable[[Store], T]) -> T:
+        with self._reading:
+            if self._reader is None:
+                self._reader = SqliteStore(self.path, self.clock,
+                                           db=Db.read_only(self.path, self.clock))
+            with self._reader.db.snapshot():
+                return read(self._reader)
 
     def defer_release(self, instance: str, *, schedule_rev: int, number: int, cause: Cause,
                       release: ReleaseDraft | None) -> Release | None:

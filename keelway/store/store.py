@@ -40,7 +40,7 @@ Rules every implementation keeps:
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from keelway.clock import Clock
 from keelway.journal import Cause, Inhibition, OpKind, StepKind
@@ -78,6 +78,8 @@ from keelway.store.records import (
     Step,
 )
 from keelway.store.rollouts import Figures, HostState, RolloutCohort, RolloutJournal
+
+T = TypeVar("T")
 
 __all__ = ["NOUNS", "AppStore", "BoxLocalStore", "BuildStore", "GenerationStore",
            "ImportStore", "InstanceStore", "OperationStore", "RolloutStore", "RouteStore",
@@ -559,6 +561,13 @@ class Store(Protocol):
     def rollouts(self) -> RolloutStore: ...
 
     def close(self) -> None: ...
+
+    async def read_apart(self, read: Callable[[Store], T]) -> T:
+        """`read` over one consistent picture of the store, away from the event loop
+        where the backend can (SQLite: a read-only connection in a worker thread); what
+        it returns. For the big reads (`status` of a thousand instances) that would
+        otherwise hold every request behind them."""
+        ...
 
     def plan_generation(self, *, app: str, instance: str, service: str, release: int,
                         build_digest: str, op_id: int | None,

@@ -26,7 +26,9 @@ joins it), and the two that need this backend's own writes are here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager
+from typing import TypeVar
 
 import msgspec
 
@@ -47,6 +49,8 @@ from keelway.testing.memory_routes import MemoryRoutes, put_route
 from keelway.testing.memory_tables import MemoryDb, MemoryTables
 
 __all__ = ["BOX", "MemoryStore", "MemoryTables"]
+
+T = TypeVar("T")
 
 # The owner token of a memory store opened without one: one fixed token, as one box has.
 BOX = "box:memory"
@@ -92,6 +96,11 @@ class MemoryStore:
 
     def writing(self, what: str) -> AbstractContextManager[object]:
         return self._db.write()
+
+    async def read_apart(self, read: Callable[[Store], T]) -> T:
+        """In place, on the caller's loop: the tables are not for another thread, and
+        nothing writes them while `read` runs, so it is one consistent picture too."""
+        return read(self)
 
     def close(self) -> None:
         """Nothing to release: the records stay in `tables` for a reopen."""

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 
@@ -185,3 +186,24 @@ def test_a_driver_error_at_the_edge_becomes_a_store_error_naming_what_was_asked(
     assert isinstance(raised.value.__cause__, sqlite3.Error)
     with pytest.raises(StoreError, match="read"):
         store.apps.list_apps()
+
+
+def test_a_read_apart_is_one_snapshot_and_cannot_write(tmp_path: Path) -> None:
+    """`read_apart` reads over a read-only connection of its own inside one read
+    transaction: a commit of the writer meanwhile is not in its picture, and a write
+    through it is refused with nothing written."""
+    store = SqliteStore(tmp_path / "k.db", FakeClock())
+    store.apps.ensure_app("blog")
+
+    def read(reader: Store) -> tuple[list[str], list[str]]:
+        before = [a.name for a in reader.apps.list_apps()]
+        store.apps.ensure_app("shop")  # the writer commits while the read is open
+        return before, [a.name for a in reader.apps.list_apps()]
+
+    assert asyncio.run(store.read_apart(read)) == (["blog"], ["blog"])
+    assert asyncio.run(store.read_apart(
+        lambda r: [a.name for a in r.apps.list_apps()])) == ["blog", "shop"]
+    with pytest.raises(StoreError):
+        asyncio.run(store.read_apart(lambda r: r.apps.ensure_app("nope")))
+    assert [a.name for a in store.apps.list_apps()] == ["blog", "shop"]
+    store.close()

@@ -3,6 +3,8 @@ each one transaction, on every backend."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from keelway.journal import Cause, OpKind, StepKind
@@ -364,3 +366,13 @@ def test_a_closed_store_opened_again_has_every_record(open_store: OpenStore) -> 
     store.close()
     again = open_store()
     assert dump(again) == before
+
+
+def test_a_read_apart_sees_every_record_written_before_it(store: Store) -> None:
+    _instance(store, "a.test")
+    _instance(store, "b.test")
+
+    async def read() -> list[str]:
+        return await store.read_apart(lambda s: [i.host for i in s.instances.list_instances()])
+
+    assert asyncio.run(read()) == ["a.test", "b.test"]
