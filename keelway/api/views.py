@@ -49,18 +49,6 @@ def generation_view(gen: Generation, presences: Mapping[int, Presence]) -> dict[
     }
 
 
-def instance_status(store: Store, inst: Instance) -> InstanceStatus:
-    """The instance's state by the one rule (keelway/api/instance_state.py), read from
-    the store."""
-    active: dict[str, Generation] = {}
-    for row in store.generations.list_active(inst.host):
-        if (gen := store.generations.get_generation(row.generation_id)) is not None:
-            active[row.service] = gen
-    return decide(inst, active, store.generations.pending_retries(inst.host),
-                  store.ops.latest_operation_of(inst.host, RELEASING),
-                  store.ops.latest_operation_of(inst.host, SERVICE), store.clock.now())
-
-
 @dataclass(frozen=True)
 class Fleet:
     """Every instance's records that `status` shows, read in bulk: a fixed handful of
@@ -107,7 +95,7 @@ class Fleet:
                 for service, gen_id in self.views[host].active.items() if gen_id in self.active}
 
     def status(self, inst: Instance) -> InstanceStatus:
-        """The instance's state by the one rule, as `instance_status` reads it."""
+        """The instance's state by the one rule (keelway/api/instance_state.py)."""
         host = inst.host
         return decide(inst, self.active_of(host), self.retries.get(host, []),
                       self.releasing.get(host), self.service.get(host), self.now)
@@ -221,7 +209,7 @@ def status_view(store: Store, http_port: int | None, app_filter: str | None,
         for inst in fleet.instances(app.name):
             view = fleet.views[inst.host]
             active = fleet.active_of(inst.host)
-            active_ids = {gen.id for gen in active.values()}
+            active_ids = set(view.active.values())
             latest = view.latest
             services = [generation_view(gen, fleet.presences) | {"active": True}
                         for _service, gen in sorted(active.items())]
@@ -237,7 +225,7 @@ def status_view(store: Store, http_port: int | None, app_filter: str | None,
                     if gen.op_id is None or gen.op_id not in (live_ops or set()):
                         leftovers.append({"instance": inst.host, **item})
             url = f"http://{inst.host}:{http_port}/" if http_port else f"http://{inst.host}/"
-            stuck = unconverged(latest, set(view.active.values()),
+            stuck = unconverged(latest, active_ids,
                                 latest is not None and latest.id in (live_ops or set()))
             failed_closed = None
             if stuck:

@@ -46,11 +46,18 @@ class Db:
     """The connection, its transactions and the lease, shared by every noun."""
 
     def __init__(self, path: Path, clock: Clock | None = None,
-                 owner: str | None = None) -> None:
+                 owner: str | None = None, *, read_only: bool = False) -> None:
+        """`read_only`: a connection that only reads a store its writer has opened and
+        migrated already: no lease taken, no schema touched, and SQLite refuses any
+        write through it (a read-only open, `query_only`). What reads away from the
+        event loop use (`SqliteStore.read_apart`)."""
         self.path = Path(path)
         self.clock: Clock = clock or SystemClock()
         self.owner = owner if owner is not None else box_owner(self.path)
         self._depth = 0
+        if read_only:
+            self._conn = _connect_read_only(self.path)
+            return
         try:
             self._conn = _connect(self.path)
         except BaseException as exc:
@@ -64,29 +71,6 @@ class Db:
         except BaseException:
             self._conn.close()
             raise
-
-    @classmethod
-    def read_only(cls, path: Path, clock: Clock | None = None) -> Db:
-        """A connection that only reads the store at `path` (opened and migrated by its
-        writer already): no lease taken, no schema touched, and SQLite refuses any write
-        through it (`query_only`, a read-only open). What reads away from the event loop
-        use (`SqliteStore.read_apart`)."""
-        db = cls.__new__(cls)
-        db.path = Path(path)
-        db.clock = clock or SystemClock()
-        db.owner = box_owner(db.path)
-        db._depth = 0
-        conn = sqlite3.connect(f"{db.path.resolve().as_uri()}?mode=ro", uri=True,
-                               isolation_level=None, check_same_thread=False)
-        try:
-            conn.row_factory = sqlite3.Row
-            conn.execute("PRAGMA query_only=ON")
-            conn.execute("PRAGMA busy_timeout=5000")
-        except BaseException:
-            conn.close()
-            raise
-        db._conn = conn
-        return db
 
     @contextlib.contextmanager
     def snapshot(self) -> Iterator[None]:
@@ -260,6 +244,20 @@ def _connect(path: Path) -> sqlite3.Connection:
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute("PRAGMA busy_timeout=5000")
         schema.migrate(conn)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _connect_read_only(path: Path) -> sqlite3.Connection:
+    """A connection that can only read the store at `path`."""
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True,
+                           isolation_level=None, check_same_thread=False)
+    try:
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA query_only=ON")
+        conn.execute("PRAGMA busy_timeout=5000")
     except BaseException:
         conn.close()
         raise

@@ -51,9 +51,9 @@ class SqliteStore:
     default the one token of this box: `keelway.store.db.box_owner`)."""
 
     def __init__(self, path: Path, clock: Clock | None = None, *,
-                 owner: str | None = None, db: Db | None = None) -> None:
-        """`db`: the connection to hold instead of opening the writer's (a reader's)."""
-        self.db = db if db is not None else Db(path, clock, owner)
+                 owner: str | None = None, read_only: bool = False) -> None:
+        """`read_only`: a reader of a store its writer has opened (`Db`)."""
+        self.db = Db(path, clock, owner, read_only=read_only)
         self._reader: SqliteStore | None = None
         self._reading = threading.Lock()
         self.path = self.db.path
@@ -102,8 +102,7 @@ class SqliteStore:
     def _read_snapshot(self, read: Callable[[Store], T]) -> T:
         with self._reading:
             if self._reader is None:
-                self._reader = SqliteStore(self.path, self.clock,
-                                           db=Db.read_only(self.path, self.clock))
+                self._reader = SqliteStore(self.path, self.clock, read_only=True)
             with self._reader.db.snapshot():
                 return read(self._reader)
 
