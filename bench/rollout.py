@@ -11,7 +11,9 @@ Figures, each beside its target (issue #19, for 1,000 instances):
 The reference, measured in the same run: one instance's own restart (`keelway restart
 APP --instance H`: its boot, readiness and settle), so `one at a time` is the time a
 rollout of the same instances one by one would take, and `speedup` what the cohorts
-bought. The app is a few lines over a raw socket, so the box holds 1,000 of them.
+bought; and `status` on the quiet control plane before the rollout, so
+`status_worst_vs_quiet` is what the rollout's load adds to it. The app is a few lines
+over a raw socket, so the box holds 1,000 of them.
 
 A fresh KEELWAY_HOME and router port per run; requests go only to 127.0.0.1;
 everything started here is stopped here (`keelway down`, then by pid).
@@ -127,12 +129,21 @@ def run(instances: int, parallel: int, settle: str) -> dict[str, Any]:
         cli(env, "restart", APP, "--instance", hosts[0])
         one = time.perf_counter() - began
         result["one_instance_restart_s"] = round(one, 2)
+        # The reference for `status` during the rollout: the same read on a quiet
+        # control plane (the best of three).
+        quiet = []
+        for _ in range(3):
+            began = time.perf_counter()
+            api.request("GET", "/v1/status")
+            quiet.append(time.perf_counter() - began)
+        result["status_quiet_s"] = round(min(quiet), 3)
         took, worst = timed_rollout(env, api, "1")
         result["awake_rollout_s"] = round(took, 2)
         result["awake_one_at_a_time_s"] = round(one * instances, 1)
         result["awake_speedup"] = round(one * instances / took, 1)
         result["status_worst_s"] = round(worst["/v1/status"], 3)
         result["ping_worst_s"] = round(worst["/v1/ping"], 3)
+        result["status_worst_vs_quiet"] = round(worst["/v1/status"] / min(quiet), 1)
         parked = hosts[: instances * 9 // 10]
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda h: api.request("POST", f"/v1/instances/{h}/park", {}),

@@ -72,6 +72,23 @@ class OpKind(enum.StrEnum):
             case _:
                 assert_never(self)
 
+    @property
+    def ends_with_the_box(self) -> bool:
+        """Its effects are processes and routes, which a reboot ends anyway: its steps
+        that end with the box commit without their own fsync (keelway/durable.py). The
+        data plane's, a one-off run's and the removals' outlive a reboot."""
+        match self:
+            case (OpKind.DEPLOY | OpKind.CONFIG | OpKind.ROLLBACK | OpKind.RESTART
+                  | OpKind.STOP | OpKind.START | OpKind.RECOVER | OpKind.RESTART_CRASHED
+                  | OpKind.PARK | OpKind.WAKE | OpKind.REPLICATE):
+                return True
+            case (OpKind.RUN | OpKind.ADD_INSTANCES | OpKind.REMOVE_INSTANCE
+                  | OpKind.DESTROY | OpKind.SEED_IMPORT | OpKind.SEED_ROLLBACK
+                  | OpKind.RESTORE | OpKind.RESTORE_REPLICA):
+                return False
+            case _:
+                assert_never(self)
+
 
 class StepKind(enum.StrEnum):
     """One journaled step of an operation; `label` is how `keelway ops` shows it."""
@@ -229,6 +246,37 @@ class StepKind(enum.StrEnum):
                 return "purge snapshots"
             case StepKind.REPLICA_RESET:
                 return "reset replica"
+            case _:
+                assert_never(self)
+
+    @property
+    def ends_with_the_box(self) -> bool:
+        """What it does is undone by a reboot, or redone from an older journal to the
+        same end: a process, a route, a desired state the operation's durable end
+        acknowledges, files laid down again alike. Its begin may wait for the next
+        durable commit (keelway/durable.py). A step whose effect outlives a reboot and
+        must be neither repeated nor forgotten (a release command ran, a hold-mode build
+        executed, a one-off run, the data plane's changes, removals) begins durably."""
+        match self:
+            case (StepKind.SPAWN | StepKind.READY | StepKind.WITHDRAW | StepKind.STOP
+                  | StepKind.ACTIVATE | StepKind.PUBLISH | StepKind.SETTLE | StepKind.RETIRE
+                  | StepKind.STOP_NO_FALLBACK | StepKind.STOP_DOWN | StepKind.FAULT
+                  | StepKind.OUT_OF_SERVICE | StepKind.IN_SERVICE | StepKind.PARK
+                  | StepKind.WAKE | StepKind.LAY_DOWN | StepKind.DEFER | StepKind.HOLD_ROUTE
+                  | StepKind.REPLICA_START | StepKind.REPLICA_STOP | StepKind.INSTANCE_KEY):
+                return True
+            case (StepKind.RELEASE_COMMAND | StepKind.HOLD_EXEC | StepKind.RUN
+                  | StepKind.RUN_EXIT | StepKind.PURGE_DATA | StepKind.FORGET
+                  | StepKind.REMOVE_BUILDS | StepKind.SEED_STORE | StepKind.SEED_JOURNAL
+                  | StepKind.SEED_FENCE | StepKind.SEED_LAY_DOWN | StepKind.SEED_KEY
+                  | StepKind.SEED_OPEN | StepKind.SEED_CLOSE | StepKind.SEED_RETIRE_KEY
+                  | StepKind.SEED_REMOVE_DATA | StepKind.SEED_RESTORE
+                  | StepKind.SEED_UNFENCE | StepKind.SEED_DELETE_COPY
+                  | StepKind.SEED_DELETE_REPLICA | StepKind.SEED_FORGET
+                  | StepKind.SEED_RECORD | StepKind.SWAP_DB | StepKind.SWAP_DATABASE
+                  | StepKind.PURGE_REPLICA | StepKind.PURGE_SNAPSHOTS
+                  | StepKind.REPLICA_RESET):
+                return False
             case _:
                 assert_never(self)
 

@@ -12,7 +12,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "keelway"
 # Which keelway packages each layer may import (besides itself and the leaf modules).
 LEAVES = {"keelway.durable", "keelway.failpoints", "keelway.clock", "keelway.home",
           "keelway.names", "keelway.journal", "keelway.run_wire", "keelway.identity",
-          "keelway.app_path", "keelway", "keelway.testing"}
+          "keelway.app_path", "keelway.pacing", "keelway.cron", "keelway.limits", "keelway",
+          "keelway.testing"}
 ALLOWED = {
     "router": set(),
     "store": set(),

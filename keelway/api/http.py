@@ -49,6 +49,13 @@ def routes_of(*apis: object | None) -> list[web.RouteDef]:
     return found
 
 
+def encoded_response(body: bytes, status: int = 200) -> web.Response:
+    """A JSON body encoded already (`msgspec.json.encode`): a big view (the `status` of
+    a thousand instances) is encoded where it was read, away from the loop, in a
+    fraction of the stdlib encoder's time."""
+    return web.Response(body=body, status=status, content_type="application/json")
+
+
 def error_response(status: int, code: str, message: str, hint: str | None = None) -> web.Response:
     return web.json_response({"error": {"code": code, "message": message, "hint": hint}},
                              status=status)

@@ -18,7 +18,14 @@ from keelway import __version__
 from keelway.api import bodies
 from keelway.api.apps import AppsApi
 from keelway.api.domains import DomainsApi
-from keelway.api.http import app_name, errors_middleware, read_body, routes_of, send_line
+from keelway.api.http import (
+    app_name,
+    encoded_response,
+    errors_middleware,
+    read_body,
+    routes_of,
+    send_line,
+)
 from keelway.api.instances import InstancesApi
 from keelway.api.operations import Operations
 from keelway.api.parking import ParkingApi
@@ -34,7 +41,7 @@ from keelway.api.views import (
     operation_view,
     releases_view,
     router_view,
-    status_view,
+    status_json,
     unreleased_failures,
 )
 from keelway.deploy.apps import Apps
@@ -139,14 +146,15 @@ class Api:
             raise NotFoundError(f"no app named {app}", hint="see `keelway apps`")
         # Read apart from the loop that commits every journal write: a thousand
         # instances' status neither waits behind a rollout's writes nor holds them.
-        live = set(self.deployer.locks.live_ops)
-        port = self.http_port
-        view = await self.store.read_apart(
-            lambda store: status_view(store, port, app, live))
+        extra: dict[str, object] = {
+            "isolation": isolation_view(self.deployer.supervisor.identities)}
         if self.router is not None:
-            view["router"] = router_view(self.router.health())
-        view["isolation"] = isolation_view(self.deployer.supervisor.identities)
-        return web.json_response(view)
+            extra["router"] = router_view(self.router.health())
+        # Read, and encoded, in a process of its own (Store.read_aside): a thousand
+        # instances' status neither waits behind a rollout's work on this loop nor
+        # holds it, and the encoding is not the loop's either.
+        return encoded_response(await self.store.read_aside(
+            status_json, self.http_port, app, set(self.deployer.locks.live_ops), extra))
 
     async def doctor(self, _request: web.Request) -> web.Response:
         return web.json_response({"checks": doctor_checks(self.deployer.supervisor)})

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from keelway.api.instance_state import (
     RELEASING,
     SERVICE,
@@ -193,6 +195,13 @@ def last_drills(store: Store, app: str) -> dict[str, dict[str, Any]]:
             found[event.instance] = {"ok": event.kind == "drill", "at": event.at,
                                      "message": event.message}
     return found
+
+
+def status_json(store: Store, http_port: int | None, app_filter: str | None,
+                live_ops: set[int], extra: dict[str, object]) -> bytes:
+    """`status_view` with `extra` over it, encoded: what `status` answers, made where
+    it is read (Store.read_aside)."""
+    return msgspec.json.encode(status_view(store, http_port, app_filter, live_ops) | extra)
 
 
 def status_view(store: Store, http_port: int | None, app_filter: str | None,

@@ -74,7 +74,8 @@ async def start_generation(
     superseded attempt spawns nothing).
     """
     gate("before the spawn")
-    port = pick_free_port(store.local.claimed_ports()) if spec.kind is ServiceKind.WEB else None
+    port = (pick_free_port(store.local.port_claimed) if spec.kind is ServiceKind.WEB
+            else None)
     failpoints.hit("plan.before")
     gen = store.plan_generation(
         app=target.app, instance=instance, service=spec.name, release=target.release,

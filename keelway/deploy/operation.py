@@ -45,6 +45,7 @@ from keelway.deploy.errors import OperationError
 from keelway.deploy.locks import Locks
 from keelway.deploy.outcome import Outcome, Result
 from keelway.deploy.steps import Done, Failed, Steps
+from keelway.durable import sync_deferred
 from keelway.journal import REPLICA, OpKind, StepKind
 from keelway.reconcile.apply import end_interrupted
 from keelway.reconcile.plan import Finalize, Pass, Verdict, by_steps
@@ -386,31 +387,27 @@ class Runner:
 
         `intent` is written in the write that begins it, `ending` in the one that ends
         it DONE; `begun` is the operation to run `work` in instead of a new one."""
-        if begun is not None:
-            op = self._carried_on(begun)
-        elif intent is not None:
-            op = self.store.begin_with(intent, app, host, kind, self.owner, key=key,
-                                       request_digest=request_digest,
-                                       schedule_rev=schedule_rev)
-        else:
-            op = self.store.ops.begin_operation(app, host, kind, self.owner, key=key,
-                                                request_digest=request_digest,
-                                                schedule_rev=schedule_rev)
+        # Its end is durable before its caller is told; an operation whose effects end
+        # with the box writes without an fsync of its own, and is made durable at its
+        # end by `Store.sync`, one fsync off the loop for all that end together
+        # (keelway/durable.py). Any durable commit between covers what came before it.
+        deferred = kind.ends_with_the_box
+        with sync_deferred(deferred):
+            if begun is not None:
+                op = self._carried_on(begun)
+            elif intent is not None:
+                op = self.store.begin_with(intent, app, host, kind, self.owner, key=key,
+                                           request_digest=request_digest,
+                                           schedule_rev=schedule_rev)
+            else:
+                op = self.store.ops.begin_operation(app, host, kind, self.owner, key=key,
+                                                    request_digest=request_digest,
+                                                    schedule_rev=schedule_rev)
         self.locks.live_ops.add(op.id)
         faulted = False
         try:
-            result = await work(op)
-            # The one hook of replication (keelway/data/replicas.py): after any operation,
-            # the replicator follows what the instance now is (running: started once its
-            # web is; parked or stopped: synced and stopped, proven gone), as steps of
-            # this same operation, so every place that brings an instance up or down is
-            # covered without a call of its own. It changes the outcome of a `replicate`
-            # operation only (its whole work): what any other did to traffic is done,
-            # and the reconciler keeps the replicator.
-            failed = await self.replica_hook.keep_replica(op, host)
-            if failed is not None and kind is OpKind.REPLICATE and (
-                    result.outcome is Outcome.DONE):
-                result = Result(Outcome.FAILED, failed)
+            with sync_deferred(deferred):
+                result = await self._work(op, host, kind, work)
         except OperationError as exc:
             result = Result(Outcome.FAILED, exc.message)
         except Exception as exc:
@@ -420,9 +417,27 @@ class Runner:
         if faulted:
             await self._converge_fault(host)
         else:
-            self._finish(op, result, ending)
+            self._finish(op, result, ending, deferred)
+            if deferred:
+                await self.store.sync()
             if converge_after:
                 await self.converger.converge(host, Pass.MUTATION)
+        return result
+
+    async def _work(self, op: Operation, host: str, kind: OpKind,
+                    work: Callable[[Operation], Awaitable[Result]]) -> Result:
+        result = await work(op)
+        # The one hook of replication (keelway/data/replicas.py): after any operation,
+        # the replicator follows what the instance now is (running: started once its
+        # web is; parked or stopped: synced and stopped, proven gone), as steps of this
+        # same operation, so every place that brings an instance up or down is covered
+        # without a call of its own. It changes the outcome of a `replicate` operation
+        # only (its whole work): what any other did to traffic is done, and the
+        # reconciler keeps the replicator.
+        failed = await self.replica_hook.keep_replica(op, host)
+        if failed is not None and kind is OpKind.REPLICATE and (
+                result.outcome is Outcome.DONE):
+            result = Result(Outcome.FAILED, failed)
         return result
 
     def _carried_on(self, op: Operation) -> Operation:
@@ -436,20 +451,24 @@ class Runner:
         return self.store.ops.get_operation(op.id) or op
 
     def _finish(self, op: Operation, result: Result,
-                ending: Callable[[], object] | None = None) -> None:
+                ending: Callable[[], object] | None = None, deferred: bool = False) -> None:
+        """The operation's end and its event written: durably, or (`deferred`) for the
+        caller's `Store.sync` to make durable."""
         failpoints.hit("finish.before")
-        latest = self.store.ops.get_operation(op.id) or op
-        if not latest.terminal:
-            if result.outcome is Outcome.DONE and ending is not None:
-                self.store.finish_with(ending, latest, OpState.SUCCEEDED)
-            elif result.outcome is Outcome.DONE:
-                self.store.ops.finish_operation(latest, OpState.SUCCEEDED)
-            else:
-                self.store.ops.finish_operation(latest, OpState.FAILED, error=result.reason)
-        message = f"{op.kind} {'succeeded' if result.outcome is Outcome.DONE else 'failed'}"
-        if result.reason:
-            message += f": {result.reason}"
-        self.store.ops.add_event("op", message, app=op.app, instance=op.instance)
+        with sync_deferred(deferred):
+            latest = self.store.ops.get_operation(op.id) or op
+            if not latest.terminal:
+                if result.outcome is Outcome.DONE and ending is not None:
+                    self.store.finish_with(ending, latest, OpState.SUCCEEDED)
+                elif result.outcome is Outcome.DONE:
+                    self.store.ops.finish_operation(latest, OpState.SUCCEEDED)
+                else:
+                    self.store.ops.finish_operation(latest, OpState.FAILED,
+                                                    error=result.reason)
+            message = f"{op.kind} {'succeeded' if result.outcome is Outcome.DONE else 'failed'}"
+            if result.reason:
+                message += f": {result.reason}"
+            self.store.ops.add_event("op", message, app=op.app, instance=op.instance)
 
     def _record_fault(self, op: Operation, exc: Exception) -> str:
         """Journal an exception raised inside `op` as a failed `fault` step; returns the

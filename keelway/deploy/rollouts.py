@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from keelway import failpoints
 from keelway.builds.manifest import RolloutSpec
@@ -35,6 +35,7 @@ from keelway.clock import Clock
 from keelway.deploy.cohorts import CohortVerdict, Judgement, errors_of, judge, plan_cohorts
 from keelway.deploy.outcome import Outcome, Progress, Result
 from keelway.journal import OpKind
+from keelway.pacing import TurnGate, paced
 from keelway.router.counts import ResponseCounts
 from keelway.store import Conflict, IllegalTransition, Store
 from keelway.store.lifecycle import InstanceState, RolloutState
@@ -63,6 +64,14 @@ ReadCounts = Callable[[], Awaitable[ResponseCounts | None]]
 # Whether the rollout's release row is written yet: until it is, instances take it one
 # at a time (the first install writes it), then the cohort's rest in parallel.
 ReleaseWritten = Callable[[], bool]
+
+# How many of a cohort's attempts, and of their steps, may begin in one turn of the
+# control plane's loop. An attempt's start (journal writes, plan, lay-down, spawn) holds
+# the loop some milliseconds at a thousand instances, and a cohort's attempts move in
+# step (begun together, their settle windows end together): 200 at once held every
+# request for over a second. The same work, 8 a turn, leaves a request at most a turn's
+# wait (pacing.TurnGate), and the cohort takes no longer: the loop does the same work.
+STARTS_PER_TURN = 8
 
 # How long a bake that waits for traffic (`on_no_traffic = "wait"`) waits at least
 # between two looks at the router's counts.
@@ -144,6 +153,9 @@ class Rollouts:
     store: Store
     clock: Clock
     counts: ReadCounts | None = None
+    # Shared by every rollout this control plane drives, so two apps' cohorts begun
+    # together are paced together.
+    starts: TurnGate = field(default_factory=lambda: TurnGate(STARTS_PER_TURN))
 
     async def drive(self, journal: RolloutJournal, spec: RolloutSpec, attempt: AttemptHost,
                     released: ReleaseWritten, progress: Progress,
@@ -213,7 +225,9 @@ class Rollouts:
 
             async def one(host: str) -> tuple[str, Result]:
                 async with gate:
-                    return host, await attempt(host)
+                    await self.starts.turn()
+                    with paced(self.starts):  # and each of its steps
+                        return host, await attempt(host)
 
             results.update(await asyncio.gather(*(one(h) for h in waiting)))
         rolled = [h for h in todo if h in results and results[h].outcome is Outcome.DONE]

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from typing import assert_never
 
 from keelway import failpoints
+from keelway.durable import sync_deferred, sync_is_deferred
 from keelway.journal import StepKind
+from keelway.pacing import take_turn
 from keelway.store import Store
 from keelway.store.lifecycle import StepState
 
@@ -57,8 +59,11 @@ class Steps:
 
         `after_gen` names the candidate the step starts: convergence keeps it if ACTIVE
         names it and removes it otherwise, so it is written before the effect."""
-        seq = self.store.ops.begin_step(self.op_id, kind, service=service, before_gen=before_gen,
-                                        after_gen=after_gen, detail=detail)
+        await take_turn()  # a rollout's hundreds of steps begin a few a loop turn
+        with sync_deferred(sync_is_deferred() and kind.ends_with_the_box):
+            seq = self.store.ops.begin_step(self.op_id, kind, service=service,
+                                            before_gen=before_gen, after_gen=after_gen,
+                                            detail=detail)
         for point in before:
             failpoints.hit(point)
         end = await effect()

@@ -9,7 +9,7 @@ and fails the instance closed (`FailedClosed`), with the leftover in the journal
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, assert_never
 
@@ -141,13 +141,27 @@ def observe(records: Records, supervisor: Supervisor,
     leaders `presences` holds (store.local's bulk read). A tree is
     looked at only for a generation whose leader is dead or unrecorded: the common case
     costs one stat read per generation."""
-    leaders = {g.id: presences[g.id].leader for g in records.live}
-    alive = {g.id for g in records.live if (leader := leaders[g.id]) is not None
+    return observe_all([records], supervisor, presences)[0]
+
+
+def observe_all(all_records: Sequence[Records], supervisor: Supervisor,
+                presences: Mapping[int, Presence]) -> list[Observed]:
+    """`observe` for many instances at once: the trees of all their generations whose
+    leader is dead or unrecorded looked at together (one read of /proc for those with
+    no cgroup, however many: a survey during a rollout meets hundreds just planned)."""
+    live = [g for records in all_records for g in records.live]
+    leaders = {g.id: presences[g.id].leader for g in live}
+    alive = {g.id for g in live if (leader := leaders[g.id]) is not None
              and process.is_alive(*leader)}
-    orphans = {g.id for g in records.live if g.id not in alive and supervisor.trees.members(
-        g.id, leaders[g.id])}
-    watched = {g.id for g in records.live if supervisor.is_watched(g.id)}
-    return Observed(frozenset(alive), frozenset(watched), frozenset(orphans))
+    orphans = supervisor.trees.with_members(
+        {g.id: leaders[g.id] for g in live if g.id not in alive})
+    watched = {g.id for g in live if supervisor.is_watched(g.id)}
+    observed = []
+    for records in all_records:
+        mine = {g.id for g in records.live}
+        observed.append(Observed(frozenset(alive & mine), frozenset(watched & mine),
+                                 frozenset(orphans & mine)))
+    return observed
 
 
 @dataclass(eq=False)
@@ -176,18 +190,29 @@ class Reconciler:
         return plan(records, observe(records, self.supervisor, self.store.local.presences(
             g.id for g in records.live)), mode, self.finalize)
 
-    def survey(self, mode: Pass, live_ops: set[int]) -> tuple[list[str], bool]:
+    def survey(self, mode: Pass, live_ops: set[int],
+               store: Store | None = None) -> tuple[list[str], bool]:
         """The instances whose plan does more than republish, planned from one bulk read
         (what boot and the periodic pass lock and reconcile afresh), and whether any
         plan asks to republish. An idle instance (stopped, or running and settled)
         costs its share of a handful of queries, one liveness check per generation
-        and no lock."""
+        and no lock. `store`: where to read (the periodic pass reads apart from the
+        loop, `Store.read_apart`); what it finds is only where to look again, under
+        each instance's lock."""
+        store = store or self.store
         hosts, republish = [], False
-        views = self.store.instances.instance_views()
-        presences = self.store.local.presences(g.id for view in views for g in view.live)
+        views = store.instances.instance_views()
+        presences = store.local.presences(g.id for view in views for g in view.live)
+        planned: list[tuple[InstanceView, Records]] = []
         for view in views:
             try:
-                actions = self._plan_view(view, mode, live_ops, presences)
+                planned.append((view, records_of(view, live_ops, self.replicate)))
+            except Exception:
+                hosts.append(view.instance.host)  # as a plan that raises, below
+        observed = observe_all([r for _, r in planned], self.supervisor, presences)
+        for (view, records), seen in zip(planned, observed, strict=True):
+            try:
+                actions = plan(records, seen, mode, self.finalize)
             except Exception:
                 # One instance's records must not keep the others from their pass: it is
                 # reconciled alone, where its error is reported as its own.
@@ -197,11 +222,6 @@ class Reconciler:
                 hosts.append(view.instance.host)
             republish = republish or any(a.kind is Kind.REPUBLISH for a in actions)
         return hosts, republish
-
-    def _plan_view(self, view: InstanceView, mode: Pass, live_ops: set[int],
-                   presences: Mapping[int, Presence]) -> list[Action]:
-        records = records_of(view, live_ops, self.replicate)
-        return plan(records, observe(records, self.supervisor, presences), mode, self.finalize)
 
     async def reconcile(self, host: str, mode: Pass, live_ops: set[int]) -> Convergence:
         """Plan and apply for one instance; the caller holds (or tried) its lock."""

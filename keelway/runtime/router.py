@@ -188,7 +188,7 @@ def recorded_settings(home: Home) -> tuple[str, RouterSettings | None] | None:
 # The routers this process started, kept to reap them (and read how they ended) once
 # they exit: the event loop reaps them as they exit, and nothing waits on one in the
 # foreground, because the router outlives us.
-_children: dict[int, asyncio.subprocess.Process] = {}
+_children: dict[int, process.Reapable] = {}
 
 
 async def _spawn(home: Home, source: list[str],

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,7 +79,7 @@ class _Handle:
     gen_id: int
     pid: int
     start_ticks: int
-    proc: asyncio.subprocess.Process | None
+    proc: process.Reapable | None
     # Set while keelway itself is stopping the process: its exit is then expected.
     stopping: bool = False
     # `stop`'s own stop of the tree, while it runs: a leader that dies of its SIGTERM
@@ -102,11 +102,12 @@ def every_process_dies(generation_id: int) -> bool:
 RefusesToDie = Callable[[int], bool]
 
 
-# How many spawns may fork in one turn of the event loop. A fork holds the loop until the
-# child has exec'd (some 6 ms for a control plane holding a thousand instances), so a
-# cohort of 200 starting at once would hold every request (a `status`, a wake) for
-# seconds; past this many, a spawn waits for the next turn, and what else is ready runs
-# between. Spawns are no slower in sum: the loop does the same forks.
+# How many spawns may start in one turn of the event loop. A vfork-style start holds the
+# loop some 0.2 ms; the fallback's fork (runtime.process) holds it until the child has
+# exec'd, some 13 ms for a control plane holding a thousand instances, so a cohort of 200
+# starting at once would hold every request (a `status`, a wake) for seconds. Past this
+# many, a spawn waits for the next turn, and what else is ready runs between. Spawns are
+# no slower in sum: the loop does the same starts.
 FORKS_AT_ONCE = 8
 
 
@@ -397,7 +398,12 @@ class Supervisor:
         The records are read after the scan: a generation's row is written before its
         cgroup or process exists, so a tree being spawned right now is never a stray.
         """
-        strays = self.strays()
+        # Scanned off the loop: with thousands of processes on the box, reading each
+        # one's environment (the proc-scan half) took the loop some 100 ms a pass. A
+        # tree proven gone and its record buried while the scan ran is no stray: each
+        # one found is looked at again, here, after the records.
+        found = await asyncio.to_thread(self.trees.scan)
+        strays = [g for g in self._strays(found) if self.trees.still_there(g, found[g])]
         for gen_id in strays:
             if await tree.stop(self.trees, gen_id, None, grace_s=0.0, clock=self.clock):
                 failpoints.hit("cgroup.remove.before")
@@ -409,7 +415,9 @@ class Supervisor:
 
     def strays(self) -> list[int]:
         """The generations whose tree `remove_strays` removes (`reconcile --dry-run`)."""
-        found = self.trees.scan()
+        return self._strays(self.trees.scan())
+
+    def _strays(self, found: Mapping[int, object]) -> list[int]:
         live = {g.id for g in self.store.generations.live_generations()}
         return sorted(set(found) - live)
 

@@ -43,13 +43,13 @@ import hashlib
 import logging
 import os
 import signal
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from keelway import failpoints
 from keelway.clock import Clock
-from keelway.runtime.process import ProcStat, is_alive, read_stat, session_members
+from keelway.runtime.process import ProcStat, Reapable, is_alive, read_stat, session_members
 
 log = logging.getLogger("keelway.tree")
 
@@ -240,6 +240,43 @@ class ProcessTrees:
                 by_pid[stat.pid] = stat
         return list(by_pid.values())
 
+    def with_members(self, leaders: Mapping[int, Leader | None]) -> set[int]:
+        """The generations of `leaders` (id: its leader, if recorded) whose tree has a
+        live member, as `members` would find them, with /proc read once for all those
+        without a cgroup directory rather than once each: during a rollout, a survey
+        met hundreds of generations planned and not yet spawned, and read every
+        process's environment for each, holding the loop for seconds.
+
+        Where generations get cgroups, one with neither a cgroup nor a recorded leader
+        was never started by this mechanism (its cgroup is made before its fork): it is
+        not looked for in /proc. A tree of it that an earlier keelway started under
+        proc-scan, before a crash kept its leader from the record, is still found by
+        `stop`'s own look, and by `scan` once its record is gone: `members` reads /proc
+        for it whatever the mechanism."""
+        found: set[int] = set()
+        scanned: list[tuple[int, Leader | None]] = []
+        for gen_id, leader in leaders.items():
+            members = self._cgroup_members(gen_id)
+            if members is None:
+                if leader is not None or not self.uses_cgroups:
+                    scanned.append((gen_id, leader))
+            elif members or (leader is not None and is_alive(*leader)):
+                found.add(gen_id)
+        if not scanned:
+            return found
+        marked = marked_processes(self.home_root)
+        sessions: dict[int, list[ProcStat]] | None = None
+        for gen_id, leader in scanned:
+            if marked.get(gen_id):
+                found.add(gen_id)
+            elif leader is not None:
+                if sessions is None:
+                    sessions = _by_session()
+                if is_alive(*leader) or any(m.start_ticks >= leader[1]
+                                            for m in sessions.get(leader[0], ())):
+                    found.add(gen_id)
+        return found
+
     def scan(self) -> dict[int, list[ProcStat]]:
         """Every generation of the home that has a tree on this box (a cgroup directory,
         even an empty one, or a process carrying the marker), with its live members."""
@@ -256,6 +293,12 @@ class ProcessTrees:
             known = {m.pid for m in found.setdefault(gen_id, [])}
             found[gen_id] += [p for p in procs if p.pid not in known]
         return found
+
+    def still_there(self, gen_id: int, seen: Iterable[ProcStat]) -> bool:
+        """Whether a tree `scan` found a moment ago is still there: a cgroup directory
+        of it, or a process of it seen then (by pid and start time) alive now."""
+        return any(d.is_dir() for d in self._all_dirs(gen_id)) or any(
+            is_alive(m.pid, m.start_ticks) for m in seen)
 
     # -- killing -------------------------------------------------------------------------
 
@@ -292,7 +335,7 @@ class ProcessTrees:
 
 
 async def stop(trees: ProcessTrees, gen_id: int, leader: Leader | None, *, grace_s: float,
-               clock: Clock, proc: asyncio.subprocess.Process | None = None,
+               clock: Clock, proc: Reapable | None = None,
                poll_s: float = 0.02) -> bool:
     """SIGTERM the whole tree, SIGKILL it after `grace_s` (at once when `grace_s` <= 0);
     True once every process ever seen in it is proven dead and no member is left.
@@ -359,6 +402,17 @@ def marked_processes(home_root: Path) -> dict[int, list[ProcStat]]:
         stat = read_stat(pid)
         if gen.isdigit() and stat is not None and stat.state != "Z":
             found.setdefault(int(gen), []).append(stat)
+    return found
+
+
+def _by_session() -> dict[int, list[ProcStat]]:
+    """Every live process of the box by its session id, from one read of /proc."""
+    found: dict[int, list[ProcStat]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            stat = read_stat(int(entry.name))
+            if stat is not None and stat.state != "Z":
+                found.setdefault(stat.session, []).append(stat)
     return found
 
 

@@ -26,7 +26,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from keelway.clock import Clock, SystemClock
-from keelway.durable import PRIVATE_FILE_MODE, create_private, disk_full, sqlite_side_paths
+from keelway.durable import (
+    PRIVATE_FILE_MODE,
+    create_private,
+    disk_full,
+    sqlite_side_paths,
+    sync_is_deferred,
+)
 from keelway.store import schema
 from keelway.store.errors import Conflict, DiskFull, NotFound, StaleOwner, StoreError
 from keelway.store.lifecycle import Removal
@@ -55,6 +61,10 @@ class Db:
         self.clock: Clock = clock or SystemClock()
         self.owner = owner if owner is not None else box_owner(self.path)
         self._depth = 0
+        self._sync_deferred = False  # the connection's `synchronous`: NORMAL, or FULL
+        # Commits made, and how many of them are known to be on disk (`sync`).
+        self.committed = 0
+        self.synced = 0
         if read_only:
             self._conn = _connect_read_only(self.path)
             return
@@ -87,6 +97,20 @@ class Db:
     def close(self) -> None:
         self._conn.close()
 
+    def fsync_log(self) -> None:
+        """Every commit so far on disk: the WAL file fsynced, as a FULL commit would
+        (the frames of NORMAL commits are in it, in the page cache). From any thread:
+        it touches the file, not the connection. No WAL file: nothing is pending."""
+        wal = sqlite_side_paths(self.path)[0]
+        try:
+            fd = os.open(wal, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
     @contextlib.contextmanager
     def tx(self, what: str, *, missing: str | None = None) -> Iterator[sqlite3.Connection]:
         """One BEGIN IMMEDIATE transaction of the lease's owner; nested calls join the
@@ -103,12 +127,22 @@ class Db:
                 self._depth -= 1
             return
         with self.reading(what):
+            deferred = sync_is_deferred()
+            if deferred != self._sync_deferred:
+                # Per transaction (keelway/durable.py): in WAL mode, FULL fsyncs the log
+                # at each commit; NORMAL leaves that to the next FULL commit (or
+                # checkpoint), whose fsync covers every commit before it.
+                self._conn.execute(f"PRAGMA synchronous={'NORMAL' if deferred else 'FULL'}")
+                self._sync_deferred = deferred
             self._conn.execute("BEGIN IMMEDIATE")
         self._depth = 1
         try:
             self._refuse_stale_owner()
             yield self._conn
             self._conn.execute("COMMIT")
+            self.committed += 1
+            if not self._sync_deferred:
+                self.synced = self.committed  # FULL: its fsync covers every commit before
         except BaseException as exc:
             # A COMMIT that fails (SQLITE_FULL) may or may not have rolled back by
             # itself; either way no transaction may stay open, or every later BEGIN
@@ -239,7 +273,8 @@ def _connect(path: Path) -> sqlite3.Connection:
     try:
         conn.row_factory = sqlite3.Row
         conn.execute("PRAGMA journal_mode=WAL")
-        # FULL: a committed operation step survives power loss, not just a process crash.
+        # FULL: a commit survives power loss, not just a process crash; a transaction
+        # in a deferred scope sets NORMAL for itself (Db.tx, keelway/durable.py).
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute("PRAGMA busy_timeout=5000")

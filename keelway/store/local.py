@@ -60,6 +60,10 @@ class SqliteLocal:
         return {int(r[0]) for r in self.db.rows(
             "SELECT port FROM presences WHERE claimed_at IS NOT NULL")}
 
+    def port_claimed(self, port: int) -> bool:
+        return self.db.row("SELECT 1 FROM presences WHERE port=? AND claimed_at IS NOT NULL",
+                           port) is not None
+
 
 def _ids(generation_ids: Iterable[int]) -> str:
     """Ids bound as one JSON array: one statement whatever their count, so a thousand

@@ -95,13 +95,17 @@ class SqliteOperations:
         return attempts
 
     def latest_operations(self) -> dict[str, Operation]:
-        """Each instance's latest operation with its steps, in two queries however many
-        instances there are (boot and the periodic pass read every instance)."""
+        """Each instance's latest operation, in two queries however many instances there
+        are (boot, the periodic pass and `status` read every instance); its steps unless
+        it succeeded (records.InstanceView says why)."""
         # A one-off run is never an instance's latest operation (as latest_operation).
         latest = ("SELECT MAX(id) FROM operations"
                   f" WHERE kind!='{OpKind.RUN.value}' GROUP BY instance")
+        unsettled = (f"SELECT id FROM operations WHERE id IN ({latest})"
+                     f" AND state!='{OpState.SUCCEEDED.value}'")
         steps: dict[int, list[Step]] = {}
-        for r in self.db.rows(f"SELECT * FROM steps WHERE op_id IN ({latest}) ORDER BY op_id, seq"):
+        for r in self.db.rows(
+                f"SELECT * FROM steps WHERE op_id IN ({unsettled}) ORDER BY op_id, seq"):
             steps.setdefault(r["op_id"], []).append(_step(r))
         return {r["instance"]: self._operation(r, steps.get(r["id"], []))
                 for r in self.db.rows(f"SELECT * FROM operations WHERE id IN ({latest})")}

@@ -234,8 +234,11 @@ class Event(msgspec.Struct, frozen=True):
 
 class InstanceView(msgspec.Struct, frozen=True):
     """Everything convergence reads of one instance, as one bulk read gives it: the
-    instance, its latest operation (with steps), ACTIVE, its generations not gone and
-    their inhibitions, its own route."""
+    instance, its latest operation, ACTIVE, its generations not gone and their
+    inhibitions, its own route. The latest operation carries its steps unless it
+    succeeded: a succeeded operation leaves nothing to converge, so neither a pass nor
+    `status` reads them, and a thousand instances' steps were most of such a read's
+    rows (`get_operation` has them)."""
 
     instance: Instance
     latest: Operation | None

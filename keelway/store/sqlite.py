@@ -20,16 +20,18 @@ each over the one shared connection (`Db`, keelway/store/db.py), held here as
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar, cast
 
 from keelway.clock import Clock
 from keelway.journal import Cause
 from keelway.store import intents
 from keelway.store.apps import SqliteApps
+from keelway.store.aside import ASIDE_FROM, Aside, AsideUnavailable
 from keelway.store.builds import SqliteBuilds
 from keelway.store.db import Db
 from keelway.store.generations import SqliteGenerations
@@ -43,6 +45,8 @@ from keelway.store.rollouts import SqliteRollouts
 from keelway.store.routes import SqliteRoutes
 from keelway.store.store import Store
 
+log = logging.getLogger("keelway.store")
+
 T = TypeVar("T")
 
 
@@ -54,8 +58,14 @@ class SqliteStore:
                  owner: str | None = None, read_only: bool = False) -> None:
         """`read_only`: a reader of a store its writer has opened (`Db`)."""
         self.db = Db(path, clock, owner, read_only=read_only)
-        self._reader: SqliteStore | None = None
+        # Read-only connections of `read_apart`, one per worker thread that read (a
+        # connection is for one thread at a time): reads apart run side by side, a
+        # periodic pass's survey beside a `status`.
+        self._readers: list[SqliteStore] = []
+        self._mine = threading.local()
+        self._aside: Aside | None = None
         self._reading = threading.Lock()
+        self._syncing = asyncio.Lock()
         self.path = self.db.path
         self.clock = self.db.clock
         self.apps = SqliteApps(self.db)
@@ -87,24 +97,56 @@ class SqliteStore:
         return self.db.tx(what)
 
     def close(self) -> None:
+        if self._aside is not None:
+            self._aside.close()
         with self._reading:
-            if self._reader is not None:
-                self._reader.close()
-                self._reader = None
+            for reader in self._readers:
+                reader.close()
+            self._readers.clear()
         self.db.close()
+
+    async def sync(self) -> None:
+        """Every commit made before the call on disk when it returns (keelway/durable.py):
+        the WAL fsynced in a worker thread, one fsync for every caller waiting at once
+        (a group commit: a cohort's operations ending together share it)."""
+        want = self.db.committed
+        async with self._syncing:
+            if self.db.synced >= want:
+                return
+            upto = self.db.committed
+            await asyncio.to_thread(self.db.fsync_log)
+            self.db.synced = max(self.db.synced, upto)
+
+    async def read_aside(self, read: Callable[..., T], *args: Any) -> T:
+        """`read(store, *args)` in a process of its own (keelway/store/aside.py), over
+        one snapshot, once the store holds ASIDE_FROM instances; in a thread
+        (`read_apart`) below that, or where that process cannot run."""
+        counted = self.db.row("SELECT COUNT(*) FROM instances")
+        if counted is None or counted[0] < ASIDE_FROM:
+            return await self.read_apart(lambda store: read(store, *args))
+        if self._aside is None:
+            self._aside = Aside(self.path)
+        try:
+            return cast(T, await asyncio.to_thread(self._aside.call, read, args))
+        except AsideUnavailable as exc:
+            log.warning("%s; reading in a thread instead", exc)
+            return await self.read_apart(lambda store: read(store, *args))
 
     async def read_apart(self, read: Callable[[Store], T]) -> T:
         """`read` run in a worker thread over a read-only connection of its own, inside
         one read transaction: a consistent picture that costs the event loop (which
-        commits every journal write) nothing while it is read. One read at a time."""
+        commits every journal write) nothing while it is read."""
         return await asyncio.to_thread(self._read_snapshot, read)
 
     def _read_snapshot(self, read: Callable[[Store], T]) -> T:
-        with self._reading:
-            if self._reader is None:
-                self._reader = SqliteStore(self.path, self.clock, read_only=True)
-            with self._reader.db.snapshot():
-                return read(self._reader)
+        reader: SqliteStore | None = getattr(self._mine, "reader", None)
+        if reader is None:
+            reader = SqliteStore(self.path, self.clock, read_only=True)
+            with self._reading:
+                self._readers.append(reader)
+            self._mine.reader = reader
+        with reader.db.snapshot():
+            return read(reader)
 
     def defer_release(self, instance: str, *, schedule_rev: int, number: int, cause: Cause,
                       release: ReleaseDraft | None) -> Release | None:

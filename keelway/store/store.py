@@ -500,6 +500,11 @@ class BoxLocalStore(Protocol):
 
     def claimed_ports(self) -> set[int]: ...
 
+    def port_claimed(self, port: int) -> bool:
+        """Whether a live generation claims `port`: one index lookup, where
+        `claimed_ports` reads every claim (a spawn at a thousand instances asks)."""
+        ...
+
 
 class RolloutStore(Protocol):
     """Rollouts: one release's journaled way across an app's instances, in cohorts
@@ -561,6 +566,19 @@ class Store(Protocol):
     def rollouts(self) -> RolloutStore: ...
 
     def close(self) -> None: ...
+
+    async def sync(self) -> None:
+        """Every write committed before the call survives power loss once it returns
+        (keelway/durable.py: writes in a deferred scope wait for this or for the next
+        durable commit), without holding the event loop for the fsync."""
+        ...
+
+    async def read_aside(self, read: Callable[..., T], *args: Any) -> T:
+        """`read(store, *args)` over one consistent picture, in a process of its own
+        where the backend can (SQLite: keelway/store/aside.py), so a busy event loop
+        does not slow it nor it the loop: `read` is a module-level function, and its
+        arguments and result cross a process boundary (pickled)."""
+        ...
 
     async def read_apart(self, read: Callable[[Store], T]) -> T:
         """`read` over one consistent picture of the store, away from the event loop

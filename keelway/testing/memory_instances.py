@@ -14,8 +14,16 @@ from keelway.journal import Cause, Inhibition
 from keelway.store.errors import Conflict, NotFound
 from keelway.store.hosts import Claim, HostTaken
 from keelway.store.identities import IdSpace, instance_name
-from keelway.store.lifecycle import GenState, InstanceState, Removal, RouteState, check
-from keelway.store.records import Alias, Fence, Generation, Instance, InstanceView, Route
+from keelway.store.lifecycle import GenState, InstanceState, OpState, Removal, RouteState, check
+from keelway.store.records import (
+    Alias,
+    Fence,
+    Generation,
+    Instance,
+    InstanceView,
+    Operation,
+    Route,
+)
 from keelway.testing.memory_ops import latest_operation
 from keelway.testing.memory_routes import delete_route, mirror_aliases
 from keelway.testing.memory_tables import MemoryDb, MemoryTables, own, own_or_none, owned_where
@@ -245,8 +253,15 @@ class MemoryInstances:
         for gen_id, reason in t.inhibitions:
             marks.setdefault(gen_id, set()).add(reason)
         fenced = self.fenced_instances()
+
+        def latest(host: str) -> Operation | None:  # steps as records.InstanceView says
+            op = latest_operation(t, host)
+            if op is not None and op.state is OpState.SUCCEEDED:
+                return msgspec.structs.replace(op, steps=[])
+            return op
+
         return [InstanceView(
-            instance=inst, latest=latest_operation(t, inst.host),  # both owned
+            instance=inst, latest=latest(inst.host),  # both owned
             active=active.get(inst.host, {}), live=live.get(inst.host, []),
             inhibitions={g.id: frozenset(marks.get(g.id, ())) for g in live.get(inst.host, [])},
             route=t.routes.get(inst.host), fenced=inst.host in fenced,

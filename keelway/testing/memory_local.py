@@ -47,3 +47,6 @@ class MemoryLocal:
 
     def claimed_ports(self) -> set[int]:
         return set(self._db.tables.port_claims)
+
+    def port_claimed(self, port: int) -> bool:
+        return port in self._db.tables.port_claims

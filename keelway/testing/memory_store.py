@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -96,6 +96,13 @@ class MemoryStore:
 
     def writing(self, what: str) -> AbstractContextManager[object]:
         return self._db.write()
+
+    async def sync(self) -> None:
+        """Nothing to make durable: the tables live and die with the process."""
+
+    async def read_aside(self, read: Callable[..., T], *args: Any) -> T:
+        """In place, as `read_apart`."""
+        return read(self, *args)
 
     async def read_apart(self, read: Callable[[Store], T]) -> T:
         """In place, on the caller's loop: the tables are not for another thread, and

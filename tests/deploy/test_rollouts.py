@@ -13,7 +13,7 @@ import pytest
 
 from keelway.builds.manifest import Amount, NoTraffic, RolloutSpec
 from keelway.deploy.outcome import Outcome, Result
-from keelway.deploy.rollouts import Rollouts, begin_rollout, settle_rolling
+from keelway.deploy.rollouts import STARTS_PER_TURN, Rollouts, begin_rollout, settle_rolling
 from keelway.journal import OpKind
 from keelway.router.counts import InstanceCounts, ResponseCounts
 from keelway.store.lifecycle import RolloutState
@@ -298,3 +298,42 @@ def test_budget_amounts_are_judged_as_counts_too(store: MemoryStore) -> None:
     fleet.on_attempt = lambda host: router.serve(host, "5xx", 3)
     assert _drive(store, _begin(store, spec, HOSTS[:2]), fleet, router,
                   spec).state is RolloutState.DONE
+
+
+def test_a_wide_cohort_begins_a_few_attempts_a_turn_of_the_loop(store: MemoryStore) -> None:
+    """200 attempts begun in one turn held the control plane's loop (and every request
+    waiting on it) for over a second at a thousand instances: the cohort's attempts
+    begin STARTS_PER_TURN a turn, all of them still running at once."""
+    hosts = [f"w{i:03}.test" for i in range(100)]
+    spec = dataclasses.replace(SPEC, canary=Amount(count=1), cohorts=(Amount(count=100),),
+                               parallel=100)
+    fleet, begun_in = Fleet(), dict[str, int]()
+    fleet.released = True  # the release row is written: the cohort goes in parallel
+
+    async def scenario() -> RolloutJournal:
+        turn = 0
+
+        def tick() -> None:
+            nonlocal turn
+            turn += 1
+            loop.call_soon(tick)
+
+        loop = asyncio.get_running_loop()
+        loop.call_soon(tick)
+        attempt = fleet.attempt
+
+        async def timed(host: str) -> Result:
+            begun_in[host] = turn
+            await asyncio.sleep(0.05)  # an attempt's spawn, readiness and settle
+            return await attempt(host)
+
+        return await Rollouts(store, FakeClock(), None).drive(
+            _begin(store, spec, hosts), spec, timed, lambda: True, _quiet)
+
+    ended = asyncio.run(scenario())
+    assert ended.state is RolloutState.DONE and sorted(fleet.attempted) == hosts
+    per_turn: dict[int, int] = {}
+    for turn in begun_in.values():
+        per_turn[turn] = per_turn.get(turn, 0) + 1
+    assert max(per_turn.values()) <= STARTS_PER_TURN
+    assert fleet.most > STARTS_PER_TURN  # paced at the start, parallel after it

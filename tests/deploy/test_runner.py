@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,8 +16,9 @@ from keelway.deploy.errors import Fenced
 from keelway.deploy.operation import Bound, Ended, Plan, PlannedStep, Ran, Runner, Spec
 from keelway.deploy.outcome import Outcome, Result
 from keelway.deploy.steps import Done, Failed, Steps
+from keelway.durable import sync_is_deferred
 from keelway.journal import OpKind, StepKind
-from keelway.store import Store
+from keelway.store import SqliteStore, Store
 from keelway.store.lifecycle import OpState, StepState
 from keelway.store.records import Operation
 from tests.deploy.wiring import wired
@@ -173,3 +175,30 @@ def test_an_operation_of_no_instance_takes_the_empty_names_lock_and_converges_no
     seen = Seen(store)
     ran = asyncio.run(runner.run(TEST, seen, Ask("", nothing="an app's own")))
     assert ran.result is None and not runner.locks.instance("").locked()
+
+
+def test_an_operation_that_ends_with_the_box_is_made_durable_once_before_it_returns(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """keelway/durable.py: a restart's writes (processes) commit without an fsync of
+    their own, and the store is synced once, after its end, before its caller hears."""
+    runner, store = _setup(tmp_path)
+    said: list[tuple[str, bool]] = []
+    for name in ("begin_operation", "begin_step", "finish_step", "finish_operation"):
+        real = getattr(store.ops, name)
+
+        def spy(*args: object, _real: Any = real, _name: str = name, **kw: object) -> Any:
+            said.append((_name, sync_is_deferred()))
+            return _real(*args, **kw)
+
+        monkeypatch.setattr(store.ops, name, spy)
+    real_sync = store.sync
+
+    async def sync() -> None:
+        said.append(("sync", sync_is_deferred()))
+        await real_sync()
+
+    monkeypatch.setattr(store, "sync", sync)
+    assert asyncio.run(runner.run(TEST, Seen(store), Ask("a.test", ("done", "own")))).done
+    assert said[0][0] == "begin_operation" and said[-2][0] == "finish_operation"
+    assert all(deferred for _, deferred in said[:-1]) and said[-1] == ("sync", False)
+    assert isinstance(store, SqliteStore) and store.db.synced == store.db.committed

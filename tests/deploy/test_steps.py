@@ -13,6 +13,7 @@ import pytest
 
 from keelway import failpoints
 from keelway.deploy.steps import Done, Failed, Steps
+from keelway.durable import sync_deferred, sync_is_deferred
 from keelway.journal import OpKind, StepKind
 from keelway.store import SqliteStore
 from keelway.store.lifecycle import StepState
@@ -116,3 +117,29 @@ async def test_steps_of_one_operation_are_numbered_in_order(store: SqliteStore) 
         await steps.run(kind, effect)
     assert [(s.seq, s.kind) for s in store.ops.steps(steps.op_id)] == [
         (1, StepKind.OUT_OF_SERVICE), (2, StepKind.STOP), (3, StepKind.STOP)]
+
+
+@sync
+async def test_a_step_whose_effect_outlives_a_reboot_begins_durably_in_any_operation(
+        store: SqliteStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A release command (it migrates the app's data) must be neither repeated nor
+    forgotten after power loss: its begin is durable even in an operation whose other
+    steps wait for its end's fsync (keelway/durable.py)."""
+    steps = _steps(store)
+    began: dict[StepKind, bool] = {}
+    real = store.ops.begin_step
+
+    def spy(op_id: int, kind: StepKind, **kw: Any) -> int:
+        began[kind] = sync_is_deferred()
+        return real(op_id, kind, **kw)
+
+    monkeypatch.setattr(store.ops, "begin_step", spy)
+    with sync_deferred():
+        for kind in (StepKind.SPAWN, StepKind.RELEASE_COMMAND, StepKind.SWAP_DB):
+            await steps.run(kind, _done)
+    assert began == {StepKind.SPAWN: True, StepKind.RELEASE_COMMAND: False,
+                     StepKind.SWAP_DB: False}
+
+
+async def _done() -> Done:
+    return Done()

@@ -96,13 +96,16 @@ LIST_FDS = ("import os; print(sorted(int(n) for n in os.listdir('/proc/self/fd')
             " if os.path.exists(f'/proc/self/fd/{n}')), flush=True)")
 
 
-@pytest.mark.parametrize("close_range", [True, False], ids=["close_range", "walk"])
+@pytest.mark.parametrize("start", ["vfork", "close_range", "walk"])
 def test_a_child_holds_only_stdio_and_what_it_is_given(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, close_range: bool) -> None:
-    """uvloop passes on every inheritable descriptor whatever `close_fds` says: the child
-    marks them close-on-exec itself, with close_range(2) or, on a kernel without it, by
-    walking /proc/self/fd; both leave exactly stdio and `pass_fds`."""
-    if not close_range:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, start: str) -> None:
+    """A vfork-style start closes all but stdio and `pass_fds` in the child. uvloop's
+    fork, the fallback, passes on every inheritable descriptor whatever `close_fds`
+    says: the child marks them close-on-exec itself, with close_range(2) or, on a kernel
+    without it, by walking /proc/self/fd. Each leaves exactly stdio and `pass_fds`."""
+    if start != "vfork":
+        monkeypatch.setattr(process, "_vfork_start", False)
+    if start == "walk":
         monkeypatch.setattr(process, "_syscall", None)
     leaked_r, leaked_w = os.pipe()
     given_r, given_w = os.pipe()
@@ -121,3 +124,35 @@ def test_a_child_holds_only_stdio_and_what_it_is_given(
         for fd in (leaked_r, leaked_w, given_r, given_w):
             os.close(fd)
     assert (tmp_path / "out.log").read_text().strip() == str([0, 1, 2, given_w])
+
+
+def test_a_vfork_started_child_is_reaped_by_its_pidfd_with_its_status(tmp_path: Path) -> None:
+    """Not the loop's child: its exit comes from a pidfd, its status by our waitpid,
+    negative for a signal as asyncio says it; the pidfd is closed once it is reaped."""
+    async def scenario() -> tuple[int, int, int]:
+        ok = await _spawn("raise SystemExit(3)", tmp_path)
+        killed = await _spawn("import time; time.sleep(60)", tmp_path)
+        assert isinstance(ok.proc, process.Child) and isinstance(killed.proc, process.Child)
+        os.kill(killed.pid, signal.SIGKILL)
+        fds_before = len(os.listdir("/proc/self/fd"))
+        codes = await ok.proc.wait(), await killed.proc.wait()
+        assert killed.proc.returncode == -signal.SIGKILL
+        return *codes, fds_before - len(os.listdir("/proc/self/fd"))
+
+    assert uvloop.run(scenario()) == (3, -signal.SIGKILL, 2)
+
+
+def test_a_vfork_start_runs_the_command_with_the_environment_it_is_given(
+        tmp_path: Path) -> None:
+    """The stub's shell adds PWD, as the app's own `sh -c` does, and nothing else."""
+    code = "import os, sys; print(sorted(os.environ), os.getcwd(), sys.argv[1:])"
+    env = {"KEEP": "this one", "PATH": os.environ["PATH"], "LC_ALL": "C.UTF-8"}
+
+    async def scenario() -> int:
+        spawned = await process.spawn([sys.executable, "-S", "-c", code, "a b", "--", "$x"],
+                                      cwd=tmp_path, env=env, log_path=tmp_path / "out.log")
+        return await spawned.proc.wait()
+
+    assert uvloop.run(scenario()) == 0
+    assert (tmp_path / "out.log").read_text().strip() == (
+        f"{sorted([*env, 'PWD'])} {tmp_path} ['a b', '--', '$x']")

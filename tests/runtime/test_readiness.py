@@ -78,7 +78,7 @@ def _ready(store: Store, home: Home, tmp_path: Path, code: str, timeout_s: float
 
     async def scenario() -> tuple[Readiness, int]:
         supervisor = Supervisor(store, home, SystemClock(), _no_restart)
-        port = pick_free_port(store.local.claimed_ports())
+        port = pick_free_port(store.local.port_claimed)
         gen = store.plan_generation(app="hello", instance=HOST, service="web",
                                                 release=1,
                                                 build_digest="d" * 64, op_id=None, port=port)
@@ -121,7 +121,7 @@ def test_the_health_probe_asks_with_the_instance_host(
 def test_a_web_listening_on_another_port_than_port_fails_saying_where_it_listens(
     store: Store, home: Home, tmp_path: Path
 ) -> None:
-    fixed = pick_free_port(set())
+    fixed = pick_free_port(lambda _port: False)
     readiness, port = _ready(store, home, tmp_path, FIXED_PORT, timeout_s=1.0,
                              extra_env={"FIXED_PORT": str(fixed)})
     assert readiness == Readiness(

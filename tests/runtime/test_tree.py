@@ -173,8 +173,13 @@ def test_the_mechanism_says_what_it_is_for_doctor(tmp_path: Path,
     chosen.forget_home()
 
 
-def test_a_leader_that_cannot_join_its_cgroup_refuses_to_run_the_app(tmp_path: Path) -> None:
-    # A tree outside its cgroup could outlive its stop: better not to run at all.
+@pytest.mark.parametrize("start", ["vfork", "fork"])
+def test_a_leader_that_cannot_join_its_cgroup_refuses_to_run_the_app(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, start: str) -> None:
+    # A tree outside its cgroup could outlive its stop: better not to run at all. The
+    # stub of a vfork-style start refuses as the forked child's setup does.
+    if start == "fork":
+        monkeypatch.setattr(process, "_vfork_start", False)
     broken = ProcessTrees(tmp_path, Mechanism.CGROUP_V1, (tmp_path / "no-such-cgroup",))
     argv = [sys.executable, "-c", "print('ran')"]
 
@@ -212,3 +217,23 @@ def test_a_tree_started_in_a_cgroup_is_still_found_and_cleaned_under_proc_scan(
 
     asyncio.run(scenario())
     assert ProcessTrees.found(tmp_path / "home").homes == ()
+
+
+def test_with_members_finds_what_members_finds_reading_proc_once_for_many(
+        trees: ProcessTrees, tmp_path: Path) -> None:
+    """The reconciler's survey asks of many generations at once: a tree whose leader
+    exited but whose detached grandchild lives has members; a generation planned and
+    not yet spawned (no cgroup, no leader) and one whose leader is dead and alone have
+    none; by whichever mechanism the tree was made."""
+    async def scenario() -> tuple[set[int], dict[int, bool]]:
+        spawned, _pidfile = await _spawn(trees, tmp_path, EXITS)
+        await spawned.proc.wait()
+        leader = (spawned.pid, spawned.start_ticks)  # exited, reaped
+        # GEN + 2: the same dead leader, but no cgroup and no marked process of its own.
+        leaders: dict[int, tree.Leader | None] = {GEN: leader, GEN + 1: None,
+                                                  GEN + 2: leader}
+        one_by_one = {g: bool(trees.members(g, leader)) for g, leader in leaders.items()}
+        return trees.with_members(leaders), one_by_one
+
+    found, one_by_one = asyncio.run(scenario())
+    assert found == {GEN} and one_by_one == {GEN: True, GEN + 1: False, GEN + 2: False}

@@ -1,16 +1,22 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
 
+from keelway.durable import sync_deferred
 from keelway.journal import OpKind, StepKind
 from keelway.store import Conflict, SqliteStore, Store, StoreError
+from keelway.store import sqlite as sqlite_store
 from keelway.store.lifecycle import GenState, IllegalTransition, OpState, StepState
 from keelway.store.records import Generation
 from keelway.store.schema import MIGRATIONS, current_version
+from keelway.testing import reads
 from keelway.testing.clock import FakeClock
 
 
@@ -207,3 +213,110 @@ def test_a_read_apart_is_one_snapshot_and_cannot_write(tmp_path: Path) -> None:
         asyncio.run(store.read_apart(lambda r: r.apps.ensure_app("nope")))
     assert [a.name for a in store.apps.list_apps()] == ["blog", "shop"]
     store.close()
+
+
+def test_a_commit_in_a_deferred_scope_leaves_its_fsync_to_the_next_durable_one(
+        tmp_path: Path) -> None:
+    """keelway/durable.py: in WAL mode, NORMAL commits without an fsync, and the next
+    FULL commit's fsync covers it; a transaction nested in another takes the outer's."""
+    store = SqliteStore(tmp_path / "k.db", FakeClock())
+    db = store.db
+
+    def synchronous() -> int:
+        with db.tx("look") as conn:
+            return int(conn.execute("PRAGMA synchronous").fetchone()[0])
+
+    full, normal = 2, 1
+    assert synchronous() == full
+    with sync_deferred():
+        assert synchronous() == normal
+        with sync_deferred(False):
+            assert synchronous() == full
+        store.apps.ensure_app("blog")
+    assert synchronous() == full
+    store.close()
+    assert [a.name for a in SqliteStore(tmp_path / "k.db", FakeClock()).apps.list_apps()] == [
+        "blog"]
+
+
+def test_a_sync_makes_deferred_commits_durable_with_one_fsync_for_all_who_wait(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group commit: operations ending together each ask; one fsync of the WAL, in a
+    worker thread, answers every one that asked before it began."""
+    store = SqliteStore(tmp_path / "k.db", FakeClock())
+    fsyncs: list[int] = []
+    real = store.db.fsync_log
+
+    def counted() -> None:
+        fsyncs.append(store.db.committed)
+        real()
+
+    monkeypatch.setattr(store.db, "fsync_log", counted)
+    with sync_deferred():
+        for name in ("blog", "shop", "wiki"):
+            store.apps.ensure_app(name)
+    assert store.db.synced < store.db.committed
+
+    async def ending_together() -> None:
+        await asyncio.gather(*(store.sync() for _ in range(5)))
+        await store.sync()  # nothing written since: no fsync
+
+    asyncio.run(ending_together())
+    assert fsyncs == [store.db.committed] and store.db.synced == store.db.committed
+    store.apps.ensure_app("docs")  # a durable commit is synced by itself
+    assert store.db.synced == store.db.committed
+    store.close()
+
+
+def test_a_read_aside_runs_in_a_process_of_its_own_over_one_snapshot(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """keelway/store/aside.py: the read runs in another interpreter (its pid is not
+    ours), sees what was committed before it, answers what it raised as raised, and
+    its process ends when the store closes."""
+    monkeypatch.setattr(sqlite_store, "ASIDE_FROM", 0)
+    store = SqliteStore(tmp_path / "k.db", FakeClock())
+    store.apps.ensure_app("blog")
+
+    async def twice() -> tuple[tuple[int, list[str]], tuple[int, list[str]]]:
+        first = await store.read_aside(reads.pid_and_apps)
+        store.apps.ensure_app("shop")
+        return first, await store.read_aside(reads.pid_and_apps)
+
+    (pid, before), (again, after) = asyncio.run(twice())
+    assert pid != os.getpid() and again == pid  # one process, kept
+    assert (before, after) == (["blog"], ["blog", "shop"])
+    with pytest.raises(StoreError):
+        asyncio.run(store.read_aside(reads.writes))
+    store.close()
+    assert process_gone(pid)
+
+
+def test_a_read_aside_whose_process_died_is_made_in_a_new_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sqlite_store, "ASIDE_FROM", 0)
+    store = SqliteStore(tmp_path / "k.db", FakeClock())
+    store.apps.ensure_app("blog")
+    pid = asyncio.run(store.read_aside(reads.pid_and_apps))[0]
+    os.kill(pid, signal.SIGKILL)
+    again, apps = asyncio.run(store.read_aside(reads.pid_and_apps))
+    assert again != pid and apps == ["blog"]
+    store.close()
+
+
+def test_a_small_store_reads_aside_in_a_thread(tmp_path: Path) -> None:
+    """Below ASIDE_FROM instances a process costs more than it saves."""
+    store = SqliteStore(tmp_path / "k.db", FakeClock())
+    store.apps.ensure_app("blog")
+    assert asyncio.run(store.read_aside(reads.pid_and_apps)) == (os.getpid(), ["blog"])
+    store.close()
+
+
+def process_gone(pid: int, within_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.02)
+    return False

@@ -317,3 +317,24 @@ def test_a_removal_s_intent_is_recorded_once_and_a_purge_stays_asked(store: Stor
     with pytest.raises(NotFound):
         store.instances.mark_removing("nobody.test", Removal.KEEP_DATA)
     assert dump(store) == before
+
+
+def test_instance_views_leave_out_the_steps_of_a_latest_operation_that_succeeded(
+        store: Store) -> None:
+    """records.InstanceView: a succeeded operation leaves nothing to converge, so its
+    steps (most of a thousand instances' rows) are not read in bulk; a failed or an
+    unfinished one's are, and `get_operation` reads any one's."""
+    store.apps.ensure_app("blog")
+    ops = {}
+    for host, end in (("a.test", OpState.SUCCEEDED), ("b.test", OpState.FAILED),
+                      ("c.test", None)):
+        store.instances.ensure_instance(host, "blog")
+        op = store.ops.begin_operation("blog", host, OpKind.RESTART, owner="me")
+        store.ops.begin_step(op.id, StepKind.STOP, service="web")
+        ops[host] = op if end is None else store.ops.finish_operation(
+            store.ops.get_operation(op.id) or op, end)
+    views = {v.instance.host: v.latest for v in store.instances.instance_views()}
+    assert {h: len(op.steps) if op else None for h, op in views.items()} == {
+        "a.test": 0, "b.test": 1, "c.test": 1}
+    succeeded = store.ops.get_operation(ops["a.test"].id)
+    assert succeeded is not None and len(succeeded.steps) == 1

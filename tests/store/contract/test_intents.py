@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from keelway.durable import sync_deferred
 from keelway.journal import Cause, OpKind, StepKind
 from keelway.store import Conflict, NotFound, StaleSchedule, Store
 from keelway.store.lifecycle import (
@@ -17,6 +18,7 @@ from keelway.store.lifecycle import (
     StepState,
 )
 from keelway.store.records import CrashRetry, Generation, ReleaseDraft
+from keelway.testing import reads
 from keelway.testing.clock import FakeClock
 from tests.store.contract.conftest import OpenStore
 from tests.store.contract.helpers import (
@@ -376,3 +378,21 @@ def test_a_read_apart_sees_every_record_written_before_it(store: Store) -> None:
         return await store.read_apart(lambda s: [i.host for i in s.instances.list_instances()])
 
     assert asyncio.run(read()) == ["a.test", "b.test"]
+
+
+def test_a_sync_keeps_every_record_written_before_it(open_store: OpenStore) -> None:
+    """`sync` (keelway/durable.py): what was written in a deferred scope is all there
+    after it, and once the store is opened again."""
+    store = open_store()
+    with sync_deferred():
+        _instance(store, "a.test")
+    asyncio.run(store.sync())
+    assert [i.host for i in store.instances.list_instances()] == ["a.test"]
+    store.close()
+    assert [i.host for i in open_store().instances.list_instances()] == ["a.test"]
+
+
+def test_a_read_aside_sees_every_record_written_before_it(store: Store) -> None:
+    store.apps.ensure_app("blog")
+    _pid, apps = asyncio.run(store.read_aside(reads.pid_and_apps))
+    assert apps == ["blog"]

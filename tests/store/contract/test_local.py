@@ -53,6 +53,7 @@ def test_a_presence_holds_its_port_until_freed_and_one_claim_refuses_another(
     gen, other = _record(store), _record(store)
     assert store.local.add_presence(gen.id, 4000) == Presence(gen.id, port=4000)
     assert store.local.claimed_ports() == {4000}
+    assert store.local.port_claimed(4000) and not store.local.port_claimed(4001)
     before = _everything(store)
     with pytest.raises(Conflict, match="port 4000"):
         store.local.add_presence(other.id, 4000)
@@ -61,7 +62,7 @@ def test_a_presence_holds_its_port_until_freed_and_one_claim_refuses_another(
     assert _everything(store) == before
     store.local.free_port(gen.id)
     store.local.free_port(gen.id)  # idempotent
-    assert store.local.claimed_ports() == set()
+    assert store.local.claimed_ports() == set() and not store.local.port_claimed(4000)
     assert store.local.presence(gen.id).port == 4000  # the port it had stays recorded
     assert store.local.add_presence(other.id, 4000).port == 4000
 
