@@ -24,15 +24,20 @@ from __future__ import annotations
 
 import os
 import pickle
+import select
 import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 _LENGTH = struct.Struct(">I")
+# How long a read aside may take before its process is replaced and the read made in a
+# thread instead: far past any read's own time (`status` of 10,000 instances: seconds).
+READ_BOUND_S = 60.0
 
 # How many instances a store holds before its big reads are made aside: below it, a read
 # is quick even on a busy control plane, and costs less in a thread than a process of
@@ -59,7 +64,7 @@ class Aside:
                 proc = self._running()
                 try:
                     _send(proc.stdin, (read, args))
-                    ok, value = _receive(proc.stdout)
+                    ok, value = _receive(proc.stdout, READ_BOUND_S)
                 except (OSError, EOFError, pickle.UnpicklingError, TypeError,
                         AttributeError) as exc:  # a reply that cannot be read: a new child
                     self._stop()
@@ -105,16 +110,27 @@ def _send(pipe: IO[bytes] | None, message: object) -> None:
     pipe.flush()
 
 
-def _receive(pipe: IO[bytes] | None) -> Any:
+def _receive(pipe: IO[bytes] | None, bound_s: float | None = None) -> Any:
+    """One message; EOFError when the other end closed, or (with `bound_s`) did not
+    answer in time: a reading process that hangs is replaced, never waited on."""
     assert pipe is not None
-    head = pipe.read(_LENGTH.size)
-    if len(head) < _LENGTH.size:
-        raise EOFError("the reading process closed its end")
-    (size,) = _LENGTH.unpack(head)
-    data = pipe.read(size)
-    if len(data) < size:
-        raise EOFError("the reading process closed its end mid-reply")
-    return pickle.loads(data)
+    deadline = None if bound_s is None else time.monotonic() + bound_s
+
+    def exactly(n: int) -> bytes:
+        got = b""
+        while len(got) < n:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([pipe], [], [], left)[0]:
+                    raise EOFError(f"no answer within {bound_s:g}s")
+            chunk = os.read(pipe.fileno(), n - len(got))
+            if not chunk:
+                raise EOFError("the other end closed")
+            got += chunk
+        return got
+
+    (size,) = _LENGTH.unpack(exactly(_LENGTH.size))
+    return pickle.loads(exactly(size))
 
 
 def serve(path: Path, requests: IO[bytes], replies: IO[bytes]) -> None:

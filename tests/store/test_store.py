@@ -297,6 +297,7 @@ def test_a_read_aside_whose_process_died_is_made_in_a_new_one(
     store = SqliteStore(tmp_path / "k.db", FakeClock())
     store.apps.ensure_app("blog")
     pid = asyncio.run(store.read_aside(reads.pid_and_apps))[0]
+    assert pid != os.getpid()  # read aside, not in a thread (never kill ourselves)
     os.kill(pid, signal.SIGKILL)
     again, apps = asyncio.run(store.read_aside(reads.pid_and_apps))
     assert again != pid and apps == ["blog"]
