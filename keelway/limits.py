@@ -66,6 +66,25 @@ class Limits:
 BUILT_IN = Limits(memory=1 << 30, cpu=None, pids=512, nofile=4096)
 
 
+def box_limits(memory: str | None = None, cpu: str | None = None, pids: str | None = None,
+               nofile: str | None = None) -> Limits:
+    """The box's defaults as `keelway up --default-memory ...` gives them (text), over
+    the built-in ones: what a tenant runs under where its service says nothing."""
+    def count(value: str | None, flag: str, least: int, most: int | None = None) -> int | None:
+        if value is None:
+            return None
+        if not value.strip().isdigit():
+            raise LimitError(f"{flag}: {value!r} is not a whole number")
+        return parse_count(int(value), flag, least, most)
+
+    return Limits(
+        memory=parse_memory(memory, "--default-memory") if memory is not None else None,
+        cpu=parse_cpu(cpu, "--default-cpu") if cpu is not None else None,
+        pids=count(pids, "--default-pids", MIN_PIDS),
+        nofile=count(nofile, "--default-nofile", MIN_NOFILE, MAX_NOFILE),
+    ).over(BUILT_IN)
+
+
 def parse_memory(value: str | int, where: str) -> int:
     """`"512M"`, `"1G"`, `"1.5G"`, `"256Mi"`, or a number of bytes -> bytes."""
     if isinstance(value, bool):

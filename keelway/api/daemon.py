@@ -68,9 +68,11 @@ from keelway.deploy.seeding import IMPORT, ROLLBACK, Seeding
 from keelway.deploy.snapshots import Snapshots
 from keelway.durable import disk_full, disk_full_message, sweep_temp, write_atomic
 from keelway.home import PRIVATE_UMASK, Home
+from keelway.limits import BUILT_IN, LimitError, Limits, box_limits
 from keelway.reconcile.apply import Reconciler
 from keelway.router import client as router_client
 from keelway.runtime import router as router_process
+from keelway.runtime.limits import protect_keelway
 from keelway.runtime.logs import rotate_if_large
 from keelway.runtime.router import RouterSettings
 from keelway.runtime.router_supervisor import RouterSupervisor
@@ -244,7 +246,8 @@ async def _rotate_logs_forever(home: Home) -> None:
 
 async def run(home: Home, http_addr: str | None, demo: bool, announce: Callable[[str], None],
               router: RouterSettings | None = None, objects: str | None = None,
-              refuses_to_die: RefusesToDie = every_process_dies) -> int:
+              refuses_to_die: RefusesToDie = every_process_dies,
+              limits: Limits = BUILT_IN) -> int:
     """Run the control plane until shutdown; returns the process exit code.
 
     A full disk at start (the lock, the router's records, the store) is said as such and
@@ -253,7 +256,7 @@ async def run(home: Home, http_addr: str | None, demo: bool, announce: Callable[
     """
     try:
         return await _run_home(home, http_addr, demo, announce, router, objects,
-                               refuses_to_die)
+                               refuses_to_die, limits)
     except Exception as exc:  # a filter, not a catch-all: anything else goes on up
         if not disk_full(exc):
             raise
@@ -264,7 +267,7 @@ async def run(home: Home, http_addr: str | None, demo: bool, announce: Callable[
 
 async def _run_home(home: Home, http_addr: str | None, demo: bool, announce: Callable[[str], None],
                     router: RouterSettings | None, objects: str | None,
-                    refuses_to_die: RefusesToDie) -> int:
+                    refuses_to_die: RefusesToDie, limits: Limits) -> int:
     home.ensure()
     try:
         lock_fd = _take_lock(home)
@@ -278,7 +281,8 @@ async def _run_home(home: Home, http_addr: str | None, demo: bool, announce: Cal
         except ObjectStoreError as exc:
             raise StartupError(f"--objects: {exc}", EXIT_FAILED) from exc
         return await _run_locked(home, _router_addr(home, http_addr), demo, announce,
-                                 router or RouterSettings(), object_store, refuses_to_die)
+                                 router or RouterSettings(), object_store, refuses_to_die,
+                                 limits)
     except StartupError as exc:
         announce(f"error: {exc}")
         return exc.exit_code
@@ -288,8 +292,13 @@ async def _run_home(home: Home, http_addr: str | None, demo: bool, announce: Cal
 
 async def _run_locked(home: Home, http_addr: str, demo: bool,
                       announce: Callable[[str], None], settings: RouterSettings,
-                      objects: ObjectStore | None, refuses_to_die: RefusesToDie) -> int:
+                      objects: ObjectStore | None, refuses_to_die: RefusesToDie,
+                      limits: Limits) -> int:
     clock = SystemClock()
+    # Before the router starts (it inherits the score): out of memory, the kernel kills
+    # an app, never keelway (keelway/runtime/limits.py).
+    if not protect_keelway():
+        log.info("cannot lower keelway's OOM score (not root): the kernel may pick it")
     router = await _boot_router(home, http_addr, settings)
     http_port = router_process.parse_addr(http_addr)[1]
     sweep(home.builds_dir)
@@ -304,7 +313,8 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     async def on_exit(gen, code):  # type: ignore[no-untyped-def]
         await parts.restarts.on_exit(gen, code)
 
-    supervisor = Supervisor(store, home, clock, on_exit, refuses_to_die=refuses_to_die)
+    supervisor = Supervisor(store, home, clock, on_exit, refuses_to_die=refuses_to_die,
+                            limits=limits)
     if supervisor.identities.in_force:
         home.open_to_tenants()  # before anything of a tenant runs (keelway/identity.py)
     else:
@@ -482,7 +492,14 @@ def main(argv: list[str] | None = None,
     parser.add_argument("--hold-timeout", type=float, default=None)
     parser.add_argument("--objects", default=None,
                         help="s3://BUCKET/PREFIX for snapshots (default: $KEELWAY_HOME/objects)")
+    for name in ("memory", "cpu", "pids", "nofile"):
+        parser.add_argument(f"--default-{name}", default=None)
     args = parser.parse_args(argv)
+    try:
+        limits = box_limits(args.default_memory, args.default_cpu, args.default_pids,
+                            args.default_nofile)
+    except LimitError as exc:
+        parser.error(str(exc))
     # Before anything is created: what this process, the router, build steps and the
     # apps create is then owner-only from its first instant (see keelway/home.py).
     os.umask(PRIVATE_UMASK)
@@ -512,7 +529,7 @@ def main(argv: list[str] | None = None,
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     with contextlib.suppress(KeyboardInterrupt):
         return uvloop.run(run(Home.from_env(), args.http, args.demo, announce, settings,
-                              args.objects, refuses_to_die))
+                              args.objects, refuses_to_die, limits))
     return 0
 
 

@@ -20,6 +20,7 @@ from keelway.api.instance_state import (
 from keelway.journal import REPLICA
 from keelway.reconcile.plan import leftovers as unconverged
 from keelway.runtime.identities import Identities
+from keelway.runtime.limits import in_force
 from keelway.runtime.router_supervisor import RouterHealth
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
@@ -48,6 +49,8 @@ def generation_view(gen: Generation, presences: Mapping[int, Presence]) -> dict[
         "pid": seen.pid if seen else None, "port": seen.port if seen else None,
         "release": f"v{gen.release}", "build": gen.build_digest[:12],
         "started_at": gen.created_at, "exit_code": gen.exit_code,
+        # Why the kernel ended it, when it did: "killed: out of memory at its 512M limit".
+        "exit_cause": gen.exit_cause,
     }
 
 
@@ -321,4 +324,22 @@ def doctor_checks(supervisor: Supervisor) -> list[dict[str, Any]]:
                     "no writable cgroup: a generation's tree is found by scanning /proc, so "
                     "a descendant that calls setsid() and clears its environment escapes a "
                     "stop; run keelway as root on a box with cgroups")},
+        *limit_checks(supervisor),
     ]
+
+
+def limit_checks(supervisor: Supervisor) -> list[dict[str, Any]]:
+    """Each limit of a tenant's process tree: its default here and what enforces it,
+    or that this box cannot (keelway/runtime/limits.py)."""
+    checks = []
+    for name, said in in_force(supervisor.limits, supervisor.trees.enforces(),
+                               supervisor.identities.in_force).items():
+        how = said["enforced_by"]
+        value = said["value"] or "none"
+        checks.append({
+            "check": f"{name} limit", "ok": how is not None,
+            "detail": (f"default {value}, enforced by {how}" if how is not None else
+                       f"default {value}, not enforced on this box: no {name} controller "
+                       "in reach; run keelway as root on a box with cgroup v2 (or v1's "
+                       f"{name} hierarchy mounted)")})
+    return checks

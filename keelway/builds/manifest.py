@@ -41,6 +41,16 @@ import msgspec
 
 from keelway import journal, names
 from keelway.builds.errors import ManifestError
+from keelway.limits import (
+    MAX_NOFILE,
+    MIN_NOFILE,
+    MIN_PIDS,
+    LimitError,
+    Limits,
+    parse_count,
+    parse_cpu,
+    parse_memory,
+)
 
 PROCFILE = "Procfile"
 CONFIG_FILE = "keelway.toml"
@@ -92,6 +102,8 @@ class ServiceSpec:
     settle_s: float = DEFAULT_SETTLE_S
     stop_grace_s: float = DEFAULT_STOP_GRACE_S
     idle_s: float | None = None  # None: never park
+    # Its own bounds (keelway/limits.py); each one unset is the box's default.
+    limits: Limits = field(default_factory=Limits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +207,10 @@ class _ServiceTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     settle: str | float | None = None
     stop_grace: str | float | None = None
     idle: str | float | None = None
+    memory: str | int | None = None
+    cpu: str | float | None = None
+    pids: int | None = None
+    nofile: int | None = None
 
 
 class _DataTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -572,7 +588,23 @@ def _service(name: str, command: str, table: _ServiceTable | None) -> ServiceSpe
         settle_s=_duration_or(table.settle, DEFAULT_SETTLE_S, f"{where} settle"),
         stop_grace_s=_duration_or(table.stop_grace, DEFAULT_STOP_GRACE_S, f"{where} stop_grace"),
         idle_s=idle_s,
+        limits=_limits(table, where),
     )
+
+
+def _limits(table: _ServiceTable, where: str) -> Limits:
+    """The service's own bounds; the box's defaults fill the rest where it runs."""
+    try:
+        return Limits(
+            memory=(parse_memory(table.memory, f"{where} memory")
+                    if table.memory is not None else None),
+            cpu=parse_cpu(table.cpu, f"{where} cpu") if table.cpu is not None else None,
+            pids=(parse_count(table.pids, f"{where} pids", MIN_PIDS)
+                  if table.pids is not None else None),
+            nofile=(parse_count(table.nofile, f"{where} nofile", MIN_NOFILE, MAX_NOFILE)
+                    if table.nofile is not None else None))
+    except LimitError as exc:
+        raise ManifestError(str(exc)) from None
 
 
 def _duration_or(value: str | float | None, default_s: float, where: str) -> float:

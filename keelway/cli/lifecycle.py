@@ -15,6 +15,7 @@ from keelway.cli.client import ApiError, ApiLost, ApiUnavailable
 from keelway.cli.output import EXIT_ALREADY_RUNNING, emit_json, fail, fail_json
 from keelway.durable import DISK_FULL_HINT
 from keelway.home import Home
+from keelway.limits import LimitError, box_limits
 
 _DAEMON_DISK_FULL = 5  # keelway.api.daemon.EXIT_DISK_FULL, which the CLI does not import
 
@@ -35,12 +36,27 @@ _DAEMON_DISK_FULL = 5  # keelway.api.daemon.EXIT_DISK_FULL, which the CLI does n
 @click.option("--objects", default=None, metavar="s3://BUCKET/PREFIX",
               help="Keep snapshots in S3 (AWS_* variables for the endpoint and keys); "
                    "kept for later `up`s (default: $KEELWAY_HOME/objects).")
+@click.option("--default-memory", default=None, metavar="SIZE",
+              help="Memory per process tree of a service that sets none (default: 1G).")
+@click.option("--default-cpu", default=None, metavar="CPUS",
+              help="CPU per process tree, in cores (default: no quota).")
+@click.option("--default-pids", default=None, metavar="N",
+              help="Processes per process tree (default: 512).")
+@click.option("--default-nofile", default=None, metavar="N",
+              help="Open files per process (default: 4096).")
 @api_command
 def up(demo: bool, detach: bool, http_addr: str | None, router_workers: int | None,
        trusted: tuple[str, ...], hold_timeout: float | None, objects: str | None,
-       as_json: bool) -> None:
+       default_memory: str | None, default_cpu: str | None, default_pids: str | None,
+       default_nofile: str | None, as_json: bool) -> None:
     """Start the control plane and the router (state in $KEELWAY_HOME)."""
     home = Home.from_env()
+    given = {"memory": default_memory, "cpu": default_cpu, "pids": default_pids,
+             "nofile": default_nofile}
+    try:
+        box_limits(**given)  # refused here, before anything starts, with why
+    except LimitError as exc:
+        raise click.UsageError(str(exc)) from None
     daemon_argv = [sys.executable, "-m", "keelway.api.daemon"]
     daemon_argv += ["--http", http_addr] if http_addr is not None else []
     daemon_argv += ["--demo"] if demo else []
@@ -50,6 +66,8 @@ def up(demo: bool, detach: bool, http_addr: str | None, router_workers: int | No
     if hold_timeout is not None:
         daemon_argv += ["--hold-timeout", str(hold_timeout)]
     daemon_argv += ["--objects", objects] if objects is not None else []
+    daemon_argv += [f"--default-{name}={value}" for name, value in given.items()
+                    if value is not None]
     if not detach:
         # The foreground control plane replaces this process: Ctrl-C reaches it directly.
         os.execv(sys.executable, daemon_argv)

@@ -63,8 +63,11 @@ class CrashRestarts:
         """
         active = self.store.generations.get_active(gen.instance, gen.service)
         inst = self.store.instances.get_instance(gen.instance)
-        self.store.ops.add_event("exit", f"{gen.service} generation {gen.id} exited (code {code})",
-                                 app=gen.app, instance=gen.instance)
+        # The kernel's reason first, when it ended the tree: "web generation 12 killed:
+        # out of memory at its 512M limit (code -9)".
+        said = gen.exit_cause or "exited"
+        self.store.ops.add_event("exit", f"{gen.service} generation {gen.id} {said} "
+                                 f"(code {code})", app=gen.app, instance=gen.instance)
         if (self.closing or active is None or active.generation_id != gen.id or inst is None
                 or inst.state is not InstanceState.RUNNING):
             return

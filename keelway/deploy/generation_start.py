@@ -96,7 +96,8 @@ async def start_generation(
         async def spawn() -> Done:
             nonlocal gen
             gate("at the spawn")
-            gen = await supervisor.spawn(gen, spec.command, target.build_path, env)
+            gen = await supervisor.spawn(gen, spec.command, target.build_path, env,
+                                         spec.limits)
             return Done(f"pid {store.local.presence(gen.id).pid}")
 
         await steps.run(StepKind.SPAWN, spawn, service=spec.name, before_gen=before_gen,

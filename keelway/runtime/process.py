@@ -49,6 +49,7 @@ import concurrent.futures
 import contextlib
 import ctypes
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -150,6 +151,21 @@ def signal_session(session: int, start_ticks: int, sig: signal.Signals) -> int:
     return sent
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """What a tenant's child takes on before it execs, beside its cgroups: the kernel's
+    per-process limits (`nofile`; `nproc`, per uid, where no pids controller bounds the
+    tree: runtime.limits decides) and its OOM score, so that under memory pressure the
+    kernel picks an app before the router or the control plane."""
+
+    nofile: int | None = None
+    nproc: int | None = None
+    oom_score_adj: int | None = None
+
+
+NO_BOUNDS = Bounds()
+
+
 def exec_only(pass_fds: tuple[int, ...] = ()) -> Callable[[], None]:
     """The child's setup between fork and exec for a command of keelway's own (no cgroup
     to join, no identity to take): only `pass_fds` survive the exec (`_child_setup`)."""
@@ -157,12 +173,14 @@ def exec_only(pass_fds: tuple[int, ...] = ()) -> Callable[[], None]:
 
 
 def _child_setup(pass_fds: tuple[int, ...], join: tuple[str, ...],
-                 identity: Identity | None, report_fd: int) -> Callable[[], None]:
+                 identity: Identity | None, report_fd: int,
+                 bounds: Bounds = NO_BOUNDS) -> Callable[[], None]:
     """What the child does between fork and exec, in this order:
     1. join the generation's cgroups (`join`: their `cgroup.procs` files), still as root,
        so every process it will fork is a member from its first instruction;
-    2. become `identity` (keelway.identity.become), when given;
-    3. mark every descriptor above stderr close-on-exec except `pass_fds`. Marked rather
+    2. take `bounds` (its rlimits and OOM score), still as root, so it cannot raise them;
+    3. become `identity` (keelway.identity.become), when given;
+    4. mark every descriptor above stderr close-on-exec except `pass_fds`. Marked rather
        than closed: the spawning library dup2()s the child's stdio into 0-2 after this
        runs, from descriptors above 2.
     A step that fails writes why to `report_fd` (the log the child would have written)
@@ -187,6 +205,19 @@ def _child_setup(pass_fds: tuple[int, ...], join: tuple[str, ...],
                     os.close(fd)
             except OSError:
                 refuse(b"cannot join the cgroup " + procs.encode())
+        try:
+            if bounds.oom_score_adj is not None:
+                fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+                try:
+                    os.write(fd, b"%d" % bounds.oom_score_adj)
+                finally:
+                    os.close(fd)
+            if bounds.nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (bounds.nofile, bounds.nofile))
+            if bounds.nproc is not None:
+                resource.setrlimit(resource.RLIMIT_NPROC, (bounds.nproc, bounds.nproc))
+        except (OSError, ValueError):
+            refuse(b"cannot take its limits")
         if identity is not None:
             try:
                 become(identity)
@@ -225,14 +256,21 @@ class Spawned:
     proc: Reapable
 
 
-# The child's setup as a shell stub, for a vfork-style start: `$1 .. --` are the
-# `cgroup.procs` files it joins (writing 0 moves the writer, which then execs: the
-# command's pid), still as root; then it execs the rest, `setpriv` first when the
-# command runs as an instance's identity. Failing to join, it says so where the child's
-# output goes and exits 125 before the command runs, as `_child_setup` does; setpriv
-# fails rather than exec as root when it cannot take the uid.
-_STUB = ('while [ "$1" != -- ]; do echo 0 >"$1" || { echo "keelway: cannot join the '
-         'cgroup $1" >&2; exit 125; }; shift; done; shift; exec "$@"')
+# The child's setup as a shell stub, for a vfork-style start, in `_child_setup`'s order:
+# `$1 $2 $3` are its OOM score, open-files and process rlimits (`-`: none), then the
+# `cgroup.procs` files it joins up to `--` (writing 0 moves the writer, which then
+# execs: the command's pid), all still as root; then it execs the rest, `setpriv` first
+# when the command runs as an instance's identity. A step that fails says so where the
+# child's output goes and exits 125 before the command runs; setpriv fails rather than
+# exec as root when it cannot take the uid.
+_STUB = ('fail() { echo "keelway: $1" >&2; exit 125; }; '
+         '[ "$1" = - ] || echo "$1" >/proc/self/oom_score_adj || fail "cannot take its limits"; '
+         '[ "$2" = - ] || ulimit -n "$2" || fail "cannot take its limits"; '
+         # bash says processes -u, dash -p (bash's -p is the pipe size, read-only)
+         '[ "$3" = - ] || { ulimit -u "$3" 2>/dev/null || ulimit -p "$3"; } '
+         '|| fail "cannot take its limits"; shift 3; '
+         'while [ "$1" != -- ]; do echo 0 >"$1" || fail "cannot join the cgroup $1"; shift; '
+         'done; shift; exec "$@"')
 _SH = "/bin/sh"
 _setpriv: str | None = shutil.which("setpriv")
 # False where the kernel has no pidfd_open(2) to watch a vfork-started child by: every
@@ -278,7 +316,7 @@ _starters: concurrent.futures.ThreadPoolExecutor | None = None
 
 async def _start(argv: list[str], *, cwd: Path | None, env: Mapping[str, str] | None,
                  stdin: int, stdout: int, stderr: int, pass_fds: tuple[int, ...],
-                 join: tuple[str, ...], identity: Identity | None) -> Child:
+                 join: tuple[str, ...], identity: Identity | None, bounds: Bounds) -> Child:
     """The vfork-style start (the module's docstring): the stub joins `join`, then
     execs `argv`, through setpriv when it runs as `identity`. The start runs in a
     thread: the vforking thread waits for the child's exec, which on a box busy with
@@ -291,7 +329,9 @@ async def _start(argv: list[str], *, cwd: Path | None, env: Mapping[str, str] | 
                    f"--groups={identity.gid}", "--", *argv]
     if _starters is None:
         _starters = concurrent.futures.ThreadPoolExecutor(2, "keelway-start")
-    full = [_SH, "-c", _STUB, "keelway", *join, "--", *command]
+    said = [str(v) if v is not None else "-"
+            for v in (bounds.oom_score_adj, bounds.nofile, bounds.nproc)]
+    full = [_SH, "-c", _STUB, "keelway", *said, *join, "--", *command]
 
     def start() -> subprocess.Popen[bytes]:
         return subprocess.Popen(full, cwd=cwd, env=dict(env) if env is not None else None,
@@ -319,7 +359,7 @@ async def spawn(
     argv: list[str], *, log_path: Path, cwd: Path | None = None,
     env: Mapping[str, str] | None = None, pass_fds: tuple[int, ...] = (),
     stdio: tuple[int, int, int] | None = None, join: tuple[str, ...] = (),
-    identity: Identity | None = None,
+    identity: Identity | None = None, bounds: Bounds = NO_BOUNDS,
 ) -> Spawned:
     """Start `argv` as the leader of a new session, output appended to `log_path`: the
     one way keelway starts a process that outlives it (generations, the router). `env`
@@ -327,7 +367,8 @@ async def spawn(
     socket), every other descriptor of ours is closed in it. `stdio` (stdin, stdout,
     stderr) replaces /dev/null and the log: a one-off run's lent terminal; the caller
     keeps and closes its copies. `join` are the cgroups' `cgroup.procs` files the child
-    joins before it execs; `identity` the uid and group it runs as (`_child_setup`).
+    joins before it execs; `bounds` its rlimits and OOM score; `identity` the uid and
+    group it runs as (`_child_setup`).
 
     Output goes straight to a file, not through a pipe to us, so the process keeps
     running and logging while the control plane is down. The loop reaps the child when
@@ -343,11 +384,11 @@ async def spawn(
         if _vfork_start and (identity is None or _setpriv is not None):
             proc = await _start(argv, cwd=cwd, env=env, stdin=stdin, stdout=stdout,
                                 stderr=stderr, pass_fds=pass_fds, join=join,
-                                identity=identity)
+                                identity=identity, bounds=bounds)
         else:
             proc = await _fork(argv, cwd=cwd, env=env, stdin=stdin, stdout=stdout,
                                stderr=stderr, pass_fds=pass_fds, join=join,
-                               identity=identity)
+                               identity=identity, bounds=bounds)
     finally:
         if log_fd is not None:
             os.close(log_fd)
@@ -360,14 +401,14 @@ async def spawn(
 
 async def _fork(argv: list[str], *, cwd: Path | None, env: Mapping[str, str] | None,
                 stdin: int, stdout: int, stderr: int, pass_fds: tuple[int, ...],
-                join: tuple[str, ...],
-                identity: Identity | None) -> asyncio.subprocess.Process:
+                join: tuple[str, ...], identity: Identity | None,
+                bounds: Bounds) -> asyncio.subprocess.Process:
     """The start through the loop's fork, with the setup in Python (`_child_setup`):
     where the box has no pidfd or no setpriv."""
     return await asyncio.create_subprocess_exec(
         *argv, cwd=cwd, env=dict(env) if env is not None else None, stdin=stdin,
         stdout=stdout, stderr=stderr, start_new_session=True, pass_fds=pass_fds,
-        preexec_fn=_child_setup(pass_fds, join, identity, stderr))
+        preexec_fn=_child_setup(pass_fds, join, identity, stderr, bounds))
 
 
 async def wait_gone(

@@ -29,9 +29,11 @@ from pathlib import Path
 from keelway import failpoints
 from keelway.clock import Clock
 from keelway.home import Home
+from keelway.limits import BUILT_IN, Limits
 from keelway.runtime import process, tree
 from keelway.runtime.health import Answered, NotListening, Probe, describe, listening_on, probe_http
 from keelway.runtime.identities import Identities
+from keelway.runtime.limits import tenant_bounds
 from keelway.runtime.logs import log_path
 from keelway.runtime.shell import shell_argv
 from keelway.runtime.tree import ProcessTrees
@@ -114,8 +116,12 @@ FORKS_AT_ONCE = 8
 class Supervisor:
     def __init__(self, store: Store, home: Home, clock: Clock, on_exit: ExitCallback,
                  trees: ProcessTrees | None = None,
-                 refuses_to_die: RefusesToDie = every_process_dies) -> None:
+                 refuses_to_die: RefusesToDie = every_process_dies,
+                 limits: Limits = BUILT_IN) -> None:
+        """`limits`: the box's defaults for every tenant's process tree, each one a
+        service does not set itself (keelway/limits.py)."""
         self.store = store
+        self.limits = limits.over(BUILT_IN)
         self.refuses_to_die = refuses_to_die
         self.home = home
         self.identities = Identities(store, home)
@@ -129,7 +135,8 @@ class Supervisor:
     # -- spawn -----------------------------------------------------------------------
 
     async def spawn(
-        self, gen: Generation, command: str, cwd: Path, env: dict[str, str]
+        self, gen: Generation, command: str, cwd: Path, env: dict[str, str],
+        limits: Limits | None = None,
     ) -> Generation:
         """Start a PLANNED generation; returns it RUNNING with pid and start time recorded.
 
@@ -139,7 +146,8 @@ class Supervisor:
         removes its tree. Crash after the cgroup is made, before the spawn: an empty
         cgroup of a PLANNED generation, removed with it.
         """
-        return await self._spawn(gen, shell_argv(command), cwd, env, None, tenant=True)
+        return await self._spawn(gen, shell_argv(command), cwd, env, None, tenant=True,
+                                 limits=(limits or Limits()).over(self.limits))
 
     async def spawn_argv(self, gen: Generation, argv: list[str], cwd: Path,
                          env: dict[str, str]) -> Generation:
@@ -154,24 +162,27 @@ class Supervisor:
         a generation like any other (its tree, its record, its crash windows: `spawn`);
         its exit is its caller's to read (`wait_exit`), never a crash to restart."""
         return await self._spawn(gen, argv, cwd, env, stdio, expected_exit=True,
-                                 tenant=True)
+                                 tenant=True, limits=self.limits)
 
     async def _spawn(self, gen: Generation, argv: list[str], cwd: Path, env: dict[str, str],
                      stdio: tuple[int, int, int] | None, expected_exit: bool = False,
-                     tenant: bool = False) -> Generation:
-        """`tenant`: the app's own process, run as its instance's identity; otherwise
-        keelway's own program (the replicator), run as keelway. The hand-over of the
-        instance's files (runtime.identities) is idempotent and lies inside the window
-        `spawn.before` .. `cgroup.created`: a crash there leaves what the next spawn redoes."""
+                     tenant: bool = False, limits: Limits | None = None) -> Generation:
+        """`tenant`: the app's own process, run as its instance's identity under
+        `limits`; otherwise keelway's own program (the replicator), run as keelway. The
+        hand-over of the instance's files (runtime.identities) is idempotent and lies
+        inside the window `spawn.before` .. `cgroup.created`: a crash there leaves what
+        the next spawn redoes."""
         path = log_path(self.home.log_dir(gen.instance), gen.service, gen.id)
         failpoints.hit("spawn.before")
         identity = self.identities.for_spawn(gen, cwd) if tenant else None
-        self.trees.create(gen.id)
+        self.trees.create(gen.id, limits)
         failpoints.hit("cgroup.created")
+        bounds = (tenant_bounds(limits, self.trees.enforces(), self.identities.in_force)
+                  if tenant and limits is not None else process.NO_BOUNDS)
         async with self._forking:
             spawned = await process.spawn(argv, cwd=cwd, env=env, log_path=path, stdio=stdio,
                                           join=self.trees.join_paths(gen.id),
-                                          identity=identity)
+                                          identity=identity, bounds=bounds)
         failpoints.hit("spawn.after")
         running = self.store.record_spawn(gen, spawned.pid, spawned.start_ticks)
         failpoints.hit("spawn.recorded")
@@ -381,13 +392,16 @@ class Supervisor:
 
     async def bury(self, gen_id: int, exit_code: int | None) -> bool:
         """Record a generation whose tree is proven gone: its cgroup first, then the
-        record. Crash between the two: a record naming a dead tree with no cgroup, which
-        the reconciler records gone. False if the cgroup still has a live member."""
+        record, with why the kernel ended it if it did (read from the cgroup before it
+        goes: an OOM kill, its process limit). Crash between the two: a record naming a
+        dead tree with no cgroup, which the reconciler records gone (without a cause).
+        False if the cgroup still has a live member."""
+        cause = self.trees.exit_cause(gen_id)
         failpoints.hit("cgroup.remove.before")
         removed = await self.trees.remove_reaped(gen_id, self.clock)
         failpoints.hit("cgroup.remove.after")
         if removed:
-            self.store.record_gone(gen_id, exit_code)
+            self.store.record_gone(gen_id, exit_code, cause)
         return removed
 
     async def remove_strays(self) -> list[int]:

@@ -49,6 +49,7 @@ from pathlib import Path
 
 from keelway import failpoints
 from keelway.clock import Clock
+from keelway.limits import Limits, format_size
 from keelway.runtime.process import ProcStat, Reapable, is_alive, read_stat, session_members
 
 log = logging.getLogger("keelway.tree")
@@ -126,6 +127,7 @@ class ProcessTrees:
             except OSError as exc:
                 log.info("%s not usable here (%s)", mechanism.value, exc)
                 continue
+            homes += _limit_homes(mechanism, root, hid)
             return cls(home_root, mechanism, homes,
                        tuple(h for h in existing if h not in homes))
         if want != "auto":
@@ -138,7 +140,8 @@ class ProcessTrees:
         """The home's trees as a box already has them, creating nothing: every
         hierarchy holding a cgroup directory of the home (for checks and teardown)."""
         hid = home_id(home_root)
-        hierarchies = (root / "freezer", root / "pids", root / "unified", root)
+        hierarchies = (root / "freezer", root / "pids", root / "memory", root / "cpu",
+                       root / "unified", root)
         homes = tuple(h / "keelway" / hid for h in hierarchies
                       if (h / "keelway" / hid).is_dir())
         v1 = bool(homes) and homes[0].parent.parent.name in ("freezer", "pids")
@@ -164,10 +167,62 @@ class ProcessTrees:
         """... and in the ones an earlier control plane used: where to look and clean."""
         return [home / f"g{gen_id}" for home in self.homes + self.legacy]
 
-    def create(self, gen_id: int) -> None:
-        """Make the generation's cgroups (before its spawn). Idempotent."""
+    def create(self, gen_id: int, limits: Limits | None = None) -> None:
+        """Make the generation's cgroups (before its spawn), with `limits` written where
+        a controller enforces them (`enforces`). Idempotent."""
         for path in self._dirs(gen_id):
             path.mkdir(parents=True, exist_ok=True)
+        if limits is None:
+            return
+        for home in self.homes:
+            for name, value in _limit_files(_controller(home), limits):
+                path = home / f"g{gen_id}" / name
+                if not path.exists():
+                    continue  # a controller this cgroup does not have: `enforces` says so
+                try:
+                    _write(path, value)
+                except OSError as exc:
+                    log.warning("cannot set %s of generation %s to %s: %s", name, gen_id,
+                                value, exc)
+
+    def enforces(self) -> dict[str, str]:
+        """Each limit a cgroup enforces here, with how (for `doctor` and `status`); a
+        limit missing from it is left to an rlimit or to nothing (runtime.limits)."""
+        found: dict[str, str] = {}
+        for home in self.homes:
+            controller = _controller(home)
+            if controller == "unified":
+                enabled = _read(home / "cgroup.subtree_control").split()
+                for name in ("memory", "cpu", "pids"):
+                    if name in enabled:
+                        found[name] = f"cgroup v2 {name}"
+            elif controller in ("memory", "cpu", "pids"):
+                found[controller] = f"cgroup v1 {controller}"
+        return found
+
+    def exit_cause(self, gen_id: int) -> str | None:
+        """Why the kernel ended the generation's tree, if it did: its memory limit (an
+        OOM kill in its cgroup) or its process limit (a fork refused). Read before the
+        cgroup is removed."""
+        for home in self.homes:
+            path = home / f"g{gen_id}"
+            controller = _controller(home)
+            if controller in ("memory", "unified"):
+                events = _read(path / ("memory.oom_control" if controller == "memory"
+                                       else "memory.events"))
+                if _counter(events, "oom_kill") > 0:
+                    limit = _read(path / ("memory.limit_in_bytes" if controller == "memory"
+                                          else "memory.max")).strip()
+                    at = f" at its {format_size(int(limit))} limit" if limit.isdigit() else ""
+                    return f"killed: out of memory{at}"
+        for home in self.homes:
+            path = home / f"g{gen_id}"
+            if _controller(home) in ("pids", "unified") and _counter(
+                    _read(path / "pids.events"), "max") > 0:
+                most = _read(path / "pids.max").strip()
+                return f"hit its limit of {most} processes" if most.isdigit() else (
+                    "hit its process limit")
+        return None
 
     def join_paths(self, gen_id: int) -> tuple[str, ...]:
         """The `cgroup.procs` files a generation's leader writes itself into before it
@@ -403,6 +458,78 @@ def marked_processes(home_root: Path) -> dict[int, list[ProcStat]]:
         if gen.isdigit() and stat is not None and stat.state != "Z":
             found.setdefault(int(gen), []).append(stat)
     return found
+
+
+def _limit_homes(mechanism: Mechanism, root: Path, hid: str) -> tuple[Path, ...]:
+    """The home's directories in the hierarchies that enforce limits, beyond the ones
+    the mechanism tracks membership by: v1's memory and cpu hierarchies where they are
+    mounted and writable; v2's one hierarchy gets its controllers enabled for the
+    home's children instead (what the box lets it enable). None where nothing can."""
+    if mechanism is Mechanism.CGROUP_V2:
+        unified = root if (root / "cgroup.controllers").exists() else root / "unified"
+        for parent in (unified, unified / "keelway", unified / "keelway" / hid):
+            for name in ("memory", "cpu", "pids"):
+                # One at a time: a controller the box withholds must not keep the others.
+                with contextlib.suppress(OSError):
+                    _write(parent / "cgroup.subtree_control", f"+{name}")
+        return ()
+    if mechanism is Mechanism.PROC_SCAN:
+        return ()
+    homes: list[Path] = []
+    for name in ("memory", "cpu"):
+        if not (root / name / "cgroup.procs").exists():
+            continue
+        home = root / name / "keelway" / hid
+        try:
+            home.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            log.info("cgroup v1 %s not usable here (%s)", name, exc)
+            continue
+        homes.append(home)
+    return tuple(homes)
+
+
+def _controller(home: Path) -> str:
+    """The controller a home directory's hierarchy is (v1: its mount's name), or
+    `unified` for v2's one hierarchy."""
+    name = home.parent.parent.name
+    return name if name in ("freezer", "pids", "memory", "cpu") else "unified"
+
+
+def _limit_files(controller: str, limits: Limits) -> list[tuple[str, str]]:
+    """The files of `controller` that set `limits`, and what to write in them."""
+    period = 100_000
+    files: list[tuple[str, str]] = []
+    if limits.memory is not None and controller in ("memory", "unified"):
+        if controller == "memory":
+            files.append(("memory.limit_in_bytes", str(limits.memory)))
+            # With swap, the bound on memory and swap together (after the one above).
+            files.append(("memory.memsw.limit_in_bytes", str(limits.memory)))
+        else:
+            files += [("memory.max", str(limits.memory)), ("memory.swap.max", "0")]
+    if limits.cpu is not None and controller in ("cpu", "unified"):
+        quota = max(1000, round(limits.cpu * period))
+        files += ([("cpu.cfs_period_us", str(period)), ("cpu.cfs_quota_us", str(quota))]
+                  if controller == "cpu" else [("cpu.max", f"{quota} {period}")])
+    if limits.pids is not None and controller in ("pids", "unified"):
+        files.append(("pids.max", str(limits.pids)))
+    return files
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _counter(text: str, name: str) -> int:
+    """The value of `name N` in a cgroup's flat keyed file (memory.events, ...)."""
+    for line in text.splitlines():
+        key, _sep, value = line.partition(" ")
+        if key == name and value.strip().isdigit():
+            return int(value)
+    return 0
 
 
 def _by_session() -> dict[int, list[ProcStat]]:

@@ -49,16 +49,19 @@ class SqliteGenerations:
                       " WHERE id=? AND version=?", (state.value, gen.id, gen.version))
         return self.for_update(gen.id)
 
-    def record_exit(self, gen_id: int, exit_code: int | None) -> Generation:
-        """The generation proven gone, with its exit code, and its marks freed: a fact,
-        written whatever version the caller saw; a repeat changes nothing."""
+    def record_exit(self, gen_id: int, exit_code: int | None,
+                    cause: str | None = None) -> Generation:
+        """The generation proven gone, with its exit code and why the kernel ended it
+        (`cause`, if it did), and its marks freed: a fact, written whatever version the
+        caller saw; a repeat changes nothing."""
         with self.db.tx(f"record generation {gen_id} gone") as c:
             gen = self.for_update(gen_id)
             if gen.state is not GenState.GONE:
                 check(gen.state, GenState.GONE)
                 c.execute("UPDATE generations SET state=?, exit_code=?, exited_at=?,"
-                          " version=version+1 WHERE id=?",
-                          (GenState.GONE.value, exit_code, self.db.clock.now(), gen_id))
+                          " exit_cause=?, version=version+1 WHERE id=?",
+                          (GenState.GONE.value, exit_code, self.db.clock.now(), cause,
+                           gen_id))
             c.execute("DELETE FROM inhibitions WHERE generation_id=?", (gen_id,))
         return self.for_update(gen_id)
 
@@ -189,6 +192,7 @@ def generation_of(r: sqlite3.Row) -> Generation:
         state=GenState(r["state"]), created_at=r["created_at"], exited_at=r["exited_at"],
         exit_code=r["exit_code"],
         version=r["version"],
+        exit_cause=r["exit_cause"],
     )
 
 

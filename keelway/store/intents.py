@@ -61,13 +61,14 @@ def record_spawn(store: Composing, gen: Generation, pid: int,
     return running
 
 
-def record_gone(store: Composing, gen_id: int, exit_code: int | None) -> Generation:
+def record_gone(store: Composing, gen_id: int, exit_code: int | None,
+                cause: str | None = None) -> Generation:
     """The generation proven gone, then its port claim freed, in one write. The order
     is the rule for two databases too: a claim never outlives the proof its process
     is dead, so the claim goes after the proof (a crash between holds a port longer,
     never frees one a process still listens on)."""
     with store.writing(f"record generation {gen_id} gone"):
-        gone = store.generations.record_exit(gen_id, exit_code)
+        gone = store.generations.record_exit(gen_id, exit_code, cause)
         store.local.free_port(gen_id)
     return gone
 

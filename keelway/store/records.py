@@ -173,6 +173,9 @@ class Generation(msgspec.Struct, frozen=True):
     exited_at: float | None
     exit_code: int | None
     version: int
+    # Why the kernel ended its tree, when it did ("killed: out of memory at its 512M
+    # limit"); None for an exit of its own or a stop.
+    exit_cause: str | None = None
 
 
 class Presence(msgspec.Struct, frozen=True):

@@ -344,6 +344,11 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX rollout_hosts_seq ON rollout_hosts(rollout_id, seq);
     """,
+    # Why the kernel ended a generation's tree, when it did (issue #20): its memory
+    # limit (an OOM kill in its cgroup) or its process limit, as status and events say.
+    """
+    ALTER TABLE generations ADD COLUMN exit_cause TEXT;
+    """,
 ]
 
 

@@ -424,9 +424,10 @@ class GenerationStore(Protocol):
         """Compare-and-swap on `gen.version`; the move is checked."""
         ...
 
-    def record_exit(self, gen_id: int, exit_code: int | None) -> Generation:
-        """The generation proven gone, with its exit code, and its inhibitions freed in
-        the same write (a fact: no compare; repeating it changes nothing). The port
+    def record_exit(self, gen_id: int, exit_code: int | None,
+                    cause: str | None = None) -> Generation:
+        """The generation proven gone, with its exit code and `cause` (why the kernel
+        ended it, when it did), and its inhibitions freed in the same write (a fact: no compare; repeating it changes nothing). The port
         claim is this box's: `Store.record_gone` frees both."""
         ...
 
@@ -599,7 +600,8 @@ class Store(Protocol):
         start ticks on its presence, in one write."""
         ...
 
-    def record_gone(self, gen_id: int, exit_code: int | None) -> Generation:
+    def record_gone(self, gen_id: int, exit_code: int | None,
+                    cause: str | None = None) -> Generation:
         """A generation proven dead (`record_exit`) and its port claim freed, in one
         write (a fact: no compare; repeating it changes nothing)."""
         ...

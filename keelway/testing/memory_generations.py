@@ -35,14 +35,15 @@ class MemoryGenerations:
                                                             version=have.version + 1)
             return t.generations[gen.id]
 
-    def record_exit(self, gen_id: int, exit_code: int | None) -> Generation:
+    def record_exit(self, gen_id: int, exit_code: int | None,
+                    cause: str | None = None) -> Generation:
         """A fact: no compare, and a repeat changes nothing; the marks go with it."""
         with self._db.write() as t:
             gen = _known(t, gen_id)
             if gen.state is not GenState.GONE:
                 check(gen.state, GenState.GONE)
                 t.generations[gen_id] = msgspec.structs.replace(
-                    gen, state=GenState.GONE, exit_code=exit_code,
+                    gen, state=GenState.GONE, exit_code=exit_code, exit_cause=cause,
                     exited_at=self._db.clock.now(), version=gen.version + 1)
             for key in [k for k in t.inhibitions if k[0] == gen_id]:
                 del t.inhibitions[key]

@@ -1,0 +1,94 @@
+"""A tenant's limits through the real CLI (issue #20): one tenant allocating without
+bound is killed at its own memory limit, said as such in `status` and `events`, and
+restarted with backoff, while another tenant's requests keep their latency and the
+router and control plane carry on; `doctor` says which limits the box enforces."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.harness import Keelway, wait_until
+
+pytestmark = pytest.mark.slow
+
+# A web whose /hog allocates up to 400 MB (8 MB at a time, every page touched) and then
+# answers; everything else answers at once.
+HOG_WEB = '''\
+import os
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.path == "/hog":
+            chunks = [bytearray(8 << 20) for _ in range(50)]
+        body = b"ok " + os.environ["KEELWAY_INSTANCE"].encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+ThreadingHTTPServer(("127.0.0.1", int(os.environ["PORT"])), Handler).serve_forever()
+'''
+
+
+def _app(root: Path, name: str, memory: str) -> Path:
+    app = root / name
+    app.mkdir(parents=True)
+    (app / "web.py").write_text(HOG_WEB)
+    (app / "Procfile").write_text("web: python3 web.py\n")
+    (app / "keelway.toml").write_text(
+        f'[services.web]\nsettle = "0.2s"\nstop_grace = "2s"\nmemory = "{memory}"\n'
+        "pids = 64\nnofile = 1024\n")
+    return app
+
+
+def _latencies(kw: Keelway, host: str, n: int) -> list[float]:
+    took = []
+    for _ in range(n):
+        began = time.perf_counter()
+        status, _body, _ = kw.get(host, "/")
+        assert status == 200
+        took.append(time.perf_counter() - began)
+    return took
+
+
+def test_a_tenant_past_its_memory_limit_is_killed_alone_and_said_so(
+        kw: Keelway, tmp_path: Path) -> None:
+    kw.up()
+    checks = {c["check"]: c for c in kw.run("doctor", "--json").json()["checks"]}
+    if not checks["memory limit"]["ok"]:
+        pytest.skip(f"this box enforces no memory limit: {checks['memory limit']['detail']}")
+    kw.ok("deploy", "hog", str(_app(tmp_path, "hog", "64M")), "--host", "hog.test")
+    kw.ok("deploy", "calm", str(_app(tmp_path, "calm", "256M")), "--host", "calm.test")
+    before = _latencies(kw, "calm.test", 40)
+
+    during: list[float] = []
+    hogging = threading.Thread(target=lambda: kw.get("hog.test", "/hog", timeout_s=20))
+    hogging.start()
+    during += _latencies(kw, "calm.test", 40)
+    hogging.join(30)
+
+    # Killed at its own limit, and said so; the other tenant never noticed.
+    def killed() -> bool:
+        inst = kw.ok("status", "--json").json()["apps"]
+        hog = next(a for a in inst if a["name"] == "hog")["instances"][0]
+        return any(p["exit_cause"] == "killed: out of memory at its 64M limit"
+                   for p in hog["processes"])
+
+    assert wait_until(killed, 20)
+    events = kw.ok("events", "hog", "--json").json()["events"]
+    assert any("killed: out of memory at its 64M limit" in e["message"] for e in events)
+    p99 = statistics.quantiles(before + during, n=100)[98]
+    assert max(during) <= max(2 * p99, 0.25), (before, during)
+    # Restarted after its backoff, serving again; the router and the control plane stay.
+    assert wait_until(lambda: kw.get("hog.test", "/")[0] == 200, 30)
+    assert kw.ok("status", "--json").json()["router"]["state"] == "serving"
+    assert kw.get("calm.test", "/")[0] == 200
