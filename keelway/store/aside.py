@@ -8,7 +8,7 @@ row it steps). Here the read runs in a child interpreter of its own, over its ow
 read-only connection, inside one read transaction, and only its result (pickled)
 crosses back.
 
-The child is keelway's own (`python -m keelway.store.aside STORE`), started on first use
+The child is keelway's own (Python running `main` here, on the store's path), started on first use
 and kept: it reads a request from its stdin, answers on its stdout, and exits when its
 stdin closes, so it never outlives the control plane that started it. It holds only
 stdio (subprocess closes every other descriptor). Only a store of ASIDE_FROM instances
@@ -80,10 +80,12 @@ class Aside:
             self._stop()
 
     def _running(self) -> subprocess.Popen[bytes]:
-        if self._proc is None or self._proc.poll() is not None:
+        if self._proc is not None and self._proc.poll() is not None:
+            self._stop()  # died: its pipes closed, its status reaped
+        if self._proc is None:
             try:
                 self._proc = subprocess.Popen(
-                    [sys.executable, "-m", "keelway.store.aside", str(self.path)],
+                    [sys.executable, "-c", _MAIN, str(self.path)],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
             except OSError as exc:
                 raise AsideUnavailable(f"cannot start the reading process: {exc}") from exc
@@ -157,8 +159,14 @@ def serve(path: Path, requests: IO[bytes], replies: IO[bytes]) -> None:
         store.close()
 
 
-if __name__ == "__main__":
+def main(path: str) -> None:
+    """The reading process's entry (`_MAIN`)."""
     # stdout carries replies alone: anything else printed would corrupt them.
     replies = os.fdopen(os.dup(1), "wb")
     sys.stdout = sys.stderr
-    serve(Path(sys.argv[1]), sys.stdin.buffer, replies)
+    serve(Path(path), sys.stdin.buffer, replies)
+
+
+# Not `-m keelway.store.aside`: the store package imports this module, and runpy warns
+# of a module run as __main__ that its package has imported already.
+_MAIN = "import sys; from keelway.store.aside import main; main(sys.argv[1])"
