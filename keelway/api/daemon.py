@@ -490,6 +490,7 @@ def main(argv: list[str] | None = None,
                         default=router_process.default_workers())
     parser.add_argument("--trusted-proxy", action="append", default=[])
     parser.add_argument("--hold-timeout", type=float, default=None)
+    parser.add_argument("--max-concurrency", type=int, default=None)
     parser.add_argument("--objects", default=None,
                         help="s3://BUCKET/PREFIX for snapshots (default: $KEELWAY_HOME/objects)")
     for name in ("memory", "cpu", "pids", "nofile"):
@@ -504,7 +505,7 @@ def main(argv: list[str] | None = None,
     # apps create is then owner-only from its first instant (see keelway/home.py).
     os.umask(PRIVATE_UMASK)
     settings = RouterSettings(max(1, args.router_workers), tuple(args.trusted_proxy),
-                              args.hold_timeout)
+                              args.hold_timeout, args.max_concurrency)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import uvloop

@@ -36,6 +36,9 @@ _DAEMON_DISK_FULL = 5  # keelway.api.daemon.EXIT_DISK_FULL, which the CLI does n
 @click.option("--objects", default=None, metavar="s3://BUCKET/PREFIX",
               help="Keep snapshots in S3 (AWS_* variables for the endpoint and keys); "
                    "kept for later `up`s (default: $KEELWAY_HOME/objects).")
+@click.option("--max-concurrency", type=click.IntRange(1, 100_000), default=None,
+              metavar="N", help="Requests in flight to one instance at once, past which "
+                                "its requests get 503 (default: 100).")
 @click.option("--default-memory", default=None, metavar="SIZE",
               help="Memory per process tree of a service that sets none (default: 1G).")
 @click.option("--default-cpu", default=None, metavar="CPUS",
@@ -47,8 +50,8 @@ _DAEMON_DISK_FULL = 5  # keelway.api.daemon.EXIT_DISK_FULL, which the CLI does n
 @api_command
 def up(demo: bool, detach: bool, http_addr: str | None, router_workers: int | None,
        trusted: tuple[str, ...], hold_timeout: float | None, objects: str | None,
-       default_memory: str | None, default_cpu: str | None, default_pids: str | None,
-       default_nofile: str | None, as_json: bool) -> None:
+       max_concurrency: int | None, default_memory: str | None, default_cpu: str | None,
+       default_pids: str | None, default_nofile: str | None, as_json: bool) -> None:
     """Start the control plane and the router (state in $KEELWAY_HOME)."""
     home = Home.from_env()
     given = {"memory": default_memory, "cpu": default_cpu, "pids": default_pids,
@@ -66,6 +69,8 @@ def up(demo: bool, detach: bool, http_addr: str | None, router_workers: int | No
     if hold_timeout is not None:
         daemon_argv += ["--hold-timeout", str(hold_timeout)]
     daemon_argv += ["--objects", objects] if objects is not None else []
+    if max_concurrency is not None:
+        daemon_argv += ["--max-concurrency", str(max_concurrency)]
     daemon_argv += [f"--default-{name}={value}" for name, value in given.items()
                     if value is not None]
     if not detach:

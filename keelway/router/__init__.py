@@ -9,6 +9,7 @@ Modules, each importing only those listed below it:
     control_wire the control protocol's messages
     table_file   the last accepted table on disk
     proxy        shared per-process state: live routing, upstream pools, connections
+    concurrency  the per-instance bound on requests in flight, in one process
     downstream   client connections: parse, route, order answers   (hot path)
     exchange     one request/response: links the two halves         (hot path)
     upstream     upstream connections and keep-alive pools          (hot path)
@@ -16,6 +17,7 @@ Modules, each importing only those listed below it:
     headers      head rewriting: hop-by-hop, X-Forwarded-*, framing (pure)
     route_table  the table, its wire format and host matching       (pure)
     counts       responses per instance, as reported and summed     (pure)
+    leases       the bounds on requests in flight, lent to workers  (pure)
 
 The router imports nothing from the control plane (store, deploy, api): traffic keeps
 flowing when the control plane is gone. Its one call the other way, a wake, is a raw

@@ -12,7 +12,8 @@ Invariants:
   reader compares two reports only when their incarnations match (`since`);
 - an answer is the app's (`app`, by status class) when the instance's upstream sent its
   status, the router's own (`router`, by status: 502 upstream down, 503 a route that
-  does not serve or a held request that could not wait, 504 upstream too slow, ...)
+  does not serve, a held request that could not wait or an instance at its bound of
+  requests in flight, 504 upstream too slow, ...)
   when the router wrote it: a judge can tell an app's 500 from the router's 503;
 - a request counts for the instance its route names (`CompiledRoute.instance`, the
   same for every alias), or for none: one with no route (404), the health path, and one

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Final, cast
 import httptools
 
 from keelway.router import responses
-from keelway.router.exchange import Exchange
+from keelway.router.exchange import Exchange, InFlight
 from keelway.router.headers import CHUNKED, LENGTH, NONE, BadRequest, RequestHeadRewriter
 from keelway.router.responses import BAD_REQUEST, HEALTH_PATH, HEALTHY, NOT_FOUND
 
@@ -358,8 +358,6 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
             return self._local(ex, proxy.page_for(target), close)
         if method == b"CONNECT":
             return self._local(ex, BAD_REQUEST, True)
-        pool = target.pool
-        ex.pool = pool if pool is not None else proxy.pool_for(target)
         if upgrade:
             ex.upgrade = True
         if framing is CHUNKED:
@@ -367,6 +365,17 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
         elif framing is NONE and not upgrade:
             ex.retry_head = head
         ex.out.append(head)
+        # Counted from here (a pipelined request too: it is bound for this instance as
+        # surely as the one ahead of it) until the exchange ends, whatever ends it.
+        in_flight = target.in_flight
+        if in_flight is None or in_flight.take(ex):
+            pool = target.pool
+            ex.pool = pool if pool is not None else proxy.pool_for(target)
+        elif proxy.wait_for_slot(ex, target):
+            ex.held = True  # until the main process lends this worker more of the bound
+        else:
+            ex.out.clear()
+            return self._local(ex, responses.AT_LIMIT, close)
         return ex
 
     @staticmethod
@@ -510,6 +519,9 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
 
     def unhold(self, ex: Exchange) -> None:
         self._proxy.unhold(ex)
+
+    def slot_freed(self, in_flight: InFlight) -> None:
+        self._proxy.slot_freed(in_flight)
 
     def note_fd_shortage(self, what: str) -> None:
         self._proxy.fd_shortage.note(what)

@@ -60,6 +60,33 @@ class Tally:
         self.router[status] = self.router.get(status, 0) + 1
 
 
+class InFlight:
+    """One instance's requests in flight in this process (through any of its hosts),
+    kept across table swaps by the proxy; keelway/router/concurrency.py owns the policy.
+
+    `limit` is how many this process may have without asking anyone: the instance's
+    bound in a router of one process, what the main process lent it in a worker.
+    `waiting` counts requests waiting for more of it, so the exchange that gives a slot
+    back calls out of the hot path only when someone wants it. Taking and giving back
+    cost a comparison and an add on a native int."""
+
+    __slots__ = ("count", "instance", "limit", "waiting")
+
+    def __init__(self, instance: str) -> None:
+        self.instance: Final = instance
+        self.count = 0
+        self.limit = 0
+        self.waiting = 0
+
+    def take(self, ex: Exchange) -> bool:
+        """Count `ex` in, if under the limit; it gives its slot back when it ends."""
+        if self.count < self.limit:
+            self.count += 1
+            ex.in_flight = self
+            return True
+        return False
+
+
 class Exchange:
     """One request and its response on a client connection.
 
@@ -76,6 +103,7 @@ class Exchange:
         "close_client",
         "head_request",
         "held",
+        "in_flight",
         "local",
         "local_status",
         "out",
@@ -108,8 +136,12 @@ class Exchange:
         # How far the exchange has come, each a one-way step.
         self.request_done = self.response_started = self.abandoned = False
         self.chunked_request = self.upgrade = False
-        # Waiting for its route to stop holding; the proxy resumes or answers it.
+        # Waiting for its route to stop holding, or for a slot of its instance's bound;
+        # the proxy resumes or answers it.
         self.held = False
+        # The count it is in while it goes upstream (InFlight.take); left exactly once,
+        # when it ends however it ends (answered, failed, or its client gone).
+        self.in_flight: InFlight | None = None
         # Its route: while this is a connection's current exchange (a streaming
         # response, a tunnel, a held request), its host counts as open (Proxy.activity).
         self.target: CompiledRoute | None = None
@@ -235,6 +267,7 @@ class Exchange:
 
     def response_complete(self, keep_client: bool) -> None:
         self.upstream = None
+        self.leave_in_flight()
         if not keep_client:
             self.close_client = True
         self.client.exchange_done(self)
@@ -261,11 +294,21 @@ class Exchange:
             self.request_done = True  # what is left of the body is not read
             self._answer_locally()
 
+    def leave_in_flight(self) -> None:
+        """Give back its slot of its instance's bound (once; a no-op without one)."""
+        counted = self.in_flight
+        if counted is not None:
+            self.in_flight = None
+            counted.count -= 1
+            if counted.waiting:
+                self.client.slot_freed(counted)
+
     def abandon(self) -> None:
         """The client is gone: drop the upstream connection, whose state is now unknown."""
         if self.held:
             self.held = False
             self.client.unhold(self)
+        self.leave_in_flight()
         self.abandoned = True
         upstream = self.upstream
         if upstream is not None:

@@ -29,6 +29,11 @@ granted slot is given back whenever the request stops being held, however it end
 this process drains (told to stop, or its main process died and nobody will release
 them), every held or asking request is answered 503 + Retry-After at once: never closed
 without an answer.
+
+Requests in flight are bounded per instance (`concurrency`, keelway/router/
+concurrency.py): a request the table proxies, or a held one its route serves again,
+goes upstream only with a slot of its instance's bound; in a worker, one past what the
+main process lent waits (marked held, like a held request) for more, or is answered 503.
 """
 
 from __future__ import annotations
@@ -43,9 +48,10 @@ from dataclasses import dataclass
 from typing import Final
 
 from keelway.router import responses
+from keelway.router.concurrency import Concurrency
 from keelway.router.counts import APP_CLASSES, OTHER, InstanceCounts
 from keelway.router.downstream import ClientConnection
-from keelway.router.exchange import Exchange, Tally
+from keelway.router.exchange import Exchange, InFlight, Tally
 from keelway.router.route_table import CompiledRoute, Handling, RouteTable, Routing, Traffic
 from keelway.router.upstream import UpstreamPool
 
@@ -122,6 +128,9 @@ class ProxyOptions:
     # And at most this many for one instance (all its hosts), so a flood to one
     # parked instance leaves room for requests to the others.
     max_held_per_host: int = 512
+    # Requests in flight at once to one instance (all its hosts, across the workers)
+    # when its routes name no `max_concurrency`; past it 503 with Retry-After.
+    max_concurrency: int = 100
     upstream_connect_timeout_s: float = 5.0
     upstream_max_idle: int = 64
     upstream_idle_s: float = 30.0
@@ -142,8 +151,10 @@ class Proxy:
         # Per instance ever routed by this process: what `responses` reports. Never
         # dropped, so an instance's counts only grow while this process lives.
         self._tallies: dict[str, Tally] = {}
+        self.concurrency: Final = Concurrency(self.options.max_concurrency, self.pool_for)
         self.routing = Routing(table)
         self._count(self.routing)
+        self.concurrency.fit(self.routing)
         self._track(self.routing, time.monotonic())
         self.connections: set[ClientConnection] = set()
         self.draining = False
@@ -186,6 +197,7 @@ class Proxy:
         """Make `table` the one new requests see; retire pools it no longer names."""
         routing = Routing(table)
         self._count(routing)
+        self.concurrency.fit(routing)
         old, self.routing = self.routing, routing
         self._fold_hits(old)  # after the assignment: no request marks `old` from here
         self._track(routing, time.monotonic())
@@ -298,8 +310,10 @@ class Proxy:
 
     def slots_lost(self) -> None:
         """The channel to the main process closed: nobody grants or releases any more.
-        What waits is answered 503 now; new requests to a holding route get 503 too."""
+        What waits is answered 503 now; new requests to a holding route get 503 too, and
+        new ones past what this worker holds of an instance's bound (concurrency.py)."""
         self._slots_lost = True
+        self.concurrency.lost()
         self.answer_held()
 
     def answer_held(self) -> int:
@@ -315,7 +329,7 @@ class Proxy:
             self._drop_held(ex, instance)
             ex.answer_instead(self._unavailable(host))
             answered += 1
-        return answered
+        return answered + self.concurrency.refuse_waiting()
 
     def _add_held(self, ex: Exchange, host: str, instance: str, deadline: float) -> None:
         self._held_per_host[instance] = self._held_per_host.get(instance, 0) + 1
@@ -403,6 +417,15 @@ class Proxy:
             self._drop_held(ex, found[1])
         else:
             self._asking_live.discard(ex)
+            self.concurrency.forget(ex)
+
+    def wait_for_slot(self, ex: Exchange, target: CompiledRoute) -> bool:
+        """`ex` found its instance at this process's limit: True when it waits for more
+        of the bound (the caller marks it held), False when it is to be answered 503."""
+        return self.concurrency.wait(ex, target)
+
+    def slot_freed(self, in_flight: InFlight) -> None:
+        self.concurrency.freed(in_flight)
 
     def _release_held(self) -> None:
         """A new table: resume what it serves, answer what it refuses, keep the rest."""
@@ -419,7 +442,12 @@ class Proxy:
         if target is None:
             ex.answer_instead(responses.NOT_FOUND)
         elif target.proxied:
-            ex.resume(self.pool_for(target))
+            # Through its instance's bound like a request that was never held.
+            in_flight = target.in_flight
+            if in_flight is None or in_flight.take(ex):
+                ex.resume(self.pool_for(target))
+            elif not self.concurrency.wait(ex, target):  # else it waits on, held
+                ex.answer_instead(responses.AT_LIMIT)
         else:
             ex.answer_instead(responses.refusal(target.state, target.retry_after_s))
 

@@ -9,7 +9,9 @@ A route that does not serve answers the page of its state (`refusal`), which say
 is true: "busy for a moment" only while requests are held for a wake or a hold-mode
 swap; "restarting" (Retry-After: until the crash backoff's retry) for a crashed web;
 "stopped", "not deployed yet" and "down for maintenance" (an import or a fence) for the
-rest. Only a page whose wait is known carries Retry-After.
+rest. Only a page whose wait is known carries Retry-After. A serving instance that has
+as many requests in flight as its bound allows answers the rest `AT_LIMIT` (Retry-After
+1: its slots free as its requests finish), the one page that is about load.
 """
 
 from __future__ import annotations
@@ -105,3 +107,8 @@ def refusal(state: Handling, retry_after_s: int) -> Canned:
 
 # Out of file descriptors: connections come and go by the second, so try again soon.
 NO_DESCRIPTORS: Final = unavailable(1)
+
+# An instance at its bound of requests in flight (keelway/router/concurrency.py).
+AT_LIMIT: Final = Canned(
+    503, "503 Service Unavailable\n\nThe site is at its limit of concurrent requests. "
+         "Try again in a moment.\n", b"Retry-After: 1\r\n")

@@ -15,7 +15,10 @@ a request's Host header leads to. Invariants:
   form, so matching is case-insensitive and ignores the port;
 - a route names the instance it serves (`instance`; absent: the route's own host, as a
   primary host's route and every table of an older keelway have it), and the router
-  wakes, holds and counts activity per instance, whichever of its hosts a request used.
+  wakes, holds and counts activity per instance, whichever of its hosts a request used;
+- an instance's bound on requests in flight is the smallest `max_concurrency` any of its
+  routes names, or the router's default when none names one (keelway/router/
+  concurrency.py enforces it).
 
 The format grows only by optional fields and new states, each entry judged alone, so a
 router reads every table an older keelway wrote. A router older than a table's format
@@ -34,13 +37,13 @@ import msgspec
 from keelway import names
 
 if TYPE_CHECKING:
-    from keelway.router.exchange import Tally
+    from keelway.router.exchange import InFlight, Tally
     from keelway.router.upstream import UpstreamPool
 
 
 # The table format this router reads: 1 had no `instance` and no `stopped`,
-# `no-release` or `crashed` state.
-TABLE_FORMAT: Final = 2
+# `no-release` or `crashed` state; 2 had no `max_concurrency`.
+TABLE_FORMAT: Final = 3
 
 
 class Handling(enum.Enum):
@@ -88,6 +91,7 @@ def decide(state: Handling) -> Decision:
 
 
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+Positive = Annotated[int, msgspec.Meta(ge=1)]
 
 
 def parse_upstream(address: str) -> tuple[str, int]:
@@ -108,14 +112,16 @@ def parse_upstream(address: str) -> tuple[str, int]:
 
 class RouteEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """One host's route. `upstream` is required when the state proxies. `instance` is
-    the instance the host belongs to when that is another host (an alias); fields at
-    their defaults are left out of the encoding, so a table that uses nothing new reads
-    in a router of the format before."""
+    the instance the host belongs to when that is another host (an alias);
+    `max_concurrency` bounds the instance's requests in flight (None: the router's
+    default). Fields at their defaults are left out of the encoding, so a table that
+    uses nothing new reads in a router of the format before."""
 
     state: Handling
     upstream: str | None = None
     retry_after_s: NonNegative = 5
     instance: str | None = None
+    max_concurrency: Positive | None = None
 
     def __post_init__(self) -> None:
         if self.instance is not None:
@@ -241,9 +247,9 @@ class Traffic:
 class CompiledRoute:
     """A compiled route: what the hot path needs, precomputed once per table."""
 
-    __slots__ = ("hit", "holding", "host", "instance", "parked", "pool", "proxied",
-                 "retry_after_s", "state", "tally", "upstream_host", "upstream_key",
-                 "upstream_port")
+    __slots__ = ("hit", "holding", "host", "in_flight", "instance", "parked", "pool",
+                 "proxied", "retry_after_s", "state", "tally", "upstream_host",
+                 "upstream_key", "upstream_port")
 
     def __init__(self, host: str, route: RouteEntry) -> None:
         self.host: Final = host
@@ -268,12 +274,14 @@ class CompiledRoute:
         # Its instance's responses, the same for every alias and across tables: set by
         # the proxy before the table serves (None only in a table no proxy serves).
         self.tally: Tally | None = None
+        # Its instance's requests in flight, shared the same way (Proxy sets it too).
+        self.in_flight: InFlight | None = None
 
 
 class Routing:
     """A table compiled for lookup by raw Host header bytes. Immutable after init."""
 
-    __slots__ = ("by_host", "instances", "parked", "table")
+    __slots__ = ("by_host", "instances", "max_concurrency", "parked", "table")
 
     def __init__(self, table: RouteTable) -> None:
         self.table: Final = table
@@ -285,6 +293,16 @@ class Routing:
         self.instances: Final = frozenset(t.instance for t in targets)
         # Instances with a parked route (any of their hosts): the ones a request wakes.
         self.parked: Final = frozenset(t.instance for t in targets if t.parked)
+        # Per instance whose routes name a bound, the smallest: aliases published apart
+        # may disagree for a moment, and the tighter bound is the one that protects.
+        bounds: dict[str, int] = {}
+        for host, route in table.routes.items():
+            if route.max_concurrency is not None:
+                instance = route.instance or host
+                named = bounds.get(instance)
+                if named is None or route.max_concurrency < named:
+                    bounds[instance] = route.max_concurrency
+        self.max_concurrency: Final = bounds
 
     def lookup(self, raw_host: bytes) -> CompiledRoute | None:
         """The target for a Host header value, or None when no route names that host."""

@@ -9,7 +9,8 @@ Signal handlers only set an event; all work happens in the serving coroutine.
 
 With `--workers N` above 1, `serve` runs once per worker process over the same
 inherited listening fd, and the main process accepts nothing itself: it keeps the
-control socket, the waker and the hold slots (keelway/router/workers.py says why).
+control socket, the waker, the hold slots and the leases of the concurrency bounds
+(keelway/router/workers.py says why).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import uvloop
 from keelway.router.client import RouterControlError, retire_over, take_listener
 from keelway.router.control import ControlServer
 from keelway.router.hold_slots import HoldSlots
+from keelway.router.leases import Leases
 from keelway.router.listen import LISTEN_BACKLOG, bind_tcp
 from keelway.router.proxy import Proxy, ProxyOptions
 from keelway.router.route_table import EMPTY_TABLE, Handling, RouteTable
@@ -113,11 +115,18 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
                         default=ProxyOptions.max_held_per_host, metavar="N",
                         help="requests held at once for one host, across the workers "
                              "(default %(default)s)")
+    parser.add_argument("--max-concurrency", type=int, default=ProxyOptions.max_concurrency,
+                        metavar="N",
+                        help="requests in flight at once to one instance, across the "
+                             "workers, when its routes name no max_concurrency; past it "
+                             "503 (default %(default)s)")
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error("--workers must be at least 1")
     if args.max_held < 1 or args.max_held_per_host < 1:
         parser.error("--max-held and --max-held-per-host must be at least 1")
+    if args.max_concurrency < 1:
+        parser.error("--max-concurrency must be at least 1")
     if args.workers > 1 and args.state is None:
         parser.error("--workers above 1 needs --state: workers read the table from it")
     return RouterConfig(
@@ -134,6 +143,7 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
                              hold_timeout_s=args.hold_timeout,
                              max_held=args.max_held,
                              max_held_per_host=args.max_held_per_host,
+                             max_concurrency=args.max_concurrency,
                              trusted_proxies=frozenset(args.trusted_proxy)),
     )
 
@@ -202,6 +212,7 @@ async def serve(config: RouterConfig, sock: socket.socket,
                 lambda: SlotChannel(proxy), sock=socket.socket(fileno=config.wake_fd))
             proxy.wake_hook = slot_channel.note_wake
             proxy.slot_hook = slot_channel.slot
+            proxy.concurrency.lend_from(slot_channel)
         channel = loop.create_task(
             serve_channel(config.channel_fd, proxy, config.state_path, stop))
         await stop.wait()
@@ -213,7 +224,8 @@ async def serve(config: RouterConfig, sock: socket.socket,
     options = config.options
     passed_on = (*trusted, f"--hold-timeout={options.hold_timeout_s}",
                  f"--max-held={options.max_held}",
-                 f"--max-held-per-host={options.max_held_per_host}")
+                 f"--max-held-per-host={options.max_held_per_host}",
+                 f"--max-concurrency={options.max_concurrency}")
     waker: Waker | None = None
     workers: WorkerSet | None = None
 
@@ -227,7 +239,7 @@ async def serve(config: RouterConfig, sock: socket.socket,
     workers = WorkerSet(config.workers if config.workers > 1 else 0, WorkerLaunch(
         sock, config.state_path, options.drain_timeout_s, passed_on,
         waker.need if waker is not None else None,
-        HoldSlots(options.max_held, options.max_held_per_host)))
+        HoldSlots(options.max_held, options.max_held_per_host), Leases()))
     await workers.start()
     control: ControlServer | None = None
     if config.control_path is not None:

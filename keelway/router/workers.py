@@ -28,16 +28,27 @@ A second socketpair carries the worker's asks, one line each, each naming an ins
     hold I     -> 1 | 0     a hold slot for one request of I (hold_slots.py),
                             granted or not; answered in the order asked
     unhold I                a held request of I ended: its slot is free; no reply
+    lease I N B -> lease I G  N more slots of I's bound B of requests in flight
+                            (concurrency.py, leases.py), G of them granted (0..N);
+                            answered once, after the reclaims it needed
+    unlease I N             N slots of I's bound given back unasked; no reply
+    spare I N               the answer to a reclaim: N unused slots of I given back
+
+and, unasked, from the parent:
+
+    reclaim I   -> spare I N  an ask for I's slots waits on this worker: what of them
+                            it does not use goes back (N may be 0)
 
 The parent's waker dedupes the wake notes, so a router sends one wake at a time per
 instance however many workers hold requests for it; its HoldSlots bound the held
-requests per instance across the workers.
+requests per instance across the workers, its Leases the requests in flight.
 
 Rules: a table push is acknowledged only once every worker serves it, so a deploy never
 stops a process some worker still routes to. A worker whose channel closes (its parent
 died) drains and exits: it must not serve a table nobody can update, and it answers its
 held requests 503 + Retry-After at once (Proxy.drain), since nobody would release them.
-A worker that dies is spawned again by its parent, and the slots it held are freed;
+A worker that dies is spawned again by its parent, and the slots it held (hold slots
+and leases) are freed;
 the parent keeps the response counts it last reported (every `responses` report asks
 each worker), so the router's counts never go down with a worker.
 The router opens its control socket only once its workers are ready, so "the router
@@ -63,7 +74,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, cast
+from typing import Final, assert_never, cast
 
 import msgspec
 
@@ -71,6 +82,7 @@ from keelway import names
 from keelway.router import counts
 from keelway.router.counts import InstanceCounts
 from keelway.router.hold_slots import HoldSlots
+from keelway.router.leases import Grant, Leases, Reclaim
 from keelway.router.proxy import Proxy
 from keelway.router.route_table import Handling
 from keelway.router.table_file import TableFileError, load_table
@@ -86,7 +98,8 @@ WORKER_START_TIMEOUT_S: Final = 30.0
 class WorkerLaunch:
     """What every worker of a router is started with: the one listening socket, the
     table file, its drain bound and the rest of the router's argv; where its wakes go,
-    and the main process's grant of held-request slots (None: no bound across workers)."""
+    and the main process's books of held-request slots and of leases of the bounds on
+    requests in flight (None: no bound across workers; a lease ask gets what it asks)."""
 
     listener: socket.socket
     state_path: Path | None
@@ -94,14 +107,19 @@ class WorkerLaunch:
     extra_argv: tuple[str, ...] = ()
     on_wake: Callable[[str], None] | None = None
     slots: HoldSlots | None = None
+    leases: Leases | None = None
 
 
 class Worker:
     """The parent's handle on one worker subprocess and its channel."""
 
-    def __init__(self, index: int, launch: WorkerLaunch) -> None:
+    def __init__(self, index: int, launch: WorkerLaunch,
+                 peers: dict[int, asyncio.StreamWriter]) -> None:
         self.index = index
         self._launch = launch
+        # Every worker's open slot channel by holder, this one's too (shared by the
+        # WorkerSet): where a short lease grant asks the others for their spare.
+        self._peers = peers
         self._channels = 0  # numbers this worker's channels, each a holder of slots
         self._wakes: asyncio.Task[None] | None = None
         self.proc: subprocess.Popen[bytes] | None = None
@@ -173,6 +191,8 @@ class Worker:
         holder = self.index << 32 | self._channels
         reader, writer = await asyncio.open_connection(sock=sock)
         slots = self._launch.slots
+        leases = self._launch.leases
+        self._peers[holder] = writer
         try:
             while line := await reader.readline():
                 verb, _, host = line.decode(errors="replace").strip().partition(" ")
@@ -183,15 +203,58 @@ class Worker:
                 elif verb == "unhold":
                     if slots is not None:
                         slots.give_back(holder, host)
+                elif verb == "lease":
+                    self._lend(holder, host)
+                elif verb in ("unlease", "spare"):
+                    given = slot_words(host, 1)
+                    if leases is not None and given is not None:
+                        if verb == "spare":
+                            self._answer(leases.spare(holder, given[0], given[1][0]))
+                        else:
+                            leases.give_back(holder, given[0], given[1][0])
                 elif (verb == "wake" and self._launch.on_wake is not None
                       and names.HOST.accepts(host)):
                     self._launch.on_wake(host)
         except (OSError, RuntimeError, ValueError):
             pass  # the worker is gone (it is respawned with a new pair) or misbehaved
         finally:
+            self._peers.pop(holder, None)
             if slots is not None:
                 slots.forget(holder)
+            if leases is not None:
+                self._answer(leases.forget(holder))
             writer.close()
+
+    def _lend(self, holder: int, words: str) -> None:
+        """A worker's `lease I N B`: answered now, or once the other workers holding
+        some of I have said what of it they do not use (leases.Reclaim)."""
+        ask = slot_words(words, 2)
+        if ask is None:
+            return  # not one of ours; its waiters are answered when the ask goes stale
+        instance, (want, bound) = ask
+        leases = self._launch.leases
+        if leases is None:
+            self._answer([Grant(holder, instance, want)])
+            return
+        match leases.ask(holder, instance, want, bound):
+            case Grant() as grant:
+                self._answer([grant])
+            case Reclaim() as reclaim:
+                for other in reclaim.holders:
+                    self._write(other, f"reclaim {instance}\n")
+            case unknown:
+                assert_never(unknown)
+
+    def _answer(self, grants: list[Grant]) -> None:
+        for grant in grants:
+            self._write(grant.holder, f"lease {grant.instance} {grant.granted}\n")
+
+    def _write(self, holder: int, line: str) -> None:
+        """To `holder`'s channel, if it is still open (a closed one's holder is being
+        forgotten, and what waited on it answered)."""
+        peer = self._peers.get(holder)
+        if peer is not None and not peer.is_closing():
+            peer.write(line.encode())
 
     async def stop(self) -> None:
         if self._wakes is not None:
@@ -220,7 +283,8 @@ class WorkerSet:
     """Workers 1..count of this router; empty when it runs alone."""
 
     def __init__(self, count: int, launch: WorkerLaunch) -> None:
-        self.workers = [Worker(i, launch) for i in range(1, count + 1)]
+        peers: dict[int, asyncio.StreamWriter] = {}
+        self.workers = [Worker(i, launch, peers) for i in range(1, count + 1)]
         self._watch: asyncio.Task[None] | None = None
         self._stopping = False
         # What workers that died had last reported, and how many died.
@@ -303,9 +367,11 @@ class WorkerSet:
 
 
 class SlotChannel(asyncio.Protocol):
-    """A worker's side of its second socketpair: wake notes and hold slots out, the
-    slots' answers in (to Proxy.granted, in the order asked). Closed (the main process
-    died): Proxy.slots_lost answers what waits."""
+    """A worker's side of its second socketpair: wake notes, hold slots and lease asks
+    out; the slots' answers in (to Proxy.granted, in the order asked), and the lease
+    answers and reclaims (to Proxy.concurrency, by instance). It is the worker's lender
+    (concurrency.Lender). Closed (the main process died): Proxy.slots_lost answers what
+    waits."""
 
     def __init__(self, proxy: Proxy) -> None:
         self._proxy = proxy
@@ -321,6 +387,15 @@ class SlotChannel(asyncio.Protocol):
     def slot(self, host: str, take: bool) -> None:
         self._send((b"hold " if take else b"unhold ") + host.encode() + b"\n")
 
+    def lease(self, instance: str, want: int, bound: int) -> None:
+        self._send(f"lease {instance} {want} {bound}\n".encode())
+
+    def unlease(self, instance: str, n: int) -> None:
+        self._send(f"unlease {instance} {n}\n".encode())
+
+    def spare(self, instance: str, n: int) -> None:
+        self._send(f"spare {instance} {n}\n".encode())
+
     def _send(self, line: bytes) -> None:
         if self._transport is not None and not self._transport.is_closing():
             self._transport.write(line)
@@ -329,11 +404,31 @@ class SlotChannel(asyncio.Protocol):
         self._buffer += data
         *answers, self._buffer = self._buffer.split(b"\n")
         for answer in answers:
-            self._proxy.granted(answer == b"1")
+            verb, _, words = answer.decode(errors="replace").partition(" ")
+            if verb == "lease":
+                lent = slot_words(words, 1)
+                if lent is not None:
+                    self._proxy.concurrency.lent(lent[0], lent[1][0])
+            elif verb == "reclaim":
+                if names.HOST.accepts(words):
+                    self._proxy.concurrency.reclaim(words)
+            else:  # the hold slots' answers, in the order asked
+                self._proxy.granted(answer == b"1")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
         self._proxy.slots_lost()
+
+
+def slot_words(words: str, numbers: int) -> tuple[str, list[int]] | None:
+    """An instance and `numbers` counts, as the lease lines carry them (`I N B`, `I G`,
+    `I N`); None for anything else, which is then ignored."""
+    parts = words.split()
+    if len(parts) != numbers + 1 or not names.HOST.accepts(parts[0]):
+        return None
+    if not all(part.isascii() and part.isdigit() for part in parts[1:]):
+        return None
+    return parts[0], [int(part) for part in parts[1:]]
 
 
 def refusal_of(words: bytes) -> tuple[str, Handling, int | None]:

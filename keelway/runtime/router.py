@@ -150,11 +150,16 @@ class RouterSettings:
     # How long a request to a holding or parked route waits (for a wake, a hold-mode
     # swap) before 503 + Retry-After; None: the router's own default.
     hold_timeout_s: float | None = None
+    # Requests in flight to one instance at once where its route names no bound of its
+    # own (keelway/router/concurrency.py); None: the router's own default.
+    max_concurrency: int | None = None
 
     def argv(self) -> list[str]:
         hold = [] if self.hold_timeout_s is None else [f"--hold-timeout={self.hold_timeout_s}"]
+        bound = ([] if self.max_concurrency is None
+                 else [f"--max-concurrency={self.max_concurrency}"])
         return ["--workers", str(self.workers),
-                *(f"--trusted-proxy={ip}" for ip in self.trusted_proxies), *hold]
+                *(f"--trusted-proxy={ip}" for ip in self.trusted_proxies), *hold, *bound]
 
 
 class _SettingsRecord(msgspec.Struct, frozen=True):
@@ -162,12 +167,13 @@ class _SettingsRecord(msgspec.Struct, frozen=True):
     workers: int
     trusted_proxies: list[str]
     hold_timeout_s: float | None = None
+    max_concurrency: int | None = None
 
 
 def record_settings(home: Home, addr: str, settings: RouterSettings) -> None:
     """Note what the running router serves and how, once it answers with them."""
     record = _SettingsRecord(addr, settings.workers, list(settings.trusted_proxies),
-                             settings.hold_timeout_s)
+                             settings.hold_timeout_s, settings.max_concurrency)
     write_atomic(home.router_settings, msgspec.json.encode(record))
 
 
@@ -182,7 +188,7 @@ def recorded_settings(home: Home) -> tuple[str, RouterSettings | None] | None:
         except FileNotFoundError:
             return None
     return record.addr, RouterSettings(record.workers, tuple(record.trusted_proxies),
-                                       record.hold_timeout_s)
+                                       record.hold_timeout_s, record.max_concurrency)
 
 
 # The routers this process started, kept to reap them (and read how they ended) once

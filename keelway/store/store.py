@@ -427,8 +427,9 @@ class GenerationStore(Protocol):
     def record_exit(self, gen_id: int, exit_code: int | None,
                     cause: str | None = None) -> Generation:
         """The generation proven gone, with its exit code and `cause` (why the kernel
-        ended it, when it did), and its inhibitions freed in the same write (a fact: no compare; repeating it changes nothing). The port
-        claim is this box's: `Store.record_gone` frees both."""
+        ended it, when it did), and its inhibitions freed in the same write (a fact: no
+        compare; repeating it changes nothing). The port claim is this box's:
+        `Store.record_gone` frees both."""
         ...
 
     def get_generation(self, gen_id: int) -> Generation | None: ...

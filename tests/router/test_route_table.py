@@ -143,3 +143,27 @@ def test_a_table_that_uses_nothing_new_is_read_by_a_router_of_the_format_before(
 def test_the_states_of_format_2_answer_at_once_and_hold_nothing(state: Handling) -> None:
     target = Routing(RouteTable(version=1, routes={"a.test": RouteEntry(state)})).lookup(b"a.test")
     assert target is not None and not target.proxied and not target.holding
+
+
+def test_a_table_without_max_concurrency_reads_as_before_and_leaves_it_to_the_router() -> None:
+    table = decode_table(WIRE)  # written before routes could name a bound
+    assert table.routes["blog.test"].max_concurrency is None
+    assert Routing(table).max_concurrency == {}  # every instance: the router's default
+    # and a table that names none reads in a router of the format before
+    assert b"max_concurrency" not in encode_table(table)
+
+
+def test_an_instance_is_bounded_by_the_smallest_max_concurrency_its_routes_name() -> None:
+    table = RouteTable(version=1, routes={
+        "a.test": RouteEntry(Handling.SERVING, "127.0.0.1:1", max_concurrency=20),
+        "www.a.test": RouteEntry(Handling.SERVING, "127.0.0.1:1", instance="a.test",
+                                 max_concurrency=5),
+        "b.test": RouteEntry(Handling.SERVING, "127.0.0.1:2"),
+        "www.b.test": RouteEntry(Handling.SERVING, "127.0.0.1:2", instance="b.test",
+                                 max_concurrency=7),
+        "c.test": RouteEntry(Handling.SERVING, "127.0.0.1:3")})
+    assert decode_table(encode_table(table)) == table
+    assert Routing(table).max_concurrency == {"a.test": 5, "b.test": 7}
+    with pytest.raises(msgspec.DecodeError, match="max_concurrency"):
+        decode_table(b'{"version": 1, "routes": {"a.test": {"state": "serving", '
+                     b'"upstream": "127.0.0.1:1", "max_concurrency": 0}}}')
