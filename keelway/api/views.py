@@ -18,6 +18,7 @@ from keelway.api.instance_state import (
     label,
 )
 from keelway.journal import REPLICA
+from keelway.limits import format_size
 from keelway.reconcile.plan import leftovers as unconverged
 from keelway.runtime.identities import Identities
 from keelway.runtime.limits import in_force
@@ -342,4 +343,10 @@ def limit_checks(supervisor: Supervisor) -> list[dict[str, Any]]:
                        f"default {value}, not enforced on this box: no {name} controller "
                        "in reach; run keelway as root on a box with cgroup v2 (or v1's "
                        f"{name} hierarchy mounted)")})
+    budget = supervisor.trees.apps_budget()
+    checks.append({
+        "check": "apps' memory together", "ok": budget is not None,
+        "detail": (f"every app of this home together at most {format_size(budget)}, so "
+                   "keelway, the router and the kernel keep the rest" if budget is not None
+                   else "not bounded: no memory controller in reach")})
     return checks

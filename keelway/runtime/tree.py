@@ -128,8 +128,10 @@ class ProcessTrees:
                 log.info("%s not usable here (%s)", mechanism.value, exc)
                 continue
             homes += _limit_homes(mechanism, root, hid)
-            return cls(home_root, mechanism, homes,
-                       tuple(h for h in existing if h not in homes))
+            chosen = cls(home_root, mechanism, homes,
+                         tuple(h for h in existing if h not in homes))
+            chosen.set_apps_budget(apps_budget())
+            return chosen
         if want != "auto":
             log.warning("%s=%s is not available on this box; using proc-scan", FORCE_ENV,
                         want)
@@ -184,6 +186,33 @@ class ProcessTrees:
                 except OSError as exc:
                     log.warning("cannot set %s of generation %s to %s: %s", name, gen_id,
                                 value, exc)
+
+    def set_apps_budget(self, budget: int | None) -> None:
+        """Bound every generation of the home together: the home's own cgroup's memory
+        limit, which its children's charges count against, so all the apps at once can
+        never take what the box needs for keelway, the router and the kernel."""
+        if budget is None:
+            return
+        for home in self.homes:
+            name = {"memory": "memory.limit_in_bytes", "unified": "memory.max"}.get(
+                _controller(home))
+            if name is not None and (home / name).exists():
+                try:
+                    _write(home / name, str(budget))
+                except OSError as exc:
+                    log.warning("cannot bound the apps' memory together at %s: %s",
+                                format_size(budget), exc)
+
+    def apps_budget(self) -> int | None:
+        """The memory all the home's apps may use together, as its cgroup says."""
+        for home in self.homes:
+            name = {"memory": "memory.limit_in_bytes", "unified": "memory.max"}.get(
+                _controller(home))
+            if name is not None:
+                said = _read(home / name).strip()
+                if said.isdigit():
+                    return int(said)
+        return None
 
     def enforces(self) -> dict[str, str]:
         """Each limit a cgroup enforces here, with how (for `doctor` and `status`); a
@@ -487,6 +516,17 @@ def _limit_homes(mechanism: Mechanism, root: Path, hid: str) -> tuple[Path, ...]
             continue
         homes.append(home)
     return tuple(homes)
+
+
+def apps_budget(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """What every app of a home may use together: the box's memory less what keelway,
+    the router and the kernel keep (a tenth of it, and at least 512M)."""
+    for line in _read(meminfo).splitlines():
+        if line.startswith("MemTotal:"):
+            total = int(line.split()[1]) * 1024
+            budget = max(total - max(total // 10, 512 << 20), 256 << 20)
+            return budget - budget % 4096  # as the kernel keeps it: whole pages
+    return None
 
 
 def _controller(home: Path) -> str:

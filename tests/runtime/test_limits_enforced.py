@@ -130,3 +130,18 @@ def test_without_a_pids_controller_the_process_limit_is_a_uids_and_only_its_own(
     assert tenant_bounds(limits, {}, own_uids=True).nproc == 64
     # Shared by every tenant, or keelway's own uid: a per-uid count would starve others.
     assert tenant_bounds(limits, {}, own_uids=False).nproc is None
+
+
+def test_the_apps_of_a_home_are_bounded_together_leaving_the_box_its_reserve(
+        trees: ProcessTrees, tmp_path: Path) -> None:
+    """A tenth of the box's memory (at least 512M) stays keelway's, the router's and the
+    kernel's, whatever the apps do together."""
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24000000 kB\nMemFree:  1 kB\n")
+    total = 24_000_000 * 1024
+    assert tree.apps_budget(meminfo) == (total - total // 10) // 4096 * 4096
+    meminfo.write_text("MemTotal:        2000000 kB\n")
+    assert tree.apps_budget(meminfo) == 2_000_000 * 1024 - (512 << 20)
+    if "memory" not in trees.enforces():
+        pytest.skip(f"this box enforces no memory limit ({trees.describe()})")
+    assert trees.apps_budget() == tree.apps_budget()
