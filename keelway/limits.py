@@ -29,6 +29,13 @@ MIN_NOFILE = 64
 MAX_NOFILE = 1 << 20  # the kernel's default nr_open
 
 
+# Out of memory, whom the kernel kills first: every process of a tenant's (its app's, its
+# builds') at TENANT_OOM_SCORE, keelway's own (the control plane, the router, the
+# replicator) at KEELWAY_OOM_SCORE (keelway/runtime/limits.py sets both).
+TENANT_OOM_SCORE = 500
+KEELWAY_OOM_SCORE = -900
+
+
 class LimitError(ValueError):
     """A limit a user wrote that keelway cannot take; the message says how to fix it."""
 

@@ -33,6 +33,7 @@ from typing import BinaryIO
 from keelway.app_path import app_path
 from keelway.builds.errors import BuildCommandError
 from keelway.identity import Identity
+from keelway.limits import TENANT_OOM_SCORE
 
 # Where a build says what it is doing, one line at a time (staging, installs, commands).
 Progress = Callable[[str], None]
@@ -97,8 +98,12 @@ def run_step(
     log.write(f"$ {shlex.join(argv)}\n".encode())
     log.flush()
     tail: deque[str] = deque(maxlen=TAIL_LINES)
+    # A build is a tenant's code: it must not keep the control plane's low OOM score,
+    # which it would inherit (keelway/limits.py). Raising one's own score takes no
+    # privilege, so the shell does it as the builder, then execs the step.
     proc = subprocess.Popen(
-        argv,
+        ["/bin/sh", "-c", f'echo {TENANT_OOM_SCORE} >/proc/self/oom_score_adj; exec "$@"',
+         "build-step", *argv],
         cwd=cwd,
         env=env,
         stdin=subprocess.DEVNULL,

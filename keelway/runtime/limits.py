@@ -19,11 +19,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from keelway.limits import Limits
+from keelway.limits import KEELWAY_OOM_SCORE, TENANT_OOM_SCORE, Limits
 from keelway.runtime.process import Bounds
 
-TENANT_OOM_SCORE = 500
-KEELWAY_OOM_SCORE = -900
+__all__ = ["KEELWAY_OOM_SCORE", "TENANT_OOM_SCORE", "in_force", "protect_keelway",
+           "tenant_bounds"]
 
 
 def tenant_bounds(limits: Limits, enforced: Mapping[str, str], own_uids: bool) -> Bounds:

@@ -14,6 +14,7 @@ import pytest
 
 from keelway.builds.errors import BuildCommandError, ManifestError, SourceError
 from keelway.builds.stage import stage, sweep
+from keelway.limits import TENANT_OOM_SCORE
 
 MakeApp = Callable[..., Path]
 Git = Callable[..., str]
@@ -329,3 +330,13 @@ def test_staging_a_directory_that_contains_the_builds_dir_is_refused(make_app: M
     app = make_app()
     with pytest.raises(SourceError, match="is inside the source"):
         stage(app, builds_dir=app / "state" / "builds", app="demo")
+
+
+def test_a_build_step_runs_with_a_tenants_oom_score_not_the_control_planes(
+    make_app: MakeApp, builds_dir: Path
+) -> None:
+    """Out of memory, a runaway build is killed like an app, before keelway: it does not
+    keep the low score the control plane gives itself (keelway/limits.py)."""
+    app = make_app(toml='[build]\ncommand = "cat /proc/self/oom_score_adj > score.txt"\n')
+    staged = stage(app, builds_dir=builds_dir, app="demo")
+    assert (staged.path / "score.txt").read_text().strip() == str(TENANT_OOM_SCORE)
