@@ -70,6 +70,7 @@ DEFAULT_STOP_GRACE_S = 10.0
 DEFAULT_KEEP_SNAPSHOTS = 24
 DEFAULT_KEEP_RELEASES = 10
 DEFAULT_ROLLOUT_PARALLEL = 8
+MAX_CONCURRENCY = 100_000
 # No extra watch by default: a cohort is judged on its traffic from its start to the end
 # of its instances' settle windows (10 s each by default), and an app that wants longer
 # says `bake` (a bake holds every cohort boundary of every release that long).
@@ -193,6 +194,9 @@ class Manifest:
     # releases kept per app, their builds pinned (gc: keelway/store/builds.py)
     releases_keep: int = DEFAULT_KEEP_RELEASES
     rollout: RolloutSpec = RolloutSpec()
+    # Requests in flight to one instance at once through the router ([http]
+    # max_concurrency; keelway/router/concurrency.py); None: the router's default.
+    http_max_concurrency: int | None = None
 
 
 # keelway.toml as written by the user; turned into ServiceSpecs by `_apply`.
@@ -231,12 +235,17 @@ class _RolloutTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     on_no_traffic: str | None = None
 
 
+class _HttpTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    max_concurrency: int | None = None
+
+
 class _ConfigFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     build: _BuildTable | None = None
     services: dict[str, dict[str, object]] = {}
     data: _DataTable | None = None
     releases: _ReleasesTable | None = None
     rollout: _RolloutTable | None = None
+    http: _HttpTable | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +255,7 @@ class _Config:
     data: _DataTable | None = None
     releases_keep: int | None = None
     rollout: _RolloutTable | None = None
+    http: _HttpTable | None = None
 
 
 def load_manifest(directory: Path) -> Manifest:
@@ -337,7 +347,7 @@ def _parse_config(data: bytes) -> _Config:
             raise ManifestError(f"{CONFIG_FILE} [services.{name}]{_where(str(exc))}") from exc
     return _Config(build_command=top.build.command if top.build else None, services=services,
                    data=top.data, releases_keep=top.releases.keep if top.releases else None,
-                   rollout=top.rollout)
+                   rollout=top.rollout, http=top.http)
 
 
 def _where(message: str, *, tables: bool = False) -> str:
@@ -410,7 +420,18 @@ def _apply(commands: dict[str, str], config: _Config) -> Manifest:
         data=_data(config.data),
         releases_keep=_releases_keep(config.releases_keep),
         rollout=_rollout(config.rollout),
+        http_max_concurrency=_max_concurrency(config.http),
     )
+
+
+def _max_concurrency(table: _HttpTable | None) -> int | None:
+    if table is None or table.max_concurrency is None:
+        return None
+    try:
+        return parse_count(table.max_concurrency, f"{CONFIG_FILE} [http] max_concurrency", 1,
+                           MAX_CONCURRENCY)
+    except LimitError as exc:
+        raise ManifestError(str(exc)) from None
 
 
 def _releases_keep(keep: int | None) -> int:

@@ -33,7 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from keelway import failpoints, names
+from keelway.builds.errors import ManifestError
+from keelway.builds.manifest import WEB, load_manifest
 from keelway.deploy.errors import RouteRefused, RouterUnavailable
+from keelway.deploy.targets import build_path
 from keelway.router import route_table as rt
 from keelway.router.client import (
     RouterControlError,
@@ -91,13 +94,16 @@ def page_state(state: rt.Handling, standing: Standing | None,
 def table_of(routes: list[Route], version: int,
              retry_in_s: Mapping[str, float] | None = None,
              standings: Mapping[str, Standing] | None = None,
+             bounds: Mapping[str, int] | None = None,
              ) -> tuple[rt.RouteTable, dict[str, str]]:
     """The router's table for the store's route rows, and each row refused (by host,
     with the reason), which the table leaves out. `retry_in_s` maps an instance whose
     web waits out a crash backoff to the seconds until its retry; `standings` says what
     each instance is (without it, every row is published by its state alone, and
-    instances without rows get none)."""
+    instances without rows get none); `bounds` an instance's own bound on requests in
+    flight (`[http] max_concurrency` of the release it serves), on each of its hosts."""
     retry_in_s = retry_in_s or {}
+    bounds = bounds or {}
     standings = standings or {}
     entries: dict[str, rt.RouteEntry] = {}
     refused: dict[str, str] = {}
@@ -110,8 +116,9 @@ def table_of(routes: list[Route], version: int,
         try:
             names.HOST.check(host)
             entries[host] = rt.RouteEntry(state=state, upstream=upstream,
-                                     retry_after_s=retry_after_s,
-                                     instance=instance if instance != host else None)
+                                          retry_after_s=retry_after_s,
+                                          instance=instance if instance != host else None,
+                                          max_concurrency=bounds.get(instance))
         except ValueError as exc:  # InvalidName, or a route that fails its own checks
             refused[host] = str(exc)
 
@@ -148,6 +155,7 @@ class Publisher:
         # last one to end well applied (its version, its refusals, each host's instance)
         # with its number.
         self._pushing = asyncio.Lock()
+        self._bound_of_build: dict[tuple[str, str], int | None] = {}
         self._began = 0
         self._last: tuple[int, dict[str, str], dict[str, str]] = (0, {}, {})
         self._last_number = 0
@@ -167,7 +175,27 @@ class Publisher:
                                    or inst.pending_release is not None,
                                    tuple(aliases.get(inst.host, ())))
             for inst in store.instances.list_instances()}
-        return table_of(routes, version, retry_in_s, standings)
+        return table_of(routes, version, retry_in_s, standings, self._bounds())
+
+    def _bounds(self) -> dict[str, int]:
+        """Each instance's `[http] max_concurrency`, from the build its web runs (ACTIVE),
+        each build's manifest read once (a build never changes)."""
+        bounds: dict[str, int] = {}
+        for gen in self.store.generations.active_generations():
+            if gen.service != WEB:
+                continue
+            key = (gen.app, gen.build_digest)
+            if key not in self._bound_of_build:
+                path = build_path(self.store, gen.app, gen.build_digest)
+                try:
+                    said = load_manifest(path).http_max_concurrency if path else None
+                except (ManifestError, OSError):
+                    said = None  # a build gone or unreadable: the router's default
+                self._bound_of_build[key] = said
+            bound = self._bound_of_build[key]
+            if bound is not None:
+                bounds[gen.instance] = bound
+        return bounds
 
     async def publish(self, instance: str | None = None) -> int:
         """Push the store's whole route table; returns the version the router applied.

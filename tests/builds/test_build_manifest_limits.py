@@ -41,3 +41,12 @@ def test_a_limit_that_cannot_be_taken_is_refused_naming_where(
         tmp_path: Path, line: str, said: str) -> None:
     with pytest.raises(ManifestError, match=said):
         load_manifest(_app(tmp_path, f"[services.web]\n{line}\n"))
+
+
+def test_http_max_concurrency_is_read_and_checked(tmp_path: Path) -> None:
+    assert load_manifest(_app(tmp_path, "[http]\nmax_concurrency = 20\n")
+                         ).http_max_concurrency == 20
+    for bad, said in (("0", "out of range"), ('"many"', "max_concurrency"),
+                      ("1000000", "out of range")):
+        with pytest.raises(ManifestError, match=said):
+            load_manifest(_app(tmp_path, f"[http]\nmax_concurrency = {bad}\n"))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from keelway.router.client import get_table_sync
 from tests.e2e.harness import Keelway, wait_until
 
 pytestmark = pytest.mark.slow
@@ -92,3 +93,21 @@ def test_a_tenant_past_its_memory_limit_is_killed_alone_and_said_so(
     assert wait_until(lambda: kw.get("hog.test", "/")[0] == 200, 30)
     assert kw.ok("status", "--json").json()["router"]["state"] == "serving"
     assert kw.get("calm.test", "/")[0] == 200
+
+
+def test_an_apps_http_max_concurrency_reaches_the_router_for_every_host_of_it(
+        kw: Keelway, tmp_path: Path) -> None:
+    """`[http] max_concurrency` in keelway.toml is the bound the router holds each of the
+    app's instances to, on the instance's own host and its aliases alike; an app that
+    sets none gets the router's default (no bound in its entries)."""
+    kw.up()
+    bounded = _app(tmp_path, "bounded", "256M")
+    with (bounded / "keelway.toml").open("a") as toml:
+        toml.write("[http]\nmax_concurrency = 3\n")
+    kw.ok("deploy", "bounded", str(bounded), "--host", "b.test")
+    kw.ok("domains", "add", "b.test", "www.b.test")
+    kw.ok("deploy", "plain", str(_app(tmp_path, "plain", "256M")), "--host", "p.test")
+    routes = get_table_sync(kw.home / "router" / "control.sock").routes
+    assert routes["b.test"].max_concurrency == 3
+    assert routes["www.b.test"].max_concurrency == 3
+    assert routes["p.test"].max_concurrency is None
