@@ -47,7 +47,7 @@ from keelway.router.client import (
 )
 from keelway.store import Store
 from keelway.store.lifecycle import InstanceState, RouteState
-from keelway.store.records import Instance, Route
+from keelway.store.records import Generation, Instance, Route
 
 log = logging.getLogger("keelway.publisher")
 
@@ -166,7 +166,10 @@ class Publisher:
         now = store.clock.now()
         retry_in_s = {r.instance: r.retry_at - now for r in store.generations.pending_retries()
                       if r.service == "web"}
-        deployed = {a.instance for a in store.generations.list_active()}
+        # What ACTIVE names, read once: whether each instance was ever deployed, and the
+        # build its web runs (its `[http] max_concurrency`).
+        active = store.generations.active_generations()
+        deployed = {gen.instance for gen in active}
         aliases: dict[str, list[str]] = {}
         for alias in store.instances.list_aliases():
             aliases.setdefault(alias.instance, []).append(alias.host)
@@ -175,13 +178,13 @@ class Publisher:
                                    or inst.pending_release is not None,
                                    tuple(aliases.get(inst.host, ())))
             for inst in store.instances.list_instances()}
-        return table_of(routes, version, retry_in_s, standings, self._bounds())
+        return table_of(routes, version, retry_in_s, standings, self._bounds(active))
 
-    def _bounds(self) -> dict[str, int]:
-        """Each instance's `[http] max_concurrency`, from the build its web runs (ACTIVE),
-        each build's manifest read once (a build never changes)."""
+    def _bounds(self, active: list[Generation]) -> dict[str, int]:
+        """Each instance's `[http] max_concurrency`, from the build its web runs (`active`:
+        what ACTIVE names), each build's manifest read once (a build never changes)."""
         bounds: dict[str, int] = {}
-        for gen in self.store.generations.active_generations():
+        for gen in active:
             if gen.service != WEB:
                 continue
             key = (gen.app, gen.build_digest)
