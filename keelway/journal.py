@@ -56,6 +56,15 @@ class OpKind(enum.StrEnum):
     REPLICATE = "replicate"
     # `db restore H --from-replica`: the database swapped for a verified replica restore.
     RESTORE_REPLICA = "restore-replica"
+    # A scheduled job's run (keelway/deploy/jobs.py): a one-off process like RUN, keyed
+    # by (job, scheduled time) on its instance, so no run of a schedule starts twice.
+    JOB = "job"
+
+    @property
+    def one_off(self) -> bool:
+        """A one-off process's operation: never its instance's latest (it changes
+        nothing convergence reads), ended by the boot pass if a crash cut it short."""
+        return self in ONE_OFFS
 
     @property
     def releases(self) -> bool:
@@ -67,7 +76,8 @@ class OpKind(enum.StrEnum):
                   | OpKind.RECOVER | OpKind.RESTART_CRASHED | OpKind.PARK | OpKind.WAKE
                   | OpKind.RUN | OpKind.ADD_INSTANCES | OpKind.REMOVE_INSTANCE
                   | OpKind.DESTROY | OpKind.SEED_IMPORT | OpKind.SEED_ROLLBACK
-                  | OpKind.RESTORE | OpKind.REPLICATE | OpKind.RESTORE_REPLICA):
+                  | OpKind.RESTORE | OpKind.REPLICATE | OpKind.RESTORE_REPLICA
+                  | OpKind.JOB):
                 return False
             case _:
                 assert_never(self)
@@ -82,12 +92,17 @@ class OpKind(enum.StrEnum):
                   | OpKind.STOP | OpKind.START | OpKind.RECOVER | OpKind.RESTART_CRASHED
                   | OpKind.PARK | OpKind.WAKE | OpKind.REPLICATE):
                 return True
+            # A job's run begins durably: after a power loss, a run that started is
+            # never found unjournaled and started again.
             case (OpKind.RUN | OpKind.ADD_INSTANCES | OpKind.REMOVE_INSTANCE
                   | OpKind.DESTROY | OpKind.SEED_IMPORT | OpKind.SEED_ROLLBACK
-                  | OpKind.RESTORE | OpKind.RESTORE_REPLICA):
+                  | OpKind.RESTORE | OpKind.RESTORE_REPLICA | OpKind.JOB):
                 return False
             case _:
                 assert_never(self)
+
+
+ONE_OFFS: frozenset[OpKind] = frozenset({OpKind.RUN, OpKind.JOB})
 
 
 class StepKind(enum.StrEnum):

@@ -54,6 +54,7 @@ from keelway.deploy.deployer import ATTEMPTS, START, STOP, Deployer
 from keelway.deploy.domains import Domains
 from keelway.deploy.errors import OperationError
 from keelway.deploy.instances import ADD, DESTROY_ONE, REMOVE, Instances
+from keelway.deploy.jobs import JOB, JOBS_AT_ONCE, Jobs
 from keelway.deploy.locks import Locks
 from keelway.deploy.operation import Recovery, Runner, finalizers, recovery
 from keelway.deploy.parking import PARK, WAKE, Parking
@@ -120,6 +121,7 @@ class DeployParts:
     restore: Restore
     # Each kind's boot recovery bound to its part (keelway/deploy/operation.py).
     recovery: Recovery
+    jobs: Jobs
 
     async def boot(self) -> None:
         """The one boot reconciliation (keelway/deploy/passes.py `Passes.boot`): every
@@ -131,7 +133,8 @@ class DeployParts:
 
 
 def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher, clock: Clock,
-         owner: str, objects: ObjectStore | None = None) -> DeployParts:
+         owner: str, objects: ObjectStore | None = None,
+         jobs_at_once: int = JOBS_AT_ONCE) -> DeployParts:
     """The deploy parts of one control plane, each given only what it uses, sharing one
     set of locks and live operations and one runner. The one place they are wired."""
     locks = Locks()
@@ -146,7 +149,7 @@ def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
     keeper = ReplicaKeeper(store, supervisor, clock, runner, replicas)
     # How the reconciler ends an interrupted operation of each kind with a spec (or
     # leaves it to the kind's own recovery at boot).
-    ends = finalizers(PARK, WAKE, STOP, START, RUN, RECOVER, RESTART_CRASHED, REPLICATE,
+    ends = finalizers(PARK, WAKE, STOP, START, RUN, JOB, RECOVER, RESTART_CRASHED, REPLICATE,
                       *ATTEMPTS.values(), RESTORE, RESTORE_REPLICA, IMPORT, ROLLBACK, ADD,
                       REMOVE, DESTROY_ONE, FORGET_APP)
     reconciler = Reconciler(store, supervisor, home, restarts, keeper,
@@ -172,11 +175,12 @@ def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
     # Which part carries on each kind a spec recovers at boot.
     recovers = recovery((ADD, instances), (REMOVE, instances), (FORGET_APP, apps),
                         (IMPORT, seeding), (ROLLBACK, seeding), (RESTORE, restore))
-    return DeployParts(locks, runner, restarts, keeper, passes, deployer,
-                       Parking(store, home, supervisor, publisher, clock, runner, restarts),
+    parking = Parking(store, home, supervisor, publisher, clock, runner, restarts)
+    return DeployParts(locks, runner, restarts, keeper, passes, deployer, parking,
                        Runs(store, home, supervisor, runner), apps, instances,
                        Domains(store, publisher, locks), seeding, snapshots,
-                       Replication(store, keeper, restore, snapshots), restore, recovers)
+                       Replication(store, keeper, restore, snapshots), restore, recovers,
+                       Jobs(store, home, supervisor, runner, parking, clock, jobs_at_once))
 
 
 def objects_url(home: Home, asked: str | None) -> str | None:
@@ -247,7 +251,7 @@ async def _rotate_logs_forever(home: Home) -> None:
 async def run(home: Home, http_addr: str | None, demo: bool, announce: Callable[[str], None],
               router: RouterSettings | None = None, objects: str | None = None,
               refuses_to_die: RefusesToDie = every_process_dies,
-              limits: Limits = BUILT_IN) -> int:
+              limits: Limits = BUILT_IN, jobs_at_once: int = JOBS_AT_ONCE) -> int:
     """Run the control plane until shutdown; returns the process exit code.
 
     A full disk at start (the lock, the router's records, the store) is said as such and
@@ -256,7 +260,7 @@ async def run(home: Home, http_addr: str | None, demo: bool, announce: Callable[
     """
     try:
         return await _run_home(home, http_addr, demo, announce, router, objects,
-                               refuses_to_die, limits)
+                               refuses_to_die, limits, jobs_at_once)
     except Exception as exc:  # a filter, not a catch-all: anything else goes on up
         if not disk_full(exc):
             raise
@@ -267,7 +271,8 @@ async def run(home: Home, http_addr: str | None, demo: bool, announce: Callable[
 
 async def _run_home(home: Home, http_addr: str | None, demo: bool, announce: Callable[[str], None],
                     router: RouterSettings | None, objects: str | None,
-                    refuses_to_die: RefusesToDie, limits: Limits) -> int:
+                    refuses_to_die: RefusesToDie, limits: Limits,
+                    jobs_at_once: int = JOBS_AT_ONCE) -> int:
     home.ensure()
     try:
         lock_fd = _take_lock(home)
@@ -282,7 +287,7 @@ async def _run_home(home: Home, http_addr: str | None, demo: bool, announce: Cal
             raise StartupError(f"--objects: {exc}", EXIT_FAILED) from exc
         return await _run_locked(home, _router_addr(home, http_addr), demo, announce,
                                  router or RouterSettings(), object_store, refuses_to_die,
-                                 limits)
+                                 limits, jobs_at_once)
     except StartupError as exc:
         announce(f"error: {exc}")
         return exc.exit_code
@@ -293,7 +298,7 @@ async def _run_home(home: Home, http_addr: str | None, demo: bool, announce: Cal
 async def _run_locked(home: Home, http_addr: str, demo: bool,
                       announce: Callable[[str], None], settings: RouterSettings,
                       objects: ObjectStore | None, refuses_to_die: RefusesToDie,
-                      limits: Limits) -> int:
+                      limits: Limits, jobs_at_once: int = JOBS_AT_ONCE) -> int:
     clock = SystemClock()
     # Before the router starts (it inherits the score): out of memory, the kernel kills
     # an app, never keelway (keelway/runtime/limits.py).
@@ -320,7 +325,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     else:
         log.info("tenants share keelway's uid: %s", supervisor.identities.shared_because)
     publisher = Publisher(store, home.router_socket)
-    parts = wire(store, home, supervisor, publisher, clock, owner, objects)
+    parts = wire(store, home, supervisor, publisher, clock, owner, objects, jobs_at_once)
     deployer = parts.deployer
     await parts.boot()
 
@@ -351,7 +356,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     router.watch(push_routes)
     api = Api(store, home, deployer, parts.passes, http_port, request_shutdown, router,
               parts.parking, parts.apps, parts.instances, parts.domains, parts.seeding,
-              parts.snapshots, parts.replication, parts.restore, parts.runs)
+              parts.snapshots, parts.replication, parts.restore, parts.runs, parts.jobs)
     # Open log streams (`logs -f`) must not hold a shutdown for long.
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False,
                            shutdown_timeout=2.0)
@@ -370,6 +375,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     periodic = loop.create_task(parts.passes.periodic())
     idle_sweep = loop.create_task(Sweep(store, parts.parking, home.router_socket, clock).run())
     snapshot_schedule = loop.create_task(parts.snapshots.schedule())
+    job_schedule = loop.create_task(parts.jobs.schedule())
 
     announce(f"keelway {'adopted' if router.handle.adopted else 'started'} the router on "
              f"http://{http_addr}/ (pid {router.handle.pid})")
@@ -383,6 +389,8 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     # First, while the store and the supervisor are whole: a run has no terminal once
     # this process is gone, so every one is hung up, stopped and journaled now.
     await run_server.close()
+    job_schedule.cancel()
+    await parts.jobs.close()
     rotation.cancel()
     periodic.cancel()
     idle_sweep.cancel()
@@ -491,6 +499,7 @@ def main(argv: list[str] | None = None,
     parser.add_argument("--trusted-proxy", action="append", default=[])
     parser.add_argument("--hold-timeout", type=float, default=None)
     parser.add_argument("--max-concurrency", type=int, default=None)
+    parser.add_argument("--jobs-at-once", type=int, default=JOBS_AT_ONCE)
     parser.add_argument("--objects", default=None,
                         help="s3://BUCKET/PREFIX for snapshots (default: $KEELWAY_HOME/objects)")
     for name in ("memory", "cpu", "pids", "nofile"):
@@ -530,7 +539,8 @@ def main(argv: list[str] | None = None,
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     with contextlib.suppress(KeyboardInterrupt):
         return uvloop.run(run(Home.from_env(), args.http, args.demo, announce, settings,
-                              args.objects, refuses_to_die, limits))
+                              args.objects, refuses_to_die, limits,
+                              max(1, args.jobs_at_once)))
     return 0
 
 

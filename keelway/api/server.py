@@ -27,6 +27,7 @@ from keelway.api.http import (
     send_line,
 )
 from keelway.api.instances import InstancesApi
+from keelway.api.jobs import JobsApi
 from keelway.api.operations import Operations
 from keelway.api.parking import ParkingApi
 from keelway.api.plans import plan_response
@@ -49,6 +50,7 @@ from keelway.deploy.deployer import Deployer
 from keelway.deploy.domains import Domains
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
 from keelway.deploy.instances import Instances
+from keelway.deploy.jobs import Jobs
 from keelway.deploy.operation import Plan
 from keelway.deploy.parking import Parking
 from keelway.deploy.passes import Passes
@@ -73,8 +75,10 @@ class Api:
                  instances: Instances | None = None, domains: Domains | None = None,
                  seeding: Seeding | None = None, snapshots: Snapshots | None = None,
                  replication: Replication | None = None,
-                 restore: Restore | None = None, runs: Runs | None = None) -> None:
+                 restore: Restore | None = None, runs: Runs | None = None,
+                 jobs: Jobs | None = None) -> None:
         self.router = router
+        self.jobs = JobsApi(jobs) if jobs is not None else None
         self.runs = RunPlanApi(runs) if runs is not None else None
         self.seeding = SeedApi(seeding) if seeding is not None else None
         self.snapshots = (SnapshotsApi(snapshots, restore)
@@ -111,7 +115,8 @@ class Api:
             web.post("/v1/shutdown", self.shutdown),
             web.post("/v1/router/restart", self.router_restart),
             *routes_of(self.operations, self.parking, self.apps_api, self.instances,
-                       self.domains, self.seeding, self.snapshots, self.replicas, self.runs),
+                       self.domains, self.seeding, self.snapshots, self.replicas, self.runs,
+                       self.jobs),
         ])
         return app
 

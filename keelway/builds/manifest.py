@@ -33,13 +33,15 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from enum import Enum
 from fractions import Fraction
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 
-from keelway import journal, names
+from keelway import cron, journal, names
 from keelway.builds.errors import ManifestError
 from keelway.limits import (
     MAX_NOFILE,
@@ -197,6 +199,8 @@ class Manifest:
     # Requests in flight to one instance at once through the router ([http]
     # max_concurrency; keelway/router/concurrency.py); None: the router's default.
     http_max_concurrency: int | None = None
+    # Scheduled jobs ([jobs.NAME]; keelway/deploy/jobs.py), by name.
+    jobs: dict[str, JobSpec] = field(default_factory=dict)
 
 
 # keelway.toml as written by the user; turned into ServiceSpecs by `_apply`.
@@ -246,6 +250,7 @@ class _ConfigFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     releases: _ReleasesTable | None = None
     rollout: _RolloutTable | None = None
     http: _HttpTable | None = None
+    jobs: dict[str, dict[str, object]] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,6 +261,7 @@ class _Config:
     releases_keep: int | None = None
     rollout: _RolloutTable | None = None
     http: _HttpTable | None = None
+    jobs: dict[str, _JobTable] = field(default_factory=dict)
 
 
 def load_manifest(directory: Path) -> Manifest:
@@ -339,15 +345,26 @@ def _parse_config(data: bytes) -> _Config:
         raise ManifestError(f"{CONFIG_FILE}{_where(str(exc), tables=True)}") from exc
     except msgspec.DecodeError as exc:
         raise ManifestError(f"{CONFIG_FILE}: not valid TOML: {exc}") from exc
-    services: dict[str, _ServiceTable] = {}
-    for name, table in top.services.items():
-        try:
-            services[name] = msgspec.convert(table, type=_ServiceTable)
-        except msgspec.ValidationError as exc:
-            raise ManifestError(f"{CONFIG_FILE} [services.{name}]{_where(str(exc))}") from exc
-    return _Config(build_command=top.build.command if top.build else None, services=services,
+    return _Config(build_command=top.build.command if top.build else None,
+                   services=_named_tables(top.services, _ServiceTable, "services"),
                    data=top.data, releases_keep=top.releases.keep if top.releases else None,
-                   rollout=top.rollout, http=top.http)
+                   rollout=top.rollout, http=top.http,
+                   jobs=_named_tables(top.jobs, _JobTable, "jobs"))
+
+
+_Table = TypeVar("_Table", bound=msgspec.Struct)
+
+
+def _named_tables(raw: dict[str, dict[str, object]], kind: type[_Table],
+                  section: str) -> dict[str, _Table]:
+    """`[section.NAME]` tables, each converted on its own so that an error names it."""
+    tables: dict[str, _Table] = {}
+    for name, table in raw.items():
+        try:
+            tables[name] = msgspec.convert(table, type=kind)
+        except msgspec.ValidationError as exc:
+            raise ManifestError(f"{CONFIG_FILE} [{section}.{name}]{_where(str(exc))}") from exc
+    return tables
 
 
 def _where(message: str, *, tables: bool = False) -> str:
@@ -421,6 +438,7 @@ def _apply(commands: dict[str, str], config: _Config) -> Manifest:
         releases_keep=_releases_keep(config.releases_keep),
         rollout=_rollout(config.rollout),
         http_max_concurrency=_max_concurrency(config.http),
+        jobs={name: _job(name, table) for name, table in config.jobs.items()},
     )
 
 
@@ -630,3 +648,122 @@ def _limits(table: _ServiceTable, where: str) -> Limits:
 
 def _duration_or(value: str | float | None, default_s: float, where: str) -> float:
     return default_s if value is None else parse_duration_s(value, where=where)
+
+
+# -- scheduled jobs ([jobs.NAME]) -------------------------------------------------------
+
+# A job's generations are of service `job.NAME` (its logs `job.NAME.<gen>.log`): a dot is
+# in no Procfile name, so a job's processes are never taken for a service's.
+JOB_SERVICE_PREFIX = "job."
+DEFAULT_MISSED_WINDOW_S = 24 * 3600.0
+# At most this many catch-up runs of one job on one instance (`missed = "all"`).
+MAX_CATCH_UP = 100
+
+
+class Overlap(Enum):
+    """A run falls due while the job's previous run on the instance still runs."""
+
+    SKIP = "skip"  # this run is not started (said in events)
+    QUEUE = "queue"  # it starts once the previous one has ended
+    REPLACE = "replace"  # the previous one is stopped, then this one starts
+
+
+class Missed(Enum):
+    """Runs whose time passed while keelway was down (within `missed_window`)."""
+
+    SKIP = "skip"  # none of them runs
+    ONCE = "once"  # the latest runs once
+    ALL = "all"  # each runs, oldest first, one after another
+
+
+class Reach(Enum):
+    """Which of the app's instances run the job."""
+
+    EACH = "each"
+    ONE = "one"  # the first instance by name that may run it: app-wide work
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    name: str
+    command: str
+    schedule: cron.Schedule
+    instances: Reach = Reach.EACH
+    overlap: Overlap = Overlap.SKIP
+    missed: Missed = Missed.ONCE
+    missed_window_s: float = DEFAULT_MISSED_WINDOW_S
+    wake: bool = False
+    # Each instance's run starts at its scheduled time plus a jitter in [0, spread), the
+    # same for the same run every time it is computed (keelway/deploy/jobs.py).
+    spread_s: float = 0.0
+    # A run still going after this long is stopped (None: it may run as long as it runs).
+    timeout_s: float | None = None
+
+    @property
+    def service(self) -> str:
+        return JOB_SERVICE_PREFIX + self.name
+
+
+class _JobTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    schedule: str
+    command: str
+    timezone: str = "UTC"
+    instances: str = Reach.EACH.value
+    overlap: str = Overlap.SKIP.value
+    missed: str = Missed.ONCE.value
+    missed_window: str | float | None = None
+    wake: bool = False
+    spread: str | float | None = None
+    timeout: str | float | None = None
+
+
+def _job(name: str, table: _JobTable) -> JobSpec:
+    where = f"{CONFIG_FILE} [jobs.{name}]"
+    if not names.SERVICE.accepts(name):
+        raise ManifestError(f"{where}: {name!r} is not a valid job name; {names.SERVICE.hint}")
+    if not table.command.strip():
+        raise ManifestError(f"{where} command: is empty; write the command the job runs")
+    try:
+        schedule = cron.parse(table.schedule, table.timezone)
+    except cron.CronError as exc:
+        raise ManifestError(f"{where} schedule: {exc}") from None
+    missed_window_s = _duration_or(table.missed_window, DEFAULT_MISSED_WINDOW_S,
+                                   f"{where} missed_window")
+    timeout_s = (None if table.timeout is None
+                 else parse_duration_s(table.timeout, where=f"{where} timeout"))
+    if timeout_s == 0:
+        raise ManifestError(f"{where} timeout: must be longer than zero; remove it to let "
+                            "runs take as long as they take")
+    spread_s = _duration_or(table.spread, 0.0, f"{where} spread")
+    # A spread reaching the next run would start one run after its successor is due.
+    gap = _shortest_gap_s(schedule)
+    if spread_s >= gap:
+        raise ManifestError(f"{where} spread: {table.spread!r} is not shorter than the "
+                            f"{gap:g}s between runs of {table.schedule!r}; make it shorter")
+    return JobSpec(
+        name=name, command=table.command, schedule=schedule,
+        instances=_choice(Reach, table.instances, f"{where} instances"),
+        overlap=_choice(Overlap, table.overlap, f"{where} overlap"),
+        missed=_choice(Missed, table.missed, f"{where} missed"),
+        missed_window_s=missed_window_s, wake=table.wake, spread_s=spread_s,
+        timeout_s=timeout_s)
+
+
+_E = TypeVar("_E", Reach, Overlap, Missed)
+
+
+def _choice(kind: type[_E], value: str, where: str) -> _E:
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = ", ".join(f'"{m.value}"' for m in kind)
+        raise ManifestError(f"{where}: {value!r} is not one of {allowed}") from None
+
+
+def _shortest_gap_s(schedule: cron.Schedule) -> float:
+    """The shortest time between two runs over the next few fires (a bound for
+    `spread`; an exact minimum over all time is not needed for that)."""
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    fires = schedule.between(start, start + timedelta(days=800), 64)
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(fires)]
+    return min(gaps, default=math.inf)

@@ -44,6 +44,7 @@ AFTER_LOST: dict[str, str] = {
     "db snapshot": "keelway db snapshots {host}",
     "db restore": "keelway status` and `keelway db snapshots {host}",
     "router restart": "keelway status",
+    "jobs run": "keelway jobs {app}",
 }
 
 

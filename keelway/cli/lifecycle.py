@@ -39,6 +39,8 @@ _DAEMON_DISK_FULL = 5  # keelway.api.daemon.EXIT_DISK_FULL, which the CLI does n
 @click.option("--max-concurrency", type=click.IntRange(1, 100_000), default=None,
               metavar="N", help="Requests in flight to one instance at once, past which "
                                 "its requests get 503 (default: 100).")
+@click.option("--jobs-at-once", type=click.IntRange(1, 10_000), default=None, metavar="N",
+              help="Scheduled jobs' runs under way on the box at once (default: 8).")
 @click.option("--default-memory", default=None, metavar="SIZE",
               help="Memory per process tree of a service that sets none (default: 1G).")
 @click.option("--default-cpu", default=None, metavar="CPUS",
@@ -50,8 +52,9 @@ _DAEMON_DISK_FULL = 5  # keelway.api.daemon.EXIT_DISK_FULL, which the CLI does n
 @api_command
 def up(demo: bool, detach: bool, http_addr: str | None, router_workers: int | None,
        trusted: tuple[str, ...], hold_timeout: float | None, objects: str | None,
-       max_concurrency: int | None, default_memory: str | None, default_cpu: str | None,
-       default_pids: str | None, default_nofile: str | None, as_json: bool) -> None:
+       max_concurrency: int | None, jobs_at_once: int | None, default_memory: str | None,
+       default_cpu: str | None, default_pids: str | None, default_nofile: str | None,
+       as_json: bool) -> None:
     """Start the control plane and the router (state in $KEELWAY_HOME)."""
     home = Home.from_env()
     given = {"memory": default_memory, "cpu": default_cpu, "pids": default_pids,
@@ -71,6 +74,8 @@ def up(demo: bool, detach: bool, http_addr: str | None, router_workers: int | No
     daemon_argv += ["--objects", objects] if objects is not None else []
     if max_concurrency is not None:
         daemon_argv += ["--max-concurrency", str(max_concurrency)]
+    if jobs_at_once is not None:
+        daemon_argv += ["--jobs-at-once", str(jobs_at_once)]
     daemon_argv += [f"--default-{name}={value}" for name, value in given.items()
                     if value is not None]
     if not detach:

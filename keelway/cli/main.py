@@ -14,6 +14,7 @@ from keelway.cli import (
     doctor,
     domains,
     instances,
+    jobs,
     lifecycle,
     operations,
     parking,
@@ -25,7 +26,7 @@ from keelway.cli import (
 )
 from keelway.cli.base import cli
 
-__all__ = ["apps", "cli", "data", "doctor", "domains", "instances", "lifecycle", "main",
+__all__ = ["apps", "cli", "data", "doctor", "domains", "instances", "jobs", "lifecycle", "main",
            "operations", "parking", "reading", "replicas", "rollouts", "run", "seed"]
 
 

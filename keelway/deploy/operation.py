@@ -275,10 +275,13 @@ class Runner:
     store: Store
     locks: Locks
     owner: str
+    # Hosts whose lock an effect has lent out (`lent`), and how many times over.
+    _lent: dict[str, int] = field(default_factory=dict)
 
     def busy(self, host: str) -> bool:
-        """Whether an operation holds `host`'s lock now (the idle sweep leaves it be)."""
-        return self.locks.instance(host).locked()
+        """Whether an operation holds `host`'s lock now, or has lent it out (a one-off
+        runs there: parking would stop it under its user): the idle sweep leaves it be."""
+        return self.locks.instance(host).locked() or self._lent.get(host, 0) > 0
 
     @contextlib.asynccontextmanager
     async def lent(self, host: str) -> AsyncIterator[None]:
@@ -287,9 +290,13 @@ class Runner:
         outcome is written. The operation stays live throughout."""
         lock = self.locks.instance(host)
         lock.release()
+        self._lent[host] = self._lent.get(host, 0) + 1
         try:
             yield
         finally:
+            self._lent[host] -= 1
+            if not self._lent[host]:
+                del self._lent[host]
             await lock.acquire()
 
     def dry_run(self, spec: Spec[Req, Parts], request: Req) -> Plan:

@@ -34,7 +34,8 @@ def open_for_append(path: Path) -> int:
 
 
 def parse_log_name(path: Path) -> tuple[str, int] | None:
-    parts = path.name.split(".")
+    # From the right: a job's service (`job.NAME`) has a dot of its own.
+    parts = path.name.rsplit(".", 2)
     if len(parts) != 3 or parts[2] != "log" or not parts[1].isdigit():
         return None
     return parts[0], int(parts[1])

@@ -164,6 +164,14 @@ class Supervisor:
         return await self._spawn(gen, argv, cwd, env, stdio, expected_exit=True,
                                  tenant=True, limits=self.limits)
 
+    async def spawn_job(self, gen: Generation, command: str, cwd: Path,
+                        env: dict[str, str]) -> Generation:
+        """Start a PLANNED generation of a scheduled job's run: `command` as a Procfile
+        line runs, its output in its own log, under the box's default limits. Its exit is
+        its caller's to read (`wait_exit`), never a crash to restart."""
+        return await self._spawn(gen, shell_argv(command), cwd, env, None, expected_exit=True,
+                                 tenant=True, limits=self.limits)
+
     async def _spawn(self, gen: Generation, argv: list[str], cwd: Path, env: dict[str, str],
                      stdio: tuple[int, int, int] | None, expected_exit: bool = False,
                      tenant: bool = False, limits: Limits | None = None) -> Generation:

@@ -7,11 +7,14 @@ import json
 import sqlite3
 from collections.abc import Collection
 
-from keelway.journal import OpKind, StepKind
+from keelway.journal import ONE_OFFS, OpKind, StepKind
 from keelway.store.db import Db, swap
 from keelway.store.errors import Conflict, NotFound
 from keelway.store.lifecycle import OpState, RequestState, StepState, check
 from keelway.store.records import Event, Operation, ReleaseAttempt, Request, Step
+
+# The one-off kinds, as SQL: never an instance's latest operation.
+_ONE_OFFS = ", ".join(f"'{k.value}'" for k in sorted(ONE_OFFS))
 
 
 class SqliteOperations:
@@ -59,8 +62,8 @@ class SqliteOperations:
     def latest_operation(self, instance: str) -> Operation | None:
         return self.db.first(
             self._operation,
-            "SELECT * FROM operations WHERE instance=? AND kind!=? ORDER BY id DESC LIMIT 1",
-            instance, OpKind.RUN.value)
+            f"SELECT * FROM operations WHERE instance=? AND kind NOT IN ({_ONE_OFFS})"
+            " ORDER BY id DESC LIMIT 1", instance)
 
     def latest_operation_of(self, instance: str, kinds: Collection[OpKind]) -> Operation | None:
         """The instance's newest operation of one of `kinds` (its steps not read)."""
@@ -98,9 +101,9 @@ class SqliteOperations:
         """Each instance's latest operation, in two queries however many instances there
         are (boot, the periodic pass and `status` read every instance); its steps unless
         it succeeded (records.InstanceView says why)."""
-        # A one-off run is never an instance's latest operation (as latest_operation).
+        # A one-off is never an instance's latest operation (as latest_operation).
         latest = ("SELECT MAX(id) FROM operations"
-                  f" WHERE kind!='{OpKind.RUN.value}' GROUP BY instance")
+                  f" WHERE kind NOT IN ({_ONE_OFFS}) GROUP BY instance")
         unsettled = (f"SELECT id FROM operations WHERE id IN ({latest})"
                      f" AND state!='{OpState.SUCCEEDED.value}'")
         steps: dict[int, list[Step]] = {}
@@ -111,9 +114,17 @@ class SqliteOperations:
                 for r in self.db.rows(f"SELECT * FROM operations WHERE id IN ({latest})")}
 
     def unfinished_runs(self) -> list[Operation]:
-        rows = self.db.rows("SELECT * FROM operations WHERE kind=? AND state=? ORDER BY id",
-                         OpKind.RUN.value, OpState.RUNNING.value)
+        rows = self.db.rows(f"SELECT * FROM operations WHERE kind IN ({_ONE_OFFS}) AND state=?"
+                            " ORDER BY id", OpState.RUNNING.value)
         return [self._operation(r) for r in rows]
+
+    def keyed_operations(self, kind: OpKind, since: float,
+                         app: str | None = None) -> list[Operation]:
+        rows = self.db.rows(
+            "SELECT * FROM operations WHERE kind=? AND created_at>=? AND key IS NOT NULL"
+            + (" AND app=?" if app is not None else "") + " ORDER BY id",
+            kind.value, since, *((app,) if app is not None else ()))
+        return [self._operation(r, []) for r in rows]
 
     def list_operations(
         self, app: str, instance: str | None = None, limit: int = 50

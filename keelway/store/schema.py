@@ -349,6 +349,11 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE generations ADD COLUMN exit_cause TEXT;
     """,
+    # Scheduled jobs (issue #20): each run is an operation of kind `job` keyed by its job
+    # and scheduled time; the scheduler reads the recent ones by kind at boot.
+    """
+    CREATE INDEX operations_by_kind ON operations(kind, created_at);
+    """,
 ]
 
 

@@ -265,13 +265,21 @@ class OperationStore(Protocol):
     def find_operation_by_key(self, instance: str, key: str) -> Operation | None: ...
 
     def latest_operation(self, instance: str) -> Operation | None:
-        """The newest operation that convergence reads: a one-off run (OpKind.RUN)
-        changes nothing of the instance's state, so it is never the latest."""
+        """The newest operation that convergence reads: a one-off (a run, a job's run:
+        `OpKind.one_off`) changes nothing of the instance's state, so it is never the
+        latest."""
         ...
 
     def unfinished_runs(self) -> list[Operation]:
-        """One-off runs (OpKind.RUN) not yet terminal, oldest first: after a crash, the
-        ones no live control plane owns are finalized (keelway/deploy/runs.py)."""
+        """One-offs (runs and jobs' runs) not yet terminal, oldest first: after a crash,
+        the ones no live control plane owns are finalized (keelway/deploy/runs.py)."""
+        ...
+
+    def keyed_operations(self, kind: OpKind, since: float,
+                         app: str | None = None) -> list[Operation]:
+        """Operations of `kind` with a key, begun at or after `since` (of `app` when
+        given), oldest first, their steps not read: the runs of scheduled jobs
+        (keyed by job and scheduled time) the scheduler and `keelway jobs` read."""
         ...
 
     def latest_operation_of(self, instance: str, kinds: Collection[OpKind]) -> Operation | None:

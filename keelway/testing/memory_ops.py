@@ -50,7 +50,13 @@ class MemoryOps:
     def unfinished_runs(self) -> list[Operation]:
         t = self._db.tables
         return [with_steps(t, o) for _, o in sorted(t.operations.items())
-                if o.kind is OpKind.RUN and o.state is OpState.RUNNING]
+                if o.kind.one_off and o.state is OpState.RUNNING]
+
+    def keyed_operations(self, kind: OpKind, since: float,
+                         app: str | None = None) -> list[Operation]:
+        return [own(o) for _, o in sorted(self._db.tables.operations.items())
+                if o.kind is kind and o.created_at >= since and o.key is not None
+                and (app is None or o.app == app)]
 
     def latest_operation_of(self, instance: str,
                             kinds: Collection[OpKind]) -> Operation | None:
@@ -211,7 +217,7 @@ def with_steps(t: MemoryTables, op: Operation) -> Operation:
 def latest_operation(t: MemoryTables, instance: str) -> Operation | None:
     """The newest operation convergence reads: a one-off run is never the latest."""
     op = max((o for o in t.operations.values()
-              if o.instance == instance and o.kind is not OpKind.RUN),
+              if o.instance == instance and not o.kind.one_off),
              key=lambda o: o.id, default=None)
     return with_steps(t, op) if op else None
 

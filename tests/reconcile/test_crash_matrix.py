@@ -713,6 +713,48 @@ def _run_once(home: Home) -> None:
     assert done.returncode == 3, done.stderr
 
 
+# A scheduled job's run by hand (keelway/deploy/jobs.py) that counts itself and leaves a
+# child behind: a crash anywhere leaves no process of it, its operation ended, and it
+# never ran twice (it is never started again after its operation began).
+JOB_SH = 'echo ran >> "$KEELWAY_DATA_DIR/job-runs"\nsleep 30 &\nsleep 0.3\n'
+
+
+def _deploy_with_a_job(h: Home) -> None:
+    (h.app_a / "leave.sh").write_text(JOB_SH)
+    with (h.app_a / "keelway.toml").open("a") as toml:
+        toml.write('[jobs.leave]\nschedule = "0 0 1 1 *"\ncommand = "sh leave.sh"\n')
+    h.ok("deploy", "hello", str(h.app_a), "--host", "one.test")
+
+
+def _job_once(h: Home) -> None:
+    h.ok("jobs", "run", "hello", "leave", "--instance", "one.test")
+
+    def ended() -> bool:
+        try:
+            runs = h.api("GET", "/v1/apps/hello/jobs", timeout_s=10)["runs"]
+        except (ApiUnavailable, ApiError, OSError):
+            raise AssertionError("the control plane is gone") from None
+        return bool(runs) and runs[0]["state"] != "running"
+
+    assert wait_until(ended, 30, 0.1)
+
+
+def _job_ran_at_most_once(h: Home) -> bool:
+    time.sleep(1.0)  # a run dispatched again (it must not be) would have begun by now
+    runs = h.root / "data" / "one.test" / "job-runs"
+    count = len(runs.read_text().splitlines()) if runs.exists() else 0
+    store = SqliteStore(h.root / "keelway.db")
+    try:
+        open_ops = [o for o in store.ops.unfinished_runs() if o.kind is OpKind.JOB]
+    finally:
+        store.close()
+    return count <= 1 and not open_ops
+
+
+SCENARIOS["job"] = ([_deploy_with_a_job], _job_once)
+ROLLED_FORWARD["job"] = _job_ran_at_most_once
+
+
 def _kill_router_until_respawned(home: Home) -> None:
     """SIGKILL the router's main process; return once the control plane has started
     and published to its successor (AssertionError if the control plane dies first)."""

@@ -116,6 +116,28 @@ def test_a_run_is_never_the_latest_operation_but_is_found_when_asked_for(
     assert store.ops.unfinished_runs() == []
 
 
+def test_a_jobs_run_is_a_one_off_keyed_once_per_scheduled_time(store: Store) -> None:
+    deploy = store.ops.begin_operation("blog", "a.test", OpKind.DEPLOY, owner="me")
+    job = store.ops.begin_operation("blog", "a.test", OpKind.JOB, owner="me",
+                                    key="job:nightly@2026-12-03T00:00Z")
+    latest = store.ops.latest_operation("a.test")
+    assert latest is not None and latest.id == deploy.id
+    assert [o.id for o in store.ops.unfinished_runs()] == [job.id]
+    # The run of one schedule's time is begun once, whoever asks again.
+    with pytest.raises(Conflict):
+        store.ops.begin_operation("blog", "a.test", OpKind.JOB, owner="me",
+                                  key="job:nightly@2026-12-03T00:00Z")
+    store.ops.begin_operation("blog", "b.test", OpKind.JOB, owner="me",
+                              key="job:nightly@2026-12-03T00:00Z")
+    store.ops.begin_operation("blog", "a.test", OpKind.RUN, owner="me")
+    store.ops.begin_operation("shop", "c.test", OpKind.JOB, owner="me", key="job:x@t")
+    keyed = store.ops.keyed_operations(OpKind.JOB, 0.0, app="blog")
+    assert [(o.instance, o.key) for o in keyed] == [
+        ("a.test", "job:nightly@2026-12-03T00:00Z"), ("b.test", "job:nightly@2026-12-03T00:00Z")]
+    assert len(store.ops.keyed_operations(OpKind.JOB, 0.0)) == 3
+    assert store.ops.keyed_operations(OpKind.JOB, store.clock.now() + 60) == []
+
+
 def test_converging_a_step_marks_it_dealt_with_and_may_fail_it(store: Store) -> None:
     op = store.ops.begin_operation("blog", "a.test", OpKind.DEPLOY, owner="me")
     first = store.ops.begin_step(op.id, StepKind.SPAWN, service="web", after_gen=3)
