@@ -60,7 +60,7 @@ BUILD_NICE = 10
 # walk, so no step that ends past the limit passes.
 DISK_EVERY_S = 1.0
 DISK_COST_RATIO = 50
-_IONICE = shutil.which("ionice")
+IONICE = shutil.which("ionice")
 # The step's first instructions, as the builder: wait at the gate (its stdin) until the
 # parent has put it in its cgroup and lowered its priority (EOF instead: the parent
 # could not, and nothing runs); take a tenant's OOM score rather than the control
@@ -211,7 +211,7 @@ def _start(argv: list[str], cwd: Path, env: dict[str, str], builder: Identity | 
     gate, opener = os.pipe()  # both close-on-exec: the child gets `gate` as its stdin
     try:
         proc = subprocess.Popen(
-            ["/bin/sh", "-c", _STUB, "build-step", _IONICE or "-", *argv],
+            ["/bin/sh", "-c", _STUB, "build-step", IONICE or "-", *argv],
             cwd=cwd,
             env=env,
             stdin=gate,
