@@ -7,7 +7,8 @@ Invariants:
 - A step runs in its own session and process group. When its main process exits (or
   its time runs out, or the caller unwinds), the whole group is killed and the main
   process reaped before `run_step` returns, so no process a build started outlives it
-  (a child that calls setsid() itself escapes; catching that needs cgroups, see §8).
+  (a child that calls setsid() itself leaves the group: its step's cgroup, where the
+  box has one, is emptied and removed before `run_step` returns; without one it escapes).
 - The group is killed only while its leader is unreaped (a zombie still holds the
   process group id), so a recycled pid can never be signalled.
 - Every output byte goes to the build log; each line also goes to `progress`, prefixed

@@ -32,6 +32,10 @@ Rules kept here:
   otherwise); one left by a crash is found by `scan` and removed by the sweep.
 `KEELWAY_PROCESS_TREE=proc-scan|cgroup-v1|cgroup-v2` forces a mechanism (tests use it
 to run the fallback on a box that has cgroups).
+
+Build steps get cgroups here too (`BuildCell`, `b<token>` beside the generations'
+`g<id>`, under the same home so the apps' memory budget bounds them): the one module
+that makes and reads keelway's cgroups.
 """
 
 from __future__ import annotations
