@@ -79,6 +79,9 @@ class StepCell(Protocol):
     def enter(self, pid: int) -> None:
         """Move the waiting step into the cgroup; OSError if it cannot be."""
 
+    def kill(self) -> None:
+        """SIGKILL every process of the step, those that left its process group too."""
+
     def cause(self) -> str | None:
         """Why the kernel killed (part of) the step, if it did ("killed: out of memory
         at its 2G limit")."""
@@ -228,7 +231,7 @@ def _start(argv: list[str], cwd: Path, env: dict[str, str], builder: Identity | 
         raise
     finally:
         os.close(gate)
-    guard = _GroupGuard(proc, limits)
+    guard = _GroupGuard(proc, limits, cell)
     try:
         try:
             if cell is not None:
@@ -275,17 +278,20 @@ def _over(limit: Limit, limits: StepLimits, what: str, tail: list[str]) -> Build
 
 
 class _GroupGuard:
-    """Kills a step's process group once its leader exits or it passes its build's time
-    or disk limit (`over` says which); reaps the leader.
+    """Kills a step's process group (and what is left in its cgroup) once its leader
+    exits or it passes its build's time or disk limit (`over` says which); reaps the
+    leader.
 
     A watcher thread waits for the leader's exit without reaping it (WNOWAIT), then
     kills the group: leftovers holding the output pipe die, so the reader sees EOF. A
     policing thread wakes at the deadline and at each disk walk.
     """
 
-    def __init__(self, proc: subprocess.Popen[bytes], limits: StepLimits) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], limits: StepLimits,
+                 cell: StepCell | None) -> None:
         self.proc = proc
         self._limits = limits
+        self._cell = cell
         self._lock = threading.Lock()
         self._reaped = False
         self._done = threading.Event()
@@ -297,10 +303,13 @@ class _GroupGuard:
 
     def _kill_group(self) -> None:
         with self._lock:
-            if self._reaped:
-                return
-            with contextlib.suppress(ProcessLookupError):  # the whole group is gone
-                os.killpg(self.proc.pid, signal.SIGKILL)
+            if not self._reaped:
+                with contextlib.suppress(ProcessLookupError):  # the whole group is gone
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+        if self._cell is not None:
+            # What left the group (setsid) and may hold the output pipe: without this
+            # the reader would wait for it, past every limit.
+            self._cell.kill()
 
     def _passed(self, limit: Limit) -> None:
         self.over = limit

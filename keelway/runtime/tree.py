@@ -493,26 +493,32 @@ class BuildCell:
         its 2G limit", "hit its limit of 1024 processes". Read before `close`."""
         return self._trees._cause(self.name)
 
+    def _dirs(self) -> list[Path]:
+        return [home / self.name for home in self._trees.homes + self._trees.legacy
+                if (home / self.name).is_dir()]
+
+    def kill(self) -> None:
+        """SIGKILL every member now (a descendant that left the step's process group,
+        holding its output pipe, say). Members only: each pid was just read from the
+        cgroup, which nothing but the step's own processes can join."""
+        members: set[int] = set()
+        for path in self._dirs():
+            with contextlib.suppress(OSError):
+                members.update(int(p) for p in (path / "cgroup.procs").read_text().split())
+        _signal(_live(members), signal.SIGKILL)
+
     def close(self) -> bool:
-        """Kill every member left (a descendant that left the step's process group) and
-        remove the cgroup; False if it could not be removed within the bound (logged:
-        an empty leftover the next boot's sweep removes)."""
-        dirs = [d for d in self._trees.homes + self._trees.legacy
-                if (d / self.name).is_dir()]
+        """Kill every member left and remove the cgroup; False if it could not be
+        removed within the bound (logged: an empty leftover the next boot's sweep
+        removes)."""
+        dirs = self._dirs()
         deadline = time.monotonic() + _REAP_BOUND_S
         while True:
-            members: set[int] = set()
-            for home in dirs:
-                with contextlib.suppress(OSError):
-                    members.update(int(p) for p in
-                                   (home / self.name / "cgroup.procs").read_text().split())
-            # Members only: each pid was just read from the cgroup, which nothing but
-            # this step's processes can join.
-            _signal(_live(members), signal.SIGKILL)
+            self.kill()
             gone = True
-            for home in dirs:
+            for path in dirs:
                 try:
-                    (home / self.name).rmdir()
+                    path.rmdir()
                 except FileNotFoundError:
                     pass
                 except OSError:

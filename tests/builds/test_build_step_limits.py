@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import io
 import os
+import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +20,7 @@ import pytest
 from keelway.builds.build_step import BUILD_NICE, Confine, StepLimits, run_step
 from keelway.builds.errors import BuildLimitError
 from keelway.builds.tree import disk_usage
+from keelway.runtime.process import read_stat
 from keelway.runtime.tree import BUILD_PREFIX, ProcessTrees
 
 LIMIT = 64 << 20
@@ -165,3 +168,45 @@ def test_a_step_runs_at_nice_10_or_lower_priority(tmp_path: Path) -> None:
     assert int(said[0].removeprefix("| ")) >= BUILD_NICE
     if len(said) > 1 and "idle" not in said[1]:
         pytest.fail(f"ionice said {said[1]!r}, not the idle class")
+
+
+def test_a_descendant_that_leaves_the_step_s_group_dies_with_its_cgroup(
+        tmp_path: Path, trees: ProcessTrees) -> None:
+    if not trees.uses_cgroups:
+        pytest.skip(f"no writable cgroup here ({trees.describe()}): a setsid() child of a "
+                    "build step escapes its process group")
+    pidfile = tmp_path / "escaped.pid"
+    _run(["sh", "-c", f"setsid sh -c 'echo $$ > {pidfile}; exec sleep 60' "
+                      "</dev/null >/dev/null 2>&1 & sleep 0.3"],
+         tmp_path, _limits(tmp_path, memory=LIMIT, confine=trees.build_cell))
+    escaped = int(pidfile.read_text())
+    stat = read_stat(escaped)
+    assert stat is None or stat.state == "Z", stat
+
+
+def test_a_build_cgroup_left_by_a_crash_is_emptied_and_removed_at_boot(
+        tmp_path: Path, trees: ProcessTrees) -> None:
+    if not trees.uses_cgroups:
+        pytest.skip(f"no writable cgroup here ({trees.describe()})")
+    cell = trees.build_cell(LIMIT)  # as a control plane that died mid-step left it
+    orphan = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        cell.enter(orphan.pid)
+        assert trees.sweep_build_cells() == [cell.name]
+        assert orphan.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        if orphan.poll() is None:
+            orphan.kill()
+            orphan.wait()
+    assert not any((home / cell.name).exists() for home in trees.homes)
+
+
+def test_a_descendant_that_leaves_the_group_holding_the_output_does_not_hold_the_step(
+        tmp_path: Path, trees: ProcessTrees) -> None:
+    if not trees.uses_cgroups:
+        pytest.skip(f"no writable cgroup here ({trees.describe()}): such a descendant "
+                    "holds the step until it exits")
+    started = time.monotonic()
+    _run(["sh", "-c", "setsid sleep 60 & sleep 0.3; echo left"], tmp_path,
+         _limits(tmp_path, memory=LIMIT, confine=trees.build_cell))
+    assert time.monotonic() - started < 5
