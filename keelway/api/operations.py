@@ -110,8 +110,7 @@ def _build_failed(exc: BuildError) -> dict[str, str]:
     summary = exc.summary if isinstance(exc, BuildCommandError) else str(exc)
     hint = "fix the app and deploy again; nothing was changed"
     if isinstance(exc, BuildLimitError):
-        key = "timeout" if exc.limit == "time" else exc.limit
-        hint = (f"make the build use less, or raise [build] {key} in keelway.toml (up to "
+        hint = (f"make the build use less, or raise [build] {exc.limit} in keelway.toml (up to "
                 "this box's limit: `keelway doctor`); nothing was changed")
     return {"code": "build-failed", "message": str(exc), "summary": summary, "hint": hint}
 

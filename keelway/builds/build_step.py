@@ -110,9 +110,9 @@ class StepLimits:
 
 
 class Limit(enum.Enum):
-    """Which limit ended a step, when one did."""
+    """Which limit ended a step, when one did; each value its key in `[build]`."""
 
-    TIME = "time"
+    TIME = "timeout"
     DISK = "disk"
     MEMORY = "memory"
 _PASSED_ENV = frozenset(
@@ -196,17 +196,22 @@ def run_step(
         finally:
             log.flush()
         guard.finish(kill=False)
-        killed_by = guard.over or _memory_cause(cell) or _disk_after(limits)
+        cause = cell.cause() if cell is not None else None
+        killed_by = guard.over or _memory(cause) or _disk_after(limits)
+        pids_cause = cause if cause is not None and killed_by is None else None
     finally:
         if cell is not None:
             cell.close()
     if killed_by is not None:
         raise _over(killed_by, limits, what, list(tail))
     code = guard.proc.returncode
+    # A fork the step's cgroup refused fails the step its own way (an exit code, an
+    # error of its own): the cgroup's record says why.
+    why = f" ({pids_cause})" if pids_cause is not None else ""
     if code < 0:
-        raise BuildCommandError(f"{what} was killed by signal {-code}", list(tail))
+        raise BuildCommandError(f"{what} was killed by signal {-code}{why}", list(tail))
     if code != 0:
-        raise BuildCommandError(f"{what} failed with exit code {code}", list(tail))
+        raise BuildCommandError(f"{what} failed with exit code {code}{why}", list(tail))
 
 
 def _start(argv: list[str], cwd: Path, env: dict[str, str], builder: Identity | None,
@@ -248,8 +253,7 @@ def _start(argv: list[str], cwd: Path, env: dict[str, str], builder: Identity | 
     return guard
 
 
-def _memory_cause(cell: StepCell | None) -> Limit | None:
-    cause = cell.cause() if cell is not None else None
+def _memory(cause: str | None) -> Limit | None:
     return Limit.MEMORY if cause is not None and "out of memory" in cause else None
 
 

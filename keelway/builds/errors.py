@@ -58,8 +58,8 @@ class BuildCommandError(BuildError):
 
 
 class BuildLimitError(BuildCommandError):
-    """A build step was killed at one of its build's limits; `limit` names it: "time",
-    "disk" or "memory" (keelway/builds/build_step.py's Limit)."""
+    """A build step was killed at one of its build's limits; `limit` names it as its
+    `[build]` key: "memory", "timeout" or "disk" (keelway/builds/build_step.py's Limit)."""
 
     def __init__(self, message: str, tail: list[str], limit: str) -> None:
         super().__init__(message, tail)

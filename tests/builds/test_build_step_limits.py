@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from keelway.builds.build_step import BUILD_NICE, Confine, StepLimits, run_step
-from keelway.builds.errors import BuildLimitError
+from keelway.builds.errors import BuildCommandError, BuildLimitError
 from keelway.builds.tree import disk_usage
+from keelway.limits import BUILD_PIDS
 from keelway.runtime.process import read_stat
 from keelway.runtime.tree import BUILD_PREFIX, ProcessTrees
 
@@ -100,7 +101,7 @@ def test_a_step_past_the_build_s_time_is_killed_with_the_time_reason(tmp_path: P
         _run(["sh", "-c", "echo waiting; sleep 30 & sleep 30"], tmp_path,
              _limits(tmp_path, timeout_s=2.0))
     took = time.monotonic() - started
-    assert killed.value.limit == "time"
+    assert killed.value.limit == "timeout"
     assert killed.value.summary == ("build took longer than its 2s limit "
                                     "(the [build] command was killed)")
     assert killed.value.tail == ["waiting"]
@@ -210,3 +211,17 @@ def test_a_descendant_that_leaves_the_group_holding_the_output_does_not_hold_the
     _run(["sh", "-c", "setsid sleep 60 & sleep 0.3; echo left"], tmp_path,
          _limits(tmp_path, memory=LIMIT, confine=trees.build_cell))
     assert time.monotonic() - started < 5
+
+
+def test_a_step_that_forks_past_its_process_limit_fails_saying_so(
+        tmp_path: Path, trees: ProcessTrees) -> None:
+    if "pids" not in trees.enforces():
+        pytest.skip(f"no pids controller in reach ({trees.describe()})")
+    # bounded: at most BUILD_PIDS + 76 sleeps of 2 s, should nothing stop it
+    # (a thousand processes take more than 64M: the memory limit must not come first)
+    bomb = f"for i in $(seq 1 {BUILD_PIDS + 76}); do sleep 2 & done; wait"
+    with pytest.raises(BuildCommandError) as failed:
+        _run(["sh", "-c", bomb], tmp_path,
+             _limits(tmp_path, memory=1 << 30, confine=trees.build_cell))
+    assert not isinstance(failed.value, BuildLimitError)
+    assert failed.value.summary.endswith(f"(hit its limit of {BUILD_PIDS} processes)")
