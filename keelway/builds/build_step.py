@@ -115,6 +115,8 @@ class Limit(enum.Enum):
     TIME = "timeout"
     DISK = "disk"
     MEMORY = "memory"
+
+
 _PASSED_ENV = frozenset(
     {
         "HOME",
@@ -196,7 +198,10 @@ def run_step(
         finally:
             log.flush()
         guard.finish(kill=False)
-        cause = cell.cause() if cell is not None else None
+        code = guard.proc.returncode
+        # The kernel's word only for a step that failed: a tool that lost a child to
+        # the OOM killer and still succeeded (a retry, a fallback) built what it had to.
+        cause = cell.cause() if cell is not None and code != 0 else None
         killed_by = guard.over or _memory(cause) or _disk_after(limits)
         pids_cause = cause if cause is not None and killed_by is None else None
     finally:
@@ -204,7 +209,6 @@ def run_step(
             cell.close()
     if killed_by is not None:
         raise _over(killed_by, limits, what, list(tail))
-    code = guard.proc.returncode
     # A fork the step's cgroup refused fails the step its own way (an exit code, an
     # error of its own): the cgroup's record says why.
     why = f" ({pids_cause})" if pids_cause is not None else ""
