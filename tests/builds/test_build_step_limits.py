@@ -148,6 +148,7 @@ def test_the_disk_counts_a_hard_linked_file_once_and_a_sparse_one_by_its_blocks(
     assert (1 << 20) <= used < (1 << 20) + (256 << 10)
 
 
+@pytest.mark.slow
 def test_a_disk_walk_of_a_big_tree_is_cheap(tmp_path: Path) -> None:
     # 20,000 small files in 200 directories: the size of a middling node_modules
     for d in range(200):
@@ -213,6 +214,7 @@ def test_a_descendant_that_leaves_the_group_holding_the_output_does_not_hold_the
     assert time.monotonic() - started < 5
 
 
+@pytest.mark.slow
 def test_a_step_that_forks_past_its_process_limit_fails_saying_so(
         tmp_path: Path, trees: ProcessTrees) -> None:
     if "pids" not in trees.enforces():
