@@ -8,6 +8,10 @@ one resource; a resource neither names is the built-in default (`BUILT_IN`), cho
 default install keeps a box usable: no tenant can take every process id, every file
 descriptor or all the memory.
 
+A build has limits of its own (`BuildLimits`): memory, time and disk, from the app's
+`[build]` table under the box's (`keelway up --build-memory ...`), which are a ceiling:
+an app may ask for less than the operator allows, never more.
+
 How a limit is enforced is runtime's business (keelway/runtime/limits.py): a cgroup
 controller where the box has one, an rlimit where it does not, and `doctor` says which.
 """
@@ -20,6 +24,9 @@ from dataclasses import dataclass, fields, replace
 
 _SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)?", re.IGNORECASE)
 _UNIT = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_DURATION_RE = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h))+")
+_DURATION_PART_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 # Below these a process cannot start at all (a Python interpreter needs some 10 MB and a
 # dozen descriptors): a value under them is a mistake, refused with why.
@@ -94,20 +101,24 @@ def box_limits(memory: str | None = None, cpu: str | None = None, pids: str | No
 
 def parse_memory(value: str | int, where: str) -> int:
     """`"512M"`, `"1G"`, `"1.5G"`, `"256Mi"`, or a number of bytes -> bytes."""
-    if isinstance(value, bool):
-        raise LimitError(f"{where}: {value!r} is not an amount of memory")
-    if isinstance(value, int):
-        size = value
-    else:
-        match = _SIZE_RE.fullmatch(value.strip())
-        if match is None:
-            raise LimitError(f'{where}: {value!r} is not an amount of memory; write one like '
-                             '"512M" or "2G"')
-        size = math.floor(float(match.group(1)) * _UNIT[match.group(2).upper()])
+    size = _parse_size(value, where, "memory", '"512M" or "2G"')
     if size < MIN_MEMORY:
         raise LimitError(f"{where}: {value!r} is below the {format_size(MIN_MEMORY)} a "
                          "process needs to start")
     return size
+
+
+def _parse_size(value: str | int, where: str, noun: str, example: str) -> int:
+    """A size with an optional unit (K, M, G, T; powers of 1024), or bytes -> bytes."""
+    if isinstance(value, bool):
+        raise LimitError(f"{where}: {value!r} is not an amount of {noun}")
+    if isinstance(value, int):
+        return value
+    match = _SIZE_RE.fullmatch(value.strip())
+    if match is None:
+        raise LimitError(f"{where}: {value!r} is not an amount of {noun}; write one like "
+                         f"{example}")
+    return math.floor(float(match.group(1)) * _UNIT[match.group(2).upper()])
 
 
 def parse_cpu(value: str | float, where: str) -> float:
@@ -140,3 +151,124 @@ def format_size(size: int) -> str:
         if size % _UNIT[unit] == 0:
             return f"{size // _UNIT[unit]}{unit}"
     return str(size)
+
+
+def parse_duration_s(value: str | float, where: str) -> float:
+    """`"500ms"`, `"10s"`, `"15m"`, `"1h"`, `"1m30s"`, or a number of seconds -> seconds:
+    the one grammar of a duration, for keelway.toml and for `keelway up`'s flags."""
+    if isinstance(value, bool):
+        raise LimitError(f"{where}: {value!r} is not a duration")
+    if isinstance(value, str):
+        text = value.strip()
+        if not _DURATION_RE.fullmatch(text):
+            raise LimitError(
+                f"{where}: {value!r} is not a duration; write a number of seconds or a "
+                'string like "500ms", "10s", "15m", "1h"'
+            )
+        seconds = sum(
+            float(number) * _UNIT_S[unit] for number, unit in _DURATION_PART_RE.findall(text)
+        )
+    else:
+        seconds = float(value)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise LimitError(f"{where}: {value!r} must be a finite, non-negative duration")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds as keelway.toml would say them: `30m`, `1h`, `1m30s`, `2s`, `0.5s`."""
+    if seconds != int(seconds) or seconds < 60:
+        return f"{seconds:g}s"
+    whole = int(seconds)
+    parts = [(whole // 3600, "h"), (whole % 3600 // 60, "m"), (whole % 60, "s")]
+    return "".join(f"{n}{unit}" for n, unit in parts if n)
+
+
+# Below these a build cannot do anything useful: a mistake, refused with why. (Memory:
+# MIN_MEMORY, as for any process tree.)
+MIN_BUILD_TIMEOUT_S = 1.0
+MIN_BUILD_DISK = 16 << 20
+BUILD_TIMEOUT_S = 1800.0
+BUILD_DISK = 4 << 30
+# A build's memory where the operator says none: 2G, what a framework's build (a
+# webpack bundle, a wheel compiled from source) needs; on a small box at most half of
+# what the apps may use together, so the serving apps keep the other half while a
+# build runs (the build's cgroup is under the apps' parent: keelway/runtime/tree.py).
+BUILD_MEMORY = 2 << 30
+# Processes and threads of one build step at once: a fork bomb in a build stops here
+# (npm and cargo run a few dozen; a bound, not a budget).
+BUILD_PIDS = 1024
+
+
+@dataclass(frozen=True)
+class BuildLimits:
+    """What one build of an app may use; None: not said here (the box's decides).
+
+    `memory`: bytes for each build step's whole process tree, as Limits.memory. `timeout_s`:
+    seconds from the first build step's start to the last one's end. `disk`: bytes the
+    build's staged tree (and its tools' scratch space) may grow to, as `du` counts them."""
+
+    memory: int | None = None
+    timeout_s: float | None = None
+    disk: int | None = None
+
+    def over(self, defaults: BuildLimits) -> BuildLimits:
+        """These limits, each unset one taken from `defaults`."""
+        return replace(self, **{f.name: getattr(defaults, f.name)
+                                for f in fields(self) if getattr(self, f.name) is None})
+
+    def above(self, ceiling: BuildLimits) -> list[str]:
+        """Each limit set here that asks for more than `ceiling` allows, said with both
+        values (`memory 8G is above this box's 2G`); empty when none does."""
+        said, most = self.describe(), ceiling.describe()
+        mine = (self.memory, self.timeout_s, self.disk)
+        theirs = (ceiling.memory, ceiling.timeout_s, ceiling.disk)
+        return [f"{key} {said[key]} is above this box's {most[key]}"
+                for key, value, bound in zip(said, mine, theirs, strict=True)
+                if value is not None and bound is not None and value > bound]
+
+    def describe(self) -> dict[str, str | None]:
+        """Each limit as a person reads it (`2G`, `30m`, `4G`), by its keelway.toml key."""
+        return {"memory": format_size(self.memory) if self.memory is not None else None,
+                "timeout": (format_duration(self.timeout_s) if self.timeout_s is not None
+                            else None),
+                "disk": format_size(self.disk) if self.disk is not None else None}
+
+
+def build_memory_default(apps_budget: int | None) -> int:
+    """BUILD_MEMORY, or half the apps' memory budget on a box where that is less."""
+    if apps_budget is None:
+        return BUILD_MEMORY
+    half = apps_budget // 2
+    return max(min(BUILD_MEMORY, half - half % 4096), MIN_MEMORY)
+
+
+def box_build_limits(memory: str | None = None, timeout: str | None = None,
+                     disk: str | None = None, *, apps_budget: int | None = None) -> BuildLimits:
+    """The box's build limits as `keelway up --build-memory ...` gives them (text), over
+    the built-in ones (`apps_budget`: what every app may use together, which bounds the
+    built-in memory)."""
+    return BuildLimits(
+        memory=parse_memory(memory, "--build-memory") if memory is not None else None,
+        timeout_s=(parse_build_timeout(timeout, "--build-timeout") if timeout is not None
+                   else None),
+        disk=parse_build_disk(disk, "--build-disk") if disk is not None else None,
+    ).over(BuildLimits(build_memory_default(apps_budget), BUILD_TIMEOUT_S, BUILD_DISK))
+
+
+def parse_build_timeout(value: str | float, where: str) -> float:
+    """A build's time limit: a duration of at least MIN_BUILD_TIMEOUT_S."""
+    seconds = parse_duration_s(value, where)
+    if seconds < MIN_BUILD_TIMEOUT_S:
+        raise LimitError(f"{where}: {value!r} is shorter than the "
+                         f"{format_duration(MIN_BUILD_TIMEOUT_S)} any build needs")
+    return seconds
+
+
+def parse_build_disk(value: str | int, where: str) -> int:
+    """A build's disk limit: a size (`"4G"`) of at least MIN_BUILD_DISK."""
+    size = _parse_size(value, where, "disk", '"512M" or "4G"')
+    if size < MIN_BUILD_DISK:
+        raise LimitError(f"{where}: {value!r} is below the {format_size(MIN_BUILD_DISK)} "
+                         "a build needs")
+    return size

@@ -69,7 +69,14 @@ from keelway.deploy.seeding import IMPORT, ROLLBACK, Seeding
 from keelway.deploy.snapshots import Snapshots
 from keelway.durable import disk_full, disk_full_message, sweep_temp, write_atomic
 from keelway.home import PRIVATE_UMASK, Home
-from keelway.limits import BUILT_IN, LimitError, Limits, box_limits
+from keelway.limits import (
+    BUILT_IN,
+    BuildLimits,
+    LimitError,
+    Limits,
+    box_build_limits,
+    box_limits,
+)
 from keelway.reconcile.apply import Reconciler
 from keelway.router import client as router_client
 from keelway.runtime import router as router_process
@@ -78,6 +85,7 @@ from keelway.runtime.logs import rotate_if_large
 from keelway.runtime.router import RouterSettings
 from keelway.runtime.router_supervisor import RouterSupervisor
 from keelway.runtime.supervisor import RefusesToDie, Supervisor, every_process_dies
+from keelway.runtime.tree import apps_budget
 from keelway.store import SqliteStore, Store
 
 log = logging.getLogger("keelway.daemon")
@@ -251,7 +259,8 @@ async def _rotate_logs_forever(home: Home) -> None:
 async def run(home: Home, http_addr: str | None, demo: bool, announce: Callable[[str], None],
               router: RouterSettings | None = None, objects: str | None = None,
               refuses_to_die: RefusesToDie = every_process_dies,
-              limits: Limits = BUILT_IN, jobs_at_once: int = JOBS_AT_ONCE) -> int:
+              limits: Limits = BUILT_IN, build_limits: BuildLimits | None = None,
+              jobs_at_once: int = JOBS_AT_ONCE) -> int:
     """Run the control plane until shutdown; returns the process exit code.
 
     A full disk at start (the lock, the router's records, the store) is said as such and
@@ -260,7 +269,7 @@ async def run(home: Home, http_addr: str | None, demo: bool, announce: Callable[
     """
     try:
         return await _run_home(home, http_addr, demo, announce, router, objects,
-                               refuses_to_die, limits, jobs_at_once)
+                               refuses_to_die, limits, build_limits, jobs_at_once)
     except Exception as exc:  # a filter, not a catch-all: anything else goes on up
         if not disk_full(exc):
             raise
@@ -272,6 +281,7 @@ async def run(home: Home, http_addr: str | None, demo: bool, announce: Callable[
 async def _run_home(home: Home, http_addr: str | None, demo: bool, announce: Callable[[str], None],
                     router: RouterSettings | None, objects: str | None,
                     refuses_to_die: RefusesToDie, limits: Limits,
+                    build_limits: BuildLimits | None,
                     jobs_at_once: int = JOBS_AT_ONCE) -> int:
     home.ensure()
     try:
@@ -287,7 +297,7 @@ async def _run_home(home: Home, http_addr: str | None, demo: bool, announce: Cal
             raise StartupError(f"--objects: {exc}", EXIT_FAILED) from exc
         return await _run_locked(home, _router_addr(home, http_addr), demo, announce,
                                  router or RouterSettings(), object_store, refuses_to_die,
-                                 limits, jobs_at_once)
+                                 limits, build_limits, jobs_at_once)
     except StartupError as exc:
         announce(f"error: {exc}")
         return exc.exit_code
@@ -298,7 +308,8 @@ async def _run_home(home: Home, http_addr: str | None, demo: bool, announce: Cal
 async def _run_locked(home: Home, http_addr: str, demo: bool,
                       announce: Callable[[str], None], settings: RouterSettings,
                       objects: ObjectStore | None, refuses_to_die: RefusesToDie,
-                      limits: Limits, jobs_at_once: int = JOBS_AT_ONCE) -> int:
+                      limits: Limits, build_limits: BuildLimits | None,
+                      jobs_at_once: int = JOBS_AT_ONCE) -> int:
     clock = SystemClock()
     # Before the router starts (it inherits the score): out of memory, the kernel kills
     # an app, never keelway (keelway/runtime/limits.py).
@@ -319,7 +330,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
         await parts.restarts.on_exit(gen, code)
 
     supervisor = Supervisor(store, home, clock, on_exit, refuses_to_die=refuses_to_die,
-                            limits=limits)
+                            limits=limits, build_limits=build_limits)
     if supervisor.identities.in_force:
         home.open_to_tenants()  # before anything of a tenant runs (keelway/identity.py)
     else:
@@ -473,8 +484,11 @@ async def _deploy_demo(home: Home, store: Store, deployer: Deployer,
         announce(f"warning: no demo app at {source}; skipping --demo")
         return
     announce(f"deploying the demo app from {source}")
+    supervisor = deployer.supervisor
     staged = await asyncio.to_thread(stage, source, builds_dir=home.builds_dir, app=DEMO_APP,
-                                     builder=deployer.supervisor.identities.builder(DEMO_APP))
+                                     builder=supervisor.identities.builder(DEMO_APP),
+                                     limits=supervisor.build_limits,
+                                     confine=supervisor.build_cells())
     releases = store.builds.list_releases(DEMO_APP)
     if releases and releases[0].build_digest == staged.digest:
         announce("the demo is already deployed at this build")
@@ -504,10 +518,14 @@ def main(argv: list[str] | None = None,
                         help="s3://BUCKET/PREFIX for snapshots (default: $KEELWAY_HOME/objects)")
     for name in ("memory", "cpu", "pids", "nofile"):
         parser.add_argument(f"--default-{name}", default=None)
+    for name in ("memory", "timeout", "disk"):
+        parser.add_argument(f"--build-{name}", default=None)
     args = parser.parse_args(argv)
     try:
         limits = box_limits(args.default_memory, args.default_cpu, args.default_pids,
                             args.default_nofile)
+        build_limits = box_build_limits(args.build_memory, args.build_timeout,
+                                        args.build_disk, apps_budget=apps_budget())
     except LimitError as exc:
         parser.error(str(exc))
     # Before anything is created: what this process, the router, build steps and the
@@ -539,7 +557,7 @@ def main(argv: list[str] | None = None,
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     with contextlib.suppress(KeyboardInterrupt):
         return uvloop.run(run(Home.from_env(), args.http, args.demo, announce, settings,
-                              args.objects, refuses_to_die, limits,
+                              args.objects, refuses_to_die, limits, build_limits,
                               max(1, args.jobs_at_once)))
     return 0
 

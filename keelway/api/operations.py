@@ -24,7 +24,7 @@ from keelway.api.http import app_name, error_response, log, read_body, route, se
 from keelway.api.plans import deploy_plan_response, plan_response
 from keelway.builds import cache as deps_cache
 from keelway.builds import gc as builds_gc
-from keelway.builds.errors import BuildCommandError, BuildError
+from keelway.builds.errors import BuildCommandError, BuildError, BuildLimitError
 from keelway.builds.manifest import Manifest, Mode
 from keelway.builds.preview import preview
 from keelway.builds.stage import StagedBuild, stage
@@ -108,8 +108,11 @@ def _build_failed(exc: BuildError) -> dict[str, str]:
     # `message` carries the failed step's last lines for a client that did not show the
     # progress; `summary` is the line alone, for one that streamed them.
     summary = exc.summary if isinstance(exc, BuildCommandError) else str(exc)
-    return {"code": "build-failed", "message": str(exc), "summary": summary,
-            "hint": "fix the app and deploy again; nothing was changed"}
+    hint = "fix the app and deploy again; nothing was changed"
+    if isinstance(exc, BuildLimitError):
+        hint = (f"make the build use less, or raise [build] {exc.limit} in keelway.toml (up to "
+                "this box's limit: `keelway doctor`); nothing was changed")
+    return {"code": "build-failed", "message": str(exc), "summary": summary, "hint": hint}
 
 
 @dataclass(eq=False)
@@ -152,6 +155,8 @@ class Operations:
                 git=body.git, progress=progress,
                 builder=self.deployer.supervisor.identities.builder(body.app),
                 cache=deps_cache.for_home(self.home.root),
+                limits=self.deployer.supervisor.build_limits,
+                confine=self.deployer.supervisor.build_cells(),
             )
             progress(f"build {staged.digest[:12]} " + ("reused" if staged.reused else "staged"))
             origin = await asyncio.to_thread(_source_of, source, staged, body.ref)

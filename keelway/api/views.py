@@ -17,11 +17,12 @@ from keelway.api.instance_state import (
     decide,
     label,
 )
+from keelway.builds.build_step import BUILD_NICE, IONICE
 from keelway.journal import REPLICA
 from keelway.limits import format_size
 from keelway.reconcile.plan import leftovers as unconverged
 from keelway.runtime.identities import Identities
-from keelway.runtime.limits import in_force
+from keelway.runtime.limits import build_in_force, in_force
 from keelway.runtime.router_supervisor import RouterHealth
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
@@ -349,4 +350,27 @@ def limit_checks(supervisor: Supervisor) -> list[dict[str, Any]]:
         "detail": (f"every app of this home together at most {format_size(budget)}, so "
                    "keelway, the router and the kernel keep the rest" if budget is not None
                    else "not bounded: no memory controller in reach")})
+    return checks + build_limit_checks(supervisor)
+
+
+def build_limit_checks(supervisor: Supervisor) -> list[dict[str, Any]]:
+    """Each limit of a build (an app's [build] may ask for less, never more) and what
+    enforces it, and the priority builds run at (keelway/builds/build_step.py)."""
+    checks = []
+    for name, said in build_in_force(supervisor.build_limits,
+                                     supervisor.trees.enforces()).items():
+        how = said["enforced_by"]
+        checks.append({
+            "check": f"build {name} limit", "ok": how is not None,
+            "detail": (f"at most {said['value']}, enforced by {how}" if how is not None else
+                       f"at most {said['value']}, not enforced on this box: no memory "
+                       "controller in reach, and an address-space rlimit would break "
+                       "runtimes such as Go and Node; run keelway as root on a box with "
+                       "cgroup v2 (or v1's memory hierarchy mounted)")})
+    io = ("the idle I/O class" if IONICE is not None else
+          "no `ionice` on this box, so build I/O competes with the apps' (install util-linux)")
+    weighted = (", each build step's cgroup weighted as nice 10 against the apps'"
+                if "cpu" in supervisor.trees.enforces() else "")
+    checks.append({"check": "build priority", "ok": True,
+                   "detail": f"build steps at nice {BUILD_NICE}{weighted}; {io}"})
     return checks

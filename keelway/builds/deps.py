@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from keelway.builds import toolchain
-from keelway.builds.build_step import Progress, run_step
+from keelway.builds.build_step import Progress, StepLimits, run_step
 from keelway.builds.cache import CacheUnusable, DepsCache, Entry, key_of
 from keelway.builds.errors import BuildInputError, StagingError
 from keelway.identity import Identity
@@ -70,7 +70,7 @@ class Context:
     env: dict[str, str]
     log: BinaryIO
     progress: Progress
-    timeout_s: float
+    limits: StepLimits
     builder: Identity | None
     cache: DepsCache | None
     app: str
@@ -79,7 +79,7 @@ class Context:
 
     def step(self, argv: list[str], what: str, env: dict[str, str] | None = None) -> None:
         run_step(argv, what=what, cwd=self.tree, env=env or self.env, log=self.log,
-                 progress=self.progress, timeout_s=self.timeout_s, builder=self.builder)
+                 progress=self.progress, limits=self.limits, builder=self.builder)
 
     def key(self, kind: str, **parts: str) -> str:
         pip_env = {k: v for k, v in sorted(self.env.items()) if k.startswith("PIP_")}

@@ -6,6 +6,8 @@
         SourceError             the source path, its kind, a git ref, the app name
         UnsafeArchiveError      a tarball member that could escape or harm the tree
       BuildCommandError         the user's build step (pip install, [build] command) failed
+        BuildLimitError         ... because it passed one of its build's limits (time, disk,
+                                memory): make the build smaller or ask for more ([build])
       StagingError              this box failed: disk, permissions, a missing `git`
 
 Every message is meant to be shown to a user as-is: it says what failed and, where it
@@ -53,6 +55,15 @@ class BuildCommandError(BuildError):
         super().__init__(f"{message}\n{shown}" if tail else message)
         self.summary = message
         self.tail = tail
+
+
+class BuildLimitError(BuildCommandError):
+    """A build step was killed at one of its build's limits; `limit` names it as its
+    `[build]` key: "memory", "timeout" or "disk" (keelway/builds/build_step.py's Limit)."""
+
+    def __init__(self, message: str, tail: list[str], limit: str) -> None:
+        super().__init__(message, tail)
+        self.limit = limit
 
 
 class StagingError(BuildError):

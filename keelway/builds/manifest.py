@@ -9,7 +9,8 @@ Rules:
   Names follow keelway/names.py's SERVICE rule and are unique. `release` is the one-shot
   release command, not a service; `run` is reserved for one-off processes (`keelway
   run`). A `web` process is required: keelway routes HTTP to it.
-- keelway.toml holds `[build] command`, `[services.<name>]` tables with `mode`,
+- keelway.toml holds `[build]` (`command`; `memory`, `timeout`, `disk`: the build's own
+  limits, each at most the box's), `[services.<name>]` tables with `mode`,
   `health`, `ready_timeout` (a web's time to answer its health path; more than zero),
   `settle`, `stop_grace`, `idle`, and `[data]` with `snapshot_every` (a
   duration; none: no scheduled snapshots) and `keep` (snapshots kept per instance, at
@@ -41,12 +42,13 @@ from typing import TypeVar
 
 import msgspec
 
-from keelway import cron, journal, names
+from keelway import cron, journal, limits, names
 from keelway.builds.errors import ManifestError
 from keelway.limits import (
     MAX_NOFILE,
     MIN_NOFILE,
     MIN_PIDS,
+    BuildLimits,
     LimitError,
     Limits,
     parse_count,
@@ -78,9 +80,6 @@ MAX_CONCURRENCY = 100_000
 # says `bake` (a bake holds every cohort boundary of every release that long).
 DEFAULT_ROLLOUT_BAKE_S = 0.0
 
-_DURATION_RE = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h))+")
-_DURATION_PART_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
-_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _PERCENT_RE = re.compile(r"(\d+(?:\.\d+)?)%")
 
 
@@ -196,6 +195,9 @@ class Manifest:
     # releases kept per app, their builds pinned (gc: keelway/store/builds.py)
     releases_keep: int = DEFAULT_KEEP_RELEASES
     rollout: RolloutSpec = RolloutSpec()
+    # What its builds may use ([build] memory, timeout, disk); each one unset is the
+    # box's, which is also each one's ceiling (keelway/limits.py).
+    build_limits: BuildLimits = field(default_factory=BuildLimits)
     # Requests in flight to one instance at once through the router ([http]
     # max_concurrency; keelway/router/concurrency.py); None: the router's default.
     http_max_concurrency: int | None = None
@@ -206,6 +208,9 @@ class Manifest:
 # keelway.toml as written by the user; turned into ServiceSpecs by `_apply`.
 class _BuildTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     command: str | None = None
+    memory: str | int | None = None
+    timeout: str | float | None = None
+    disk: str | int | None = None
 
 
 class _ServiceTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -256,6 +261,7 @@ class _ConfigFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 @dataclass(frozen=True, slots=True)
 class _Config:
     build_command: str | None = None
+    build_limits: BuildLimits = field(default_factory=BuildLimits)
     services: dict[str, _ServiceTable] = field(default_factory=dict)
     data: _DataTable | None = None
     releases_keep: int | None = None
@@ -346,6 +352,7 @@ def _parse_config(data: bytes) -> _Config:
     except msgspec.DecodeError as exc:
         raise ManifestError(f"{CONFIG_FILE}: not valid TOML: {exc}") from exc
     return _Config(build_command=top.build.command if top.build else None,
+                   build_limits=_build_limits(top.build),
                    services=_named_tables(top.services, _ServiceTable, "services"),
                    data=top.data, releases_keep=top.releases.keep if top.releases else None,
                    rollout=top.rollout, http=top.http,
@@ -377,22 +384,12 @@ def _where(message: str, *, tables: bool = False) -> str:
 
 
 def parse_duration_s(value: str | float, *, where: str) -> float:
-    """`"500ms"`, `"10s"`, `"15m"`, `"1h"`, `"1m30s"`, or a number of seconds -> seconds."""
-    if isinstance(value, str):
-        text = value.strip()
-        if not _DURATION_RE.fullmatch(text):
-            raise ManifestError(
-                f"{where}: {value!r} is not a duration; write a number of seconds or a "
-                'string like "500ms", "10s", "15m", "1h"'
-            )
-        seconds = sum(
-            float(number) * _UNIT_S[unit] for number, unit in _DURATION_PART_RE.findall(text)
-        )
-    else:
-        seconds = float(value)
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ManifestError(f"{where}: {value!r} must be a finite, non-negative duration")
-    return seconds
+    """`"500ms"`, `"10s"`, `"15m"`, `"1h"`, `"1m30s"`, or a number of seconds -> seconds
+    (the grammar is keelway/limits.py's, which `keelway up`'s flags share)."""
+    try:
+        return limits.parse_duration_s(value, where)
+    except LimitError as exc:
+        raise ManifestError(str(exc)) from None
 
 
 def _apply(commands: dict[str, str], config: _Config) -> Manifest:
@@ -437,6 +434,7 @@ def _apply(commands: dict[str, str], config: _Config) -> Manifest:
         data=_data(config.data),
         releases_keep=_releases_keep(config.releases_keep),
         rollout=_rollout(config.rollout),
+        build_limits=config.build_limits,
         http_max_concurrency=_max_concurrency(config.http),
         jobs={name: _job(name, table) for name, table in config.jobs.items()},
     )
@@ -629,6 +627,23 @@ def _service(name: str, command: str, table: _ServiceTable | None) -> ServiceSpe
         idle_s=idle_s,
         limits=_limits(table, where),
     )
+
+
+def _build_limits(table: _BuildTable | None) -> BuildLimits:
+    """The app's own build limits; the box's fill the rest and bound these (stage.py)."""
+    if table is None:
+        return BuildLimits()
+    where = f"{CONFIG_FILE} [build]"
+    try:
+        return BuildLimits(
+            memory=(parse_memory(table.memory, f"{where} memory")
+                    if table.memory is not None else None),
+            timeout_s=(limits.parse_build_timeout(table.timeout, f"{where} timeout")
+                       if table.timeout is not None else None),
+            disk=(limits.parse_build_disk(table.disk, f"{where} disk")
+                  if table.disk is not None else None))
+    except LimitError as exc:
+        raise ManifestError(str(exc)) from None
 
 
 def _limits(table: _ServiceTable, where: str) -> Limits:

@@ -21,8 +21,9 @@ Invariants:
   defaults and the source's root `.keelwayignore`).
 - The manifest is validated before any build step runs and before anything is named.
 - A BuildError leaves nothing named and no temp behind.
-- No process started by a build outlives it: each step runs in its own process group,
-  which is killed once the step's main process exits or its time runs out.
+- No process started by a build outlives it: each step runs in its own process group
+  (and cgroup, where the box has them), which is killed once the step's main process
+  exits or it passes one of the build's limits (time, disk, memory).
 
 Known limit: a build is built at its temp path and then renamed, so any absolute path a
 build step bakes in points at the temp path. keelway rewrites the venv's own scripts
@@ -37,6 +38,7 @@ import re
 import subprocess
 import tarfile
 import tempfile
+import time
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -44,11 +46,11 @@ from typing import IO, assert_never
 
 from keelway import identity, names
 from keelway.builds import deps
-from keelway.builds.build_step import BUILD_TIMEOUT_S, Progress, build_env
+from keelway.builds.build_step import Confine, Progress, StepLimits, build_env
 from keelway.builds.cache import DepsCache
-from keelway.builds.errors import BuildError, SourceError, StagingError
+from keelway.builds.errors import BuildError, ManifestError, SourceError, StagingError
 from keelway.builds.extract import safe_extract_tar
-from keelway.builds.manifest import Manifest, load_manifest
+from keelway.builds.manifest import CONFIG_FILE, Manifest, load_manifest
 from keelway.builds.tree import (
     BUILD_LOG,
     content_digest,
@@ -59,10 +61,13 @@ from keelway.builds.tree import (
 )
 from keelway.durable import TEMP_PREFIX, fsync_dir
 from keelway.identity import Identity
+from keelway.limits import BUILD_TIMEOUT_S, BuildLimits, box_build_limits
 
 DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 VENV_DIR = deps.VENV_DIR
 REQUIREMENTS = deps.REQUIREMENTS
+# The box's build limits where a caller gives none (tests, tools): the built-in ones.
+BOX_BUILD_LIMITS = box_build_limits()
 _GIT_ENV_DROPPED = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY")
 
 
@@ -86,13 +91,15 @@ class StagedBuild:
 @dataclass(frozen=True, slots=True)
 class _Job:
     """How one staging builds, the same at every stage of it: for which app, saying
-    what it does to `progress`, within `timeout_s`, as `builder`, with `cache`."""
+    what it does to `progress`, within the box's `limits` (each step in a cgroup from
+    `confine`, where there is one), as `builder`, with `cache`."""
 
     app: str
     progress: Progress
-    timeout_s: float
+    limits: BuildLimits
     builder: Identity | None
     cache: DepsCache | None
+    confine: Confine | None
 
 
 def _no_progress(_message: str) -> None:
@@ -107,9 +114,10 @@ def stage(
     ref: str | None = None,
     git: bool = False,
     progress: Progress = _no_progress,
-    build_timeout_s: float = BUILD_TIMEOUT_S,
+    limits: BuildLimits = BOX_BUILD_LIMITS,
     builder: Identity | None = None,
     cache: DepsCache | None = None,
+    confine: Confine | None = None,
 ) -> StagedBuild:
     """Stage `source` as a build of `app` and return it, built and sealed. With a
     `builder` (keelway/identity.py) the build steps run as it, in a tree it owns until
@@ -117,6 +125,10 @@ def stage(
 
     With a `cache` (keelway/builds/cache.py), dependencies whose key matches an entry
     are linked from it, and those installed here are kept in it.
+    The build runs under the app's `[build]` limits over the box's `limits`, which are
+    their ceiling (a manifest asking for more is refused with a ManifestError before
+    anything runs); each step's memory is enforced by a cgroup from `confine` (none:
+    not enforced), its time and disk here (keelway/builds/build_step.py).
     `git=True` or a `ref` exports that commit (default HEAD) of the repository at
     `source`; otherwise a directory is copied and a file must be a tar archive.
     Raises a BuildError subclass (ManifestError, SourceError, UnsafeArchiveError,
@@ -134,8 +146,8 @@ def stage(
     except OSError as exc:
         raise StagingError(f"stage {app} from {source}: {exc}") from exc
     try:
-        return _stage_into(tmp, source, kind, ref, _Job(app, progress, build_timeout_s,
-                                                        builder, cache))
+        return _stage_into(tmp, source, kind, ref, _Job(app, progress, limits, builder,
+                                                        cache, confine))
     except BuildError:
         remove_tree(tmp)
         raise
@@ -221,11 +233,12 @@ def _stage_into(tmp: Path, source: Path, kind: SourceKind, ref: str | None,
         return StagedBuild(app=app, digest=digest, path=final, manifest=manifest, reused=True,
                            commit=commit)
 
+    limits = _limits_of(manifest, job.limits)
     progress(f"building {digest[:12]}")
     if builder is not None:
         identity.open_app_builds(app_dir, builder.gid)
         identity.own_tree(tmp, builder)  # its steps write there, and nowhere else
-    _build(tmp, final, manifest, digest, job)
+    _build(tmp, final, manifest, digest, job, limits)
     progress("sealing the build")
     seal(tmp)
     if builder is not None:
@@ -299,9 +312,24 @@ def _stderr(result: subprocess.CompletedProcess[bytes]) -> str:
     return result.stderr.decode(errors="replace").strip() or f"exit code {result.returncode}"
 
 
-def _build(tmp: Path, final: Path, manifest: Manifest, digest: str, job: _Job) -> None:
-    """Run the build steps in `tmp`: the dependencies keelway/builds/deps.py detects
-    (from the cache when their key matches), then the [build] command."""
+def _limits_of(manifest: Manifest, box: BuildLimits) -> BuildLimits:
+    """The app's build limits over the box's; ManifestError when it asks for more than
+    the box allows: the operator's limit is a ceiling, as a platform's is."""
+    above = manifest.build_limits.above(box)
+    if above:
+        raise ManifestError(
+            f"{CONFIG_FILE} [build]: {'; '.join(above)}; ask for at most that, or ask the "
+            "operator to raise it (keelway up --build-memory, --build-timeout, "
+            "--build-disk)")
+    return manifest.build_limits.over(box)
+
+
+def _build(tmp: Path, final: Path, manifest: Manifest, digest: str, job: _Job,
+           limits: BuildLimits) -> None:
+    """Run the build steps in `tmp` under `limits`: the dependencies
+    keelway/builds/deps.py detects (from the cache when their key matches), then the
+    [build] command. The time limit starts here, with the first step."""
+    started = time.monotonic()
     app, progress, builder = job.app, job.progress, job.builder
     python = deps.check(tmp, tenants_reach=builder is not None, progress=progress)
     venv = tmp / deps.VENV_DIR
@@ -316,8 +344,12 @@ def _build(tmp: Path, final: Path, manifest: Manifest, digest: str, job: _Job) -
     log_fd = os.open(tmp / BUILD_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         with os.fdopen(log_fd, "ab") as log:
+            timeout_s = limits.timeout_s if limits.timeout_s is not None else BUILD_TIMEOUT_S
+            step_limits = StepLimits(deadline=started + timeout_s, timeout_s=timeout_s,
+                                     memory=limits.memory, disk=limits.disk,
+                                     watched=(tmp, scratch), confine=job.confine)
             ctx = deps.Context(tree=tmp, env=env, log=log, progress=progress,
-                               timeout_s=job.timeout_s, builder=builder, cache=job.cache,
+                               limits=step_limits, builder=builder, cache=job.cache,
                                app=app, scratch=scratch)
             if python is not None:
                 deps.install_python(ctx, python)

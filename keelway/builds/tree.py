@@ -34,8 +34,8 @@ from keelway.builds.extract import DIR_MODE, file_mode
 from keelway.builds.ignore import BUILD_LOG, IGNORE_FILE, MAX_IGNORE_FILE_BYTES, IgnoreRules
 from keelway.durable import fsync_dir
 
-__all__ = ["BUILD_LOG", "content_digest", "copy_source_dir", "fsync_tree", "remove_tree",
-           "seal", "source_digest"]
+__all__ = ["BUILD_LOG", "content_digest", "copy_source_dir", "disk_usage", "fsync_tree",
+           "remove_tree", "seal", "source_digest"]
 
 _DIGEST_DOMAIN = b"keelway-tree-v1\0"
 _READ_CHUNK_BYTES = 1024 * 1024
@@ -241,3 +241,32 @@ def remove_tree(path: Path) -> None:
         mode = stat.S_IMODE(os.lstat(dirpath).st_mode)
         os.chmod(dirpath, mode | stat.S_IRWXU)
     shutil.rmtree(path)
+
+
+def disk_usage(roots: Iterable[Path]) -> int:
+    """The bytes of disk the trees at `roots` hold, as `du` counts them: allocated
+    blocks (a sparse file costs what it holds), each inode once (a file hard-linked from
+    the dependency cache, or twice into the tree, is one file), symlinks not followed.
+
+    Read while a build step writes the tree: an entry that goes away mid-walk is
+    skipped, so the figure is a lower bound of a moment, never an error."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    stack = [str(root) for root in roots]
+    while stack:
+        try:
+            entries = os.scandir(stack.pop())
+        except OSError:
+            continue  # removed mid-walk, or a directory the step made unreadable
+        with entries:
+            for entry in entries:
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if (info.st_dev, info.st_ino) not in seen:
+                    seen.add((info.st_dev, info.st_ino))
+                    total += info.st_blocks * 512
+                if stat.S_ISDIR(info.st_mode):
+                    stack.append(entry.path)
+    return total

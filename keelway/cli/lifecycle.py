@@ -15,7 +15,7 @@ from keelway.cli.client import ApiError, ApiLost, ApiUnavailable
 from keelway.cli.output import EXIT_ALREADY_RUNNING, emit_json, fail, fail_json
 from keelway.durable import DISK_FULL_HINT
 from keelway.home import Home
-from keelway.limits import LimitError, box_limits
+from keelway.limits import LimitError, box_build_limits, box_limits
 
 _DAEMON_DISK_FULL = 5  # keelway.api.daemon.EXIT_DISK_FULL, which the CLI does not import
 
@@ -49,18 +49,30 @@ _DAEMON_DISK_FULL = 5  # keelway.api.daemon.EXIT_DISK_FULL, which the CLI does n
               help="Processes per process tree (default: 512).")
 @click.option("--default-nofile", default=None, metavar="N",
               help="Open files per process (default: 4096).")
+@click.option("--build-memory", default=None, metavar="SIZE",
+              help="Memory per build step, the most an app's [build] may ask for "
+                   "(default: 2G, or half the apps' memory on a smaller box).")
+@click.option("--build-timeout", default=None, metavar="DURATION",
+              help="Time per build, the most an app's [build] may ask for (default: 30m).")
+@click.option("--build-disk", default=None, metavar="SIZE",
+              help="Disk a build's tree may grow to, the most an app's [build] may ask "
+                   "for (default: 4G).")
 @api_command
 def up(demo: bool, detach: bool, http_addr: str | None, router_workers: int | None,
        trusted: tuple[str, ...], hold_timeout: float | None, objects: str | None,
        max_concurrency: int | None, jobs_at_once: int | None, default_memory: str | None,
        default_cpu: str | None, default_pids: str | None, default_nofile: str | None,
+       build_memory: str | None, build_timeout: str | None, build_disk: str | None,
        as_json: bool) -> None:
     """Start the control plane and the router (state in $KEELWAY_HOME)."""
     home = Home.from_env()
     given = {"memory": default_memory, "cpu": default_cpu, "pids": default_pids,
              "nofile": default_nofile}
+    build = {"memory": build_memory, "timeout": build_timeout, "disk": build_disk}
     try:
-        box_limits(**given)  # refused here, before anything starts, with why
+        # refused here, before anything starts, with why
+        box_limits(**given)
+        box_build_limits(build_memory, build_timeout, build_disk)
     except LimitError as exc:
         raise click.UsageError(str(exc)) from None
     daemon_argv = [sys.executable, "-m", "keelway.api.daemon"]
@@ -77,6 +89,8 @@ def up(demo: bool, detach: bool, http_addr: str | None, router_workers: int | No
     if jobs_at_once is not None:
         daemon_argv += ["--jobs-at-once", str(jobs_at_once)]
     daemon_argv += [f"--default-{name}={value}" for name, value in given.items()
+                    if value is not None]
+    daemon_argv += [f"--build-{name}={value}" for name, value in build.items()
                     if value is not None]
     if not detach:
         # The foreground control plane replaces this process: Ctrl-C reaches it directly.

@@ -12,6 +12,10 @@
 - the OOM score: every tenant process at TENANT_OOM_SCORE, the control plane and the
   router (which inherit the control plane's) at KEELWAY_OOM_SCORE, so the kernel, out of
   memory, kills an app and never keelway.
+- a build's memory: by each build step's cgroup (runtime.tree's BuildCell) where there
+  is a memory controller, else not at all (no RLIMIT_AS, for the reason above: Go and
+  Node reserve far more address space than they use); its time and its disk by the
+  build step's guard (keelway/builds/build_step.py), on every box.
 """
 
 from __future__ import annotations
@@ -19,11 +23,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from keelway.limits import KEELWAY_OOM_SCORE, TENANT_OOM_SCORE, Limits
+from keelway.limits import KEELWAY_OOM_SCORE, TENANT_OOM_SCORE, BuildLimits, Limits
 from keelway.runtime.process import Bounds
 
-__all__ = ["KEELWAY_OOM_SCORE", "TENANT_OOM_SCORE", "in_force", "protect_keelway",
-           "tenant_bounds"]
+__all__ = ["KEELWAY_OOM_SCORE", "TENANT_OOM_SCORE", "build_in_force", "in_force",
+           "protect_keelway", "tenant_bounds"]
 
 
 def tenant_bounds(limits: Limits, enforced: Mapping[str, str], own_uids: bool) -> Bounds:
@@ -44,6 +48,19 @@ def in_force(limits: Limits, enforced: Mapping[str, str],
         "pids": enforced.get("pids") or ("rlimit NPROC (per instance uid)" if own_uids
                                          else None),
         "nofile": "rlimit NOFILE",
+    }
+    return {name: {"value": said[name], "enforced_by": how[name]} for name in said}
+
+
+def build_in_force(limits: BuildLimits,
+                   enforced: Mapping[str, str]) -> dict[str, dict[str, str | None]]:
+    """Each build limit, its value and how this box enforces it (None: it cannot)."""
+    said = limits.describe()
+    how: dict[str, str | None] = {
+        "memory": (f"{enforced['memory']}, a cgroup per build step" if "memory" in enforced
+                   else None),
+        "timeout": "keelway, which kills the build step",
+        "disk": "keelway, which measures the build's tree while it runs",
     }
     return {name: {"value": said[name], "enforced_by": how[name]} for name in said}
 

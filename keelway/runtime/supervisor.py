@@ -29,7 +29,7 @@ from pathlib import Path
 from keelway import failpoints
 from keelway.clock import Clock
 from keelway.home import Home
-from keelway.limits import BUILT_IN, Limits
+from keelway.limits import BUILT_IN, BuildLimits, Limits, box_build_limits
 from keelway.runtime import process, tree
 from keelway.runtime.health import Answered, NotListening, Probe, describe, listening_on, probe_http
 from keelway.runtime.identities import Identities
@@ -117,11 +117,14 @@ class Supervisor:
     def __init__(self, store: Store, home: Home, clock: Clock, on_exit: ExitCallback,
                  trees: ProcessTrees | None = None,
                  refuses_to_die: RefusesToDie = every_process_dies,
-                 limits: Limits = BUILT_IN) -> None:
+                 limits: Limits = BUILT_IN, build_limits: BuildLimits | None = None) -> None:
         """`limits`: the box's defaults for every tenant's process tree, each one a
-        service does not set itself (keelway/limits.py)."""
+        service does not set itself; `build_limits`: the box's for every build, each
+        one's default and ceiling (keelway/limits.py)."""
         self.store = store
         self.limits = limits.over(BUILT_IN)
+        self.build_limits = (build_limits or BuildLimits()).over(
+            box_build_limits(apps_budget=tree.apps_budget()))
         self.refuses_to_die = refuses_to_die
         self.home = home
         self.identities = Identities(store, home)
@@ -130,7 +133,15 @@ class Supervisor:
         self.trees = trees or ProcessTrees.choose(home.root)
         log.info("process trees: %s", self.trees.describe())
         self._handles: dict[int, _Handle] = {}
+        # Builds left by a control plane that died mid-build, before any build can run.
+        if swept := self.trees.sweep_build_cells():
+            log.info("removed %d build cgroups left by a crash", len(swept))
         self._forking = asyncio.Semaphore(FORKS_AT_ONCE)
+
+    def build_cells(self) -> Callable[[int], tree.BuildCell] | None:
+        """What puts each build step in a cgroup of its own with a memory limit
+        (keelway/builds/build_step.py's Confine); None where there are no cgroups."""
+        return self.trees.build_cell if self.trees.uses_cgroups else None
 
     # -- spawn -----------------------------------------------------------------------
 

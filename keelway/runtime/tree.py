@@ -32,6 +32,10 @@ Rules kept here:
   otherwise); one left by a crash is found by `scan` and removed by the sweep.
 `KEELWAY_PROCESS_TREE=proc-scan|cgroup-v1|cgroup-v2` forces a mechanism (tests use it
 to run the fallback on a box that has cgroups).
+
+Build steps get cgroups here too (`BuildCell`, `b<token>` beside the generations'
+`g<id>`, under the same home so the apps' memory budget bounds them): the one module
+that makes and reads keelway's cgroups.
 """
 
 from __future__ import annotations
@@ -42,14 +46,16 @@ import enum
 import hashlib
 import logging
 import os
+import secrets
 import signal
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from keelway import failpoints
 from keelway.clock import Clock
-from keelway.limits import Limits, format_size
+from keelway.limits import BUILD_PIDS, Limits, format_size
 from keelway.runtime.process import ProcStat, Reapable, is_alive, read_stat, session_members
 
 log = logging.getLogger("keelway.tree")
@@ -64,6 +70,9 @@ _KILL_BOUND_S = 5.0
 # How long a tree whose members are all dead may wait for init to reap them before its
 # cgroup can go: init reaps orphans every few seconds on some boxes (a VM's minimal init).
 _REAP_BOUND_S = 15.0
+# A build step's cgroup is `b<token>`, beside the generations' `g<id>` (which `scan`
+# and the reconciler read): never taken for a generation's.
+BUILD_PREFIX = "b"
 
 
 class Mechanism(enum.Enum):
@@ -163,7 +172,12 @@ class ProcessTrees:
 
     def _dirs(self, gen_id: int) -> list[Path]:
         """The generation's cgroups in the hierarchies new generations join."""
-        return [home / f"g{gen_id}" for home in self.homes]
+        return self._named(f"g{gen_id}")
+
+    def _named(self, name: str) -> list[Path]:
+        """The cgroup `name` of the home (a generation's `g<id>`, a build step's
+        `b<token>`) in the hierarchies new ones join."""
+        return [home / name for home in self.homes]
 
     def _all_dirs(self, gen_id: int) -> list[Path]:
         """... and in the ones an earlier control plane used: where to look and clean."""
@@ -172,20 +186,27 @@ class ProcessTrees:
     def create(self, gen_id: int, limits: Limits | None = None) -> None:
         """Make the generation's cgroups (before its spawn), with `limits` written where
         a controller enforces them (`enforces`). Idempotent."""
-        for path in self._dirs(gen_id):
+        self._create(f"g{gen_id}", limits)
+
+    def _create(self, cgroup: str, limits: Limits | None,
+                extra: Callable[[str], list[tuple[str, str]]] | None = None) -> None:
+        """Make the home's cgroup `cgroup` in every hierarchy it joins, with `limits`
+        (and `extra`'s files, by controller) where a controller enforces them."""
+        for path in self._named(cgroup):
             path.mkdir(parents=True, exist_ok=True)
         if limits is None:
             return
         for home in self.homes:
-            for name, value in _limit_files(_controller(home), limits):
-                path = home / f"g{gen_id}" / name
+            controller = _controller(home)
+            files = _limit_files(controller, limits) + (extra(controller) if extra else [])
+            for name, value in files:
+                path = home / cgroup / name
                 if not path.exists():
                     continue  # a controller this cgroup does not have: `enforces` says so
                 try:
                     _write(path, value)
                 except OSError as exc:
-                    log.warning("cannot set %s of generation %s to %s: %s", name, gen_id,
-                                value, exc)
+                    log.warning("cannot set %s of %s to %s: %s", name, cgroup, value, exc)
 
     def set_apps_budget(self, budget: int | None) -> None:
         """Bound every generation of the home together: the home's own cgroup's memory
@@ -233,8 +254,12 @@ class ProcessTrees:
         """Why the kernel ended the generation's tree, if it did: its memory limit (an
         OOM kill in its cgroup) or its process limit (a fork refused). Read before the
         cgroup is removed."""
+        return self._cause(f"g{gen_id}")
+
+    def _cause(self, cgroup: str) -> str | None:
+        """`exit_cause` of the home's cgroup `cgroup`."""
         for home in self.homes:
-            path = home / f"g{gen_id}"
+            path = home / cgroup
             controller = _controller(home)
             if controller in ("memory", "unified"):
                 events = _read(path / ("memory.oom_control" if controller == "memory"
@@ -245,7 +270,7 @@ class ProcessTrees:
                     at = f" at its {format_size(int(limit))} limit" if limit.isdigit() else ""
                     return f"killed: out of memory{at}"
         for home in self.homes:
-            path = home / f"g{gen_id}"
+            path = home / cgroup
             if _controller(home) in ("pids", "unified") and _counter(
                     _read(path / "pids.events"), "max") > 0:
                 most = _read(path / "pids.max").strip()
@@ -296,6 +321,26 @@ class ProcessTrees:
         for home in self.homes + self.legacy:
             with contextlib.suppress(OSError):
                 home.rmdir()
+
+    def build_cell(self, memory: int) -> BuildCell:
+        """A new cgroup for one build step, `memory` bytes and BUILD_PIDS processes at
+        most, weighted for the CPU as a nice-10 process is (see `BuildCell`)."""
+        cell = BuildCell(self, f"{BUILD_PREFIX}{secrets.token_hex(6)}")
+        self._create(cell.name, Limits(memory=memory, pids=BUILD_PIDS), _build_weight)
+        return cell
+
+    def sweep_build_cells(self) -> list[str]:
+        """Kill and remove every build step's cgroup of the home: at boot, before any
+        build can run, a cgroup left by a control plane that died mid-build (its step,
+        whose output pipe died with it, may still run); returns their names."""
+        names: set[str] = set()
+        for home in self.homes + self.legacy:
+            with contextlib.suppress(FileNotFoundError):
+                names.update(e.name for e in os.scandir(home)
+                             if e.is_dir() and e.name.startswith(BUILD_PREFIX))
+        for name in sorted(names):
+            BuildCell(self, name).close()
+        return sorted(names)
 
     # -- membership ----------------------------------------------------------------------
 
@@ -416,6 +461,80 @@ class ProcessTrees:
             _signal(running, signal.SIGSTOP)
         _signal(victims, signal.SIGKILL)
         return victims
+
+
+class BuildCell:
+    """The cgroup of one build step (keelway/builds/build_step.py's StepCell): under the
+    home's, beside the generations', so the apps' memory budget bounds every build too,
+    and its own memory and process limits bound each step.
+
+    The step's process joins it before it runs anything of the build (`enter`: the
+    step waits at a gate until then), so every process of the step is a member, a
+    descendant that calls setsid() included; `close` kills what is left and removes it.
+    It weighs for the CPU as a nice-10 process does (cpu.shares 110 on v1's cpu
+    hierarchy, cpu.weight.nice 10 on v2): the kernel shares CPU between cgroups by
+    weight first, so a nice value inside a cgroup of its own would lower nothing
+    against the apps' cgroups. A crash leaves it to `sweep_build_cells`.
+
+    Its methods block (a build step runs in a thread of its own, never on the loop)."""
+
+    def __init__(self, trees: ProcessTrees, name: str) -> None:
+        self._trees = trees
+        self.name = name
+
+    def enter(self, pid: int) -> None:
+        """Move `pid` (the step, waiting at its gate) into the cgroup in every hierarchy;
+        OSError when it cannot be (the step must then not run)."""
+        for path in self._trees._named(self.name):
+            _write(path / "cgroup.procs", str(pid))
+
+    def cause(self) -> str | None:
+        """Why the kernel ended (part of) the step, if it did: "killed: out of memory at
+        its 2G limit", "hit its limit of 1024 processes". Read before `close`."""
+        return self._trees._cause(self.name)
+
+    def _dirs(self) -> list[Path]:
+        return [home / self.name for home in self._trees.homes + self._trees.legacy
+                if (home / self.name).is_dir()]
+
+    def kill(self) -> None:
+        """SIGKILL every member now (a descendant that left the step's process group,
+        holding its output pipe, say). Members only: each pid was just read from the
+        cgroup, which nothing but the step's own processes can join."""
+        members: set[int] = set()
+        for path in self._dirs():
+            with contextlib.suppress(OSError):
+                members.update(int(p) for p in (path / "cgroup.procs").read_text().split())
+        _signal(_live(members), signal.SIGKILL)
+
+    def close(self) -> bool:
+        """Kill every member left and remove the cgroup; False if it could not be
+        removed within the bound (logged: an empty leftover the next boot's sweep
+        removes)."""
+        dirs = self._dirs()
+        deadline = time.monotonic() + _REAP_BOUND_S
+        while True:
+            self.kill()
+            gone = True
+            for path in dirs:
+                try:
+                    path.rmdir()
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    gone = False
+            if gone:
+                return True
+            if time.monotonic() >= deadline:
+                log.warning("cannot remove build cgroup %s: members left", self.name)
+                return False
+            time.sleep(0.02)
+
+
+def _build_weight(controller: str) -> list[tuple[str, str]]:
+    """The files that make a build's cgroup weigh as a nice-10 process (`BuildCell`)."""
+    return {"cpu": [("cpu.shares", "110")],
+            "unified": [("cpu.weight.nice", "10")]}.get(controller, [])
 
 
 async def stop(trees: ProcessTrees, gen_id: int, leader: Leader | None, *, grace_s: float,

@@ -15,6 +15,7 @@ import pytest
 
 from keelway.builds import deps
 from keelway.builds import gc as builds_gc
+from keelway.builds.build_step import StepLimits
 from keelway.builds.cache import ENTRY_META, CacheUnusable, DepsCache
 from keelway.builds.stage import stage
 from keelway.durable import TEMP_PREFIX, temp_path
@@ -59,7 +60,8 @@ def test_a_code_only_change_links_the_cached_venv_and_runs_no_install(
 def test_the_key_changes_with_the_app_the_group_and_the_inputs(tmp_path: Path) -> None:
     def key(app: str = "demo", gid: int | None = None, inputs: str = "a") -> str:
         ctx = deps.Context(tree=tmp_path, env={}, log=io.BytesIO(), progress=print,
-                           timeout_s=1, builder=None if gid is None else Identity(1, gid),
+                           limits=StepLimits(deadline=0, timeout_s=1),
+                           builder=None if gid is None else Identity(1, gid),
                            cache=None, app=app, scratch=tmp_path)
         return ctx.key("pip-requirements", inputs=inputs, python="cpython-3.11.7")
 

@@ -14,7 +14,7 @@ import pytest
 
 from keelway.builds.errors import BuildCommandError, ManifestError, SourceError
 from keelway.builds.stage import stage, sweep
-from keelway.limits import TENANT_OOM_SCORE
+from keelway.limits import TENANT_OOM_SCORE, BuildLimits
 
 MakeApp = Callable[..., Path]
 Git = Callable[..., str]
@@ -173,8 +173,8 @@ def test_a_build_command_past_its_time_is_killed_with_its_children(
 ) -> None:
     app = make_app(toml='[build]\ncommand = "echo waiting; sleep 30 & sleep 30"\n')
     started = time.monotonic()
-    with pytest.raises(BuildCommandError, match=r"did not finish within 0\.5 s"):
-        stage(app, builds_dir=builds_dir, app="demo", build_timeout_s=0.5)
+    with pytest.raises(BuildCommandError, match=r"took longer than its 0\.5s limit"):
+        stage(app, builds_dir=builds_dir, app="demo", limits=BuildLimits(timeout_s=0.5))
     assert time.monotonic() - started < 10
     assert named(builds_dir) == []
 
