@@ -256,15 +256,17 @@ class _JobRun:
         name, cause = self.due.spec.name, latest.exit_cause
         if self.replaced_by is not None:
             return Failed(f"{name} was stopped: replaced by the run {self.replaced_by}")
-        if returncode is None and latest.exit_code is None:
+        if returncode is None:
+            # Still running at its deadline (then stopped): the one way our own child's
+            # exit goes unread.
             timeout = self.due.spec.timeout_s
             return Failed(f"{name} ran past its timeout of {timeout:g}s and was stopped"
                           if timeout is not None else f"{name} was stopped")
-        code = latest.exit_code if returncode is None else returncode
+        code = returncode
         if cause:
             return Failed(f"{name} killed: {cause}")
         if code != 0:
-            said = f"signal {-code}" if code is not None and code < 0 else f"code {code}"
+            said = f"signal {-code}" if code < 0 else f"code {code}"
             return Failed(f"{name} exited with {said}")
         return Done("exit code 0")
 
@@ -457,11 +459,16 @@ class Jobs:
                 digest[gen.instance] = (gen.app, gen.build_digest)
         wanted: dict[tuple[str, str], tuple[str, JobSpec, float]] = {}
         chosen: set[tuple[str, str]] = set()
+        # Instances added parked run what their first wake will: the release pending.
+        releases: dict[tuple[str, int], str | None] = {}
         for inst in sorted(store.instances.list_instances(), key=lambda i: (i.app, i.host)):
             if inst.host not in digest and inst.pending_release is not None:
-                pending = store.builds.get_release(inst.app, inst.pending_release)
-                if pending is not None:
-                    digest[inst.host] = (inst.app, pending.build_digest)
+                number = (inst.app, inst.pending_release)
+                if number not in releases:
+                    pending = store.builds.get_release(*number)
+                    releases[number] = pending.build_digest if pending is not None else None
+                if (found := releases[number]) is not None:
+                    digest[inst.host] = (inst.app, found)
             if inst.host not in digest:
                 continue
             for spec in self._jobs_of(*digest[inst.host]).values():

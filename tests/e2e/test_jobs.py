@@ -59,6 +59,16 @@ command = "python3 job.py slow 4"
 [jobs.fail]
 schedule = "0 0 1 1 *"
 command = "python3 job.py fail"
+
+[jobs.hang]
+schedule = "0 0 1 1 *"
+command = "python3 job.py slow 60"
+timeout = "1s"
+
+[jobs.wakeful]
+schedule = "0 0 1 1 *"
+command = "python3 job.py slow 0"
+wake = true
 '''
 
 
@@ -130,7 +140,7 @@ def test_bad_requests_are_refused_and_change_nothing(deployed: Keelway) -> None:
     before = len(_runs(kw))
     unknown = kw.run("jobs", "run", "cron", "weekly")
     assert unknown.code != 0 and "cron has no job 'weekly'" in unknown.err
-    assert "its jobs: fail, slow, tick" in unknown.err
+    assert "its jobs: fail, hang, slow, tick, wakeful" in unknown.err
     for args in (("jobs", "nope"), ("jobs", "run", "nope", "tick"),
                  ("jobs", "run", "cron", "tick", "--instance", "z.test"),
                  ("jobs", "run", "cron", "tick", "--instance", "Bad Host")):
@@ -164,6 +174,26 @@ def test_a_job_runs_at_its_minute_in_every_instance_a_parked_one_without_waking(
     ticks = [r for r in _runs(kw) if r["job"] == "tick"]
     keys = [(r["instance"], r["scheduled"]) for r in ticks]
     assert len(keys) == len(set(keys))  # each instance ran each time once
+
+
+def test_a_run_past_its_timeout_is_stopped_and_said(deployed: Keelway) -> None:
+    kw = deployed
+    began = time.monotonic()
+    kw.ok("jobs", "run", "cron", "hang", "--instance", "a.test")
+    (run,) = _ended(kw, "hang", "a.test")
+    assert run["state"] == "failed"
+    assert run["error"] == "hang ran past its timeout of 1s and was stopped"
+    assert time.monotonic() - began < 15
+
+
+def test_a_job_that_says_wake_wakes_its_parked_instance_first(deployed: Keelway) -> None:
+    """Last of the module's tests on its daemon: c.test is awake after it."""
+    kw = deployed
+    kw.ok("jobs", "run", "cron", "wakeful", "--instance", "c.test")
+    (run,) = _ended(kw, "wakeful", "c.test")
+    assert run["state"] == "succeeded"
+    (app,) = [a for a in kw.ok("status", "--json").json()["apps"] if a["name"] == "cron"]
+    assert {i["host"]: i["state"] for i in app["instances"]}["c.test"] == "running"
 
 
 def test_a_crash_as_a_scheduled_run_starts_never_runs_it_twice(
