@@ -60,6 +60,7 @@ from keelway.deploy.runs import Runs
 from keelway.deploy.seeding import Seeding
 from keelway.deploy.snapshots import Snapshots
 from keelway.home import Home
+from keelway.runtime.limits import in_force
 from keelway.runtime.logs import parse_log_name, read_from, tail_lines
 from keelway.runtime.router import RouterRestartFailed, RouterStartFailed
 from keelway.runtime.router_supervisor import RouterSupervisor
@@ -151,15 +152,21 @@ class Api:
             raise NotFoundError(f"no app named {app}", hint="see `keelway apps`")
         # Read apart from the loop that commits every journal write: a thousand
         # instances' status neither waits behind a rollout's writes nor holds them.
+        supervisor = self.deployer.supervisor
         extra: dict[str, object] = {
-            "isolation": isolation_view(self.deployer.supervisor.identities)}
+            "isolation": isolation_view(supervisor.identities),
+            # What each tenant tree runs under where its service sets nothing, and what
+            # enforces each limit here (None: this box cannot).
+            "limits": in_force(supervisor.limits, supervisor.trees.enforces(),
+                               supervisor.identities.in_force)}
         if self.router is not None:
             extra["router"] = router_view(self.router.health())
         # Read, and encoded, in a process of its own (Store.read_aside): a thousand
         # instances' status neither waits behind a rollout's work on this loop nor
         # holds it, and the encoding is not the loop's either.
         return encoded_response(await self.store.read_aside(
-            status_json, self.http_port, app, set(self.deployer.locks.live_ops), extra))
+            status_json, self.http_port, app, set(self.deployer.locks.live_ops), extra,
+            self.home.root))
 
     async def doctor(self, _request: web.Request) -> web.Response:
         return web.json_response({"checks": doctor_checks(self.deployer.supervisor)})

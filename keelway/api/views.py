@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -25,6 +26,7 @@ from keelway.runtime.identities import Identities
 from keelway.runtime.limits import build_in_force, in_force
 from keelway.runtime.router_supervisor import RouterHealth
 from keelway.runtime.supervisor import Supervisor
+from keelway.runtime.tree import ProcessTrees
 from keelway.store import Store
 from keelway.store.imports import ImportJournal
 from keelway.store.lifecycle import GenState, OpState
@@ -42,10 +44,15 @@ from keelway.store.records import (
 from keelway.store.rollouts import OPEN as OPEN_ROLLOUTS
 
 
-def generation_view(gen: Generation, presences: Mapping[int, Presence]) -> dict[str, Any]:
+def generation_view(gen: Generation, presences: Mapping[int, Presence],
+                    trees: ProcessTrees | None = None) -> dict[str, Any]:
+    """One generation as status shows it; with `trees`, a live one's use of memory and
+    CPU (None where the box cannot say)."""
     # A process proven gone has no pid (it may name another process by now) and holds
     # no port (its claim went with the proof): `presences` need hold only the live.
     seen = presences.get(gen.id) if gen.state is not GenState.GONE else None
+    used = (trees.usage(gen.id, seen.leader) if trees is not None and seen is not None
+            and seen.pid is not None else None)
     return {
         "id": gen.id, "service": gen.service, "state": gen.state.value,
         "pid": seen.pid if seen else None, "port": seen.port if seen else None,
@@ -53,6 +60,9 @@ def generation_view(gen: Generation, presences: Mapping[int, Presence]) -> dict[
         "started_at": gen.created_at, "exit_code": gen.exit_code,
         # Why the kernel ended it, when it did: "killed: out of memory at its 512M limit".
         "exit_cause": gen.exit_cause,
+        "memory_bytes": used.memory_bytes if used is not None else None,
+        "cpu_s": round(used.cpu_s, 2) if used is not None and used.cpu_s is not None
+        else None,
     }
 
 
@@ -203,14 +213,19 @@ def last_drills(store: Store, app: str) -> dict[str, dict[str, Any]]:
 
 
 def status_json(store: Store, http_port: int | None, app_filter: str | None,
-                live_ops: set[int], extra: dict[str, object]) -> bytes:
+                live_ops: set[int], extra: dict[str, object],
+                home_root: Path | None = None) -> bytes:
     """`status_view` with `extra` over it, encoded: what `status` answers, made where
-    it is read (Store.read_aside)."""
-    return msgspec.json.encode(status_view(store, http_port, app_filter, live_ops) | extra)
+    it is read (Store.read_aside), with each live process's use of memory and CPU read
+    there too (the home's trees as the box has them: `home_root`)."""
+    trees = ProcessTrees.found(home_root) if home_root is not None else None
+    return msgspec.json.encode(
+        status_view(store, http_port, app_filter, live_ops, trees) | extra)
 
 
 def status_view(store: Store, http_port: int | None, app_filter: str | None,
-                live_ops: set[int] | None = None) -> dict[str, Any]:
+                live_ops: set[int] | None = None,
+                trees: ProcessTrees | None = None) -> dict[str, Any]:
     apps = [a for a in store.apps.list_apps() if app_filter is None or a.name == app_filter]
     pinned = store.builds.pinned_builds()
     fleet = Fleet.read(store)
@@ -225,11 +240,11 @@ def status_view(store: Store, http_port: int | None, app_filter: str | None,
             active = fleet.active_of(inst.host)
             active_ids = set(view.active.values())
             latest = view.latest
-            services = [generation_view(gen, fleet.presences) | {"active": True}
+            services = [generation_view(gen, fleet.presences, trees) | {"active": True}
                         for _service, gen in sorted(active.items())]
             for gen in view.live:
                 if gen.id not in active_ids:
-                    item = generation_view(gen, fleet.presences) | {"active": False}
+                    item = generation_view(gen, fleet.presences, trees) | {"active": False}
                     services.append(item)
                     # A generation its live operation attends (a one-off run) is no
                     # leftover, though ACTIVE does not name it; nor is the replicator,

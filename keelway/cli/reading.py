@@ -28,6 +28,13 @@ def status(app: str | None, as_json: bool) -> None:
         _router_health(data["router"])
     if (isolation := data.get("isolation")) and not isolation["uid_per_instance"]:
         click.echo(f"tenants share a uid: {isolation['shared_because']}")
+    if limits := data.get("limits"):
+        # Only what this box cannot enforce: the rest is `keelway doctor`'s to detail.
+        loose = [name for name, said in limits.items() if said["enforced_by"] is None
+                 and said["value"]]
+        if loose:
+            click.echo(f"not enforced on this box: {', '.join(loose)} limits "
+                       "(`keelway doctor` says why)")
     if not data["apps"]:
         click.echo("no apps yet: deploy one with `keelway deploy NAME PATH`")
     for item in data["apps"]:
@@ -73,6 +80,7 @@ def status(app: str | None, as_json: bool) -> None:
                     f"{proc['id']}{'' if _named(proc) else ' (leftover)'}" if proc else "-",
                     (proc["pid"] or "-") if proc else "-", (proc["port"] or "-") if proc else "-",
                     proc["state"] if proc else "-",
+                    *_used(proc),
                 ))
         newest = item["release"]
         # The newest release, and whether anything runs it (one that failed runs nowhere).
@@ -80,7 +88,8 @@ def status(app: str | None, as_json: bool) -> None:
                                                 for i in item["instances"]):
             newest = f"newest {newest} runs nowhere"
         table(f"{item['name']} ({newest or 'no release'})",
-              ["instance", "state", "release", "service", "gen", "pid", "port", "process"],
+              ["instance", "state", "release", "service", "gen", "pid", "port", "process",
+               "mem", "cpu"],
               rows)
         rollout = item.get("rollout")
         if rollout:
@@ -93,6 +102,16 @@ def status(app: str | None, as_json: bool) -> None:
     for left in data["leftovers"]:
         click.echo(f"leftover: {left['instance']} {left['service']} generation {left['id']} "
                    f"(pid {left['pid']}); `keelway stop` and `keelway start` clear it")
+
+
+def _used(proc: dict[str, Any] | None) -> tuple[str, str]:
+    """A live process's memory and CPU time so far, as `status` shows them."""
+    if proc is None or proc.get("memory_bytes") is None:
+        return "-", "-"
+    cpu = proc.get("cpu_s")
+    size = proc["memory_bytes"] / 1024 / 1024
+    return (f"{size / 1024:.1f}G" if size >= 1024 else f"{size:.0f}M",
+            f"{cpu:.1f}s" if cpu is not None else "-")
 
 
 def _named(proc: dict[str, Any]) -> bool:

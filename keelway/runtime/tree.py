@@ -369,6 +369,37 @@ class ProcessTrees:
                 by_pid[stat.pid] = stat
         return list(by_pid.values())
 
+    def usage(self, gen_id: int, leader: Leader | None) -> Usage:
+        """What the generation's tree uses now (`status`): memory as its limit counts it
+        (the cgroup's, page cache included), else the resident memory of its processes;
+        CPU time from v2's cgroup, else what its processes and their reaped children
+        used. Without a cgroup, the leader's alone (finding the rest means a scan of
+        /proc per generation)."""
+        memory: int | None = None
+        cpu_s: float | None = None
+        for home in self.homes:
+            path = home / f"g{gen_id}"
+            match _controller(home):
+                case "memory":
+                    memory = _number(_read(path / "memory.usage_in_bytes"))
+                case "unified":
+                    memory = _number(_read(path / "memory.current"))
+                    stat = _read(path / "cpu.stat")
+                    if stat:
+                        cpu_s = _counter(stat, "usage_usec") / 1e6
+        members = self._cgroup_members(gen_id)
+        if members is None:
+            members = [m for m in (read_stat(leader[0]),) if m is not None] if (
+                leader is not None and is_alive(*leader)) else []
+        if memory is None or cpu_s is None:
+            rss, ticks = 0, 0
+            for member in members:
+                took = _proc_usage(member.pid)
+                rss, ticks = rss + took[0], ticks + took[1]
+            memory = rss if memory is None and members else memory
+            cpu_s = ticks / _TICKS_PER_S if cpu_s is None and members else cpu_s
+        return Usage(memory, cpu_s)
+
     def with_members(self, leaders: Mapping[int, Leader | None]) -> set[int]:
         """The generations of `leaders` (id: its leader, if recorded) whose tree has a
         live member, as `members` would find them, with /proc read once for all those
@@ -461,6 +492,35 @@ class ProcessTrees:
             _signal(running, signal.SIGSTOP)
         _signal(victims, signal.SIGKILL)
         return victims
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What one generation's tree uses (None: this box cannot say)."""
+
+    memory_bytes: int | None
+    cpu_s: float | None
+
+
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _proc_usage(pid: int) -> tuple[int, int]:
+    """(resident bytes, CPU ticks of it and its reaped children) of one process; zeros
+    for one gone meanwhile."""
+    try:
+        resident = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError, ValueError):
+        return 0, 0
+    # After the comm: state is field 3, so utime/stime/cutime/cstime (14-17) are 11-14.
+    return resident, sum(int(f) for f in fields[11:15])
+
+
+def _number(text: str) -> int | None:
+    text = text.strip()
+    return int(text) if text.isdigit() else None
 
 
 class BuildCell:

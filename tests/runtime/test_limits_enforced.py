@@ -145,3 +145,53 @@ def test_the_apps_of_a_home_are_bounded_together_leaving_the_box_its_reserve(
     if "memory" not in trees.enforces():
         pytest.skip(f"this box enforces no memory limit ({trees.describe()})")
     assert trees.apps_budget() == tree.apps_budget()
+
+
+# Holds 48 MB (every page touched) and burns a little CPU, then waits to be read.
+HOLDER = """
+import sys, time
+held = bytearray(48 << 20)
+for i in range(0, len(held), 4096):
+    held[i] = 1
+end = time.process_time() + 0.3
+while time.process_time() < end:
+    pass
+print("holding", flush=True)
+time.sleep(30)
+"""
+
+
+@pytest.mark.parametrize("by_cgroup", [True, False])
+def test_a_trees_memory_and_cpu_use_are_read_as_status_shows_them(
+        tmp_path: Path, by_cgroup: bool) -> None:
+    chosen = ProcessTrees.choose(tmp_path / "home")
+    if by_cgroup and not chosen.uses_cgroups:
+        pytest.skip("no writable cgroup on this box")
+    trees = chosen if by_cgroup else ProcessTrees(tmp_path / "home", tree.Mechanism.PROC_SCAN)
+
+    async def scenario() -> tree.Usage:
+        trees.create(GEN, None)
+        spawned = await process.spawn(
+            [sys.executable, "-S", "-c", HOLDER], cwd=tmp_path, env=dict(os.environ),
+            log_path=tmp_path / "out.log", join=trees.join_paths(GEN))
+        try:
+            deadline = time.monotonic() + 20
+            while "holding" not in (tmp_path / "out.log").read_text():
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            return trees.usage(GEN, (spawned.pid, spawned.start_ticks))
+        finally:
+            os.kill(spawned.pid, signal.SIGKILL)
+            await spawned.proc.wait()
+
+    try:
+        used = asyncio.run(scenario())
+    finally:
+        if by_cgroup:
+            time.sleep(0.1)
+            trees.remove(GEN)
+            trees.forget_home()
+    assert used.memory_bytes is not None and used.memory_bytes >= 40 << 20
+    assert used.cpu_s is not None and used.cpu_s >= 0.25
+    # Gone: nothing to say of it.
+    assert trees.usage(GEN, None) == tree.Usage(None, None)
