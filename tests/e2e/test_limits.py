@@ -1,10 +1,12 @@
 """A tenant's limits through the real CLI (issue #20): one tenant allocating without
 bound is killed at its own memory limit, said as such in `status` and `events`, and
 restarted with backoff, while another tenant's requests keep their latency and the
-router and control plane carry on; `doctor` says which limits the box enforces."""
+router and control plane carry on; a fork bomb stops at its process limit, said as
+such; `doctor` says which limits the box enforces."""
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import threading
 import time
@@ -27,6 +29,18 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == "/hog":
             chunks = [bytearray(8 << 20) for _ in range(50)]
+        if self.path == "/bomb":
+            # Forks up to 200 sleepers (each gone within 5 s), then the web exits as a
+            # crash: its tree's process limit is what it ran into.
+            for _ in range(200):
+                try:
+                    if os.fork() == 0:
+                        import time
+                        time.sleep(5)
+                        os._exit(0)
+                except OSError:
+                    break
+            os._exit(3)
         body = b"ok " + os.environ["KEELWAY_INSTANCE"].encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -93,6 +107,33 @@ def test_a_tenant_past_its_memory_limit_is_killed_alone_and_said_so(
     assert wait_until(lambda: kw.get("hog.test", "/")[0] == 200, 30)
     assert kw.ok("status", "--json").json()["router"]["state"] == "serving"
     assert kw.get("calm.test", "/")[0] == 200
+
+
+def test_a_fork_bomb_stops_at_its_process_limit_said_so_and_hurts_no_one_else(
+        kw: Keelway, tmp_path: Path) -> None:
+    kw.up()
+    checks = {c["check"]: c for c in kw.run("doctor", "--json").json()["checks"]}
+    if not checks["pids limit"]["ok"]:
+        pytest.skip(f"this box enforces no process limit: {checks['pids limit']['detail']}")
+    kw.ok("deploy", "bomb", str(_app(tmp_path, "bomb", "256M")), "--host", "bomb.test")
+    kw.ok("deploy", "calm", str(_app(tmp_path, "calm", "256M")), "--host", "calm.test")
+    with contextlib.suppress(OSError):
+        kw.get("bomb.test", "/bomb", timeout_s=20)  # the web exits before it answers
+
+    def said() -> bool:
+        apps = kw.ok("status", "--json").json()["apps"]
+        bomb = next(a for a in apps if a["name"] == "bomb")["instances"][0]
+        return any(p["exit_cause"] == "hit its limit of 64 processes"
+                   for p in bomb["processes"])
+
+    assert wait_until(said, 20)
+    events = kw.ok("events", "bomb", "--json").json()["events"]
+    assert any("hit its limit of 64 processes" in e["message"] for e in events)
+    # The other tenant, the router and the control plane carry on; the bomb's web is
+    # restarted after its backoff.
+    assert kw.get("calm.test", "/")[0] == 200
+    assert kw.ok("status", "--json").json()["router"]["state"] == "serving"
+    assert wait_until(lambda: kw.get("bomb.test", "/")[0] == 200, 30)
 
 
 def test_an_apps_http_max_concurrency_reaches_the_router_for_every_host_of_it(
