@@ -158,6 +158,9 @@ class Attempt:
                 self._say(f"stopping {spec.name} (hold mode)")
                 self.store.generations.add_inhibition(old.id, Inhibition.REPLACEMENT_PENDING,
                                                       self.op.id)
+                # The route holds new requests now; the ones that reached the old web
+                # before the withdraw are answered by it before it stops, not cut.
+                await self._drain(spec, old)
                 await self._stop(old, StepKind.STOP)
             case BeginHoldExec(evidence=evidence):
                 failpoints.hit("hold.stopped")
@@ -266,14 +269,17 @@ class Attempt:
     async def _retire(self, spec: ServiceSpec, old: Generation) -> None:
         """Drain and stop an old generation an overlap swap left running."""
         failpoints.hit("retire.before")
+        await self._drain(spec, old)
+        await self._stop(old, StepKind.RETIRE)
+
+    async def _drain(self, spec: ServiceSpec, old: Generation) -> None:
+        """Bounded drain of an old web the route no longer sends new requests to: the
+        ones in flight to its port finish before it is stopped."""
         if (old_port := self.store.local.presence(old.id).port) is not None:
-            # Bounded drain: the router already sends new requests to the candidate;
-            # the ones in flight to the old port finish before it is stopped.
             drained = await self.publisher.drained(old_port, DRAIN_BOUND_S)
             if not drained:
                 self._say(f"{spec.name}: requests still in flight after "
                           f"{DRAIN_BOUND_S:g}s; stopping it anyway")
-        await self._stop(old, StepKind.RETIRE)
 
     async def _stop(self, gen: Generation, kind: StepKind) -> None:
         async def stop() -> Done | Failed:

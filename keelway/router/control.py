@@ -218,8 +218,12 @@ class ControlServer:
                 except OSError as exc:
                     log.error("could not save route table v%d: %s", table.version, exc)
                     return Reply(ok=False, error=f"could not save the table: {exc.strerror}")
+            # The workers first: with workers, this process serves no client, and the
+            # table it answers `get` with must be one every worker routes by, so whoever
+            # reads a route's state here (a test, an operator) sees what requests meet.
+            reloaded = self.workers is None or await self.workers.reload()
             self.proxy.swap(table)
-            if self.workers is not None and not await self.workers.reload():
+            if not reloaded:
                 # Not acknowledged: the caller must not act as if every worker routes by
                 # it (a deploy would stop a process a worker still sends requests to).
                 log.error("route table v%d: a worker did not apply it", table.version)
