@@ -264,11 +264,12 @@ __all__ = [
 
 def take_listener(
     sock_path: SocketPath, timeout_s: float = DEFAULT_TIMEOUT_S
-) -> tuple[socket.socket, socket.socket]:
-    """Ask the running router for its listening socket.
+) -> tuple[socket.socket, socket.socket, socket.socket | None]:
+    """Ask the running router for its listening sockets.
 
-    Returns (listener, connection): keep the connection open and `retire_over` it once
-    serving, so the old router stops only after the new one accepts.
+    Returns (listener, connection, HTTPS listener or None): keep the connection open and
+    `retire_over` it once serving, so the old router stops only after the new one
+    accepts.
     """
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.settimeout(timeout_s)
@@ -297,12 +298,13 @@ def take_listener(
         for fd in fds:
             os.close(fd)
         raise
-    if len(fds) != 1:
+    if len(fds) not in (1, 2):
         conn.close()
         for fd in fds:
             os.close(fd)
         raise RouterUnreachable("the router's handoff carried no listening socket")
-    return socket.socket(fileno=fds[0]), conn
+    https = socket.socket(fileno=fds[1]) if len(fds) == 2 else None
+    return socket.socket(fileno=fds[0]), conn, https
 
 
 def retire_over(conn: socket.socket) -> None:

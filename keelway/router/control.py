@@ -69,6 +69,8 @@ class ControlServer:
     listener: socket.socket | None = None
     on_retire: Callable[[], None] | None = None
     workers: WorkerSet | None = None
+    # Handed off beside `listener`, second, when the router serves HTTPS.
+    https_listener: socket.socket | None = None
     incarnation: str = field(default_factory=lambda: uuid.uuid4().hex)
     started_at: float = field(default_factory=time.time)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)
@@ -177,16 +179,19 @@ class ControlServer:
                 assert_never(request)
 
     def _send_listener(self, writer: asyncio.StreamWriter, line: bytes) -> None:
-        """The reply line and the listening socket in one message, so the fd cannot be
-        separated from the bytes that announce it."""
+        """The reply line and the listening sockets (HTTP, then HTTPS if served) in one
+        message, so no fd can be separated from the bytes that announce it."""
         assert self.listener is not None
+        fds = [self.listener.fileno()]
+        if self.https_listener is not None:
+            fds.append(self.https_listener.fileno())
         conn_fd = writer.get_extra_info("socket").fileno()
         # The dup shares the transport's non-blocking file description, so its blocking
         # mode is left alone; a short line into an idle unix socket does not block.
         with socket.socket(fileno=os.dup(conn_fd)) as conn:
             for _ in range(100):
                 try:
-                    socket.send_fds(conn, [line], [self.listener.fileno()])
+                    socket.send_fds(conn, [line], fds)
                     return
                 except BlockingIOError:
                     time.sleep(0.01)

@@ -85,6 +85,7 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
         self.transport: asyncio.Transport = cast(asyncio.Transport, None)
         self._client_ip = b""
         self._trusted = False
+        self._https = False
         self.begin_request_head()
         self._unparsed_head_bytes = 0
         self._awaiting_head = True
@@ -125,6 +126,8 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self._client_ip = str(peer[0]).encode() if peer else b"unknown"
         self._trusted = bool(peer) and str(peer[0]) in self._options.trusted_proxies
+        # Came in on the HTTPS listener (router/tls.py): the app is told so.
+        self._https = transport.get_extra_info("sslcontext") is not None
         self._proxy.connections.add(self)
         # A new connection must begin its first request as promptly as a head must end.
         self._read_deadline = self._loop.time() + self._options.header_timeout_s
@@ -301,7 +304,7 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
             return None
         try:
             head, host, framing, has_connection = self.finish_request_head(
-                method, self._client_ip, upgrade, self._trusted
+                method, self._client_ip, upgrade, self._trusted, self._https
             )
         except BadRequest:
             self._refuse(BAD_REQUEST)

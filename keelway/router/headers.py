@@ -108,6 +108,7 @@ _HTTP11: Final = b" HTTP/1.1\r\n"
 _XFF: Final = b"X-Forwarded-For: "
 _XFH: Final = b"\r\nX-Forwarded-Host: "
 _END_PROTO_HTTP: Final = b"\r\nX-Forwarded-Proto: http\r\n\r\n"
+_END_PROTO_HTTPS: Final = b"\r\nX-Forwarded-Proto: https\r\n\r\n"
 _UPGRADE_CONNECTION: Final = b"Connection: upgrade\r\n"
 
 # Host: a reg-name of unreserved characters or a bracketed IPv6 literal, and an optional
@@ -283,7 +284,8 @@ class RequestHeadRewriter:
                 rare[kind] = seen + (b"," if kind == _CONNECTION else b", ") + value
 
     def finish_request_head(
-        self, method: bytes, client_ip: bytes, upgrade: bool, trusted: bool = False
+        self, method: bytes, client_ip: bytes, upgrade: bool, trusted: bool = False,
+        https: bool = False,
     ) -> tuple[bytes, bytes, Framing, bool]:
         """The HTTP/1.1 request head to send upstream, the client's Host value, the
         request body's framing (NONE, LENGTH or CHUNKED; the upstream side uses the
@@ -292,8 +294,10 @@ class RequestHeadRewriter:
 
         `upgrade` says the parser saw a valid Upgrade request; only then do Upgrade and
         `Connection: upgrade` cross. `trusted` says the client is a front proxy whose
-        X-Forwarded-* are kept. Raises BadRequest for a missing, repeated or malformed
-        Host, a bad request target, or framing headers that are malformed or conflict.
+        X-Forwarded-* are kept; `https` that the request came over TLS (the scheme
+        X-Forwarded-Proto says, unless a trusted proxy said one). Raises BadRequest for
+        a missing, repeated or malformed Host, a bad request target, or framing headers
+        that are malformed or conflict.
         """
         host = self._rq_host
         if host is None or self._rq_error:
@@ -325,10 +329,12 @@ class RequestHeadRewriter:
                 rare.get(_FORWARDED_HOST),
                 client_ip,
                 host,
+                b"https" if https else b"http",
             )
             parts.append(_CRLF)
         else:  # the head's last lines, in one step
-            parts += (_XFF, client_ip, _XFH, host, _END_PROTO_HTTP)
+            parts += (_XFF, client_ip, _XFH, host,
+                      _END_PROTO_HTTPS if https else _END_PROTO_HTTP)
         return b"".join(parts), host, framing, connection is not None
 
 
@@ -338,12 +344,13 @@ def _trusted_forwarding(
     forwarded_host: bytes | None,
     client_ip: bytes,
     host: bytes,
+    scheme: bytes = b"http",
 ) -> tuple[bytes, ...]:
     """X-Forwarded-* header lines for a request from a trusted front proxy: what it said,
     the client address appended to X-Forwarded-For, the proxy's own where it said none."""
     if forwarded_for is not None:
         client_ip = forwarded_for + b", " + client_ip
-    proto = forwarded_proto if forwarded_proto is not None else b"http"
+    proto = forwarded_proto if forwarded_proto is not None else scheme
     original_host = forwarded_host if forwarded_host is not None else host
     return (
         b"X-Forwarded-For: ",

@@ -37,6 +37,7 @@ from keelway.router.listen import LISTEN_BACKLOG, bind_tcp
 from keelway.router.proxy import Proxy, ProxyOptions
 from keelway.router.route_table import EMPTY_TABLE, Handling, RouteTable
 from keelway.router.table_file import TableFileError, load_table
+from keelway.router.tls import HANDSHAKE_TIMEOUT_S, Certificates
 from keelway.router.waker import Waker
 from keelway.router.workers import SlotChannel, WorkerLaunch, WorkerSet, serve_channel
 
@@ -63,6 +64,11 @@ class RouterConfig:
     control_path: Path | None = None
     state_path: Path | None = None
     options: ProxyOptions = field(default_factory=ProxyOptions)
+    # HTTPS: its listening socket (inherited, or bound here; a takeover hands it over
+    # beside the HTTP one) and the certificate store it serves from (keelway/router/tls.py).
+    https_fd: int | None = None
+    https_listen: tuple[str, int] | None = None
+    certs: Path | None = None
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -82,6 +88,13 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
     where.add_argument("--takeover", type=Path, metavar="PATH",
                        help="take the listening socket from the router on this control "
                             "socket, then retire it (a gapless restart)")
+    parser.add_argument("--https-fd", type=int, metavar="N",
+                        help="inherited listening socket for HTTPS")
+    parser.add_argument("--https-listen", type=_host_port, metavar="HOST:PORT",
+                        help="bind here for HTTPS")
+    parser.add_argument("--certs", type=Path, metavar="DIR",
+                        help="the certificate store HTTPS serves from (DIR/NAME/"
+                             "fullchain.pem and privkey.pem)")
     parser.add_argument("--control", type=Path, metavar="PATH", help="control unix socket")
     parser.add_argument("--channel-fd", type=int, metavar="N", help=argparse.SUPPRESS)
     parser.add_argument("--wake-fd", type=int, metavar="N", help=argparse.SUPPRESS)
@@ -129,6 +142,8 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
         parser.error("--max-concurrency must be at least 1")
     if args.workers > 1 and args.state is None:
         parser.error("--workers above 1 needs --state: workers read the table from it")
+    if (args.https_fd is not None or args.https_listen is not None) and args.certs is None:
+        parser.error("HTTPS needs --certs: the certificates it serves")
     return RouterConfig(
         workers=args.workers,
         channel_fd=args.channel_fd,
@@ -136,6 +151,9 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
         wake_socket=args.wake_socket,
         listen_fd=args.listen_fd,
         listen=args.listen,
+        https_fd=args.https_fd,
+        https_listen=args.https_listen,
+        certs=args.certs,
         takeover=args.takeover,
         control_path=args.control,
         state_path=args.state,
@@ -150,23 +168,36 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
 
 def open_listener(config: RouterConfig) -> socket.socket:
     """The listening TCP socket, inherited or bound here. Raises RouterStartError."""
-    if config.listen_fd is not None:
+    sock = _listener(config.listen_fd, config.listen, "--listen")
+    if sock is None:
+        raise RouterStartError("give --listen-fd or --listen")
+    return sock
+
+
+def open_https_listener(config: RouterConfig) -> socket.socket | None:
+    """The HTTPS listening socket, inherited or bound here; None without HTTPS."""
+    return _listener(config.https_fd, config.https_listen, "--https-listen")
+
+
+def _listener(fd: int | None, listen: tuple[str, int] | None,
+              flag: str) -> socket.socket | None:
+    if fd is not None:
         try:
-            sock = socket.socket(fileno=config.listen_fd)
+            sock = socket.socket(fileno=fd)
         except OSError as exc:
-            raise RouterStartError(f"--listen-fd {config.listen_fd} is not a socket") from exc
+            raise RouterStartError(f"{flag}-fd {fd} is not a socket") from exc
         if sock.type != socket.SOCK_STREAM:
-            raise RouterStartError(f"--listen-fd {config.listen_fd} is not a TCP socket")
+            raise RouterStartError(f"{flag}-fd {fd} is not a TCP socket")
         if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
             sock.listen(LISTEN_BACKLOG)
-    elif config.listen is not None:
-        host, port = config.listen
+    elif listen is not None:
+        host, port = listen
         try:
             sock = bind_tcp(host, port)
         except OSError as exc:
             raise RouterStartError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
     else:
-        raise RouterStartError("give --listen-fd or --listen")
+        return None
     sock.setblocking(False)
     return sock
 
@@ -189,7 +220,8 @@ def initial_table(state_path: Path | None) -> RouteTable:
 
 
 async def serve(config: RouterConfig, sock: socket.socket,
-                predecessor: socket.socket | None = None) -> bool:
+                predecessor: socket.socket | None = None,
+                https_sock: socket.socket | None = None) -> bool:
     """Serve until SIGTERM/SIGINT (or a successor retires us), then drain.
 
     With `predecessor` (a handoff connection), the old router is retired only once this
@@ -202,8 +234,18 @@ async def serve(config: RouterConfig, sock: socket.socket,
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     # With workers, every client connection is theirs (none held here can die with us).
+    accepts = config.channel_fd is not None or config.workers == 1
     server = (await loop.create_server(proxy.protocol, sock=sock, backlog=LISTEN_BACKLOG)
-              if config.channel_fd is not None or config.workers == 1 else None)
+              if accepts else None)
+    https: asyncio.Server | None = None
+    if accepts and https_sock is not None:
+        assert config.certs is not None  # parse_args insists
+        # A handshake names a host the table serves now, or it fails (router/tls.py).
+        certificates = Certificates(config.certs,
+                                    lambda name: name in proxy.routing.table.routes)
+        https = await loop.create_server(
+            proxy.protocol, sock=https_sock, backlog=LISTEN_BACKLOG,
+            ssl=certificates.listening_context(), ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
     if config.channel_fd is not None:
         assert server is not None
         # A worker: its parent is its control plane.
@@ -217,6 +259,8 @@ async def serve(config: RouterConfig, sock: socket.socket,
             serve_channel(config.channel_fd, proxy, config.state_path, stop))
         await stop.wait()
         server.close()
+        if https is not None:
+            https.close()
         channel.cancel()
         return await proxy.drain()
     trusted = tuple(f"--trusted-proxy={ip}" for ip in sorted(config.options.trusted_proxies))
@@ -225,7 +269,8 @@ async def serve(config: RouterConfig, sock: socket.socket,
     passed_on = (*trusted, f"--hold-timeout={options.hold_timeout_s}",
                  f"--max-held={options.max_held}",
                  f"--max-held-per-host={options.max_held_per_host}",
-                 f"--max-concurrency={options.max_concurrency}")
+                 f"--max-concurrency={options.max_concurrency}",
+                 *((f"--certs={config.certs}",) if config.certs is not None else ()))
     waker: Waker | None = None
     workers: WorkerSet | None = None
 
@@ -239,12 +284,13 @@ async def serve(config: RouterConfig, sock: socket.socket,
     workers = WorkerSet(config.workers if config.workers > 1 else 0, WorkerLaunch(
         sock, config.state_path, options.drain_timeout_s, passed_on,
         waker.need if waker is not None else None,
-        HoldSlots(options.max_held, options.max_held_per_host), Leases()))
+        HoldSlots(options.max_held, options.max_held_per_host), Leases(),
+        https_listener=https_sock))
     await workers.start()
     control: ControlServer | None = None
     if config.control_path is not None:
         control = ControlServer(proxy, config.state_path, listener=sock, on_retire=stop.set,
-                                workers=workers)
+                                workers=workers, https_listener=https_sock)
         await control.start(config.control_path)
     if predecessor is not None:
         if config.state_path is not None:
@@ -262,6 +308,8 @@ async def serve(config: RouterConfig, sock: socket.socket,
     log.info("stopping: draining %d client connections", len(proxy.connections))
     if server is not None:
         server.close()
+    if https is not None:
+        https.close()
     if waker is not None:
         await waker.close()
     clean, _ = await asyncio.gather(proxy.drain(), workers.stop())
@@ -303,17 +351,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if config.channel_fd is None:  # the workers would only say it again
         log.info("open-files limit %d", limit)
     predecessor: socket.socket | None = None
+    https_sock: socket.socket | None = None
     try:
         if config.takeover is not None:
             try:
-                sock, predecessor = take_listener(config.takeover)
+                sock, predecessor, https_sock = take_listener(config.takeover)
             except RouterControlError as exc:
                 raise RouterStartError(f"cannot take over: {exc}") from exc
             sock.setblocking(False)
+            if https_sock is not None:
+                https_sock.setblocking(False)
         else:
             sock = open_listener(config)
+            https_sock = open_https_listener(config)
     except RouterStartError as exc:
         log.error("%s", exc)
         return 2
-    uvloop.run(serve(config, sock, predecessor))
+    uvloop.run(serve(config, sock, predecessor, https_sock))
     return 0

@@ -108,6 +108,8 @@ class WorkerLaunch:
     on_wake: Callable[[str], None] | None = None
     slots: HoldSlots | None = None
     leases: Leases | None = None
+    # The HTTPS listening socket, accepted on by every worker too (None: no HTTPS).
+    https_listener: socket.socket | None = None
 
 
 class Worker:
@@ -141,11 +143,15 @@ class Worker:
                 "--drain-timeout", str(self._launch.drain_timeout_s)]
         if self._launch.state_path is not None:
             argv += ["--state", str(self._launch.state_path)]
+        https = self._launch.https_listener
+        if https is not None:
+            argv += ["--https-fd", str(https.fileno())]
         argv += self._launch.extra_argv
         try:
             self.proc = subprocess.Popen(
                 argv, pass_fds=(self._launch.listener.fileno(), theirs.fileno(),
-                                wakes_theirs.fileno()),
+                                wakes_theirs.fileno(),
+                                *((https.fileno(),) if https is not None else ())),
                 stdin=subprocess.DEVNULL)
         finally:
             theirs.close()

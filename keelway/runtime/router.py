@@ -302,10 +302,12 @@ def borrow_listener(home: Home) -> socket.socket | None:
     router serves on). Holding it lets us start a successor on the same socket if that
     router dies; None if it would not hand it over."""
     try:
-        listener, conn = take_listener(home.router_socket, timeout_s=2.0)
+        listener, conn, https = take_listener(home.router_socket, timeout_s=2.0)
     except RouterControlError:
         return None
     conn.close()
+    if https is not None:
+        https.close()  # HTTPS is not started by the control plane yet (issue #21)
     return listener
 
 
