@@ -29,7 +29,8 @@ PRIVATE_UMASK = 0o077
 PRIVATE_DIR_MODE = 0o700
 # The directories tenants' uids pass through when each tenant has a uid of its own.
 TENANT_DIR_MODE = 0o711
-_SUBDIRS = ("logs", "logs/apps", "router", "builds", "data", "env", "current", "run")
+_SUBDIRS = ("logs", "logs/apps", "router", "builds", "data", "env", "current", "run",
+            "certs")
 
 
 def default_root() -> Path:
@@ -77,6 +78,9 @@ class Home:
     seeds_dir = _Under("objects", "seeds")
     # The default object store (snapshots and their manifests).
     objects_dir = _Under("objects")
+    # The certificates the router serves HTTPS with: NAME/fullchain.pem and privkey.pem
+    # (keelway/router/tls.py reads them; keelway/certs.py lays them down).
+    certs_dir = _Under("certs")
     # The object store `keelway up --objects` named, kept for the next `up`.
     objects_setting = _Under("objects.url")
 

@@ -248,6 +248,18 @@ def _router_addr(home: Home, asked: str | None) -> str:
     return recorded[0] if recorded is not None else DEFAULT_HTTP
 
 
+def _https_addr(home: Home, asked: str | None) -> str | None:
+    """Where the router serves HTTPS: where asked (`off`: nowhere), else where it already
+    does (or last did), so `keelway up` never stops or moves a router's HTTPS."""
+    if asked == "off":
+        return None
+    if asked is not None:
+        router_process.parse_addr(asked)  # ValueError: not HOST:PORT
+        return asked
+    recorded = router_process.recorded_settings(home)
+    return recorded[1].https if recorded is not None and recorded[1] is not None else None
+
+
 async def _rotate_logs_forever(home: Home) -> None:
     while True:
         await asyncio.sleep(10)
@@ -390,6 +402,9 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
 
     announce(f"keelway {'adopted' if router.handle.adopted else 'started'} the router on "
              f"http://{http_addr}/ (pid {router.handle.pid})")
+    if settings.https is not None:
+        announce(f"HTTPS on https://{settings.https}/ from the certificates in "
+                 f"{home.certs_dir}")
     announce(f"API on {home.api_socket}; state in {home.root}")
     for inst in store.instances.list_instances():
         announce(f"serving {inst.app}: http://{inst.host}:{http_port}/")
@@ -514,6 +529,9 @@ def main(argv: list[str] | None = None,
     parser.add_argument("--hold-timeout", type=float, default=None)
     parser.add_argument("--max-concurrency", type=int, default=None)
     parser.add_argument("--jobs-at-once", type=int, default=JOBS_AT_ONCE)
+    parser.add_argument("--https", default=None,
+                        help="where the router serves HTTPS, or `off` (default: where it "
+                             "already does, if it does)")
     parser.add_argument("--objects", default=None,
                         help="s3://BUCKET/PREFIX for snapshots (default: $KEELWAY_HOME/objects)")
     for name in ("memory", "cpu", "pids", "nofile"):
@@ -531,8 +549,12 @@ def main(argv: list[str] | None = None,
     # Before anything is created: what this process, the router, build steps and the
     # apps create is then owner-only from its first instant (see keelway/home.py).
     os.umask(PRIVATE_UMASK)
+    try:
+        https = _https_addr(Home.from_env(), args.https)
+    except ValueError as exc:
+        parser.error(f"--https: {exc}")
     settings = RouterSettings(max(1, args.router_workers), tuple(args.trusted_proxy),
-                              args.hold_timeout, args.max_concurrency)
+                              args.hold_timeout, args.max_concurrency, https)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import uvloop

@@ -17,6 +17,7 @@ from aiohttp import web
 from keelway import __version__
 from keelway.api import bodies
 from keelway.api.apps import AppsApi
+from keelway.api.certs import CertsApi
 from keelway.api.domains import DomainsApi
 from keelway.api.http import (
     app_name,
@@ -80,6 +81,7 @@ class Api:
                  jobs: Jobs | None = None) -> None:
         self.router = router
         self.jobs = JobsApi(jobs) if jobs is not None else None
+        self.certs = CertsApi(store, home)
         self.runs = RunPlanApi(runs) if runs is not None else None
         self.seeding = SeedApi(seeding) if seeding is not None else None
         self.snapshots = (SnapshotsApi(snapshots, restore)
@@ -117,7 +119,7 @@ class Api:
             web.post("/v1/router/restart", self.router_restart),
             *routes_of(self.operations, self.parking, self.apps_api, self.instances,
                        self.domains, self.seeding, self.snapshots, self.replicas, self.runs,
-                       self.jobs),
+                       self.jobs, self.certs),
         ])
         return app
 

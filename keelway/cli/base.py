@@ -45,6 +45,7 @@ AFTER_LOST: dict[str, str] = {
     "db restore": "keelway status` and `keelway db snapshots {host}",
     "router restart": "keelway status",
     "jobs run": "keelway jobs {app}",
+    "certs import": "keelway certs list",
 }
 
 

@@ -39,6 +39,10 @@ _DAEMON_DISK_FULL = 5  # keelway.api.daemon.EXIT_DISK_FULL, which the CLI does n
 @click.option("--max-concurrency", type=click.IntRange(1, 100_000), default=None,
               metavar="N", help="Requests in flight to one instance at once, past which "
                                 "its requests get 503 (default: 100).")
+@click.option("--https", "https_addr", default=None, metavar="ADDR|off",
+              help="Where the router also serves HTTPS (e.g. 0.0.0.0:443), from the "
+                   "certificates `keelway certs` keeps; `off` stops it (default: as it "
+                   "was).")
 @click.option("--jobs-at-once", type=click.IntRange(1, 10_000), default=None, metavar="N",
               help="Scheduled jobs' runs under way on the box at once (default: 8).")
 @click.option("--default-memory", default=None, metavar="SIZE",
@@ -60,10 +64,10 @@ _DAEMON_DISK_FULL = 5  # keelway.api.daemon.EXIT_DISK_FULL, which the CLI does n
 @api_command
 def up(demo: bool, detach: bool, http_addr: str | None, router_workers: int | None,
        trusted: tuple[str, ...], hold_timeout: float | None, objects: str | None,
-       max_concurrency: int | None, jobs_at_once: int | None, default_memory: str | None,
-       default_cpu: str | None, default_pids: str | None, default_nofile: str | None,
-       build_memory: str | None, build_timeout: str | None, build_disk: str | None,
-       as_json: bool) -> None:
+       max_concurrency: int | None, https_addr: str | None, jobs_at_once: int | None,
+       default_memory: str | None, default_cpu: str | None, default_pids: str | None,
+       default_nofile: str | None, build_memory: str | None, build_timeout: str | None,
+       build_disk: str | None, as_json: bool) -> None:
     """Start the control plane and the router (state in $KEELWAY_HOME)."""
     home = Home.from_env()
     given = {"memory": default_memory, "cpu": default_cpu, "pids": default_pids,
@@ -88,6 +92,7 @@ def up(demo: bool, detach: bool, http_addr: str | None, router_workers: int | No
         daemon_argv += ["--max-concurrency", str(max_concurrency)]
     if jobs_at_once is not None:
         daemon_argv += ["--jobs-at-once", str(jobs_at_once)]
+    daemon_argv += ["--https", https_addr] if https_addr is not None else []
     daemon_argv += [f"--default-{name}={value}" for name, value in given.items()
                     if value is not None]
     daemon_argv += [f"--build-{name}={value}" for name, value in build.items()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from keelway.cli import (
     apps,
+    certs,
     data,
     doctor,
     domains,
@@ -26,8 +27,9 @@ from keelway.cli import (
 )
 from keelway.cli.base import cli
 
-__all__ = ["apps", "cli", "data", "doctor", "domains", "instances", "jobs", "lifecycle", "main",
-           "operations", "parking", "reading", "replicas", "rollouts", "run", "seed"]
+__all__ = ["apps", "certs", "cli", "data", "doctor", "domains", "instances", "jobs",
+           "lifecycle", "main", "operations", "parking", "reading", "replicas", "rollouts",
+           "run", "seed"]
 
 
 def main() -> None:

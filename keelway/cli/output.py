@@ -45,8 +45,11 @@ def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any
     from rich.table import Table
 
     grid = Table(title=title, show_edge=False, header_style="bold")
-    for column in columns:
-        grid.add_column(column)
+    for at, column in enumerate(columns):
+        # The first column names the row (a host, an app): never cut or wrapped, so a
+        # narrow terminal squeezes the others, never a name.
+        widest = max((len(str(row[0])) for row in rows), default=0) if at == 0 else 0
+        grid.add_column(column, no_wrap=at == 0, min_width=max(widest, len(column)) or None)
     for row in rows:
         grid.add_row(*["" if v is None else str(v) for v in row])
     Console().print(grid)

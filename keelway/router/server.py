@@ -359,7 +359,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             except RouterControlError as exc:
                 raise RouterStartError(f"cannot take over: {exc}") from exc
             sock.setblocking(False)
-            if https_sock is not None:
+            if config.https_fd is not None or config.certs is None:
+                # HTTPS on a socket of its own now (a new address), or no longer served.
+                if https_sock is not None:
+                    https_sock.close()
+                https_sock = open_https_listener(config)
+            elif https_sock is not None:
                 https_sock.setblocking(False)
         else:
             sock = open_listener(config)

@@ -87,6 +87,37 @@ def bind_listener(addr: str) -> socket.socket:
         raise
 
 
+@dataclass
+class Listeners:
+    """The sockets the router accepts on, held by the control plane so a router that
+    dies is replaced on the same ones: HTTP, and HTTPS when it is served."""
+
+    http: socket.socket
+    https: socket.socket | None = None
+
+    def argv(self) -> list[str]:
+        https = [] if self.https is None else ["--https-fd", str(self.https.fileno())]
+        return ["--listen-fd", str(self.http.fileno()), *https]
+
+    def fds(self) -> tuple[int, ...]:
+        return (self.http.fileno(), *(() if self.https is None else (self.https.fileno(),)))
+
+    def close(self) -> None:
+        self.http.close()
+        if self.https is not None:
+            self.https.close()
+
+
+def bind_listeners(addr: str, https: str | None) -> Listeners:
+    """Both addresses bound, or neither (RouterPortBusy names the one taken)."""
+    http = bind_listener(addr)
+    try:
+        return Listeners(http, bind_listener(https) if https is not None else None)
+    except BaseException:
+        http.close()
+        raise
+
+
 def running_router(home: Home) -> RouterHandle | None:
     """The router serving this home, if any: the one answering on its control socket
     (recorded again if the records name another, e.g. after a crash mid-restart), else
@@ -153,13 +184,18 @@ class RouterSettings:
     # Requests in flight to one instance at once where its route names no bound of its
     # own (keelway/router/concurrency.py); None: the router's own default.
     max_concurrency: int | None = None
+    # Where it serves HTTPS (keelway/router/tls.py), from the home's certificate store;
+    # None: HTTP only.
+    https: str | None = None
 
-    def argv(self) -> list[str]:
+    def argv(self, home: Home) -> list[str]:
         hold = [] if self.hold_timeout_s is None else [f"--hold-timeout={self.hold_timeout_s}"]
         bound = ([] if self.max_concurrency is None
                  else [f"--max-concurrency={self.max_concurrency}"])
+        certs = [] if self.https is None else ["--certs", str(home.certs_dir)]
         return ["--workers", str(self.workers),
-                *(f"--trusted-proxy={ip}" for ip in self.trusted_proxies), *hold, *bound]
+                *(f"--trusted-proxy={ip}" for ip in self.trusted_proxies), *hold, *bound,
+                *certs]
 
 
 class _SettingsRecord(msgspec.Struct, frozen=True):
@@ -168,12 +204,14 @@ class _SettingsRecord(msgspec.Struct, frozen=True):
     trusted_proxies: list[str]
     hold_timeout_s: float | None = None
     max_concurrency: int | None = None
+    https: str | None = None
 
 
 def record_settings(home: Home, addr: str, settings: RouterSettings) -> None:
     """Note what the running router serves and how, once it answers with them."""
     record = _SettingsRecord(addr, settings.workers, list(settings.trusted_proxies),
-                             settings.hold_timeout_s, settings.max_concurrency)
+                             settings.hold_timeout_s, settings.max_concurrency,
+                             settings.https)
     write_atomic(home.router_settings, msgspec.json.encode(record))
 
 
@@ -188,7 +226,8 @@ def recorded_settings(home: Home) -> tuple[str, RouterSettings | None] | None:
         except FileNotFoundError:
             return None
     return record.addr, RouterSettings(record.workers, tuple(record.trusted_proxies),
-                                       record.hold_timeout_s, record.max_concurrency)
+                                       record.hold_timeout_s, record.max_concurrency,
+                                       record.https)
 
 
 # The routers this process started, kept to reap them (and read how they ended) once
@@ -211,12 +250,11 @@ async def _spawn(home: Home, source: list[str],
     return spawned
 
 
-async def spawn(home: Home, listener: socket.socket,
+async def spawn(home: Home, listeners: Listeners,
                 settings: RouterSettings) -> RouterHandle:
-    """A router on `listener` (its fd is inherited), recorded in the pidfile."""
+    """A router on `listeners` (their fds are inherited), recorded in the pidfile."""
     failpoints.hit("router.spawn.before")
-    spawned = await _spawn(home, ["--listen-fd", str(listener.fileno()), *settings.argv()],
-                           (listener.fileno(),))
+    spawned = await _spawn(home, [*listeners.argv(), *settings.argv(home)], listeners.fds())
     failpoints.hit("router.spawn.after")
     handle = RouterHandle(spawned.pid, spawned.start_ticks, adopted=False)
     await asyncio.to_thread(_record_pid, home, handle)  # an fsync: off the loop
@@ -296,19 +334,17 @@ def describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-def borrow_listener(home: Home) -> socket.socket | None:
-    """A copy of the listening socket of the router serving this home, asked for over
+def borrow_listeners(home: Home) -> Listeners | None:
+    """Copies of the listening sockets of the router serving this home, asked for over
     its control socket (the handoff a gapless restart uses, without the retire: the
-    router serves on). Holding it lets us start a successor on the same socket if that
-    router dies; None if it would not hand it over."""
+    router serves on). Holding them lets us start a successor on the same sockets if
+    that router dies; None if it would not hand them over."""
     try:
         listener, conn, https = take_listener(home.router_socket, timeout_s=2.0)
     except RouterControlError:
         return None
     conn.close()
-    if https is not None:
-        https.close()  # HTTPS is not started by the control plane yet (issue #21)
-    return listener
+    return Listeners(listener, https)
 
 
 async def stop(home: Home, handle: RouterHandle, clock: Clock) -> bool:
@@ -333,7 +369,25 @@ async def restart(home: Home, old: RouterHandle, clock: Clock,
     The new one is recorded (pidfile, then `addr` and `settings`) once it answers.
     """
     failpoints.hit("router.restart.before")
-    spawned = await _spawn(home, ["--takeover", str(home.router_socket), *settings.argv()])
+    # HTTPS the old router does not serve (or serves elsewhere) is a socket of its own,
+    # bound here; one it serves comes over with the handoff.
+    recorded = recorded_settings(home)
+    served = recorded[1].https if recorded is not None and recorded[1] is not None else None
+    fresh = None
+    if settings.https is not None and settings.https != served:
+        try:
+            fresh = bind_listener(settings.https)
+        except (RouterPortBusy, OSError, ValueError) as exc:
+            raise RouterRestartFailed(f"cannot serve HTTPS on {settings.https}: {exc}; "
+                                      "the old router keeps serving") from exc
+    https = [] if fresh is None else ["--https-fd", str(fresh.fileno())]
+    try:
+        spawned = await _spawn(home, ["--takeover", str(home.router_socket), *https,
+                                      *settings.argv(home)],
+                               () if fresh is None else (fresh.fileno(),))
+    finally:
+        if fresh is not None:
+            fresh.close()  # the new router has its own copy
     failpoints.hit("router.restart.after")
     new = RouterHandle(spawned.pid, spawned.start_ticks, adopted=False)
     try:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from enum import Enum
@@ -105,12 +104,12 @@ class RouterSupervisor:
     the watch on its life. Made by `boot`; `watch` starts supervision."""
 
     def __init__(self, home: Home, addr: str, settings: RouterSettings, clock: Clock,
-                 handle: RouterHandle, listener: socket.socket | None) -> None:
+                 handle: RouterHandle, listeners: router.Listeners | None) -> None:
         # What the router runs as: the home it serves, where it listens and with what.
         self.home, self.addr, self.settings = home, addr, settings
         self._clock = clock
         self._handle = handle  # the router process running now (replaced by a restart)
-        self._listener = listener  # held for as long as this control plane runs
+        self._listeners = listeners  # held for as long as this control plane runs
         self._lock = asyncio.Lock()
         self._watch: DeathWatch | None = None
         self._death_kind = "pidfd"
@@ -153,24 +152,21 @@ class RouterSupervisor:
             if running is not None:
                 recorded = router.recorded_settings(home)
                 if recorded is not None and recorded[0] == addr:
-                    listener = await asyncio.to_thread(router.borrow_listener, home)
                     current = await asyncio.to_thread(router.reads_current_tables, home)
                     if recorded[1] == settings and current:
+                        listeners = await asyncio.to_thread(router.borrow_listeners, home)
                         log.info("adopted the running router (pid %s)", running.pid)
-                        return cls(home, addr, settings, clock, running, listener)
+                        return cls(home, addr, settings, clock, running, listeners)
                     log.info("restarting the router (pid %s) with %s", running.pid,
                              "new settings" if current else "this keelway's code: it "
                              "reads an older route table format")
-                    try:
-                        handle = await router.restart(home, running, clock, settings, addr)
-                    except RouterRestartFailed:
-                        if listener is not None:
-                            listener.close()
-                        raise
-                    return cls(home, addr, settings, clock, handle, listener)
+                    handle = await router.restart(home, running, clock, settings, addr)
+                    # Borrowed from the new one: its HTTPS socket may be new.
+                    listeners = await asyncio.to_thread(router.borrow_listeners, home)
+                    return cls(home, addr, settings, clock, handle, listeners)
                 await router.stop(home, running, clock)
             try:
-                listener = router.bind_listener(addr)
+                listeners = router.bind_listeners(addr, settings.https)
                 break
             except RouterPortBusy:
                 # A router of ours that died may still have workers draining on the
@@ -179,13 +175,13 @@ class RouterSupervisor:
                     raise
                 await clock.sleep(0.1)
         try:
-            handle = await router.spawn(home, listener, settings)
+            handle = await router.spawn(home, listeners, settings)
             await router.wait_answering(home, handle, START_TIMEOUT_S, clock)
         except BaseException:
-            listener.close()
+            listeners.close()
             raise
         await asyncio.to_thread(router.record_settings, home, addr, settings)
-        return cls(home, addr, settings, clock, handle, listener)
+        return cls(home, addr, settings, clock, handle, listeners)
 
     # -- supervision --------------------------------------------------------------------
 
@@ -260,13 +256,13 @@ class RouterSupervisor:
         self._starting = True
         try:
             failpoints.hit("router.respawn.before")
-            listener = self._listener
-            if listener is None:
-                # An adopted router that would not lend its socket: bind the address
-                # again, once its workers let go of it.
-                listener = await self._bind_when_free()
-                self._listener = listener
-            handle = await router.spawn(self.home, listener, self.settings)
+            listeners = self._listeners
+            if listeners is None:
+                # An adopted router that would not lend its sockets: bind the addresses
+                # again, once its workers let go of them.
+                listeners = await self._bind_when_free()
+                self._listeners = listeners
+            handle = await router.spawn(self.home, listeners, self.settings)
             await router.wait_answering(self.home, handle, START_TIMEOUT_S, self._clock)
             await asyncio.to_thread(router.record_settings, self.home, self.addr, self.settings)
             failpoints.hit("router.respawn.after")
@@ -282,11 +278,11 @@ class RouterSupervisor:
         self._serving(handle, reason)
         return handle
 
-    async def _bind_when_free(self) -> socket.socket:
+    async def _bind_when_free(self) -> router.Listeners:
         deadline = self._clock.monotonic() + PORT_WAIT_S
         while True:
             try:
-                return router.bind_listener(self.addr)
+                return router.bind_listeners(self.addr, self.settings.https)
             except RouterPortBusy as exc:
                 if self._clock.monotonic() >= deadline:
                     raise RouterStartFailed(str(exc)) from exc
@@ -380,9 +376,9 @@ class RouterSupervisor:
             self._disarm()
             if self._retry is not None:
                 self._retry.cancel()
-            if self._listener is not None:
-                self._listener.close()  # the router has its own copy
-                self._listener = None
+            if self._listeners is not None:
+                self._listeners.close()  # the router has its own copy
+                self._listeners = None
             handle = self._handle
             if keep_serving:
                 if not process.is_alive(handle.pid, handle.start_ticks):

@@ -755,6 +755,37 @@ SCENARIOS["job"] = ([_deploy_with_a_job], _job_once)
 ROLLED_FORWARD["job"] = _job_ran_at_most_once
 
 
+# Your own certificate for an instance's host (keelway/certs.py): after a crash anywhere
+# in its lay-down, the store has the old pair or the new one, whole, never half.
+def _import_cert(h: Home) -> None:
+    import trustme
+
+    issued = trustme.CA().issue_cert("one.test")
+    cert, key = h.root.parent / "one.pem", h.root.parent / "one.key"
+    issued.cert_chain_pems[0].write_to_path(str(cert))
+    issued.private_key_pem.write_to_path(str(key))
+    h.ok("certs", "import", "one.test", str(cert), str(key))
+
+
+def _cert_whole(h: Home) -> bool:
+    import ssl
+
+    where = h.root / "certs" / "one.test"
+    if not where.exists():
+        return True  # the crash came before the swap: no certificate, as before
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(where / "fullchain.pem",
+                                                                where / "privkey.pem")
+    except (OSError, ssl.SSLError):
+        return False
+    return (where / "fullchain.pem").read_bytes() == (h.root.parent / "one.pem").read_bytes()
+
+
+SCENARIOS["certs-import"] = (
+    [lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test")], _import_cert)
+ROLLED_FORWARD["certs-import"] = _cert_whole
+
+
 def _kill_router_until_respawned(home: Home) -> None:
     """SIGKILL the router's main process; return once the control plane has started
     and published to its successor (AssertionError if the control plane dies first)."""
