@@ -24,9 +24,10 @@ from dataclasses import dataclass, fields, replace
 
 _SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)?", re.IGNORECASE)
 _UNIT = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_DURATION_RE = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h))+")
-_DURATION_PART_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
-_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_RE = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h|d|y))+")
+_DURATION_PART_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|y)")
+# A day of 24 hours and a year of 365 days, as HSTS's `max-age` counts them.
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "y": 365 * 86400.0}
 
 # Below these a process cannot start at all (a Python interpreter needs some 10 MB and a
 # dozen descriptors): a value under them is a mistake, refused with why.
@@ -154,7 +155,8 @@ def format_size(size: int) -> str:
 
 
 def parse_duration_s(value: str | float, where: str) -> float:
-    """`"500ms"`, `"10s"`, `"15m"`, `"1h"`, `"1m30s"`, or a number of seconds -> seconds:
+    """`"500ms"`, `"10s"`, `"15m"`, `"1h"`, `"1m30s"`, `"7d"`, `"1y"`, or a number of
+    seconds -> seconds:
     the one grammar of a duration, for keelway.toml and for `keelway up`'s flags."""
     if isinstance(value, bool):
         raise LimitError(f"{where}: {value!r} is not a duration")

@@ -201,6 +201,10 @@ class Manifest:
     # Requests in flight to one instance at once through the router ([http]
     # max_concurrency; keelway/router/concurrency.py); None: the router's default.
     http_max_concurrency: int | None = None
+    # [http] force_https: plain HTTP is redirected to HTTPS (where the router serves it);
+    # hsts: how long browsers are told to use HTTPS only (None: not told).
+    http_force_https: bool = False
+    http_hsts_s: int | None = None
     # Scheduled jobs ([jobs.NAME]; keelway/deploy/jobs.py), by name.
     jobs: dict[str, JobSpec] = field(default_factory=dict)
 
@@ -246,6 +250,8 @@ class _RolloutTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 class _HttpTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     max_concurrency: int | None = None
+    force_https: bool = False
+    hsts: str | float | None = None
 
 
 class _ConfigFile(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -436,8 +442,21 @@ def _apply(commands: dict[str, str], config: _Config) -> Manifest:
         rollout=_rollout(config.rollout),
         build_limits=config.build_limits,
         http_max_concurrency=_max_concurrency(config.http),
+        http_force_https=config.http.force_https if config.http is not None else False,
+        http_hsts_s=_hsts(config.http),
         jobs={name: _job(name, table) for name, table in config.jobs.items()},
     )
+
+
+def _hsts(table: _HttpTable | None) -> int | None:
+    if table is None or table.hsts is None:
+        return None
+    where = f"{CONFIG_FILE} [http] hsts"
+    seconds = round(parse_duration_s(table.hsts, where=where))
+    if seconds < 1:
+        raise ManifestError(f"{where}: {table.hsts!r} must be at least a second (\"1y\" is "
+                            "usual); remove it to send no Strict-Transport-Security")
+    return seconds
 
 
 def _max_concurrency(table: _HttpTable | None) -> int | None:

@@ -91,19 +91,31 @@ def page_state(state: rt.Handling, standing: Standing | None,
     return state
 
 
+@dataclass(frozen=True)
+class HttpPolicy:
+    """An app's `[http]` as its instances' routes carry it (keelway/builds/manifest.py)."""
+
+    max_concurrency: int | None = None
+    force_https: bool = False
+    hsts_s: int | None = None
+
+
+NO_POLICY = HttpPolicy()
+
+
 def table_of(routes: list[Route], version: int,
              retry_in_s: Mapping[str, float] | None = None,
              standings: Mapping[str, Standing] | None = None,
-             bounds: Mapping[str, int] | None = None,
+             policies: Mapping[str, HttpPolicy] | None = None,
              ) -> tuple[rt.RouteTable, dict[str, str]]:
     """The router's table for the store's route rows, and each row refused (by host,
     with the reason), which the table leaves out. `retry_in_s` maps an instance whose
     web waits out a crash backoff to the seconds until its retry; `standings` says what
     each instance is (without it, every row is published by its state alone, and
-    instances without rows get none); `bounds` an instance's own bound on requests in
-    flight (`[http] max_concurrency` of the release it serves), on each of its hosts."""
+    instances without rows get none); `policies` an instance's `[http]` (of the release it
+    serves: its bound on requests in flight, HTTPS), on each of its hosts."""
     retry_in_s = retry_in_s or {}
-    bounds = bounds or {}
+    policies = policies or {}
     standings = standings or {}
     entries: dict[str, rt.RouteEntry] = {}
     refused: dict[str, str] = {}
@@ -113,12 +125,15 @@ def table_of(routes: list[Route], version: int,
         retry_after_s = RETRY_AFTER_S
         if retry is not None and state in (rt.Handling.GATED, rt.Handling.CRASHED):
             retry_after_s = max(1, math.ceil(retry))
+        policy = policies.get(instance, NO_POLICY)
         try:
             names.HOST.check(host)
             entries[host] = rt.RouteEntry(state=state, upstream=upstream,
                                           retry_after_s=retry_after_s,
                                           instance=instance if instance != host else None,
-                                          max_concurrency=bounds.get(instance))
+                                          max_concurrency=policy.max_concurrency,
+                                          force_https=policy.force_https,
+                                          hsts_s=policy.hsts_s)
         except ValueError as exc:  # InvalidName, or a route that fails its own checks
             refused[host] = str(exc)
 
@@ -155,7 +170,7 @@ class Publisher:
         # last one to end well applied (its version, its refusals, each host's instance)
         # with its number.
         self._pushing = asyncio.Lock()
-        self._bound_of_build: dict[tuple[str, str], int | None] = {}
+        self._policy_of_build: dict[tuple[str, str], HttpPolicy] = {}
         self._began = 0
         self._last: tuple[int, dict[str, str], dict[str, str]] = (0, {}, {})
         self._last_number = 0
@@ -178,27 +193,27 @@ class Publisher:
                                    or inst.pending_release is not None,
                                    tuple(aliases.get(inst.host, ())))
             for inst in store.instances.list_instances()}
-        return table_of(routes, version, retry_in_s, standings, self._bounds(active))
+        return table_of(routes, version, retry_in_s, standings, self._policies(active))
 
-    def _bounds(self, active: list[Generation]) -> dict[str, int]:
-        """Each instance's `[http] max_concurrency`, from the build its web runs (`active`:
-        what ACTIVE names), each build's manifest read once (a build never changes)."""
-        bounds: dict[str, int] = {}
+    def _policies(self, active: list[Generation]) -> dict[str, HttpPolicy]:
+        """Each instance's `[http]`, from the build its web runs (`active`: what ACTIVE
+        names), each build's manifest read once (a build never changes)."""
+        policies: dict[str, HttpPolicy] = {}
         for gen in active:
             if gen.service != WEB:
                 continue
             key = (gen.app, gen.build_digest)
-            if key not in self._bound_of_build:
+            if key not in self._policy_of_build:
                 path = build_path(self.store, gen.app, gen.build_digest)
                 try:
-                    said = load_manifest(path).http_max_concurrency if path else None
+                    manifest = load_manifest(path) if path else None
                 except (ManifestError, OSError):
-                    said = None  # a build gone or unreadable: the router's default
-                self._bound_of_build[key] = said
-            bound = self._bound_of_build[key]
-            if bound is not None:
-                bounds[gen.instance] = bound
-        return bounds
+                    manifest = None  # a build gone or unreadable: the router's defaults
+                self._policy_of_build[key] = NO_POLICY if manifest is None else HttpPolicy(
+                    manifest.http_max_concurrency, manifest.http_force_https,
+                    manifest.http_hsts_s)
+            policies[gen.instance] = self._policy_of_build[key]
+        return policies
 
     async def publish(self, instance: str | None = None) -> int:
         """Push the store's whole route table; returns the version the router applied.

@@ -52,7 +52,13 @@ import httptools
 from keelway.router import responses
 from keelway.router.exchange import Exchange, InFlight
 from keelway.router.headers import CHUNKED, LENGTH, NONE, BadRequest, RequestHeadRewriter
-from keelway.router.responses import BAD_REQUEST, HEALTH_PATH, HEALTHY, NOT_FOUND
+from keelway.router.responses import (
+    ACME_CHALLENGE,
+    BAD_REQUEST,
+    HEALTH_PATH,
+    HEALTHY,
+    NOT_FOUND,
+)
 
 if TYPE_CHECKING:
     from keelway.router.proxy import Proxy
@@ -346,6 +352,15 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
         # Marked, not timed: Proxy.activity reads the clock, the hot path does not.
         target.hit = True
         ex.target = target
+        if not self._https:
+            # ACME's HTTP-01 challenge (a parked instance's too, waking nothing), and a
+            # route that asks for HTTPS: answered here, never upstream.
+            if target.force_https or url.startswith(ACME_CHALLENGE):
+                answer = proxy.plain_http_answer(target, host, url)
+                if answer is not None:
+                    return self._local(ex, answer, close)
+        elif target.hsts is not None:
+            ex.hsts = target.hsts
         if not target.proxied:
             if target.holding and not upgrade and method != b"CONNECT" and proxy.hold(ex, target):
                 # Parked: it goes upstream, or gets its answer, when a table decides.

@@ -103,6 +103,7 @@ class Exchange:
         "close_client",
         "head_request",
         "held",
+        "hsts",
         "in_flight",
         "local",
         "local_status",
@@ -133,6 +134,9 @@ class Exchange:
         self.upstream: UpstreamConnection | None = None
         self.out: list[bytes] = []
         self.retry_head: bytes | None = None
+        # The Strict-Transport-Security line its response gets (an HTTPS request to a
+        # route that asks for it), or None.
+        self.hsts: bytes | None = None
         # How far the exchange has come, each a one-way step.
         self.request_done = self.response_started = self.abandoned = False
         self.chunked_request = self.upgrade = False

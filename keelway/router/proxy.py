@@ -40,11 +40,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import resource
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final
 
 from keelway.router import responses
@@ -54,6 +56,9 @@ from keelway.router.downstream import ClientConnection
 from keelway.router.exchange import Exchange, InFlight, Tally
 from keelway.router.route_table import CompiledRoute, Handling, RouteTable, Routing, Traffic
 from keelway.router.upstream import UpstreamPool
+
+# An ACME token: base64url (RFC 8555 §8.3), of a sane length.
+_TOKEN: Final = re.compile(rb"[A-Za-z0-9_-]{16,128}")
 
 log: Final = logging.getLogger("keelway.router")
 
@@ -188,10 +193,42 @@ class Proxy:
         # A descriptor is the lowest free number, so one at or past this means every
         # lower one is in use: only the reserve is left.
         self.fd_ceiling = limit - max(self.options.open_files_reserve, limit // 64)
+        # HTTPS (router/tls.py): the port it is served on (None: not served), so a route
+        # that asks for it is redirected there; and where ACME challenges are kept.
+        self.https_port: int | None = None
+        self.challenges: Path | None = None
 
     def protocol(self) -> ClientConnection:
         """The protocol factory for the listening socket."""
         return ClientConnection(self)
+
+    def plain_http_answer(self, target: CompiledRoute, host: bytes,
+                          url: bytes) -> responses.Canned | None:
+        """What a plain-HTTP request to a route is answered here, if anything: an ACME
+        HTTP-01 challenge of the store (404 for a token it does not hold: a parked
+        instance is never woken for one), else the route's redirect to HTTPS when it
+        asks for one and this router serves HTTPS (None: routed as usual)."""
+        if url.startswith(responses.ACME_CHALLENGE):
+            if self.challenges is None:
+                return None
+            token = url[len(responses.ACME_CHALLENGE):]
+            if not _TOKEN.fullmatch(token):
+                return responses.NOT_FOUND
+            try:
+                said = (self.challenges / token.decode()).read_text()
+            except (OSError, UnicodeDecodeError):
+                return responses.NOT_FOUND
+            # The store's file names the host it was asked for: another host's is not
+            # this one's to answer.
+            asked_for, _sep, key_authorization = said.partition("\n")
+            if asked_for != target.host:
+                return responses.NOT_FOUND
+            return responses.challenge(key_authorization.strip())
+        if target.force_https and self.https_port is not None:
+            name = target.host if host.startswith(b"[") else host.split(b":")[0].decode()
+            port = b"" if self.https_port == 443 else b":%d" % self.https_port
+            return responses.to_https(b"https://" + name.encode() + port + url)
+        return None
 
     def swap(self, table: RouteTable) -> None:
         """Make `table` the one new requests see; retire pools it no longer names."""

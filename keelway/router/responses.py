@@ -54,6 +54,8 @@ class Canned:
 HEALTH_PATH: Final = b"/_keelway/health"
 
 HEALTHY: Final = Canned(200, "ok\n")
+# Where ACME's HTTP-01 challenges are asked (RFC 8555 §8.3), on plain HTTP only.
+ACME_CHALLENGE: Final = b"/.well-known/acme-challenge/"
 NOT_FOUND: Final = Canned(404, "404 Not Found\n\nNo site is served at this address.\n")
 BAD_REQUEST: Final = Canned(400, "400 Bad Request\n")
 HEADERS_TOO_LARGE: Final = Canned(431, "431 Request Header Fields Too Large\n")
@@ -76,6 +78,16 @@ NOT_DEPLOYED: Final = Canned(503, "503 Service Unavailable\n\nThe site is not de
 
 
 @functools.lru_cache(maxsize=64)
+def to_https(location: bytes) -> Canned:
+    """A permanent redirect to the same request over HTTPS (308 keeps the method)."""
+    return Canned(308, "308 Permanent Redirect\n\nThis site is served over HTTPS.\n",
+                  b"Location: " + location + b"\r\n")
+
+
+def challenge(key_authorization: str) -> Canned:
+    return Canned(200, key_authorization)
+
+
 def _with_retry(text: str, retry_after_s: int) -> Canned:
     return Canned(503, text, b"Retry-After: %d\r\n" % retry_after_s)
 

@@ -18,7 +18,10 @@ a request's Host header leads to. Invariants:
   wakes, holds and counts activity per instance, whichever of its hosts a request used;
 - an instance's bound on requests in flight is the smallest `max_concurrency` any of its
   routes names, or the router's default when none names one (keelway/router/
-  concurrency.py enforces it).
+  concurrency.py enforces it);
+- a route may ask for HTTPS (format 4): `force_https` redirects its plain-HTTP requests
+  (308) to HTTPS, but ACME's HTTP-01 challenges; `hsts_s` adds Strict-Transport-Security
+  to its HTTPS responses.
 
 The format grows only by optional fields and new states, each entry judged alone, so a
 router reads every table an older keelway wrote. A router older than a table's format
@@ -43,7 +46,7 @@ if TYPE_CHECKING:
 
 # The table format this router reads: 1 had no `instance` and no `stopped`,
 # `no-release` or `crashed` state; 2 had no `max_concurrency`.
-TABLE_FORMAT: Final = 3
+TABLE_FORMAT: Final = 4
 
 
 class Handling(enum.Enum):
@@ -122,6 +125,8 @@ class RouteEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_d
     retry_after_s: NonNegative = 5
     instance: str | None = None
     max_concurrency: Positive | None = None
+    force_https: bool = False
+    hsts_s: Positive | None = None
 
     def __post_init__(self) -> None:
         if self.instance is not None:
@@ -247,9 +252,9 @@ class Traffic:
 class CompiledRoute:
     """A compiled route: what the hot path needs, precomputed once per table."""
 
-    __slots__ = ("hit", "holding", "host", "in_flight", "instance", "parked", "pool",
-                 "proxied", "retry_after_s", "state", "tally", "upstream_host",
-                 "upstream_key", "upstream_port")
+    __slots__ = ("force_https", "hit", "holding", "host", "hsts", "in_flight", "instance",
+                 "parked", "pool", "proxied", "retry_after_s", "state", "tally",
+                 "upstream_host", "upstream_key", "upstream_port")
 
     def __init__(self, host: str, route: RouteEntry) -> None:
         self.host: Final = host
@@ -264,6 +269,10 @@ class CompiledRoute:
         self.parked: Final = route.state is Handling.PARKED
         self.holding: Final = self.parked or route.state is Handling.HOLDING
         self.retry_after_s: Final = route.retry_after_s
+        self.force_https: Final = route.force_https
+        # The header line its HTTPS responses carry, made once per table.
+        self.hsts: Final = (None if route.hsts_s is None else
+                            b"Strict-Transport-Security: max-age=%d\r\n" % route.hsts_s)
         self.upstream_key: Final = route.upstream or ""
         host, port = parse_upstream(route.upstream) if route.upstream else ("", 0)
         self.upstream_host: Final = host

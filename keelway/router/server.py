@@ -37,7 +37,7 @@ from keelway.router.listen import LISTEN_BACKLOG, bind_tcp
 from keelway.router.proxy import Proxy, ProxyOptions
 from keelway.router.route_table import EMPTY_TABLE, Handling, RouteTable
 from keelway.router.table_file import TableFileError, load_table
-from keelway.router.tls import HANDSHAKE_TIMEOUT_S, Certificates
+from keelway.router.tls import CHALLENGES, HANDSHAKE_TIMEOUT_S, Certificates
 from keelway.router.waker import Waker
 from keelway.router.workers import SlotChannel, WorkerLaunch, WorkerSet, serve_channel
 
@@ -238,8 +238,11 @@ async def serve(config: RouterConfig, sock: socket.socket,
     server = (await loop.create_server(proxy.protocol, sock=sock, backlog=LISTEN_BACKLOG)
               if accepts else None)
     https: asyncio.Server | None = None
+    if config.certs is not None:
+        proxy.challenges = config.certs / CHALLENGES
     if accepts and https_sock is not None:
         assert config.certs is not None  # parse_args insists
+        proxy.https_port = https_sock.getsockname()[1]
         # A handshake names a host the table serves now, or it fails (router/tls.py).
         certificates = Certificates(config.certs,
                                     lambda name: name in proxy.routing.table.routes)

@@ -29,6 +29,9 @@ log: Final = logging.getLogger("keelway.router.tls")
 CHAIN: Final = "fullchain.pem"
 KEY: Final = "privkey.pem"
 CAPACITY: Final = 1000
+# Under the store: ACME's HTTP-01 challenges the router answers, one file per token
+# holding the host it is for and its key authorization (router/proxy.py).
+CHALLENGES: Final = ".acme-challenges"
 # A client that opens a connection must finish its handshake within this.
 HANDSHAKE_TIMEOUT_S: Final = 10.0
 ALPN: Final = ["http/1.1"]

@@ -168,6 +168,8 @@ class UpstreamConnection(ResponseHeadRewriter, asyncio.Protocol):
         head, framing, until_close, close = self.finish_response_head(
             status, ex.head_request, ex.chunked_ok, ex.close_client
         )
+        if ex.hsts is not None:
+            head = head[:-2] + ex.hsts + b"\r\n"  # before the head's closing blank line
         ex.close_client = close
         ex.response_started = True
         ex.answered(status, False)

@@ -50,3 +50,14 @@ def test_http_max_concurrency_is_read_and_checked(tmp_path: Path) -> None:
                       ("1000000", "out of range")):
         with pytest.raises(ManifestError, match=said):
             load_manifest(_app(tmp_path, f"[http]\nmax_concurrency = {bad}\n"))
+
+
+def test_http_force_https_and_hsts_are_read_and_checked(tmp_path: Path) -> None:
+    manifest = load_manifest(_app(tmp_path, '[http]\nforce_https = true\nhsts = "1y"\n'))
+    assert manifest.http_force_https and manifest.http_hsts_s == 365 * 86400
+    plain = load_manifest(_app(tmp_path, "[http]\nmax_concurrency = 5\n"))
+    assert not plain.http_force_https and plain.http_hsts_s is None
+    for bad, said in (('force_https = "yes"', "force_https"), ('hsts = "soon"', "hsts"),
+                      ("hsts = 0", "at least a second")):
+        with pytest.raises(ManifestError, match=said):
+            load_manifest(_app(tmp_path, f"[http]\n{bad}\n"))

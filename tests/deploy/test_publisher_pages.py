@@ -3,7 +3,7 @@ aliases name their instance, and a route the store gates says why."""
 
 from __future__ import annotations
 
-from keelway.deploy.publisher import Standing, table_of
+from keelway.deploy.publisher import HttpPolicy, Standing, table_of
 from keelway.router import route_table as rt
 from keelway.store.lifecycle import InstanceState, RouteState
 from keelway.store.records import Route
@@ -54,3 +54,16 @@ def test_an_instance_without_a_route_row_says_not_deployed_at_every_host() -> No
         "www.fresh.test": rt.RouteEntry(rt.Handling.NO_RELEASE, instance="fresh.test"),
         "off.test": rt.RouteEntry(rt.Handling.STOPPED),
     }
+
+
+def test_an_instances_http_policy_reaches_every_host_of_it() -> None:
+    policy = HttpPolicy(max_concurrency=7, force_https=True, hsts_s=600)
+    table, _ = table_of([_row("one.test", "one.test", RouteState.SERVING, 4000),
+                         _row("www.one.test", "one.test", RouteState.SERVING, 4000),
+                         _row("two.test", "two.test", RouteState.SERVING, 4001)], 1,
+                        policies={"one.test": policy})
+    for host in ("one.test", "www.one.test"):
+        entry = table.routes[host]
+        assert (entry.max_concurrency, entry.force_https, entry.hsts_s) == (7, True, 600)
+    other = table.routes["two.test"]
+    assert (other.max_concurrency, other.force_https, other.hsts_s) == (None, False, None)

@@ -114,3 +114,26 @@ def test_an_instance_is_served_over_https_with_its_own_certificate(
     with pytest.raises(OSError):
         _request(port, HOST, ca)
     assert kw.get(HOST, "/")[0] == 200
+
+
+def test_an_app_that_asks_for_https_is_redirected_there_and_told_hsts(
+        kw: Keelway, tmp_path: Path) -> None:
+    import http.client
+
+    ca = trustme.CA()
+    port = free_port()
+    kw.up("--https", f"127.0.0.1:{port}")
+    app = hello(tmp_path, "v1")
+    with (app / "keelway.toml").open("a") as toml:
+        toml.write('[http]\nforce_https = true\nhsts = "1y"\n')
+    kw.ok("deploy", "hello", str(app), "--host", HOST)
+    kw.ok("certs", "import", HOST, *_files(tmp_path, ca, HOST))
+    conn = http.client.HTTPConnection("127.0.0.1", kw.http_port, timeout=10)
+    conn.request("GET", "/here?x=1", headers={"Host": HOST})
+    response = conn.getresponse()
+    assert response.status == 308
+    assert response.getheader("Location") == f"https://{HOST}:{port}/here?x=1"
+    conn.close()
+    reply, _ = _request(port, HOST, ca)
+    assert reply.startswith(b"HTTP/1.1 200")
+    assert b"\r\nStrict-Transport-Security: max-age=31536000\r\n" in reply

@@ -185,3 +185,58 @@ def test_plain_http_still_says_http(router_and_upstream: tuple[RouterProcess, Up
 def router_and_upstream(router: RouterProcess, upstream: Upstream
                         ) -> tuple[RouterProcess, Upstream]:
     return router, upstream
+
+
+def _plain(port: int, name: str, path: str) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", path, headers={"Host": name})
+        response = conn.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        conn.close()
+
+
+TOKEN = "evaGxfADs6pSRb2LAv9IZf17Dt3juxGJ-PCt92wr-oA"
+
+
+def test_a_route_that_asks_for_https_redirects_plain_http_and_gets_hsts(
+        https: _Https, upstream: Upstream) -> None:
+    entry = RouteEntry(state=Handling.SERVING, upstream=upstream.address, force_https=True,
+                       hsts_s=31536000)
+    https.router.push(1, {"a.test": entry, "b.test": _routes(upstream)["b.test"]})
+    status, headers, _ = _plain(https.router.port, "a.test:8080", "/cart?item=3")
+    assert status == 308
+    assert headers["Location"] == f"https://a.test:{https.port}/cart?item=3"
+    assert upstream.seen.requests == []  # answered by the router
+    # A route that does not ask is served over plain HTTP as before, with no HSTS.
+    assert _plain(https.router.port, "b.test", "/")[0] == 200
+    context = _client(https.ca)
+    conn = http.client.HTTPConnection("127.0.0.1", https.port, timeout=10)
+    conn.sock = context.wrap_socket(socket.create_connection(("127.0.0.1", https.port)),
+                                    server_hostname="a.test")
+    conn.request("GET", "/", headers={"Host": "a.test"})
+    response = conn.getresponse()
+    assert response.status == 200
+    assert response.getheader("Strict-Transport-Security") == "max-age=31536000"
+    conn.close()
+
+
+@pytest.mark.parametrize("state", [Handling.SERVING, Handling.PARKED])
+def test_an_acme_challenge_is_answered_by_the_router_for_its_host_only(
+        https: _Https, upstream: Upstream, state: Handling) -> None:
+    entry = (RouteEntry(state=state, upstream=upstream.address, force_https=True)
+             if state is Handling.SERVING else RouteEntry(state=state))
+    https.router.push(1, {"a.test": entry, "b.test": _routes(upstream)["b.test"]})
+    store = https.certs / ".acme-challenges"
+    store.mkdir()
+    (store / TOKEN).write_text(f"a.test\n{TOKEN}.thumbprint\n")
+    path = f"/.well-known/acme-challenge/{TOKEN}"
+    # Not redirected, and a parked instance answers at once, waking nothing.
+    status, _, body = _plain(https.router.port, "a.test", path)
+    assert (status, body) == (200, f"{TOKEN}.thumbprint".encode())
+    assert _plain(https.router.port, "b.test", path)[0] == 404  # another host's
+    assert _plain(https.router.port, "a.test", "/.well-known/acme-challenge/x")[0] == 404
+    assert _plain(https.router.port, "a.test",
+                  "/.well-known/acme-challenge/..%2f..%2fprivkey.pem")[0] == 404
+    assert upstream.seen.requests == []
