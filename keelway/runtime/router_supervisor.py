@@ -165,6 +165,9 @@ class RouterSupervisor:
                     listeners = await asyncio.to_thread(router.borrow_listeners, home)
                     return cls(home, addr, settings, clock, handle, listeners)
                 await router.stop(home, running, clock)
+                # Its workers let go of the port as they finish draining: ours, so wait
+                # for them (a crash before the first record left no pidfile to say so).
+                deadline = max(deadline, clock.monotonic() + PORT_WAIT_S)
             try:
                 listeners = router.bind_listeners(addr, settings.https)
                 break
