@@ -37,6 +37,7 @@ from keelway.router.listen import LISTEN_BACKLOG, bind_tcp
 from keelway.router.proxy import Proxy, ProxyOptions
 from keelway.router.route_table import EMPTY_TABLE, Handling, RouteTable
 from keelway.router.table_file import TableFileError, load_table
+from keelway.router.tickets import LOOK_EVERY_S, TicketKeys
 from keelway.router.tls import CHALLENGES, HANDSHAKE_TIMEOUT_S, Certificates
 from keelway.router.waker import Waker
 from keelway.router.workers import SlotChannel, WorkerLaunch, WorkerSet, serve_channel
@@ -238,6 +239,7 @@ async def serve(config: RouterConfig, sock: socket.socket,
     server = (await loop.create_server(proxy.protocol, sock=sock, backlog=LISTEN_BACKLOG)
               if accepts else None)
     https: asyncio.Server | None = None
+    tickets: TicketKeys | None = None
     if config.certs is not None:
         proxy.challenges = config.certs / CHALLENGES
     if accepts and https_sock is not None:
@@ -246,9 +248,19 @@ async def serve(config: RouterConfig, sock: socket.socket,
         # A handshake names a host the table serves now, or it fails (router/tls.py).
         certificates = Certificates(config.certs,
                                     lambda name: name in proxy.routing.table.routes)
+        listening = certificates.listening_context()
+        # One session ticket key for every process of the router (router/tickets.py):
+        # written by the one that owns the control socket.
+        tickets = TicketKeys(config.certs, listening, writer=config.channel_fd is None)
+        tickets.look()
         https = await loop.create_server(
             proxy.protocol, sock=https_sock, backlog=LISTEN_BACKLOG,
-            ssl=certificates.listening_context(), ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
+            ssl=listening, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
+    elif https_sock is not None and config.certs is not None:
+        # The main process of workers: it serves no client, and keeps the key they read.
+        tickets = TicketKeys(config.certs, None, writer=True)
+        tickets.look()
+    looking = (loop.create_task(_look_forever(tickets)) if tickets is not None else None)
     if config.channel_fd is not None:
         assert server is not None
         # A worker: its parent is its control plane.
@@ -264,6 +276,8 @@ async def serve(config: RouterConfig, sock: socket.socket,
         server.close()
         if https is not None:
             https.close()
+        if looking is not None:
+            looking.cancel()
         channel.cancel()
         return await proxy.drain()
     trusted = tuple(f"--trusted-proxy={ip}" for ip in sorted(config.options.trusted_proxies))
@@ -313,6 +327,8 @@ async def serve(config: RouterConfig, sock: socket.socket,
         server.close()
     if https is not None:
         https.close()
+    if looking is not None:
+        looking.cancel()
     if waker is not None:
         await waker.close()
     clean, _ = await asyncio.gather(proxy.drain(), workers.stop())
@@ -320,6 +336,12 @@ async def serve(config: RouterConfig, sock: socket.socket,
         await control.close()
     log.info("stopped%s", "" if clean else " (some connections aborted at the deadline)")
     return clean
+
+
+async def _look_forever(tickets: TicketKeys) -> None:
+    while True:
+        await asyncio.sleep(LOOK_EVERY_S)
+        tickets.look()
 
 
 def raise_open_files_limit() -> int:

@@ -10,6 +10,7 @@ import http.client
 import shutil
 import socket
 import ssl
+import stat
 import subprocess
 import sys
 import time
@@ -240,3 +241,20 @@ def test_an_acme_challenge_is_answered_by_the_router_for_its_host_only(
     assert _plain(https.router.port, "a.test",
                   "/.well-known/acme-challenge/..%2f..%2fprivkey.pem")[0] == 404
     assert upstream.seen.requests == []
+
+
+def test_a_session_resumes_on_any_worker_with_one_ticket_key(
+        https: _Https, upstream: Upstream) -> None:
+    https.router.push(1, _routes(upstream))
+    context = _client(https.ca)
+    context.maximum_version = ssl.TLSVersion.TLSv1_2  # a ticket at once, with the handshake
+    session: ssl.SSLSession | None = None
+    reused = []
+    for _ in range(16):  # new connections: the kernel spreads them over the workers
+        with socket.create_connection(("127.0.0.1", https.port), timeout=10) as raw, \
+                context.wrap_socket(raw, server_hostname="a.test", session=session) as tls:
+            reused.append(tls.session_reused)
+            session = tls.session
+    assert reused == [False] + [True] * 15
+    keys = https.certs / ".ticket-keys"
+    assert stat.S_IMODE(keys.stat().st_mode) == 0o600 and len(keys.read_bytes()) == 80
