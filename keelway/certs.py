@@ -130,6 +130,27 @@ def certificates(home: Home) -> list[CertificateInfo]:
     return found
 
 
+# What `not_after` read of each certificate file, by its identity: `status` asks of
+# every host each time, and a file is parsed again only once it changed.
+_EXPIRY: dict[tuple[str, int, int], float] = {}
+
+
+def not_after(certs_dir: Path, name: str) -> float | None:
+    """When the certificate HTTPS serves `name` with expires; None: it has none."""
+    chain = certs_dir / name / CHAIN
+    try:
+        seen = os.stat(chain)
+        key = (str(chain), seen.st_ino, seen.st_mtime_ns)
+        if key not in _EXPIRY:
+            if len(_EXPIRY) > 100_000:
+                _EXPIRY.clear()
+            leaf = x509.load_pem_x509_certificate(chain.read_bytes())
+            _EXPIRY[key] = leaf.not_valid_after_utc.timestamp()
+        return _EXPIRY[key]
+    except (OSError, ValueError):
+        return None
+
+
 def covers(names: tuple[str, ...], name: str) -> bool:
     """Whether a certificate for `names` serves `name` (a wildcard covers one label)."""
     for pattern in names:

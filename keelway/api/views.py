@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 
+from keelway import certs
 from keelway.api.instance_state import (
     RELEASING,
     SERVICE,
@@ -19,6 +20,7 @@ from keelway.api.instance_state import (
     label,
 )
 from keelway.builds.build_step import BUILD_NICE, IONICE
+from keelway.home import Home
 from keelway.journal import REPLICA
 from keelway.limits import format_size
 from keelway.reconcile.plan import leftovers as unconverged
@@ -219,13 +221,15 @@ def status_json(store: Store, http_port: int | None, app_filter: str | None,
     it is read (Store.read_aside), with each live process's use of memory and CPU read
     there too (the home's trees as the box has them: `home_root`)."""
     trees = ProcessTrees.found(home_root) if home_root is not None else None
+    certs_dir = Home(home_root).certs_dir if home_root is not None else None
     return msgspec.json.encode(
-        status_view(store, http_port, app_filter, live_ops, trees) | extra)
+        status_view(store, http_port, app_filter, live_ops, trees, certs_dir) | extra)
 
 
 def status_view(store: Store, http_port: int | None, app_filter: str | None,
                 live_ops: set[int] | None = None,
-                trees: ProcessTrees | None = None) -> dict[str, Any]:
+                trees: ProcessTrees | None = None,
+                certs_dir: Path | None = None) -> dict[str, Any]:
     apps = [a for a in store.apps.list_apps() if app_filter is None or a.name == app_filter]
     pinned = store.builds.pinned_builds()
     fleet = Fleet.read(store)
@@ -286,6 +290,12 @@ def status_view(store: Store, http_port: int | None, app_filter: str | None,
                 "processes": services,
                 "drill": drills.get(inst.host),
                 "last_operation": operation_view(latest, with_steps=False) if latest else None,
+                # When the certificate HTTPS serves each of its names with expires (None:
+                # it has none), read where status is.
+                "certificates": ({name: certs.not_after(certs_dir, name) for name in
+                                  (inst.host, *(a.host for a in fleet.aliases.get(inst.host,
+                                                                                  [])))}
+                                 if certs_dir is not None else {}),
             })
         rollout = store.rollouts.latest_rollout(app.name)
         out.append({

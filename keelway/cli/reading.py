@@ -14,6 +14,9 @@ from keelway.cli.base import answered, api_command, cli, client
 from keelway.cli.client import ApiLost, ApiUnavailable
 from keelway.cli.output import ago, emit_json, table
 
+# A certificate this close to its end is said in `status`.
+CERT_WARN_S = 14 * 86400
+
 
 @cli.command()
 @click.argument("app", required=False)
@@ -67,6 +70,14 @@ def status(app: str | None, as_json: bool) -> None:
                 where = "snapshots" if drill["message"].startswith("snapshot") else "replicas"
                 notes.append(f"{inst['host']}: the last restore drill failed: "
                              f"{drill['message']}; `keelway db {where} {inst['host']}`")
+            for name, expires in (inst.get("certificates") or {}).items():
+                # Only what needs a person: the rest is `keelway certs list`'s.
+                left = None if expires is None else expires - time.time()
+                if left is not None and left < CERT_WARN_S:
+                    notes.append(f"{name}: its certificate "
+                                 + ("has expired" if left <= 0 else
+                                    f"expires in {max(1, int(left // 86400))} days")
+                                 + "; `keelway certs list`")
             if inst.get("pending_release"):
                 notes.append(f"{inst['host']}: {inst['pending_release']} starts at its next "
                              "wake")

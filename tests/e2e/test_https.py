@@ -6,10 +6,12 @@ again, a router restart and a router's death, and `--https off` ends it."""
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import socket
 import ssl
+import time
 from pathlib import Path
 
 import pytest
@@ -49,8 +51,11 @@ def _refused(port: int, name: str) -> bool:
         return True
 
 
-def _files(tmp_path: Path, ca: trustme.CA, *names: str) -> tuple[str, str]:
-    issued = ca.issue_cert(*names)
+def _files(tmp_path: Path, ca: trustme.CA, *names: str,
+           days: int | None = None) -> tuple[str, str]:
+    ends = (None if days is None else
+            datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=days))
+    issued = ca.issue_cert(*names, not_after=ends) if ends else ca.issue_cert(*names)
     cert, key = tmp_path / f"{names[0]}.pem", tmp_path / f"{names[0]}.key"
     issued.cert_chain_pems[0].write_to_path(str(cert))
     issued.private_key_pem.write_to_path(str(key))
@@ -127,7 +132,12 @@ def test_an_app_that_asks_for_https_is_redirected_there_and_told_hsts(
     with (app / "keelway.toml").open("a") as toml:
         toml.write('[http]\nforce_https = true\nhsts = "1y"\n')
     kw.ok("deploy", "hello", str(app), "--host", HOST)
-    kw.ok("certs", "import", HOST, *_files(tmp_path, ca, HOST))
+    kw.ok("certs", "import", HOST, *_files(tmp_path, ca, HOST, days=5))
+    # A certificate near its end is said in status, with when.
+    (app_view,) = kw.ok("status", "--json").json()["apps"]
+    (inst,) = app_view["instances"]
+    assert inst["certificates"][HOST] > time.time() + 4 * 86400
+    assert f"{HOST}: its certificate expires in 4 days" in kw.ok("status").out
     conn = http.client.HTTPConnection("127.0.0.1", kw.http_port, timeout=10)
     conn.request("GET", "/here?x=1", headers={"Host": HOST})
     response = conn.getresponse()
