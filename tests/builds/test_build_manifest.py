@@ -109,6 +109,8 @@ def test_manifest_errors_are_the_users_input_errors() -> None:
         ("3", 3.0),
         ("0.25", 0.25),
         ('"0s"', 0.0),
+        ('"1d"', 86400.0),
+        ('"1y"', 365 * 86400.0),
     ],
 )
 def test_durations_are_strings_with_units_or_numbers_of_seconds(
@@ -121,7 +123,7 @@ def test_durations_are_strings_with_units_or_numbers_of_seconds(
 
 
 @pytest.mark.parametrize(
-    "written", ['"10"', '"ten seconds"', '"10 s"', '"1d"', '"-5s"', "-1", "true", '""', "inf"]
+    "written", ['"10"', '"ten seconds"', '"10 s"', '"1w"', '"-5s"', "-1", "true", '""', "inf"]
 )
 def test_anything_else_as_a_duration_is_refused_naming_the_key(
     make_app: MakeApp, written: str
