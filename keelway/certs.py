@@ -16,11 +16,15 @@ Rules:
   already expired.
 - The key never leaves this module but into its file: not in an error, a log line or an
   answer. What is shown of a certificate is its names, issuer and validity.
+
+Also here, as a leaf every reader can import: the names the ACME CA has not issued for
+yet and when each is tried again (`backoffs`), written by keelway/deploy/certify.py.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import re
 import secrets
@@ -149,6 +153,43 @@ def not_after(certs_dir: Path, name: str) -> float | None:
         return _EXPIRY[key]
     except (OSError, ValueError):
         return None
+
+
+@dataclass(frozen=True)
+class CertBackoff:
+    """A name's last failure and when the keeper may try it again."""
+
+    name: str
+    error: str
+    failures: int
+    retry_at: float
+
+    def view(self) -> dict[str, object]:
+        return {"name": self.name, "error": self.error, "failures": self.failures,
+                "retry_at": self.retry_at}
+
+
+def backoff_dir(home: Home) -> Path:
+    return home.root / "acme" / "backoff"
+
+
+def backoffs(home: Home) -> dict[str, CertBackoff]:
+    """Every name backing off now, by name (one listing, a file per failing name)."""
+    found: dict[str, CertBackoff] = {}
+    try:
+        entries = list(os.scandir(backoff_dir(home)))
+    except FileNotFoundError:
+        return found
+    for entry in entries:
+        if not entry.name.endswith(".json"):
+            continue
+        try:
+            kept = json.loads(Path(entry.path).read_text())
+            found[kept["name"]] = CertBackoff(kept["name"], kept["error"], int(kept["failures"]),
+                                          float(kept["retry_at"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return found
 
 
 def covers(names: tuple[str, ...], name: str) -> bool:

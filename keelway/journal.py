@@ -59,11 +59,17 @@ class OpKind(enum.StrEnum):
     # A scheduled job's run (keelway/deploy/jobs.py): a one-off process like RUN, keyed
     # by (job, scheduled time) on its instance, so no run of a schedule starts twice.
     JOB = "job"
+    # A certificate for one of an instance's names from the ACME CA (keelway/deploy/
+    # certify.py): never its instance's latest (it changes nothing convergence reads);
+    # the order it carries is kept in files, so a crash ends it and the next one for
+    # the name resumes that order rather than placing another.
+    CERTIFY = "certify"
 
     @property
     def one_off(self) -> bool:
-        """A one-off process's operation: never its instance's latest (it changes
-        nothing convergence reads), ended by the boot pass if a crash cut it short."""
+        """A one-off operation (a process, a certificate): never its instance's latest
+        (it changes nothing convergence reads), ended by the boot pass if a crash cut
+        it short."""
         return self in ONE_OFFS
 
     @property
@@ -77,7 +83,7 @@ class OpKind(enum.StrEnum):
                   | OpKind.RUN | OpKind.ADD_INSTANCES | OpKind.REMOVE_INSTANCE
                   | OpKind.DESTROY | OpKind.SEED_IMPORT | OpKind.SEED_ROLLBACK
                   | OpKind.RESTORE | OpKind.REPLICATE | OpKind.RESTORE_REPLICA
-                  | OpKind.JOB):
+                  | OpKind.JOB | OpKind.CERTIFY):
                 return False
             case _:
                 assert_never(self)
@@ -96,13 +102,14 @@ class OpKind(enum.StrEnum):
             # never found unjournaled and started again.
             case (OpKind.RUN | OpKind.ADD_INSTANCES | OpKind.REMOVE_INSTANCE
                   | OpKind.DESTROY | OpKind.SEED_IMPORT | OpKind.SEED_ROLLBACK
-                  | OpKind.RESTORE | OpKind.RESTORE_REPLICA | OpKind.JOB):
+                  | OpKind.RESTORE | OpKind.RESTORE_REPLICA | OpKind.JOB
+                  | OpKind.CERTIFY):
                 return False
             case _:
                 assert_never(self)
 
 
-ONE_OFFS: frozenset[OpKind] = frozenset({OpKind.RUN, OpKind.JOB})
+ONE_OFFS: frozenset[OpKind] = frozenset({OpKind.RUN, OpKind.JOB, OpKind.CERTIFY})
 
 
 class StepKind(enum.StrEnum):
@@ -198,6 +205,14 @@ class StepKind(enum.StrEnum):
     # `db restore`: the replica set aside and a new one begun from the restored file
     # (keelway/deploy/restore.py).
     REPLICA_RESET = "replica-reset"
+    # A certificate by ACME (keelway/deploy/certify.py): the order placed (or the one a
+    # crash left found again), its challenges answered, the order finalized and the
+    # certificate fetched, then installed for the router. Each is an external effect
+    # at the CA or a file that outlives a reboot.
+    ORDER = "order"
+    AUTHORIZE = "authorize"
+    FINALIZE = "finalize"
+    INSTALL = "install"
 
     def label(self, service: str | None) -> str:
         who = service or "?"
@@ -261,6 +276,14 @@ class StepKind(enum.StrEnum):
                 return "purge snapshots"
             case StepKind.REPLICA_RESET:
                 return "reset replica"
+            case StepKind.ORDER:
+                return "order certificate"
+            case StepKind.AUTHORIZE:
+                return "answer challenge"
+            case StepKind.FINALIZE:
+                return "finalize order"
+            case StepKind.INSTALL:
+                return "install certificate"
             case _:
                 assert_never(self)
 
@@ -290,7 +313,8 @@ class StepKind(enum.StrEnum):
                   | StepKind.SEED_DELETE_REPLICA | StepKind.SEED_FORGET
                   | StepKind.SEED_RECORD | StepKind.SWAP_DB | StepKind.SWAP_DATABASE
                   | StepKind.PURGE_REPLICA | StepKind.PURGE_SNAPSHOTS
-                  | StepKind.REPLICA_RESET):
+                  | StepKind.REPLICA_RESET | StepKind.ORDER | StepKind.AUTHORIZE
+                  | StepKind.FINALIZE | StepKind.INSTALL):
                 return False
             case _:
                 assert_never(self)

@@ -83,7 +83,8 @@ DEPLOY_ORDER = ["errors", "outcome", "locks", "cohorts", "rollouts", "plan", "st
                 "generation_start", "fences", "publisher", "operation", "apps", "instances",
                 "domains", "attempt",
                 "crash_restarts", "replica_keeper", "passes", "parking", "snapshots",
-                "restore", "runs", "jobs", "deploy_plan", "deployer", "seeding", "replication"]
+                "restore", "runs", "jobs", "certify", "deploy_plan", "deployer", "seeding",
+                "replication"]
 
 
 def test_the_deploy_path_reads_one_way() -> None:

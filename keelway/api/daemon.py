@@ -38,6 +38,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from keelway import issuance
 from keelway.activator.sweep import Sweep
 from keelway.api.run_server import RunServer
 from keelway.api.server import Api
@@ -49,6 +50,7 @@ from keelway.data.objects import LocalObjects, ObjectStore, ObjectStoreError, op
 from keelway.data.replicas import ReplicaError, ReplicaOptions, Replicas
 from keelway.deploy import targets
 from keelway.deploy.apps import FORGET_APP, Apps
+from keelway.deploy.certify import CERTIFY, Certifier
 from keelway.deploy.crash_restarts import RECOVER, RESTART_CRASHED, CrashRestarts
 from keelway.deploy.deployer import ATTEMPTS, START, STOP, Deployer
 from keelway.deploy.domains import Domains
@@ -157,7 +159,8 @@ def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
     keeper = ReplicaKeeper(store, supervisor, clock, runner, replicas)
     # How the reconciler ends an interrupted operation of each kind with a spec (or
     # leaves it to the kind's own recovery at boot).
-    ends = finalizers(PARK, WAKE, STOP, START, RUN, JOB, RECOVER, RESTART_CRASHED, REPLICATE,
+    ends = finalizers(PARK, WAKE, STOP, START, RUN, JOB, CERTIFY, RECOVER, RESTART_CRASHED,
+                      REPLICATE,
                       *ATTEMPTS.values(), RESTORE, RESTORE_REPLICA, IMPORT, ROLLBACK, ADD,
                       REMOVE, DESTROY_ONE, FORGET_APP)
     reconciler = Reconciler(store, supervisor, home, restarts, keeper,
@@ -248,6 +251,28 @@ def _router_addr(home: Home, asked: str | None) -> str:
     return recorded[0] if recorded is not None else DEFAULT_HTTP
 
 
+def _authority(home: Home, directory: str | None, email: str | None,
+               ca_bundle: str | None,
+               challenge: str | None) -> issuance.CertificateAuthority | None:
+    """The CA certificates are ordered from: as `up` says (and kept for the next `up`;
+    `--acme-directory off`: none), else as a previous `up` said, else Let's Encrypt.
+    A flag not given keeps its kept value."""
+    kept = issuance.saved_authority(home)
+    if directory is None and email is None and ca_bundle is None and challenge is None:
+        return kept
+    if directory == "off":
+        issuance.save_authority(home, None)
+        return None
+    base = kept or issuance.CertificateAuthority()
+    chosen = issuance.CertificateAuthority(
+        directory if directory is not None else base.directory,
+        email if email is not None else base.email,
+        Path(ca_bundle).resolve() if ca_bundle else base.ca_bundle,
+        challenge if challenge is not None else base.challenge)
+    issuance.save_authority(home, chosen)
+    return chosen
+
+
 def _https_addr(home: Home, asked: str | None) -> str | None:
     """Where the router serves HTTPS: where asked (`off`: nowhere), else where it already
     does (or last did), so `keelway up` never stops or moves a router's HTTPS."""
@@ -272,7 +297,8 @@ async def run(home: Home, http_addr: str | None, demo: bool, announce: Callable[
               router: RouterSettings | None = None, objects: str | None = None,
               refuses_to_die: RefusesToDie = every_process_dies,
               limits: Limits = BUILT_IN, build_limits: BuildLimits | None = None,
-              jobs_at_once: int = JOBS_AT_ONCE) -> int:
+              jobs_at_once: int = JOBS_AT_ONCE,
+              acme: issuance.CertificateAuthority | None = None) -> int:
     """Run the control plane until shutdown; returns the process exit code.
 
     A full disk at start (the lock, the router's records, the store) is said as such and
@@ -281,7 +307,7 @@ async def run(home: Home, http_addr: str | None, demo: bool, announce: Callable[
     """
     try:
         return await _run_home(home, http_addr, demo, announce, router, objects,
-                               refuses_to_die, limits, build_limits, jobs_at_once)
+                               refuses_to_die, limits, build_limits, jobs_at_once, acme)
     except Exception as exc:  # a filter, not a catch-all: anything else goes on up
         if not disk_full(exc):
             raise
@@ -294,7 +320,8 @@ async def _run_home(home: Home, http_addr: str | None, demo: bool, announce: Cal
                     router: RouterSettings | None, objects: str | None,
                     refuses_to_die: RefusesToDie, limits: Limits,
                     build_limits: BuildLimits | None,
-                    jobs_at_once: int = JOBS_AT_ONCE) -> int:
+                    jobs_at_once: int = JOBS_AT_ONCE,
+                    acme: issuance.CertificateAuthority | None = None) -> int:
     home.ensure()
     try:
         lock_fd = _take_lock(home)
@@ -309,7 +336,7 @@ async def _run_home(home: Home, http_addr: str | None, demo: bool, announce: Cal
             raise StartupError(f"--objects: {exc}", EXIT_FAILED) from exc
         return await _run_locked(home, _router_addr(home, http_addr), demo, announce,
                                  router or RouterSettings(), object_store, refuses_to_die,
-                                 limits, build_limits, jobs_at_once)
+                                 limits, build_limits, jobs_at_once, acme)
     except StartupError as exc:
         announce(f"error: {exc}")
         return exc.exit_code
@@ -321,7 +348,8 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
                       announce: Callable[[str], None], settings: RouterSettings,
                       objects: ObjectStore | None, refuses_to_die: RefusesToDie,
                       limits: Limits, build_limits: BuildLimits | None,
-                      jobs_at_once: int = JOBS_AT_ONCE) -> int:
+                      jobs_at_once: int = JOBS_AT_ONCE,
+                      acme: issuance.CertificateAuthority | None = None) -> int:
     clock = SystemClock()
     # Before the router starts (it inherits the score): out of memory, the kernel kills
     # an app, never keelway (keelway/runtime/limits.py).
@@ -377,9 +405,13 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
         return None
 
     router.watch(push_routes)
+    https_port = (router_process.parse_addr(settings.https)[1]
+                  if settings.https is not None else None)
+    certifier = Certifier(store, home, parts.runner, acme, http_port, https_port)
     api = Api(store, home, deployer, parts.passes, http_port, request_shutdown, router,
               parts.parking, parts.apps, parts.instances, parts.domains, parts.seeding,
-              parts.snapshots, parts.replication, parts.restore, parts.runs, parts.jobs)
+              parts.snapshots, parts.replication, parts.restore, parts.runs, parts.jobs,
+              certifier)
     # Open log streams (`logs -f`) must not hold a shutdown for long.
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False,
                            shutdown_timeout=2.0)
@@ -399,12 +431,14 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     idle_sweep = loop.create_task(Sweep(store, parts.parking, home.router_socket, clock).run())
     snapshot_schedule = loop.create_task(parts.snapshots.schedule())
     job_schedule = loop.create_task(parts.jobs.schedule())
+    cert_keeper = loop.create_task(certifier.keep())
 
     announce(f"keelway {'adopted' if router.handle.adopted else 'started'} the router on "
              f"http://{http_addr}/ (pid {router.handle.pid})")
     if settings.https is not None:
         announce(f"HTTPS on https://{settings.https}/ from the certificates in "
-                 f"{home.certs_dir}")
+                 f"{home.certs_dir}" + (f", ordered from {acme.directory} as needed"
+                                        if acme is not None else ""))
     announce(f"API on {home.api_socket}; state in {home.root}")
     for inst in store.instances.list_instances():
         announce(f"serving {inst.app}: http://{inst.host}:{http_port}/")
@@ -416,6 +450,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     # this process is gone, so every one is hung up, stopped and journaled now.
     await run_server.close()
     job_schedule.cancel()
+    cert_keeper.cancel()
     await parts.jobs.close()
     rotation.cancel()
     periodic.cancel()
@@ -532,6 +567,10 @@ def main(argv: list[str] | None = None,
     parser.add_argument("--https", default=None,
                         help="where the router serves HTTPS, or `off` (default: where it "
                              "already does, if it does)")
+    parser.add_argument("--acme-directory", default=None)
+    parser.add_argument("--acme-email", default=None)
+    parser.add_argument("--acme-ca-bundle", default=None)
+    parser.add_argument("--acme-challenge", default=None, choices=issuance.CHALLENGE_TYPES)
     parser.add_argument("--objects", default=None,
                         help="s3://BUCKET/PREFIX for snapshots (default: $KEELWAY_HOME/objects)")
     for name in ("memory", "cpu", "pids", "nofile"):
@@ -553,6 +592,8 @@ def main(argv: list[str] | None = None,
         https = _https_addr(Home.from_env(), args.https)
     except ValueError as exc:
         parser.error(f"--https: {exc}")
+    acme = _authority(Home.from_env(), args.acme_directory, args.acme_email,
+                      args.acme_ca_bundle, args.acme_challenge)
     settings = RouterSettings(max(1, args.router_workers), tuple(args.trusted_proxy),
                               args.hold_timeout, args.max_concurrency, https)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
@@ -580,7 +621,7 @@ def main(argv: list[str] | None = None,
     with contextlib.suppress(KeyboardInterrupt):
         return uvloop.run(run(Home.from_env(), args.http, args.demo, announce, settings,
                               args.objects, refuses_to_die, limits, build_limits,
-                              max(1, args.jobs_at_once)))
+                              max(1, args.jobs_at_once), acme))
     return 0
 
 

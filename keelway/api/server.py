@@ -37,6 +37,7 @@ from keelway.api.run_server import RunPlanApi
 from keelway.api.seed import SeedApi
 from keelway.api.snapshots import SnapshotsApi
 from keelway.api.views import (
+    certificate_check,
     doctor_checks,
     event_view,
     isolation_view,
@@ -47,6 +48,7 @@ from keelway.api.views import (
     unreleased_failures,
 )
 from keelway.deploy.apps import Apps
+from keelway.deploy.certify import Certifier
 from keelway.deploy.deployer import Deployer
 from keelway.deploy.domains import Domains
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
@@ -78,10 +80,10 @@ class Api:
                  seeding: Seeding | None = None, snapshots: Snapshots | None = None,
                  replication: Replication | None = None,
                  restore: Restore | None = None, runs: Runs | None = None,
-                 jobs: Jobs | None = None) -> None:
+                 jobs: Jobs | None = None, certifier: Certifier | None = None) -> None:
         self.router = router
         self.jobs = JobsApi(jobs) if jobs is not None else None
-        self.certs = CertsApi(store, home)
+        self.certs = CertsApi(store, home, certifier)
         self.runs = RunPlanApi(runs) if runs is not None else None
         self.seeding = SeedApi(seeding) if seeding is not None else None
         self.snapshots = (SnapshotsApi(snapshots, restore)
@@ -171,7 +173,10 @@ class Api:
             self.home.root))
 
     async def doctor(self, _request: web.Request) -> web.Response:
-        return web.json_response({"checks": doctor_checks(self.deployer.supervisor)})
+        on = self.certs.certifier is not None and self.certs.certifier.on
+        checks = [*doctor_checks(self.deployer.supervisor),
+                  await asyncio.to_thread(certificate_check, self.home, on)]
+        return web.json_response({"checks": checks})
 
     async def releases(self, request: web.Request) -> web.Response:
         name = app_name(self.store, request)

@@ -222,14 +222,18 @@ def status_json(store: Store, http_port: int | None, app_filter: str | None,
     there too (the home's trees as the box has them: `home_root`)."""
     trees = ProcessTrees.found(home_root) if home_root is not None else None
     certs_dir = Home(home_root).certs_dir if home_root is not None else None
+    failing = certs.backoffs(Home(home_root)) if home_root is not None else {}
     return msgspec.json.encode(
-        status_view(store, http_port, app_filter, live_ops, trees, certs_dir) | extra)
+        status_view(store, http_port, app_filter, live_ops, trees, certs_dir, failing)
+        | extra)
 
 
 def status_view(store: Store, http_port: int | None, app_filter: str | None,
                 live_ops: set[int] | None = None,
                 trees: ProcessTrees | None = None,
-                certs_dir: Path | None = None) -> dict[str, Any]:
+                certs_dir: Path | None = None,
+                cert_failures: dict[str, certs.CertBackoff] | None = None) -> dict[str, Any]:
+    failing = cert_failures or {}
     apps = [a for a in store.apps.list_apps() if app_filter is None or a.name == app_filter]
     pinned = store.builds.pinned_builds()
     fleet = Fleet.read(store)
@@ -296,6 +300,11 @@ def status_view(store: Store, http_port: int | None, app_filter: str | None,
                                   (inst.host, *(a.host for a in fleet.aliases.get(inst.host,
                                                                                   [])))}
                                  if certs_dir is not None else {}),
+                # Its names the CA has not issued for, backing off (deploy/certify.py).
+                "certificate_failures": [
+                    failing[name].view() for name in
+                    (inst.host, *(a.host for a in fleet.aliases.get(inst.host, [])))
+                    if name in failing],
             })
         rollout = store.rollouts.latest_rollout(app.name)
         out.append({
@@ -333,6 +342,23 @@ def isolation_view(identities: Identities) -> dict[str, Any]:
     """Whether each tenant runs as a uid of its own, and why not (keelway/identity.py)."""
     return {"uid_per_instance": identities.in_force,
             "shared_because": identities.shared_because}
+
+
+def certificate_check(home: Home, on: bool) -> dict[str, Any]:
+    """Doctor's word on ACME: which names the CA has not issued for, and why."""
+    failing = certs.backoffs(home)
+    if not on:
+        return {"check": "certificates", "ok": True,
+                "detail": "no certificates are ordered here (HTTPS or ACME is off)"}
+    if not failing:
+        return {"check": "certificates", "ok": True,
+                "detail": "every name that wanted a certificate from the CA got one"}
+    worst = sorted(failing.values(), key=lambda b: b.name)
+    return {"check": "certificates", "ok": False,
+            "detail": "; ".join(f"{b.name}: {b.error} ({b.failures} tries)" for b in worst[:5])
+            + (f"; and {len(worst) - 5} more" if len(worst) > 5 else "")
+            + "; see `keelway certs list`, fix the name's DNS or the CA's complaint, then "
+              "`keelway certs renew NAME`"}
 
 
 def doctor_checks(supervisor: Supervisor) -> list[dict[str, Any]]:

@@ -1,7 +1,9 @@
 """The certificates the router's HTTPS serves: `keelway certs list`, `keelway certs
-import HOST CERT KEY` (your own certificate for a host or alias keelway serves).
+import HOST CERT KEY` (your own certificate for a host or alias keelway serves),
+`keelway certs renew HOST` (one from the ACME CA now).
 
     keelway certs import shop.example.com fullchain.pem privkey.pem
+    keelway certs renew shop.example.com
     keelway certs list
 """
 
@@ -15,6 +17,7 @@ import click
 
 from keelway.cli.base import answered, api_command, cli, client
 from keelway.cli.output import fail, fail_json, table
+from keelway.cli.plans import dry_run_option
 
 
 @cli.group()
@@ -32,15 +35,24 @@ def list_certs(as_json: bool) -> None:
     data = client().request("GET", "/v1/certs")
     if answered(data, as_json):
         return
-    if not data["certificates"]:
-        click.echo("no certificates yet: `keelway certs import HOST CERT KEY`")
-        return
+    acme = data.get("acme")
+    click.echo(f"ordered from {acme['directory']} by {acme['challenge']} as needed"
+               if acme else "ACME is off: certificates are the ones imported")
     now = time.time()
-    table(None, ["host", "covers", "issuer", "expires", ""],
-          [[c["name"], ", ".join(c["names"]), c["issuer"],
-            time.strftime("%Y-%m-%d", time.gmtime(c["not_after"])),
-            _left(c["not_after"] - now) + ("" if c["served"] else "; not served")]
-           for c in data["certificates"]])
+    if not data["certificates"]:
+        click.echo("no certificates yet" + ("" if acme else
+                                            ": `keelway certs import HOST CERT KEY`"))
+    else:
+        table(None, ["host", "covers", "issuer", "expires", ""],
+              [[c["name"], ", ".join(c["names"]), c["issuer"],
+                time.strftime("%Y-%m-%d", time.gmtime(c["not_after"])),
+                _left(c["not_after"] - now) + ("" if c["served"] else "; not served")]
+               for c in data["certificates"]])
+    for held in data.get("failing") or []:
+        at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(held["retry_at"]))
+        click.echo(f"{held['name']}: not issued ({held['failures']} tries): {held['error']}; "
+                   f"tried again after {at}, or now with `keelway certs renew "
+                   f"{held['name']}`")
 
 
 def _read(path: Path, as_json: bool) -> str:
@@ -81,3 +93,26 @@ def import_cert(host: str, cert: Path, key: Path, as_json: bool) -> None:
     expires = time.strftime("%Y-%m-%d", time.gmtime(data["not_after"]))
     click.echo(f"{host} is served with the certificate from {data['issuer']} "
                f"(covers {', '.join(data['names'])}; expires {expires})")
+
+
+@certs.command("renew")
+@click.argument("host")
+@dry_run_option
+@api_command
+def renew(host: str, dry_run: bool, as_json: bool) -> None:
+    """Order a new certificate for HOST from the ACME CA now, as a journaled operation
+    (whatever its back-off); the one served meanwhile stays served.
+
+    Example: keelway certs renew shop.example.com
+    """
+    data = client(None).request(
+        "POST", f"/v1/certs/{urllib.parse.quote(host, safe='')}/renew", {"dry_run": dry_run})
+    if answered(data, as_json, dry_run):
+        return
+    cert = data.get("certificate")
+    if cert is None:
+        click.echo(f"{host}: renewed")
+        return
+    expires = time.strftime("%Y-%m-%d", time.gmtime(cert["not_after"]))
+    click.echo(f"{host} is served with a new certificate from {cert['issuer']} "
+               f"(expires {expires})")

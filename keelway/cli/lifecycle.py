@@ -43,6 +43,18 @@ _DAEMON_DISK_FULL = 5  # keelway.api.daemon.EXIT_DISK_FULL, which the CLI does n
               help="Where the router also serves HTTPS (e.g. 0.0.0.0:443), from the "
                    "certificates `keelway certs` keeps; `off` stops it (default: as it "
                    "was).")
+@click.option("--acme-directory", default=None, metavar="URL|off",
+              help="The ACME CA HTTPS certificates are ordered from, kept for later "
+                   "`up`s; `off` orders none (default: Let's Encrypt).")
+@click.option("--acme-email", default=None, metavar="EMAIL",
+              help="The contact the CA's account is registered with.")
+@click.option("--acme-ca-bundle", default=None, metavar="FILE",
+              type=click.Path(exists=True, dir_okay=False, resolve_path=True),
+              help="Trust the CA's API by this root (a private or test CA).")
+@click.option("--acme-challenge", default=None,
+              type=click.Choice(["auto", "http-01", "tls-alpn-01"]),
+              help="How names are proven: HTTP-01 on port 80, TLS-ALPN-01 on 443 "
+                   "(default: auto, HTTP-01 unless only HTTPS is on 443).")
 @click.option("--jobs-at-once", type=click.IntRange(1, 10_000), default=None, metavar="N",
               help="Scheduled jobs' runs under way on the box at once (default: 8).")
 @click.option("--default-memory", default=None, metavar="SIZE",
@@ -67,7 +79,8 @@ def up(demo: bool, detach: bool, http_addr: str | None, router_workers: int | No
        max_concurrency: int | None, https_addr: str | None, jobs_at_once: int | None,
        default_memory: str | None, default_cpu: str | None, default_pids: str | None,
        default_nofile: str | None, build_memory: str | None, build_timeout: str | None,
-       build_disk: str | None, as_json: bool) -> None:
+       build_disk: str | None, acme_directory: str | None, acme_email: str | None,
+       acme_ca_bundle: str | None, acme_challenge: str | None, as_json: bool) -> None:
     """Start the control plane and the router (state in $KEELWAY_HOME)."""
     home = Home.from_env()
     given = {"memory": default_memory, "cpu": default_cpu, "pids": default_pids,
@@ -93,6 +106,9 @@ def up(demo: bool, detach: bool, http_addr: str | None, router_workers: int | No
     if jobs_at_once is not None:
         daemon_argv += ["--jobs-at-once", str(jobs_at_once)]
     daemon_argv += ["--https", https_addr] if https_addr is not None else []
+    for flag, value in (("directory", acme_directory), ("email", acme_email),
+                        ("ca-bundle", acme_ca_bundle), ("challenge", acme_challenge)):
+        daemon_argv += [f"--acme-{flag}", value] if value is not None else []
     daemon_argv += [f"--default-{name}={value}" for name, value in given.items()
                     if value is not None]
     daemon_argv += [f"--build-{name}={value}" for name, value in build.items()

@@ -78,6 +78,10 @@ def status(app: str | None, as_json: bool) -> None:
                                  + ("has expired" if left <= 0 else
                                     f"expires in {max(1, int(left // 86400))} days")
                                  + "; `keelway certs list`")
+            for held in inst.get("certificate_failures") or []:
+                notes.append(f"{held['name']}: no certificate from the CA yet "
+                             f"({held['failures']} tries): {held['error']}; "
+                             f"`keelway certs renew {held['name']}`")
             if inst.get("pending_release"):
                 notes.append(f"{inst['host']}: {inst['pending_release']} starts at its next "
                              "wake")

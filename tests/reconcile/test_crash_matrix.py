@@ -37,7 +37,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +78,10 @@ class Home:
     # kill at each point. Every `up` of a home passes the same count: a different one
     # would have the next boot restart the router (keelway/runtime/router_supervisor.py).
     router_workers: int | None = 1
+    # More flags for every `up` of the home (a scenario's HTTPS and CA), and what to
+    # stop with it (its CA).
+    up_extra: list[str] = field(default_factory=list)
+    stops: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     def env(self, **extra: str) -> dict[str, str]:
         return {**os.environ, "KEELWAY_HOME": str(self.root),
@@ -92,7 +96,8 @@ class Home:
     def up_args(self) -> list[str]:
         workers = [] if self.router_workers is None else [
             "--router-workers", str(self.router_workers)]
-        return ["up", "-d", "--http", f"127.0.0.1:{self.port}", "--json", *workers]
+        return ["up", "-d", "--http", f"127.0.0.1:{self.port}", "--json", *workers,
+                *self.up_extra]
 
     def up(self, **extra: str) -> int:
         done = self.cli(*self.up_args(), env=self.env(**extra))
@@ -440,6 +445,14 @@ ROUTER_SCENARIOS = {"router-restart", "router-respawn"}
 def _for_scenario(home: Home, name: str) -> None:
     home.replicate = name in REPLICATED
     home.router_workers = None if name in ROUTER_SCENARIOS else 1
+    if name in WITH_A_CA:
+        from tests.acme_server import pebble
+
+        https = free_port()
+        ca = home.stops.enter_context(pebble(home.root.parent / "ca", home.port, https))
+        home.up_extra = ["--https", f"127.0.0.1:{https}", "--acme-directory", ca.directory,
+                         "--acme-ca-bundle", str(ca.ca_bundle), "--acme-challenge",
+                         "http-01"]
 
 
 def _visit(h: Home, host: str) -> None:
@@ -786,6 +799,39 @@ SCENARIOS["certs-import"] = (
 ROLLED_FORWARD["certs-import"] = _cert_whole
 
 
+# A certificate by ACME (keelway/deploy/certify.py) from a real CA on loopback (pebble):
+# after a crash anywhere in the certify operation and the next boot, the name gets its
+# certificate from the order the crash left (one order at the CA in all), and the
+# operation is ended.
+WITH_A_CA = {"certify"}
+
+
+def _orders_placed(h: Home) -> int:
+    log = h.root.parent / "ca" / "pebble.log"
+    return sum("Added order" in line for line in log.read_text().splitlines())
+
+
+def _certified_once(h: Home) -> bool:
+    store = SqliteStore(h.root / "keelway.db")
+    try:
+        open_ops = [o for o in store.ops.unfinished_runs() if o.kind is OpKind.CERTIFY]
+    finally:
+        store.close()
+    # What the keeper would do next (and the router at a handshake): certify the name
+    # if it has no certificate, resuming an order under way.
+    assert h.api("POST", "/v1/certs/one.test/demand", {}, timeout_s=60)["ok"]
+    return not open_ops and _orders_placed(h) == 1 and (
+        h.root / "certs" / "one.test" / "fullchain.pem").exists()
+
+
+SCENARIOS["certify"] = (
+    [lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test")],
+    lambda h: h.ok("certs", "renew", "one.test"))
+ROLLED_FORWARD["certify"] = _certified_once
+# Its lay-down's points are the import's (certs-import).
+ONLY["certify"] = "certify."
+
+
 def _kill_router_until_respawned(home: Home) -> None:
     """SIGKILL the router's main process; return once the control plane has started
     and published to its successor (AssertionError if the control plane dies first)."""
@@ -804,6 +850,7 @@ def _kill_router_until_respawned(home: Home) -> None:
 
 def _cleanup(home: Home) -> None:
     kill_home_processes(home.root)
+    home.stops.close()
     shutil.rmtree(home.root.parent, ignore_errors=True)
 
 
