@@ -134,25 +134,34 @@ def certificates(home: Home) -> list[CertificateInfo]:
     return found
 
 
-# What `not_after` read of each certificate file, by its identity: `status` asks of
-# every host each time, and a file is parsed again only once it changed.
-_EXPIRY: dict[tuple[str, int, int], float] = {}
+# What `validity` read of each certificate file, by its identity: `status` and the
+# certificate keeper ask of every host each time, and a file is parsed again only once
+# it changed.
+_VALIDITY: dict[tuple[str, int, int], tuple[float, float]] = {}
 
 
-def not_after(certs_dir: Path, name: str) -> float | None:
-    """When the certificate HTTPS serves `name` with expires; None: it has none."""
+def validity(certs_dir: Path, name: str) -> tuple[float, float] | None:
+    """When the certificate HTTPS serves `name` with begins and ends; None: it has none
+    (or it does not parse)."""
     chain = certs_dir / name / CHAIN
     try:
         seen = os.stat(chain)
         key = (str(chain), seen.st_ino, seen.st_mtime_ns)
-        if key not in _EXPIRY:
-            if len(_EXPIRY) > 100_000:
-                _EXPIRY.clear()
+        if key not in _VALIDITY:
+            if len(_VALIDITY) > 100_000:
+                _VALIDITY.clear()
             leaf = x509.load_pem_x509_certificate(chain.read_bytes())
-            _EXPIRY[key] = leaf.not_valid_after_utc.timestamp()
-        return _EXPIRY[key]
+            _VALIDITY[key] = (leaf.not_valid_before_utc.timestamp(),
+                              leaf.not_valid_after_utc.timestamp())
+        return _VALIDITY[key]
     except (OSError, ValueError):
         return None
+
+
+def not_after(certs_dir: Path, name: str) -> float | None:
+    """When the certificate HTTPS serves `name` with expires; None: it has none."""
+    found = validity(certs_dir, name)
+    return None if found is None else found[1]
 
 
 @dataclass(frozen=True)

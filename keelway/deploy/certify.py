@@ -196,15 +196,8 @@ class Certifier:
 
     def wanted(self, name: str) -> bool:
         """Whether `name` has no certificate, or one due for renewal."""
-        chain = self.home.certs_dir / name / certs.CHAIN
-        try:
-            from cryptography import x509
-
-            leaf = x509.load_pem_x509_certificate(chain.read_bytes())
-        except (OSError, ValueError):
-            return True
-        return due(leaf.not_valid_before_utc.timestamp(),
-                   leaf.not_valid_after_utc.timestamp(), self.clock())
+        found = certs.validity(self.home.certs_dir, name)
+        return found is None or due(*found, self.clock())
 
     def names(self) -> list[str]:
         return sorted({i.host for i in self.store.instances.list_instances()}
