@@ -64,6 +64,9 @@ class OpKind(enum.StrEnum):
     # the order it carries is kept in files, so a crash ends it and the next one for
     # the name resumes that order rather than placing another.
     CERTIFY = "certify"
+    # The frozen tier (keelway/deploy/freezing.py): every process of an idle instance
+    # stopped in place, memory kept, its route `frozen`; a wake thaws it.
+    FREEZE = "freeze"
 
     @property
     def one_off(self) -> bool:
@@ -83,7 +86,7 @@ class OpKind(enum.StrEnum):
                   | OpKind.RUN | OpKind.ADD_INSTANCES | OpKind.REMOVE_INSTANCE
                   | OpKind.DESTROY | OpKind.SEED_IMPORT | OpKind.SEED_ROLLBACK
                   | OpKind.RESTORE | OpKind.REPLICATE | OpKind.RESTORE_REPLICA
-                  | OpKind.JOB | OpKind.CERTIFY):
+                  | OpKind.JOB | OpKind.CERTIFY | OpKind.FREEZE):
                 return False
             case _:
                 assert_never(self)
@@ -96,7 +99,7 @@ class OpKind(enum.StrEnum):
         match self:
             case (OpKind.DEPLOY | OpKind.CONFIG | OpKind.ROLLBACK | OpKind.RESTART
                   | OpKind.STOP | OpKind.START | OpKind.RECOVER | OpKind.RESTART_CRASHED
-                  | OpKind.PARK | OpKind.WAKE | OpKind.REPLICATE):
+                  | OpKind.PARK | OpKind.WAKE | OpKind.REPLICATE | OpKind.FREEZE):
                 return True
             # A job's run begins durably: after a power loss, a run that started is
             # never found unjournaled and started again.
@@ -213,6 +216,12 @@ class StepKind(enum.StrEnum):
     AUTHORIZE = "authorize"
     FINALIZE = "finalize"
     INSTALL = "install"
+    # The frozen tier: the route `frozen` (one write), then every process of the
+    # instance frozen in place; a wake thaws them, then serves the route again.
+    FREEZE_ROUTE = "freeze-route"
+    FREEZE = "freeze"
+    THAW = "thaw"
+    THAW_ROUTE = "thaw-route"
 
     def label(self, service: str | None) -> str:
         who = service or "?"
@@ -284,6 +293,14 @@ class StepKind(enum.StrEnum):
                 return "finalize order"
             case StepKind.INSTALL:
                 return "install certificate"
+            case StepKind.FREEZE_ROUTE:
+                return "route frozen"
+            case StepKind.FREEZE:
+                return "freeze"
+            case StepKind.THAW:
+                return "thaw"
+            case StepKind.THAW_ROUTE:
+                return "route served"
             case _:
                 assert_never(self)
 
@@ -301,7 +318,9 @@ class StepKind(enum.StrEnum):
                   | StepKind.STOP_NO_FALLBACK | StepKind.STOP_DOWN | StepKind.FAULT
                   | StepKind.OUT_OF_SERVICE | StepKind.IN_SERVICE | StepKind.PARK
                   | StepKind.WAKE | StepKind.LAY_DOWN | StepKind.DEFER | StepKind.HOLD_ROUTE
-                  | StepKind.REPLICA_START | StepKind.REPLICA_STOP | StepKind.INSTANCE_KEY):
+                  | StepKind.REPLICA_START | StepKind.REPLICA_STOP | StepKind.INSTANCE_KEY
+                  | StepKind.FREEZE_ROUTE | StepKind.FREEZE | StepKind.THAW
+                  | StepKind.THAW_ROUTE):
                 return True
             case (StepKind.RELEASE_COMMAND | StepKind.HOLD_EXEC | StepKind.RUN
                   | StepKind.RUN_EXIT | StepKind.PURGE_DATA | StepKind.FORGET

@@ -274,3 +274,14 @@ def parse_build_disk(value: str | int, where: str) -> int:
         raise LimitError(f"{where}: {value!r} is below the {format_size(MIN_BUILD_DISK)} "
                          "a build needs")
     return size
+
+
+def frozen_budget_bytes(value: str | None, apps_budget: int | None) -> int | None:
+    """The memory frozen instances may keep together before the longest frozen parks
+    (keelway/activator/sweep.py): `value` (a size, or `off` for no bound), else a
+    quarter of the apps' budget (None where the box cannot say: no bound)."""
+    if value == "off":
+        return None
+    if value is not None:
+        return parse_memory(value, "--frozen-budget")
+    return apps_budget // 4 if apps_budget is not None else None

@@ -80,7 +80,8 @@ def test_the_cli_starts_without_aiohttp_uvloop_or_rich() -> None:
 # request runs API → deployer → attempt → plan / steps → store, runtime, router and
 # never comes back to a module it has left. A new part takes its place in this list.
 DEPLOY_ORDER = ["errors", "outcome", "locks", "cohorts", "rollouts", "plan", "steps", "targets",
-                "generation_start", "fences", "publisher", "operation", "apps", "instances",
+                "generation_start", "fences", "publisher", "operation", "freezing", "apps",
+                "instances",
                 "domains", "attempt",
                 "crash_restarts", "replica_keeper", "passes", "parking", "snapshots",
                 "restore", "runs", "jobs", "certify", "deploy_plan", "deployer", "seeding",

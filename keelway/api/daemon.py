@@ -55,6 +55,7 @@ from keelway.deploy.crash_restarts import RECOVER, RESTART_CRASHED, CrashRestart
 from keelway.deploy.deployer import ATTEMPTS, START, STOP, Deployer
 from keelway.deploy.domains import Domains
 from keelway.deploy.errors import OperationError
+from keelway.deploy.freezing import FREEZE, Freezing
 from keelway.deploy.instances import ADD, DESTROY_ONE, REMOVE, Instances
 from keelway.deploy.jobs import JOB, JOBS_AT_ONCE, Jobs
 from keelway.deploy.locks import Locks
@@ -78,6 +79,7 @@ from keelway.limits import (
     Limits,
     box_build_limits,
     box_limits,
+    frozen_budget_bytes,
 )
 from keelway.reconcile.apply import Reconciler
 from keelway.router import client as router_client
@@ -132,6 +134,7 @@ class DeployParts:
     # Each kind's boot recovery bound to its part (keelway/deploy/operation.py).
     recovery: Recovery
     jobs: Jobs
+    freezing: Freezing
 
     async def boot(self) -> None:
         """The one boot reconciliation (keelway/deploy/passes.py `Passes.boot`): every
@@ -159,7 +162,8 @@ def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
     keeper = ReplicaKeeper(store, supervisor, clock, runner, replicas)
     # How the reconciler ends an interrupted operation of each kind with a spec (or
     # leaves it to the kind's own recovery at boot).
-    ends = finalizers(PARK, WAKE, STOP, START, RUN, JOB, CERTIFY, RECOVER, RESTART_CRASHED,
+    ends = finalizers(PARK, WAKE, FREEZE, STOP, START, RUN, JOB, CERTIFY, RECOVER,
+                      RESTART_CRASHED,
                       REPLICATE,
                       *ATTEMPTS.values(), RESTORE, RESTORE_REPLICA, IMPORT, ROLLBACK, ADD,
                       REMOVE, DESTROY_ONE, FORGET_APP)
@@ -191,7 +195,8 @@ def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
                        Runs(store, home, supervisor, runner), apps, instances,
                        Domains(store, publisher, locks), seeding, snapshots,
                        Replication(store, keeper, restore, snapshots), restore, recovers,
-                       Jobs(store, home, supervisor, runner, parking, clock, jobs_at_once))
+                       Jobs(store, home, supervisor, runner, parking, clock, jobs_at_once),
+                       Freezing(store, supervisor, publisher, runner))
 
 
 def objects_url(home: Home, asked: str | None) -> str | None:
@@ -298,7 +303,8 @@ async def run(home: Home, http_addr: str | None, demo: bool, announce: Callable[
               refuses_to_die: RefusesToDie = every_process_dies,
               limits: Limits = BUILT_IN, build_limits: BuildLimits | None = None,
               jobs_at_once: int = JOBS_AT_ONCE,
-              acme: issuance.CertificateAuthority | None = None) -> int:
+              acme: issuance.CertificateAuthority | None = None,
+              frozen_budget: int | None = None) -> int:
     """Run the control plane until shutdown; returns the process exit code.
 
     A full disk at start (the lock, the router's records, the store) is said as such and
@@ -307,7 +313,8 @@ async def run(home: Home, http_addr: str | None, demo: bool, announce: Callable[
     """
     try:
         return await _run_home(home, http_addr, demo, announce, router, objects,
-                               refuses_to_die, limits, build_limits, jobs_at_once, acme)
+                               refuses_to_die, limits, build_limits, jobs_at_once, acme,
+                               frozen_budget)
     except Exception as exc:  # a filter, not a catch-all: anything else goes on up
         if not disk_full(exc):
             raise
@@ -321,7 +328,8 @@ async def _run_home(home: Home, http_addr: str | None, demo: bool, announce: Cal
                     refuses_to_die: RefusesToDie, limits: Limits,
                     build_limits: BuildLimits | None,
                     jobs_at_once: int = JOBS_AT_ONCE,
-                    acme: issuance.CertificateAuthority | None = None) -> int:
+                    acme: issuance.CertificateAuthority | None = None,
+                    frozen_budget: int | None = None) -> int:
     home.ensure()
     try:
         lock_fd = _take_lock(home)
@@ -336,7 +344,7 @@ async def _run_home(home: Home, http_addr: str | None, demo: bool, announce: Cal
             raise StartupError(f"--objects: {exc}", EXIT_FAILED) from exc
         return await _run_locked(home, _router_addr(home, http_addr), demo, announce,
                                  router or RouterSettings(), object_store, refuses_to_die,
-                                 limits, build_limits, jobs_at_once, acme)
+                                 limits, build_limits, jobs_at_once, acme, frozen_budget)
     except StartupError as exc:
         announce(f"error: {exc}")
         return exc.exit_code
@@ -349,7 +357,8 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
                       objects: ObjectStore | None, refuses_to_die: RefusesToDie,
                       limits: Limits, build_limits: BuildLimits | None,
                       jobs_at_once: int = JOBS_AT_ONCE,
-                      acme: issuance.CertificateAuthority | None = None) -> int:
+                      acme: issuance.CertificateAuthority | None = None,
+                      frozen_budget: int | None = None) -> int:
     clock = SystemClock()
     # Before the router starts (it inherits the score): out of memory, the kernel kills
     # an app, never keelway (keelway/runtime/limits.py).
@@ -411,7 +420,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     api = Api(store, home, deployer, parts.passes, http_port, request_shutdown, router,
               parts.parking, parts.apps, parts.instances, parts.domains, parts.seeding,
               parts.snapshots, parts.replication, parts.restore, parts.runs, parts.jobs,
-              certifier)
+              certifier, parts.freezing)
     # Open log streams (`logs -f`) must not hold a shutdown for long.
     runner = web.AppRunner(api.app(), access_log=None, handle_signals=False,
                            shutdown_timeout=2.0)
@@ -428,7 +437,9 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     await run_server.start()
     rotation = loop.create_task(_rotate_logs_forever(home))
     periodic = loop.create_task(parts.passes.periodic())
-    idle_sweep = loop.create_task(Sweep(store, parts.parking, home.router_socket, clock).run())
+    idle_sweep = loop.create_task(Sweep(store, parts.parking, home.router_socket, clock,
+                                        freezing=parts.freezing,
+                                        frozen_budget=frozen_budget).run())
     snapshot_schedule = loop.create_task(parts.snapshots.schedule())
     job_schedule = loop.create_task(parts.jobs.schedule())
     cert_keeper = loop.create_task(certifier.keep())
@@ -567,6 +578,7 @@ def main(argv: list[str] | None = None,
     parser.add_argument("--https", default=None,
                         help="where the router serves HTTPS, or `off` (default: where it "
                              "already does, if it does)")
+    parser.add_argument("--frozen-budget", default=None)
     parser.add_argument("--acme-directory", default=None)
     parser.add_argument("--acme-email", default=None)
     parser.add_argument("--acme-ca-bundle", default=None)
@@ -592,6 +604,10 @@ def main(argv: list[str] | None = None,
         https = _https_addr(Home.from_env(), args.https)
     except ValueError as exc:
         parser.error(f"--https: {exc}")
+    try:
+        frozen = frozen_budget_bytes(args.frozen_budget, apps_budget())
+    except LimitError as exc:
+        parser.error(str(exc))
     acme = _authority(Home.from_env(), args.acme_directory, args.acme_email,
                       args.acme_ca_bundle, args.acme_challenge)
     settings = RouterSettings(max(1, args.router_workers), tuple(args.trusted_proxy),
@@ -621,7 +637,7 @@ def main(argv: list[str] | None = None,
     with contextlib.suppress(KeyboardInterrupt):
         return uvloop.run(run(Home.from_env(), args.http, args.demo, announce, settings,
                               args.objects, refuses_to_die, limits, build_limits,
-                              max(1, args.jobs_at_once), acme))
+                              max(1, args.jobs_at_once), acme, frozen))
     return 0
 
 

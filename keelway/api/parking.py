@@ -3,6 +3,8 @@
     POST /v1/instances/{host}/park     {}                  -> 200 {"host","state":"parked",
                                                                 "parked":bool,"stopped":[gen],
                                                                 "processes_stopped":N}
+    POST /v1/instances/{host}/freeze   {"dry_run"}         -> 200 {"host","state":"frozen",
+                                                                "frozen":bool}
     POST /v1/instances/{host}/wake     {}                  -> 202 {"host","accepted":true}
                                        {"wait":true}       -> 200 {"host","state":"running",
                                                                 "woke":bool,"generations":{}}
@@ -31,6 +33,8 @@ from keelway.api import bodies
 from keelway.api.http import error_response, read_body, route
 from keelway.api.plans import plan_response
 from keelway.deploy import fences, targets
+from keelway.deploy.errors import UserError
+from keelway.deploy.freezing import Freezing
 from keelway.deploy.parking import CrashBackoff, Parking
 from keelway.journal import OpKind, StepKind
 from keelway.store.lifecycle import StepState
@@ -60,6 +64,18 @@ def fence_view(host: str, fence: Fence | None) -> dict[str, Any]:
 @dataclass(frozen=True)
 class ParkingApi:
     parking: Parking
+    freezing: Freezing | None = None
+
+    @route("POST", "/v1/instances/{host}/freeze")
+    async def freeze(self, request: web.Request) -> web.Response:
+        body: bodies.DryRunBody = await read_body(request, bodies.DryRunBody)
+        if self.freezing is None:
+            raise UserError("this control plane does not freeze instances")
+        host = request.match_info["host"]
+        if body.dry_run:
+            return plan_response(self.freezing.dry_freeze(host))
+        froze = await self.freezing.freeze(host)
+        return web.json_response({"host": host, "state": "frozen", "frozen": froze})
 
 
     @route("POST", "/v1/instances/{host}/park")

@@ -52,6 +52,7 @@ from keelway.deploy.certify import Certifier
 from keelway.deploy.deployer import Deployer
 from keelway.deploy.domains import Domains
 from keelway.deploy.errors import NotFoundError, OperationError, UserError
+from keelway.deploy.freezing import Freezing
 from keelway.deploy.instances import Instances
 from keelway.deploy.jobs import Jobs
 from keelway.deploy.operation import Plan
@@ -80,7 +81,8 @@ class Api:
                  seeding: Seeding | None = None, snapshots: Snapshots | None = None,
                  replication: Replication | None = None,
                  restore: Restore | None = None, runs: Runs | None = None,
-                 jobs: Jobs | None = None, certifier: Certifier | None = None) -> None:
+                 jobs: Jobs | None = None, certifier: Certifier | None = None,
+                 freezing: Freezing | None = None) -> None:
         self.router = router
         self.jobs = JobsApi(jobs) if jobs is not None else None
         self.certs = CertsApi(store, home, certifier)
@@ -89,7 +91,7 @@ class Api:
         self.snapshots = (SnapshotsApi(snapshots, restore)
                           if snapshots is not None and restore is not None else None)
         self.replicas = ReplicasApi(replication) if replication is not None else None
-        self.parking = ParkingApi(parking) if parking is not None else None
+        self.parking = ParkingApi(parking, freezing) if parking is not None else None
         self.apps_api = AppsApi(store, apps) if apps is not None else None
         self.instances = (InstancesApi(store, instances, http_port)
                           if instances is not None else None)

@@ -12,7 +12,7 @@ Rules:
 - keelway.toml holds `[build]` (`command`; `memory`, `timeout`, `disk`: the build's own
   limits, each at most the box's), `[services.<name>]` tables with `mode`,
   `health`, `ready_timeout` (a web's time to answer its health path; more than zero),
-  `settle`, `stop_grace`, `idle`, and `[data]` with `snapshot_every` (a
+  `settle`, `stop_grace`, `idle`, `park_after`, and `[data]` with `snapshot_every` (a
   duration; none: no scheduled snapshots) and `keep` (snapshots kept per instance, at
   least 1, default 24). Unknown keys and services not in the
   Procfile are errors, so a typo never silently falls back to a default.
@@ -71,6 +71,9 @@ DEFAULT_HEALTH = "/"
 DEFAULT_READY_TIMEOUT_S = 60.0
 DEFAULT_SETTLE_S = 10.0
 DEFAULT_STOP_GRACE_S = 10.0
+# An idle instance is frozen first (memory kept, a wake in milliseconds), then parked
+# this much later (keelway/activator/sweep.py).
+DEFAULT_PARK_AFTER_S = 15 * 60.0
 DEFAULT_KEEP_SNAPSHOTS = 24
 DEFAULT_KEEP_RELEASES = 10
 DEFAULT_ROLLOUT_PARALLEL = 8
@@ -104,6 +107,8 @@ class ServiceSpec:
     settle_s: float = DEFAULT_SETTLE_S
     stop_grace_s: float = DEFAULT_STOP_GRACE_S
     idle_s: float | None = None  # None: never park
+    # After `idle`, how long it stays frozen before it parks (0: it parks at once).
+    park_after_s: float = DEFAULT_PARK_AFTER_S
     # Its own bounds (keelway/limits.py); each one unset is the box's default.
     limits: Limits = field(default_factory=Limits)
 
@@ -224,6 +229,7 @@ class _ServiceTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     settle: str | float | None = None
     stop_grace: str | float | None = None
     idle: str | float | None = None
+    park_after: str | float | None = None
     memory: str | int | None = None
     cpu: str | float | None = None
     pids: int | None = None
@@ -644,6 +650,8 @@ def _service(name: str, command: str, table: _ServiceTable | None) -> ServiceSpe
         settle_s=_duration_or(table.settle, DEFAULT_SETTLE_S, f"{where} settle"),
         stop_grace_s=_duration_or(table.stop_grace, DEFAULT_STOP_GRACE_S, f"{where} stop_grace"),
         idle_s=idle_s,
+        park_after_s=_duration_or(table.park_after, DEFAULT_PARK_AFTER_S,
+                                  f"{where} park_after"),
         limits=_limits(table, where),
     )
 

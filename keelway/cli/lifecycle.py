@@ -15,7 +15,7 @@ from keelway.cli.client import ApiError, ApiLost, ApiUnavailable
 from keelway.cli.output import EXIT_ALREADY_RUNNING, emit_json, fail, fail_json
 from keelway.durable import DISK_FULL_HINT
 from keelway.home import Home
-from keelway.limits import LimitError, box_build_limits, box_limits
+from keelway.limits import LimitError, box_build_limits, box_limits, frozen_budget_bytes
 
 _DAEMON_DISK_FULL = 5  # keelway.api.daemon.EXIT_DISK_FULL, which the CLI does not import
 
@@ -43,6 +43,9 @@ _DAEMON_DISK_FULL = 5  # keelway.api.daemon.EXIT_DISK_FULL, which the CLI does n
               help="Where the router also serves HTTPS (e.g. 0.0.0.0:443), from the "
                    "certificates `keelway certs` keeps; `off` stops it (default: as it "
                    "was).")
+@click.option("--frozen-budget", default=None, metavar="SIZE|off",
+              help="Memory idle frozen instances may keep together before the one frozen "
+                   "longest is parked (default: a quarter of the apps' memory).")
 @click.option("--acme-directory", default=None, metavar="URL|off",
               help="The ACME CA HTTPS certificates are ordered from, kept for later "
                    "`up`s; `off` orders none (default: Let's Encrypt).")
@@ -80,7 +83,8 @@ def up(demo: bool, detach: bool, http_addr: str | None, router_workers: int | No
        default_memory: str | None, default_cpu: str | None, default_pids: str | None,
        default_nofile: str | None, build_memory: str | None, build_timeout: str | None,
        build_disk: str | None, acme_directory: str | None, acme_email: str | None,
-       acme_ca_bundle: str | None, acme_challenge: str | None, as_json: bool) -> None:
+       acme_ca_bundle: str | None, acme_challenge: str | None, frozen_budget: str | None,
+       as_json: bool) -> None:
     """Start the control plane and the router (state in $KEELWAY_HOME)."""
     home = Home.from_env()
     given = {"memory": default_memory, "cpu": default_cpu, "pids": default_pids,
@@ -90,6 +94,7 @@ def up(demo: bool, detach: bool, http_addr: str | None, router_workers: int | No
         # refused here, before anything starts, with why
         box_limits(**given)
         box_build_limits(build_memory, build_timeout, build_disk)
+        frozen_budget_bytes(frozen_budget, None)
     except LimitError as exc:
         raise click.UsageError(str(exc)) from None
     daemon_argv = [sys.executable, "-m", "keelway.api.daemon"]
@@ -106,6 +111,7 @@ def up(demo: bool, detach: bool, http_addr: str | None, router_workers: int | No
     if jobs_at_once is not None:
         daemon_argv += ["--jobs-at-once", str(jobs_at_once)]
     daemon_argv += ["--https", https_addr] if https_addr is not None else []
+    daemon_argv += ["--frozen-budget", frozen_budget] if frozen_budget is not None else []
     for flag, value in (("directory", acme_directory), ("email", acme_email),
                         ("ca-bundle", acme_ca_bundle), ("challenge", acme_challenge)):
         daemon_argv += [f"--acme-{flag}", value] if value is not None else []

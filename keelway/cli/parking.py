@@ -1,4 +1,4 @@
-"""Scale to zero and fences by hand: `park`, `wake`, `fence`, `unfence`."""
+"""Scale to zero and fences by hand: `park`, `freeze`, `wake`, `fence`, `unfence`."""
 
 from __future__ import annotations
 
@@ -23,6 +23,22 @@ def park(host: str, dry_run: bool, as_json: bool) -> None:
         click.echo(f"parked {host} (stopped {plural(count, 'process', 'processes')})")
     else:
         click.echo(f"{host} is parked already")
+
+
+@cli.command()
+@click.argument("host")
+@dry_run_option
+@api_command
+def freeze(host: str, dry_run: bool, as_json: bool) -> None:
+    """Freeze an instance: its processes stopped in place, memory kept; its next request
+    thaws it in milliseconds.
+
+    Example: keelway freeze acme.blog.localhost
+    """
+    data = client(None).request("POST", instance_path(host, "freeze"), {"dry_run": dry_run})
+    if answered(data, as_json, dry_run):
+        return
+    click.echo(f"froze {host}" if data["frozen"] else f"{host} is frozen already")
 
 
 @cli.command()

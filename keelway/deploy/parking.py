@@ -44,6 +44,7 @@ from keelway.deploy.attempt import Attempt
 from keelway.deploy.crash_restarts import CrashRestarts
 from keelway.deploy.errors import AppFailed, OperationError, UserError
 from keelway.deploy.fences import refuse_if_fenced
+from keelway.deploy.freezing import is_frozen, publish_effect, set_route, thaw_steps, thaw_trees
 from keelway.deploy.instances import lay_down_step
 from keelway.deploy.operation import (
     Bound,
@@ -63,7 +64,7 @@ from keelway.home import Home
 from keelway.journal import Cause, OpKind, StepKind
 from keelway.runtime.supervisor import Supervisor
 from keelway.store import Store
-from keelway.store.lifecycle import InstanceState
+from keelway.store.lifecycle import InstanceState, RouteState
 from keelway.store.records import Instance, Operation
 
 log = logging.getLogger("keelway.parking")
@@ -341,6 +342,9 @@ def plan_wake(store: Store, request: WakeRequest) -> Plan:
     inst = targets.instance_named(store, host)
     match inst.state:
         case InstanceState.RUNNING:
+            if is_frozen(store, host):
+                # Frozen (keelway/deploy/freezing.py): thawed, then served again.
+                return Plan(OpKind.WAKE, inst.app, host, thaw_steps())
             if not (request.retry_now and store.generations.pending_retries(host)):
                 return Plan(OpKind.WAKE, inst.app, host, nothing="running already")
             return Plan(OpKind.WAKE, inst.app, host, (
@@ -425,6 +429,23 @@ def _said(result: Result) -> Done | Failed:
         result.reason or "the start failed")
 
 
+def _thaw(parking: Parking, request: WakeRequest, _step: PlannedStep) -> Bound:
+    async def thaw(_op: Operation) -> Done:
+        return thaw_trees(parking.store, parking.supervisor, request.host)
+    return thaw
+
+
+def _unfrozen(parking: Parking, request: WakeRequest, _step: PlannedStep) -> Bound:
+    async def unfrozen(_op: Operation) -> Done:
+        set_route(parking.store, request.host, RouteState.SERVING)
+        return Done()
+    return unfrozen
+
+
+def _publish_thawed(parking: Parking, request: WakeRequest, _step: PlannedStep) -> Bound:
+    return publish_effect(parking.publisher, request.host)
+
+
 async def _link_current(parking: Parking, request: WakeRequest, ran: Ran) -> None:
     if ran.result is not None:
         targets.link_current(parking.store, parking.home, request.host)
@@ -433,5 +454,6 @@ async def _link_current(parking: Parking, request: WakeRequest, ran: Ran) -> Non
 WAKE: Spec[WakeRequest, Parking] = Spec(
     OpKind.WAKE, plan_wake,
     {"running": _wake_running, "deferred": _wake_deferred,
-     "respawn-web": _respawn_web, "respawn": _respawn},
+     "respawn-web": _respawn_web, "respawn": _respawn, "thaw": _thaw,
+     "unfrozen": _unfrozen, "publish-thawed": _publish_thawed},
     fence_verb="wake", converge_after=True, after=_link_current)

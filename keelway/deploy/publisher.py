@@ -57,7 +57,11 @@ RETRY_AFTER_S = 5
 
 def router_state(state: RouteState) -> rt.Handling:
     """The router table's state for a store route state: the same word (`parked`: the
-    router holds the request and asks the control plane for a wake)."""
+    router holds the request and asks the control plane for a wake), but `frozen`,
+    which the router treats as `parked`: a request to a frozen instance waits for the
+    wake that thaws it, and never reaches a process that cannot answer."""
+    if state is RouteState.FROZEN:
+        return rt.Handling.PARKED
     return rt.Handling(state.value)
 
 
@@ -141,7 +145,8 @@ def table_of(routes: list[Route], version: int,
     for route in routes:
         routed.add(route.instance)
         state = router_state(route.state)
-        upstream = f"127.0.0.1:{route.port}" if route.port is not None else None
+        upstream = (f"127.0.0.1:{route.port}" if route.port is not None
+                    and route.state is not RouteState.FROZEN else None)
         if state is rt.Handling.SERVING and upstream is None:
             state = rt.Handling.GATED  # nothing to serve with: answer 503, never guess
         state = page_state(state, standings.get(route.instance),

@@ -297,8 +297,10 @@ def plan(records: Records, observed: Observed, mode: Pass,
         # ready when it became ACTIVE). A dead one is restarted first, which publishes.
         web = records.active.get("web")
         host = records.instance.host
+        # A frozen route stays frozen (keelway/deploy/freezing.py): its processes may be
+        # stopped in place, and only a wake, which thaws them first, serves it again.
         if (web is not None and web in live_ids and web in observed.alive
-                and not owned
+                and not owned and records.route_state is not RouteState.FROZEN
                 and (records.route_state is not RouteState.SERVING
                      or records.routed.get(host) != web)):
             actions.append(Action(Kind.RESTORE_ROUTE, generation=web, service="web"))

@@ -373,6 +373,19 @@ class Supervisor:
             return None
         return handle.exit_code
 
+    # -- freeze (keelway/deploy/freezing.py) ---------------------------------------
+
+    async def freeze(self, gen: Generation) -> bool:
+        """Stop `gen`'s whole tree in place, memory kept; True once seen frozen."""
+        return await self.trees.freeze(gen.id, self.store.local.presence(gen.id).leader)
+
+    def thaw(self, gen: Generation) -> None:
+        """Let `gen`'s tree run again (one not frozen is left as it is)."""
+        self.trees.thaw(gen.id, self.store.local.presence(gen.id).leader)
+
+    def frozen(self, gen: Generation) -> bool:
+        return self.trees.frozen(gen.id, self.store.local.presence(gen.id).leader)
+
     # -- stop ------------------------------------------------------------------------
 
     async def stop(self, gen: Generation, grace_s: float) -> bool:
@@ -394,6 +407,10 @@ class Supervisor:
         # No leader recorded: PLANNED, or spawned with the record lost to a crash; its
         # tree, if any, is found by its cgroup or its environment all the same.
         failpoints.hit("stop.before")
+        # A frozen tree (the frozen tier) gets no SIGTERM until it runs: thawed first,
+        # whoever stops it (a deploy's retire, a park, a restore, a removal), so it
+        # stops with its grace rather than being killed at the end of it.
+        self.trees.thaw(gen.id, leader)
         stopping = asyncio.ensure_future(tree.stop(
             self.trees, gen.id, leader, grace_s=grace_s, clock=self.clock,
             proc=handle.proc if handle else None))

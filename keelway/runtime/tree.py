@@ -494,6 +494,54 @@ class ProcessTrees:
         return victims
 
 
+    # -- freezing (keelway/deploy/freezing.py) ---------------------------------------
+
+    async def freeze(self, gen_id: int, leader: Leader | None) -> bool:
+        """Stop every member in place, memory kept: the cgroup freezer where there is
+        one (a fork in flight is caught too), else SIGSTOP of every member until a scan
+        finds none running. True once the tree is seen frozen."""
+        primary = self._primary(gen_id)
+        if primary is not None and (primary / "freezer.state").exists():
+            state = primary / "freezer.state"
+            _write(state, "FROZEN")
+            await _wait_for(lambda: _read(state).strip() == "FROZEN", tries=400)
+            return _read(state).strip() == "FROZEN"
+        if primary is not None and (primary / "cgroup.freeze").exists():
+            _write(primary / "cgroup.freeze", "1")
+            await _wait_for(lambda: "frozen 1" in _read(primary / "cgroup.events"), tries=400)
+            return "frozen 1" in _read(primary / "cgroup.events")
+        for _ in range(20):
+            running = [m for m in self.members(gen_id, leader) if m.state not in ("T", "t")]
+            if not running:
+                return True
+            _signal(running, signal.SIGSTOP)
+        return False
+
+    def thaw(self, gen_id: int, leader: Leader | None) -> None:
+        """Let a frozen tree run again (a tree not frozen is left as it is)."""
+        primary = self._primary(gen_id)
+        if primary is not None and (primary / "freezer.state").exists():
+            _write(primary / "freezer.state", "THAWED")
+        elif primary is not None and (primary / "cgroup.freeze").exists():
+            _write(primary / "cgroup.freeze", "0")
+        else:
+            _signal(self.members(gen_id, leader), signal.SIGCONT)
+
+    def frozen(self, gen_id: int, leader: Leader | None) -> bool:
+        """Whether the tree is frozen now (by its cgroup, or every member stopped)."""
+        primary = self._primary(gen_id)
+        if primary is not None and (primary / "freezer.state").exists():
+            return _read(primary / "freezer.state").strip() in ("FROZEN", "FREEZING")
+        if primary is not None and (primary / "cgroup.freeze").exists():
+            return _read(primary / "cgroup.freeze").strip() == "1"
+        members = self.members(gen_id, leader)
+        return bool(members) and all(m.state in ("T", "t") for m in members)
+
+    def _primary(self, gen_id: int) -> Path | None:
+        dirs = [d for d in self._all_dirs(gen_id) if d.is_dir()]
+        return dirs[0] if dirs else None
+
+
 @dataclass(frozen=True)
 class Usage:
     """What one generation's tree uses (None: this box cannot say)."""

@@ -45,6 +45,10 @@ class RouteState(enum.StrEnum):
     # Its instance is parked: the router holds a request and asks the control plane to
     # wake the instance. No upstream: nothing of the instance runs.
     PARKED = "parked"
+    # Its instance is frozen (keelway/deploy/freezing.py): its processes stopped in
+    # place, memory kept. The router treats it as parked (holds the request, asks for a
+    # wake, which thaws); the port stays, for the thaw to serve on again.
+    FROZEN = "frozen"
 
 
 class InstanceState(enum.StrEnum):

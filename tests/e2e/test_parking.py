@@ -120,7 +120,7 @@ def _idle_app(root: Path) -> Path:
     shutil.copytree(EXAMPLE, app, ignore=shutil.ignore_patterns("__pycache__"))
     (app / "keelway.toml").write_text(
         '[services.web]\nhealth = "/health"\nsettle = "0.2s"\nidle = "1s"\n'
-        '[services.worker]\nsettle = "0.2s"\nidle = "1s"\n')
+        '[services.worker]\nsettle = "0.2s"\nidle = "1s"\npark_after = "0s"\n')
     return app
 
 

@@ -152,7 +152,7 @@ def _ws_app(root: Path) -> Path:
     # The test's interpreter has `websockets`; the app runs on it.
     (app / "Procfile").write_text(f"web: {sys.executable} ws.py\n")
     (app / "keelway.toml").write_text('[services.web]\nhealth = "/health"\nsettle = "0.2s"\n'
-                                      'idle = "1s"\n')
+                                      'idle = "1s"\npark_after = "0s"\n')
     return app
 
 
