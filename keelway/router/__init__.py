@@ -4,6 +4,13 @@ Modules, each importing only those listed below it:
 
     server       the process: arguments, listener, signals, drain; wires the rest
     waker        asks the control plane to wake parked hosts, one request at a time each
+    handshakes   the HTTPS accept path: reads each ClientHello, then hands the connection
+                 over to TLS with the context chosen for it
+    on_demand    asks the control plane for a served name's certificate, once per name
+    api_socket   the one raw HTTP/1.1 POST to the control plane's API socket
+    tls          which context a handshake gets, from the store of certificates
+    tickets      the router's one session ticket key, shared by its processes
+    client_hello SNI and ALPN of a ClientHello                          (pure)
     control      control server: validate -> persist -> swap -> reply
     client       control client (asyncio and blocking) for the control plane and CLI
     control_wire the control protocol's messages

@@ -31,14 +31,16 @@ import uvloop
 
 from keelway.router.client import RouterControlError, retire_over, take_listener
 from keelway.router.control import ControlServer
+from keelway.router.handshakes import Handshakes
 from keelway.router.hold_slots import HoldSlots
 from keelway.router.leases import Leases
 from keelway.router.listen import LISTEN_BACKLOG, bind_tcp
+from keelway.router.on_demand import OnDemand
 from keelway.router.proxy import Proxy, ProxyOptions
 from keelway.router.route_table import EMPTY_TABLE, Handling, RouteTable
 from keelway.router.table_file import TableFileError, load_table
 from keelway.router.tickets import LOOK_EVERY_S, TicketKeys
-from keelway.router.tls import CHALLENGES, HANDSHAKE_TIMEOUT_S, Certificates
+from keelway.router.tls import CHALLENGES, Certificates
 from keelway.router.waker import Waker
 from keelway.router.workers import SlotChannel, WorkerLaunch, WorkerSet, serve_channel
 
@@ -70,6 +72,9 @@ class RouterConfig:
     https_fd: int | None = None
     https_listen: tuple[str, int] | None = None
     certs: Path | None = None
+    # A handshake for a served host with no certificate yet waits while the control
+    # plane (on `wake_socket`) gets one (router/on_demand.py); off: it is refused.
+    on_demand: bool = False
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -96,6 +101,10 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
     parser.add_argument("--certs", type=Path, metavar="DIR",
                         help="the certificate store HTTPS serves from (DIR/NAME/"
                              "fullchain.pem and privkey.pem)")
+    parser.add_argument("--on-demand", action="store_true",
+                        help="a handshake for a served host with no certificate yet waits "
+                             "while the control plane gets one: POST /v1/certificates/"
+                             "HOST/demand on --wake-socket (needs both)")
     parser.add_argument("--control", type=Path, metavar="PATH", help="control unix socket")
     parser.add_argument("--channel-fd", type=int, metavar="N", help=argparse.SUPPRESS)
     parser.add_argument("--wake-fd", type=int, metavar="N", help=argparse.SUPPRESS)
@@ -145,6 +154,8 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
         parser.error("--workers above 1 needs --state: workers read the table from it")
     if (args.https_fd is not None or args.https_listen is not None) and args.certs is None:
         parser.error("HTTPS needs --certs: the certificates it serves")
+    if args.on_demand and (args.wake_socket is None or args.certs is None):
+        parser.error("--on-demand needs --wake-socket (whom to ask) and --certs")
     return RouterConfig(
         workers=args.workers,
         channel_fd=args.channel_fd,
@@ -155,6 +166,7 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
         https_fd=args.https_fd,
         https_listen=args.https_listen,
         certs=args.certs,
+        on_demand=args.on_demand,
         takeover=args.takeover,
         control_path=args.control,
         state_path=args.state,
@@ -238,7 +250,7 @@ async def serve(config: RouterConfig, sock: socket.socket,
     accepts = config.channel_fd is not None or config.workers == 1
     server = (await loop.create_server(proxy.protocol, sock=sock, backlog=LISTEN_BACKLOG)
               if accepts else None)
-    https: asyncio.Server | None = None
+    https: Handshakes | None = None
     tickets: TicketKeys | None = None
     if config.certs is not None:
         proxy.challenges = config.certs / CHALLENGES
@@ -246,16 +258,20 @@ async def serve(config: RouterConfig, sock: socket.socket,
         assert config.certs is not None  # parse_args insists
         proxy.https_port = https_sock.getsockname()[1]
         # A handshake names a host the table serves now, or it fails (router/tls.py).
-        certificates = Certificates(config.certs,
-                                    lambda name: name in proxy.routing.table.routes)
-        listening = certificates.listening_context()
+        def served(name: str) -> bool:
+            return name in proxy.routing.table.routes
+
+        certificates = Certificates(config.certs, served)
         # One session ticket key for every process of the router (router/tickets.py):
         # written by the one that owns the control socket.
-        tickets = TicketKeys(config.certs, listening, writer=config.channel_fd is None)
+        tickets = TicketKeys(config.certs, certificates.take_ticket_keys,
+                             writer=config.channel_fd is None)
         tickets.look()
-        https = await loop.create_server(
-            proxy.protocol, sock=https_sock, backlog=LISTEN_BACKLOG,
-            ssl=listening, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
+        on_demand = None
+        if config.on_demand and config.wake_socket is not None:
+            on_demand = OnDemand(config.wake_socket, served)
+        https = Handshakes(https_sock, proxy.protocol, certificates, on_demand)
+        https.start()
     elif https_sock is not None and config.certs is not None:
         # The main process of workers: it serves no client, and keeps the key they read.
         tickets = TicketKeys(config.certs, None, writer=True)
@@ -287,7 +303,10 @@ async def serve(config: RouterConfig, sock: socket.socket,
                  f"--max-held={options.max_held}",
                  f"--max-held-per-host={options.max_held_per_host}",
                  f"--max-concurrency={options.max_concurrency}",
-                 *((f"--certs={config.certs}",) if config.certs is not None else ()))
+                 *((f"--certs={config.certs}",) if config.certs is not None else ()),
+                 # A worker asks for certificates on demand itself (router/on_demand.py).
+                 *(("--on-demand", f"--wake-socket={config.wake_socket}")
+                   if config.on_demand else ()))
     waker: Waker | None = None
     workers: WorkerSet | None = None
 

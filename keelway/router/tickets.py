@@ -26,6 +26,7 @@ import logging
 import os
 import ssl
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
@@ -79,11 +80,14 @@ def set_keys(context: ssl.SSLContext, keys: bytes) -> bool:
 
 class TicketKeys:
     """The store's ticket key as one router process uses it: `writer` (the process that
-    owns the control socket) rotates it; every process keeps `context` on it."""
+    owns the control socket) rotates it; every process hands it to `take` (the TLS
+    contexts it serves with: Certificates.take_ticket_keys), which says whether it
+    could be used."""
 
-    def __init__(self, certs: Path, context: ssl.SSLContext | None, writer: bool) -> None:
+    def __init__(self, certs: Path, take: Callable[[bytes], bool] | None,
+                 writer: bool) -> None:
         self.path = certs / KEYS_FILE
-        self.context = context
+        self.take = take
         self.writer = writer
         self._stamp: tuple[int, int] | None = None
         self.shared = False
@@ -98,14 +102,14 @@ class TicketKeys:
                 self._rotate_if_due(now)
             seen = os.stat(self.path)
             stamp = (seen.st_ino, seen.st_mtime_ns)
-            if stamp == self._stamp or self.context is None:
+            if stamp == self._stamp or self.take is None:
                 return
             keys = self.path.read_bytes()
         except OSError as exc:
             log.warning("TLS session ticket key: %s", exc)
             return
         self._stamp = stamp
-        self.shared = set_keys(self.context, keys)
+        self.shared = self.take(keys)
         if not self.shared and not self._said:
             self._said = True
             log.warning("TLS session tickets cannot be shared between router processes "

@@ -7,8 +7,8 @@ through however many of its hosts (an alias's route names its instance: what is 
 awake is always the instance, by its own name, never an alias the API does not wake).
 
 The request is `POST /v1/instances/INSTANCE/wake` with body `{}`, raw HTTP/1.1 over the
-control plane's API unix socket (`--wake-socket`): the router imports nothing of the
-control plane and needs no HTTP client for one line. Its answer:
+control plane's API unix socket (`--wake-socket`, keelway/router/api_socket.py). Its
+answer:
 
 - 2xx: accepted, nothing more. The held requests are released by the table that names
   the route `serving` (Proxy.swap), never by this answer or by a timer;
@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Final, assert_never
 
+from keelway.router.api_socket import post, post_request, status_of
 from keelway.router.proxy import WAKE_NOTE_S, WAKE_REFUSED_HOLDOFF_S, Proxy
 from keelway.router.route_table import Handling
 
@@ -44,8 +45,6 @@ log: Final = logging.getLogger("keelway.router")
 
 WAKE_RETRY_S: Final = 0.1
 WAKE_REASK_S: Final = 5.0
-_STATUS_LINE_MAX: Final = 1024
-_HEAD_LINES_MAX: Final = 64
 
 
 class WakeAnswer(enum.Enum):
@@ -65,50 +64,33 @@ def refusal_page(status: int, retry_after_s: int | None) -> tuple[Handling, int 
 
 def wake_request(host: str) -> bytes:
     """The whole request; `host` follows the host rule, so it needs no escaping."""
-    return (f"POST /v1/instances/{host}/wake HTTP/1.1\r\n"
-            "Host: keelway\r\nContent-Type: application/json\r\n"
-            "Content-Length: 2\r\nConnection: close\r\n\r\n{}").encode()
+    return post_request(wake_path(host))
+
+
+def wake_path(host: str) -> str:
+    return f"/v1/instances/{host}/wake"
 
 
 def outcome_of(status_line: bytes) -> tuple[WakeAnswer, int]:
-    parts = status_line.split(None, 2)
-    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-        return WakeAnswer.UNREACHABLE, 0
-    status = int(parts[1])
+    status = status_of(status_line)
+    return answer_of(status), status
+
+
+def answer_of(status: int) -> WakeAnswer:
     if 200 <= status < 300:
-        return WakeAnswer.ACCEPTED, status
+        return WakeAnswer.ACCEPTED
     if 400 <= status < 500 or status == 503:
-        return WakeAnswer.REFUSED, status
-    return WakeAnswer.UNREACHABLE, status
+        return WakeAnswer.REFUSED
+    return WakeAnswer.UNREACHABLE
 
 
 async def post_wake(socket_path: Path, host: str, timeout_s: float,
                     ) -> tuple[WakeAnswer, int, int | None]:
     """One wake request: the outcome, the status of its answer (0: none) and its
     Retry-After in seconds, if it said one."""
-    writer: asyncio.StreamWriter | None = None
-    try:
-        async with asyncio.timeout(max(timeout_s, 0.01)):
-            reader, writer = await asyncio.open_unix_connection(
-                str(socket_path), limit=_STATUS_LINE_MAX)
-            writer.write(wake_request(host))
-            await writer.drain()
-            outcome, status = outcome_of(await reader.readline())
-            retry_after_s = None
-            if outcome is WakeAnswer.REFUSED:
-                for _ in range(_HEAD_LINES_MAX):
-                    line = await reader.readline()
-                    name, _, value = line.partition(b":")
-                    if not line.strip():
-                        break
-                    if name.strip().lower() == b"retry-after" and value.strip().isdigit():
-                        retry_after_s = int(value.strip())
-            return outcome, status, retry_after_s
-    except (OSError, TimeoutError, ValueError):
-        return WakeAnswer.UNREACHABLE, 0, None
-    finally:
-        if writer is not None:
-            writer.close()
+    status, retry_after_s = await post(socket_path, wake_path(host), timeout_s)
+    outcome = answer_of(status)
+    return outcome, status, retry_after_s if outcome is WakeAnswer.REFUSED else None
 
 
 def socket_identity(path: Path) -> tuple[int, int, int] | None:
