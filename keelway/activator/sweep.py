@@ -219,6 +219,12 @@ class Sweep:
             self._unknown_said = False
         acted = []
         by_host = {a.host: a for a in awake}
+        if self.frozen_budget is not None:
+            keeping = sum(a.memory_bytes for a in awake if a.frozen)
+            if keeping > self.frozen_budget:
+                log.info("idle sweep: frozen instances keep %d bytes, over the frozen "
+                         "budget of %d: the ones frozen longest are parked", keeping,
+                         self.frozen_budget)
         for host, verb in to_act(awake, activity, self.frozen_budget):
             if self.parking.runner.busy(host):
                 continue  # an operation runs: it is not idle in any sense that matters

@@ -131,10 +131,21 @@ def test_the_sweep_freezes_then_parks_and_the_budget_parks_what_does_not_fit(
     assert wait_until(lambda: _instance(kw, HOST)["state"] == "parked", 20)
     assert kw.get(HOST, "/health")[0] == 200  # a parked one wakes as before
 
-    # A budget nothing fits: a frozen instance is parked at the next sweep.
+    # Over the frozen budget (two instances of ~15 MB each, 16M allowed): the one frozen
+    # longest is parked, the other stays frozen.
+    kw.ok("park", HOST)
     kw.ok("down", "--keep-apps")
-    kw.up("--frozen-budget", "1K")
-    kw.ok("deploy", "sleepy", str(_idle_app(tmp_path, "1h")))
-    assert wait_until(lambda: _instance(kw, HOST)["state"] == "parked", 30)
-    events = kw.ok("events", "sleepy", "-n", "50").out
-    assert "freeze" in events and "park" in events
+    kw.up("--frozen-budget", "16M")
+    kw.ok("deploy", "dozy", str(_idle_app(tmp_path, "1h")), "--host", "a.test", "--host",
+          "b.test")
+
+    def states() -> set[str]:
+        return {_instance(kw, h)["state"] for h in ("a.test", "b.test")}  # type: ignore[misc]
+
+    assert wait_until(lambda: "parked" in states(), 30)
+    time.sleep(2.5)  # one more sweep: the other fits, and stays frozen
+    ops = kw.ok("ops", "dozy", "--json").json()["operations"]
+    froze = [o["instance"] for o in sorted(ops, key=lambda o: o["id"]) if o["kind"] == "freeze"]
+    first, second = froze[0], froze[1]
+    assert _instance(kw, first)["state"] == "parked" and _route(kw, second) == "frozen"
+    assert "frozen instances keep" in (kw.home / "logs" / "keelway.log").read_text()
