@@ -799,6 +799,26 @@ SCENARIOS["certs-import"] = (
 ROLLED_FORWARD["certs-import"] = _cert_whole
 
 
+# The frozen tier (keelway/deploy/freezing.py): a freeze (route frozen, publish, every
+# process stopped in place) and the thaw a wake runs (thaw, route serving, publish). After
+# a crash anywhere and the next boot, the instance answers (the recovery check's request
+# thaws what is frozen) and is serving once it has.
+def _serving_after_a_request(h: Home) -> bool:
+    if _get(h.port, "one.test") != 200:
+        return False
+    route = h.api("GET", "/v1/status")["apps"][0]["instances"][0]["route"]
+    return bool(route["state"] == "serving")
+
+
+SCENARIOS["freeze"] = ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test")],
+                       lambda h: h.ok("freeze", "one.test"))
+SCENARIOS["thaw"] = ([lambda h: h.ok("deploy", "hello", str(h.app_a), "--host", "one.test"),
+                      lambda h: h.ok("freeze", "one.test")],
+                     lambda h: h.ok("wake", "one.test"))
+for _name in ("freeze", "thaw"):
+    ROLLED_FORWARD[_name] = _serving_after_a_request
+
+
 # A certificate by ACME (keelway/deploy/certify.py) from a real CA on loopback (pebble):
 # after a crash anywhere in the certify operation and the next boot, the name gets its
 # certificate from the order the crash left (one order at the CA in all), and the
