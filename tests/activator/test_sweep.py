@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from keelway.activator.activity import Activity, ActivityUnknown, fetch_activity
-from keelway.activator.sweep import Awake, idle_after_s, to_park
+from keelway.activator.sweep import Awake, Verb, idle_after_s, to_act, to_park
 from keelway.builds.manifest import Manifest, Mode, ServiceKind, ServiceSpec
 
 
@@ -106,3 +106,43 @@ def test_an_older_router_that_refuses_the_op_means_nothing_is_known(tmp_path: Pa
 def test_no_router_on_the_socket_means_nothing_is_known(tmp_path: Path) -> None:
     with pytest.raises(ActivityUnknown):
         asyncio.run(fetch_activity(tmp_path / "absent.sock"))
+
+
+# -- the frozen tier: freeze first, park after `park_after`, and the frozen budget ------
+
+
+def test_an_idle_instance_is_frozen_first_where_it_may_be() -> None:
+    awake = [Awake("a.test", 60.0, awake_for_s=1000.0, park_after_s=900.0),
+             Awake("b.test", 60.0, awake_for_s=1000.0, park_after_s=0.0)]
+    acts = to_act(awake, {"a.test": quiet(60.0), "b.test": quiet(60.0)})
+    assert acts == [("a.test", Verb.FREEZE), ("b.test", Verb.PARK)]
+
+
+def test_a_frozen_instance_parks_once_frozen_for_its_park_after() -> None:
+    frozen = [Awake("a.test", 60.0, 1000.0, park_after_s=900.0, frozen=True,
+                    frozen_for_s=899.0),
+              Awake("b.test", 60.0, 1000.0, park_after_s=900.0, frozen=True,
+                    frozen_for_s=900.0)]
+    # The router need not report a frozen instance: its clock is the sweep's own.
+    assert to_act(frozen, {}) == [("b.test", Verb.PARK)]
+
+
+def test_over_the_budget_the_frozen_longest_park_until_the_rest_fit() -> None:
+    mb = 1 << 20
+    frozen = [Awake(h, 60.0, 1000.0, park_after_s=900.0, frozen=True, frozen_for_s=age,
+                    memory_bytes=20 * mb)
+              for h, age in (("new.test", 10.0), ("old.test", 300.0), ("mid.test", 100.0))]
+    assert to_act(frozen, {}, frozen_budget=45 * mb) == [("old.test", Verb.PARK)]
+    assert to_act(frozen, {}, frozen_budget=25 * mb) == [("old.test", Verb.PARK),
+                                                          ("mid.test", Verb.PARK)]
+    assert to_act(frozen, {}, frozen_budget=60 * mb) == []
+    # One parking anyway (past its park_after) counts as gone from the budget.
+    frozen[1] = Awake("old.test", 60.0, 1000.0, park_after_s=200.0, frozen=True,
+                      frozen_for_s=300.0, memory_bytes=20 * mb)
+    assert to_act(frozen, {}, frozen_budget=45 * mb) == [("old.test", Verb.PARK)]
+
+
+def test_a_fenced_frozen_instance_is_left_to_its_fence_holder() -> None:
+    frozen = [Awake("a.test", 60.0, 1000.0, fenced=True, park_after_s=1.0, frozen=True,
+                    frozen_for_s=100.0, memory_bytes=1 << 30)]
+    assert to_act(frozen, {}, frozen_budget=1) == []
