@@ -611,7 +611,8 @@ def main(argv: list[str] | None = None,
     acme = _authority(Home.from_env(), args.acme_directory, args.acme_email,
                       args.acme_ca_bundle, args.acme_challenge)
     settings = RouterSettings(max(1, args.router_workers), tuple(args.trusted_proxy),
-                              args.hold_timeout, args.max_concurrency, https)
+                              args.hold_timeout, args.max_concurrency, https,
+                              on_demand=https is not None and acme is not None)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import uvloop

@@ -67,6 +67,12 @@ def read_client_hello(data: bytes) -> Peeked:
         return Incomplete(_RECORD_HEAD)
     if data[0] != _HANDSHAKE:
         return Unreadable.NOT_TLS
+    if len(data) >= _RECORD_HEAD + _MESSAGE_HEAD and data[1] == 3 and data[5] == _CLIENT_HELLO:
+        # The usual case, read without copying the message: one record holds it all.
+        length = (data[3] << 8) | data[4]
+        wanted = _MESSAGE_HEAD + ((data[6] << 16) | (data[7] << 8) | data[8])
+        if wanted <= length <= _MAX_RECORD and len(data) >= _RECORD_HEAD + length:
+            return _hello(data[_RECORD_HEAD + _MESSAGE_HEAD:_RECORD_HEAD + wanted])
     message = bytearray()
     at = 0
     wanted = -1  # the whole message's length, once its head is in

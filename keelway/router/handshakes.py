@@ -47,13 +47,12 @@ log: Final = logging.getLogger("keelway.router.handshakes")
 
 ACCEPT_BATCH: Final = 64  # accepts per wakeup of the listener: others' turn after
 SWEEP_EVERY_S: Final = 0.5
-# Out of descriptors or memory, the listener stays readable: accepting pauses this long
-# instead of spinning on it.
 ACCEPT_PAUSE_S: Final = 0.1
 _CHALLENGE_ALPN: Final = (ACME_TLS_ALPN.encode(),)
 _RECORD_ALERT: Final = 21
 _FATAL: Final = 2
-_SHORT_OF: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+# A connection that ended before its accept: the next one may be fine.
+_CLIENT_LEFT: Final = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EINTR})
 
 
 def alert(description: int) -> bytes:
@@ -140,12 +139,14 @@ class Handshakes:
             except BlockingIOError:
                 return
             except OSError as exc:
-                if exc.errno in _SHORT_OF:
-                    log.warning("HTTPS accept paused %.1f s: %s", ACCEPT_PAUSE_S, exc)
-                    self._loop.remove_reader(self._fd)
-                    self._paused = self._loop.call_later(ACCEPT_PAUSE_S, self._resume)
-                    return
-                continue  # that client left before its turn (ECONNABORTED and such)
+                if exc.errno in _CLIENT_LEFT:
+                    continue
+                # Short of descriptors or memory (or worse): the listener stays readable,
+                # so accepting pauses rather than spinning on it.
+                log.warning("HTTPS accept paused %.1f s: %s", ACCEPT_PAUSE_S, exc)
+                self._loop.remove_reader(self._fd)
+                self._paused = self._loop.call_later(ACCEPT_PAUSE_S, self._resume)
+                return
             sock.setblocking(False)
             self._peek(sock, None)
 

@@ -187,12 +187,16 @@ class RouterSettings:
     # Where it serves HTTPS (keelway/router/tls.py), from the home's certificate store;
     # None: HTTP only.
     https: str | None = None
+    # A handshake naming a served host with no certificate yet asks the control plane
+    # for one and waits (router/on_demand.py): on where ACME is (keelway/deploy/certify.py).
+    on_demand: bool = False
 
     def argv(self, home: Home) -> list[str]:
         hold = [] if self.hold_timeout_s is None else [f"--hold-timeout={self.hold_timeout_s}"]
         bound = ([] if self.max_concurrency is None
                  else [f"--max-concurrency={self.max_concurrency}"])
-        certs = [] if self.https is None else ["--certs", str(home.certs_dir)]
+        certs = [] if self.https is None else ["--certs", str(home.certs_dir),
+                                               *(["--on-demand"] if self.on_demand else [])]
         return ["--workers", str(self.workers),
                 *(f"--trusted-proxy={ip}" for ip in self.trusted_proxies), *hold, *bound,
                 *certs]
@@ -205,13 +209,14 @@ class _SettingsRecord(msgspec.Struct, frozen=True):
     hold_timeout_s: float | None = None
     max_concurrency: int | None = None
     https: str | None = None
+    on_demand: bool = False
 
 
 def record_settings(home: Home, addr: str, settings: RouterSettings) -> None:
     """Note what the running router serves and how, once it answers with them."""
     record = _SettingsRecord(addr, settings.workers, list(settings.trusted_proxies),
                              settings.hold_timeout_s, settings.max_concurrency,
-                             settings.https)
+                             settings.https, settings.on_demand)
     write_atomic(home.router_settings, msgspec.json.encode(record))
 
 
@@ -227,7 +232,7 @@ def recorded_settings(home: Home) -> tuple[str, RouterSettings | None] | None:
             return None
     return record.addr, RouterSettings(record.workers, tuple(record.trusted_proxies),
                                        record.hold_timeout_s, record.max_concurrency,
-                                       record.https)
+                                       record.https, record.on_demand)
 
 
 # The routers this process started, kept to reap them (and read how they ended) once
