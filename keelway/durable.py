@@ -203,11 +203,14 @@ def temp_orphaned(name: str) -> bool:
     return pid_s.isdigit() and _start_ticks(int(pid_s)) is None
 
 
-def write_atomic(path: Path, data: bytes, mode: int = PRIVATE_FILE_MODE) -> None:
+def write_atomic(path: Path, data: bytes, mode: int = PRIVATE_FILE_MODE,
+                 sync: bool = True) -> None:
     """Replace `path` with `data` so that a crash leaves either the old or the new file.
 
     The temp file is created with `mode` from the start, so a secret is never readable
-    by others even for an instant.
+    by others even for an instant. `sync=False`: whole or absent across a crash of any
+    process, but not across a power loss (no fsync), for a file whose writer rewrites
+    it after a reboot anyway (the router's table, which the control plane republishes).
     """
     path = Path(path)
     tmp = temp_path(path)
@@ -217,14 +220,16 @@ def write_atomic(path: Path, data: bytes, mode: int = PRIVATE_FILE_MODE) -> None
         while view:
             written = os.write(fd, view)
             view = view[written:]
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     finally:
         os.close(fd)
     os.chmod(tmp, mode)  # umask may have narrowed it at creation
     # The window a concurrent sweep must not cut (`temp_orphaned`), held open by tests.
     pause(f"write.rename.{path.name}")
     os.replace(tmp, path)
-    fsync_dir(path.parent)
+    if sync:
+        fsync_dir(path.parent)
 
 
 def sweep_temp(directory: Path) -> list[Path]:
