@@ -9,21 +9,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
 
 from aiohttp import web
 
 from keelway.api import bodies
 from keelway.api.apps import removal
-from keelway.api.http import app_name, read_body, route
-from keelway.api.instance_state import InstanceStatus, label
+from keelway.api.http import app_name, encoded_response, read_body, route
 from keelway.api.plans import plan_response
-from keelway.api.views import Fleet
+from keelway.api.status import Page, instances_json
 from keelway.deploy import apps, instances
 from keelway.deploy.errors import UserError
 from keelway.deploy.instances import AddRequest, Instances, starts_after_add
 from keelway.store import Store
-from keelway.store.records import Instance
 
 
 @dataclass(frozen=True)
@@ -31,23 +29,18 @@ class InstancesApi:
     store: Store
     instances: Instances
     http_port: int | None
-
-
-    def _view(self, inst: Instance, aliases: list[str],
-              status: InstanceStatus) -> dict[str, Any]:
-        port = f":{self.http_port}" if self.http_port else ""
-        return {"host": inst.host, "app": inst.app, "state": status.state.value,
-                "label": label(status), "desired": inst.state.value,
-                "adding": inst.adding, "aliases": aliases,
-                "config": sorted(inst.config), "url": f"http://{inst.host}{port}/"}
+    # Where the home's certificates are, for the attention an instance needs.
+    home_root: Path | None = None
 
     @route("GET", "/v1/apps/{app}/instances")
     async def list_instances(self, request: web.Request) -> web.Response:
+        """Every instance of the app, or with `page` (and `per_page`) that page of them,
+        after a summary that counts them all (keelway/api/status.py)."""
         name = app_name(self.store, request)
-        fleet = Fleet.read(self.store)
-        return web.json_response({"app": name, "instances": [
-            self._view(i, [a.host for a in fleet.aliases.get(i.host, [])], fleet.status(i))
-            for i in fleet.instances(name)]})
+        page = Page.parse(request.query.get("page"), request.query.get("per_page"))
+        # Read aside, as `status` is: 10,000 instances' read is not this loop's to wait on.
+        return encoded_response(await self.store.read_aside(
+            instances_json, name, self.http_port, page, self.home_root))
 
     @route("POST", "/v1/apps/{app}/instances")
     async def add_instances(self, request: web.Request) -> web.Response:

@@ -36,6 +36,7 @@ from keelway.api.replicas import ReplicasApi
 from keelway.api.run_server import RunPlanApi
 from keelway.api.seed import SeedApi
 from keelway.api.snapshots import SnapshotsApi
+from keelway.api.status import Page, status_json
 from keelway.api.views import (
     certificate_check,
     doctor_checks,
@@ -44,7 +45,6 @@ from keelway.api.views import (
     operation_view,
     releases_view,
     router_view,
-    status_json,
     unreleased_failures,
 )
 from keelway.deploy.apps import Apps
@@ -93,7 +93,7 @@ class Api:
         self.replicas = ReplicasApi(replication) if replication is not None else None
         self.parking = ParkingApi(parking, freezing) if parking is not None else None
         self.apps_api = AppsApi(store, apps) if apps is not None else None
-        self.instances = (InstancesApi(store, instances, http_port)
+        self.instances = (InstancesApi(store, instances, http_port, home.root)
                           if instances is not None else None)
         self.domains = DomainsApi(store, domains) if domains is not None else None
         self.store = store
@@ -153,9 +153,13 @@ class Api:
         return web.json_response({"apps": out})
 
     async def status(self, request: web.Request) -> web.Response:
+        """Every instance of APP (or of every app) whole; with `page` (and `per_page`),
+        that page of each app's instances and those that need attention, after a
+        summary that counts them all (keelway/api/status.py)."""
         app = request.query.get("app")
         if app is not None and self.store.apps.get_app(app) is None:
             raise NotFoundError(f"no app named {app}", hint="see `keelway apps`")
+        page = Page.parse(request.query.get("page"), request.query.get("per_page"))
         # Read apart from the loop that commits every journal write: a thousand
         # instances' status neither waits behind a rollout's writes nor holds them.
         supervisor = self.deployer.supervisor
@@ -172,7 +176,7 @@ class Api:
         # holds it, and the encoding is not the loop's either.
         return encoded_response(await self.store.read_aside(
             status_json, self.http_port, app, set(self.deployer.locks.live_ops), extra,
-            self.home.root))
+            self.home.root, page))
 
     async def doctor(self, _request: web.Request) -> web.Response:
         on = self.certs.certifier is not None and self.certs.certifier.on

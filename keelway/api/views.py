@@ -6,10 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-
-import msgspec
 
 from keelway import certs
 from keelway.api.instance_state import (
@@ -21,9 +18,7 @@ from keelway.api.instance_state import (
 )
 from keelway.builds.build_step import BUILD_NICE, IONICE
 from keelway.home import Home
-from keelway.journal import REPLICA
 from keelway.limits import format_size
-from keelway.reconcile.plan import leftovers as unconverged
 from keelway.runtime.identities import Identities
 from keelway.runtime.limits import build_in_force, in_force
 from keelway.runtime.router_supervisor import RouterHealth
@@ -43,7 +38,6 @@ from keelway.store.records import (
     Operation,
     Presence,
 )
-from keelway.store.rollouts import OPEN as OPEN_ROLLOUTS
 
 
 def generation_view(gen: Generation, presences: Mapping[int, Presence],
@@ -107,6 +101,14 @@ class Fleet:
 
     def instances(self, app: str | None = None) -> list[Instance]:
         return [v.instance for v in self.views.values() if app is None or v.instance.app == app]
+
+    def by_app(self) -> dict[str, list[Instance]]:
+        """Every instance by its app, in the store's order (app, then host): one pass,
+        where `instances(app)` for each of a thousand apps would be a thousand."""
+        found: dict[str, list[Instance]] = {}
+        for view in self.views.values():
+            found.setdefault(view.instance.app, []).append(view.instance)
+        return found
 
     def active_of(self, host: str) -> dict[str, Generation]:
         """The generations ACTIVE names on `host`, by service."""
@@ -212,117 +214,6 @@ def last_drills(store: Store, app: str) -> dict[str, dict[str, Any]]:
             found[event.instance] = {"ok": event.kind == "drill", "at": event.at,
                                      "message": event.message}
     return found
-
-
-def status_json(store: Store, http_port: int | None, app_filter: str | None,
-                live_ops: set[int], extra: dict[str, object],
-                home_root: Path | None = None) -> bytes:
-    """`status_view` with `extra` over it, encoded: what `status` answers, made where
-    it is read (Store.read_aside), with each live process's use of memory and CPU read
-    there too (the home's trees as the box has them: `home_root`)."""
-    trees = ProcessTrees.found(home_root) if home_root is not None else None
-    certs_dir = Home(home_root).certs_dir if home_root is not None else None
-    failing = certs.backoffs(Home(home_root)) if home_root is not None else {}
-    return msgspec.json.encode(
-        status_view(store, http_port, app_filter, live_ops, trees, certs_dir, failing)
-        | extra)
-
-
-def status_view(store: Store, http_port: int | None, app_filter: str | None,
-                live_ops: set[int] | None = None,
-                trees: ProcessTrees | None = None,
-                certs_dir: Path | None = None,
-                cert_failures: dict[str, certs.CertBackoff] | None = None) -> dict[str, Any]:
-    failing = cert_failures or {}
-    apps = [a for a in store.apps.list_apps() if app_filter is None or a.name == app_filter]
-    pinned = store.builds.pinned_builds()
-    fleet = Fleet.read(store)
-    out: list[dict[str, Any]] = []
-    leftovers: list[dict[str, Any]] = []
-    for app in apps:
-        drills = last_drills(store, app.name)
-        releases = store.builds.list_releases(app.name)
-        instances = []
-        for inst in fleet.instances(app.name):
-            view = fleet.views[inst.host]
-            active = fleet.active_of(inst.host)
-            active_ids = set(view.active.values())
-            latest = view.latest
-            services = [generation_view(gen, fleet.presences, trees) | {"active": True}
-                        for _service, gen in sorted(active.items())]
-            for gen in view.live:
-                if gen.id not in active_ids:
-                    item = generation_view(gen, fleet.presences, trees) | {"active": False}
-                    services.append(item)
-                    # A generation its live operation attends (a one-off run) is no
-                    # leftover, though ACTIVE does not name it; nor is the replicator,
-                    # which its own record names (keelway/data/replicas.py).
-                    if gen.service == REPLICA:
-                        continue
-                    if gen.op_id is None or gen.op_id not in (live_ops or set()):
-                        leftovers.append({"instance": inst.host, **item})
-            url = f"http://{inst.host}:{http_port}/" if http_port else f"http://{inst.host}/"
-            stuck = unconverged(latest, active_ids,
-                                latest is not None and latest.id in (live_ops or set()))
-            failed_closed = None
-            if stuck:
-                failed_closed = {
-                    "operation": latest.id if latest else None,
-                    "leftovers": sorted({f"{s.service} generation {s.after_gen}"
-                                         for s in stuck}),
-                    "warnings": latest.warnings if latest else [],
-                    "next": "stop the leftover process, then `keelway reconcile`",
-                }
-            status = fleet.status(inst)
-            # The crash loops waiting out their backoff, as the state rule counts them.
-            crashed = [{"service": r.service, "generation": r.generation_id,
-                        "failures": r.failures, "retry_at": r.retry_at}
-                       for r in status.crashed]
-            route = view.route
-            fence = fleet.fences.get(inst.host)
-            seed = fleet.imports.get(inst.host)
-            instances.append({
-                **state_view(status, inst),
-                "host": inst.host, "url": url, "crashed": crashed,
-                "aliases": [a.host for a in fleet.aliases.get(inst.host, [])],
-                "down_reason": inst.down_reason, "failed_closed": failed_closed,
-                "route": ({"state": route.state.value, "port": route.port} if route else None),
-                "fence": ({"generation": fence.generation, "held": fence.held,
-                           "reason": fence.reason} if fence is not None else None),
-                # An import in effect, or being rolled back (never `env_before`: secrets).
-                "seed": {"seed": seed.seed, "state": seed.state} if seed is not None else None,
-                "processes": services,
-                "drill": drills.get(inst.host),
-                "last_operation": operation_view(latest, with_steps=False) if latest else None,
-                # When the certificate HTTPS serves each of its names with expires (None:
-                # it has none), read where status is.
-                "certificates": ({name: certs.not_after(certs_dir, name) for name in
-                                  (inst.host, *(a.host for a in fleet.aliases.get(inst.host,
-                                                                                  [])))}
-                                 if certs_dir is not None else {}),
-                # Its names the CA has not issued for, backing off (deploy/certify.py).
-                "certificate_failures": [
-                    failing[name].view() for name in
-                    (inst.host, *(a.host for a in fleet.aliases.get(inst.host, [])))
-                    if name in failing],
-            })
-        rollout = store.rollouts.latest_rollout(app.name)
-        out.append({
-            "name": app.name,
-            "release": releases[0].label if releases else None,
-            # Where its latest rollout stands, while it may still act (running, paused,
-            # halted): a fleet on two releases says so, and why.
-            "rollout": ({"release": f"v{rollout.release}", "state": rollout.state.value,
-                         "cohort": rollout.cohort + 1, "cohorts": len(rollout.cohorts),
-                         "reason": rollout.reason}
-                        if rollout is not None and rollout.state in OPEN_ROLLOUTS else None),
-            "instances": instances,
-            "builds": [
-                {"digest": b.digest, "good": b.good, "pinned": (b.app, b.digest) in pinned}
-                for b in store.builds.list_builds(app.name)
-            ],
-        })
-    return {"apps": out, "leftovers": leftovers}
 
 
 def router_view(health: RouterHealth) -> dict[str, Any]:
