@@ -451,8 +451,14 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
                  f"{home.certs_dir}" + (f", ordered from {acme.directory} as needed"
                                         if acme is not None else ""))
     announce(f"API on {home.api_socket}; state in {home.root}")
-    for inst in store.instances.list_instances():
+    # A few hosts say where to look; 10,000 of them would bury the lines around them.
+    serving, shown = store.instances.list_instances(), 10
+    for inst in serving[:shown]:
         announce(f"serving {inst.app}: http://{inst.host}:{http_port}/")
+    if len(serving) > shown:
+        apps = len({inst.app for inst in serving})
+        announce(f"… and {len(serving) - shown} more instances of "
+                 f"{apps} app{'' if apps == 1 else 's'} (`keelway status`)")
     announce("ready")
 
     await stopping.wait()

@@ -5,7 +5,15 @@ from __future__ import annotations
 import click
 
 from keelway.cli.base import answered, api_command, cli, client, config_pairs
-from keelway.cli.output import fail, plural, table
+from keelway.cli.output import (
+    fail,
+    page_line,
+    page_query,
+    paging_options,
+    plural,
+    state_counts,
+    table,
+)
 from keelway.cli.plans import dry_run_option
 
 
@@ -62,16 +70,40 @@ def instances_remove(app: str, host: str, purge_data: bool, dry_run: bool,
 
 @instances.command("list")
 @click.argument("app")
+@paging_options
 @api_command
-def instances_list(app: str, as_json: bool) -> None:
-    """APP's instances, their state and aliases."""
-    data = client().request("GET", f"/v1/apps/{app}/instances")
+def instances_list(app: str, show_all: bool, page: int | None, as_json: bool) -> None:
+    """APP's instances counted by state, those that need attention, then a page of them
+    with their state and aliases (--page K, or --all for every one). --json answers
+    every instance unless --page asks for a page.
+
+    Example: keelway instances list blog --all
+    """
+    query = page_query(show_all, page, as_json)
+    data = client().request("GET", f"/v1/apps/{app}/instances" + (f"?{query}" if query
+                                                                    else ""))
     if answered(data, as_json):
         return
-    if not data["instances"]:
+    summary = data["summary"]
+    if not summary["instances"]:
         click.echo(f"{app} has no instances: `keelway instances add {app} HOST`")
         return
+    shown = data.get("page")
+    if shown is not None and shown["number"] > shown["pages"]:
+        fail(f"there is no page {shown['number']}: {app} has {shown['pages']}",
+             f"`keelway instances list {app} --page 1`, or `--all`")
+    click.echo(f"{app}: {state_counts(summary)}")
+    flagged = data.get("attention")
+    if flagged is None:
+        flagged = [i for i in data["instances"] if i.get("attention")]
+    for inst in flagged:
+        click.echo(f"{inst['host']} needs attention: {', '.join(inst['attention'])}")
+    if summary["attention"]:
+        more = summary["attention"] - len(flagged)
+        click.echo((f"and {more} more; " if more else "") + f"`keelway status {app}` says why")
     table(None, ["instance", "state", "aliases", "own config"],
           [(i["host"], i.get("label", i["state"]) + (" (adding)" if i["adding"] else ""),
             ", ".join(i["aliases"]) or "-", ", ".join(i["config"]) or "-")
            for i in data["instances"]])
+    if more_line := page_line(shown, f"keelway instances list {app}"):
+        click.echo(more_line)

@@ -40,7 +40,16 @@ def fail_json(code_name: str, message: str, hint: str | None,
     sys.exit(code)
 
 
+# Past this many rows a table is printed as plain columns: rich lays out every row to
+# fit the terminal (`status --all` of 10,000 instances: some 8 s of the 9), and a
+# listing that long is read through grep or a pager, not fitted to a screen.
+PLAIN_FROM_ROWS = 500
+
+
 def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    if len(rows) >= PLAIN_FROM_ROWS:
+        _plain_table(title, columns, rows)
+        return
     from rich.console import Console
     from rich.table import Table
 
@@ -53,6 +62,18 @@ def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any
     for row in rows:
         grid.add_row(*["" if v is None else str(v) for v in row])
     Console().print(grid)
+
+
+def _plain_table(title: str | None, columns: Sequence[str],
+                 rows: Sequence[Sequence[Any]]) -> None:
+    """The table as left-aligned columns two spaces apart, every cell whole."""
+    cells = [list(columns), *(["" if v is None else str(v) for v in row] for row in rows)]
+    widths = [max(len(row[at]) for row in cells) for at in range(len(columns))]
+    lines = [title] if title else []
+    lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+              .rstrip() for row in cells]
+    lines.insert(len(lines) - len(rows), "  ".join("-" * width for width in widths))
+    click.echo("\n".join(lines))
 
 
 def ago(at: float | None) -> str:
@@ -81,3 +102,58 @@ def shown_value(value: str) -> str:
             or value.startswith('"'):
         return json.dumps(value, ensure_ascii=False)
     return value
+
+
+# How many instances a page of `status` and `instances list` shows: the API's own
+# default (keelway/api/status.py PER_PAGE), named here so the CLI sends no page size.
+PER_PAGE = 20
+
+
+def paging_options(func: Any) -> Any:
+    """`--all` and `--page K`, as `status` and `instances list` take them."""
+    func = click.option("--page", type=click.IntRange(min=1), default=None, metavar="K",
+                        help=f"Show page K of the instances ({PER_PAGE} a page).")(func)
+    return click.option("--all", "show_all", is_flag=True,
+                        help="Show every instance, not a page of them.")(func)
+
+
+def page_query(show_all: bool, page: int | None, as_json: bool) -> str:
+    """The query that asks for what the flags say: a page, or every instance. The
+    human view pages by default; `--json` answers every instance unless `--page` asks
+    for one, as it always has, so the scripts that read it see them all."""
+    if show_all and page is not None:
+        message, hint = "--all and --page ask for different things", "give one of them"
+        if as_json:
+            fail_json("bad-request", message, hint)
+        fail(message, hint)
+    if show_all or (as_json and page is None):
+        return ""
+    return f"page={page or 1}"
+
+
+def page_line(page: dict[str, int] | None, command: str) -> str | None:
+    """What a page leaves out and how to see it (None: it left nothing out); `command`
+    is the one that showed it, to which the flags are added."""
+    if page is None or page["pages"] <= 1:
+        return None
+    first = (page["number"] - 1) * page["size"] + 1
+    last = min(page["total"], page["number"] * page["size"])
+    shown = (f"instances {first}-{last} of {page['total']}" if first <= page["total"]
+             else f"no instances on page {page['number']}")
+    if page["number"] < page["pages"]:
+        return (f"{shown} (page {page['number']} of {page['pages']}): `{command} --page "
+                f"{page['number'] + 1}` for the next, `{command} --all` for every one")
+    return (f"{shown} (page {page['number']} of {page['pages']}): `{command} --all` for "
+            "every one")
+
+
+def state_counts(summary: dict[str, Any]) -> str:
+    """`10000 instances: 9990 parked, 10 running; 2 need attention`."""
+    states = sorted(summary["states"].items(), key=lambda kv: (-kv[1], kv[0]))
+    said = plural(summary["instances"], "instance", "instances")
+    if states:
+        said += ": " + ", ".join(f"{count} {state}" for state, count in states)
+    if summary["attention"]:
+        said += f"; {summary['attention']} need{'s' if summary['attention'] == 1 else ''} " \
+                "attention"
+    return said

@@ -12,19 +12,33 @@ import click
 
 from keelway.cli.base import answered, api_command, cli, client
 from keelway.cli.client import ApiLost, ApiUnavailable
-from keelway.cli.output import ago, emit_json, table
-
-# A certificate this close to its end is said in `status`.
-CERT_WARN_S = 14 * 86400
+from keelway.cli.output import (
+    ago,
+    emit_json,
+    fail,
+    page_line,
+    page_query,
+    paging_options,
+    state_counts,
+    table,
+)
 
 
 @cli.command()
 @click.argument("app", required=False)
+@paging_options
 @api_command
-def status(app: str | None, as_json: bool) -> None:
-    """Instances, processes, builds and leftovers (of APP, or of every app)."""
-    query = f"?app={app}" if app else ""
-    data = client().request("GET", f"/v1/status{query}")
+def status(app: str | None, show_all: bool, page: int | None, as_json: bool) -> None:
+    """Instances, processes, builds and leftovers (of APP, or of every app): each app's
+    instances counted by state and those that need attention first, then a page of its
+    instances (--page K, or --all for every one). --json answers every instance unless
+    --page asks for a page.
+
+    Example: keelway status blog --page 2
+    """
+    query = "&".join(filter(None, [f"app={urllib.parse.quote(app)}" if app else "",
+                                   page_query(show_all, page, as_json)]))
+    data = client().request("GET", "/v1/status" + (f"?{query}" if query else ""))
     if answered(data, as_json):
         return
     if data.get("router"):
@@ -40,83 +54,126 @@ def status(app: str | None, as_json: bool) -> None:
                        "(`keelway doctor` says why)")
     if not data["apps"]:
         click.echo("no apps yet: deploy one with `keelway deploy NAME PATH`")
+    pages = [item["page"] for item in data["apps"] if item.get("page")]
+    if pages and all(p["number"] > p["pages"] for p in pages):
+        fail(f"there is no page {pages[0]['number']}: "
+             + ", ".join(f"{item['name']} has {item['page']['pages']}"
+                         for item in data["apps"]),
+             f"`keelway status{' ' + app if app else ''} --page 1`, or `--all`")
     for item in data["apps"]:
-        rows = []
-        notes = []
-        for inst in item["instances"]:
-            last = inst["last_operation"]
-            if inst.get("aliases"):
-                notes.append(f"{inst['host']} also serves {', '.join(inst['aliases'])}")
-            if inst.get("down_reason"):
-                notes.append(f"{inst['host']} is down: {inst['down_reason']}; deploy a fix, "
-                             f"`keelway rollback {item['name']}` or `keelway start`")
-            for crash in inst.get("crashed", []):
-                at = crash["retry_at"]
-                notes.append(f"{inst['host']} {crash['service']}: crashed, next retry at "
-                             f"{time.strftime('%H:%M:%S', time.localtime(at))} (in "
-                             f"{max(0, round(at - time.time()))}s; crash {crash['failures']} "
-                             "in a row)")
-            if (fence := inst.get("fence")) and fence["held"]:
-                notes.append(f"{inst['host']} is fenced at generation {fence['generation']}"
-                             + (f" ({fence['reason']})" if fence["reason"] else "")
-                             + f": nothing wakes or starts it; `keelway unfence "
-                             f"{inst['host']}`")
-            if inst.get("failed_closed"):
-                closed = inst["failed_closed"]
-                notes.append(f"{inst['host']} is failed closed, leftover "
-                             f"{', '.join(closed['leftovers'])}: {closed['next']}")
-            if (drill := inst.get("drill")) and not drill["ok"]:
-                # The message names the copy that failed (`snapshot: …`, `replica: …`).
-                where = "snapshots" if drill["message"].startswith("snapshot") else "replicas"
-                notes.append(f"{inst['host']}: the last restore drill failed: "
-                             f"{drill['message']}; `keelway db {where} {inst['host']}`")
-            for name, expires in (inst.get("certificates") or {}).items():
-                # Only what needs a person: the rest is `keelway certs list`'s.
-                left = None if expires is None else expires - time.time()
-                if left is not None and left < CERT_WARN_S:
-                    notes.append(f"{name}: its certificate "
-                                 + ("has expired" if left <= 0 else
-                                    f"expires in {max(1, int(left // 86400))} days")
-                                 + "; `keelway certs list`")
-            for held in inst.get("certificate_failures") or []:
-                notes.append(f"{held['name']}: no certificate from the CA yet "
-                             f"({held['failures']} tries): {held['error']}; "
-                             f"`keelway certs renew {held['name']}`")
-            if inst.get("pending_release"):
-                notes.append(f"{inst['host']}: {inst['pending_release']} starts at its next "
-                             "wake")
-            if last and last["state"] != "succeeded":
-                notes.append(f"{inst['host']}: last {last['kind']} {last['state']}"
-                             + (f": {last['error']}" if last["error"] else ""))
-            for proc in inst["processes"] or [None]:
-                rows.append((
-                    inst["host"], inst.get("label", inst["state"]), inst["release"] or "-",
-                    proc["service"] if proc else "-",
-                    f"{proc['id']}{'' if _named(proc) else ' (leftover)'}" if proc else "-",
-                    (proc["pid"] or "-") if proc else "-", (proc["port"] or "-") if proc else "-",
-                    proc["state"] if proc else "-",
-                    *_used(proc),
-                ))
-        newest = item["release"]
-        # The newest release, and whether anything runs it (one that failed runs nowhere).
-        if newest and item["instances"] and all(i["release"] != newest
-                                                for i in item["instances"]):
-            newest = f"newest {newest} runs nowhere"
-        table(f"{item['name']} ({newest or 'no release'})",
-              ["instance", "state", "release", "service", "gen", "pid", "port", "process",
-               "mem", "cpu"],
-              rows)
-        rollout = item.get("rollout")
-        if rollout:
-            click.echo(f"rollout of {rollout['release']}: {rollout['state']} at cohort "
-                       f"{rollout['cohort']} of {rollout['cohorts']}"
-                       + (f" ({rollout['reason']})" if rollout["reason"] else "")
-                       + f"; `keelway rollout status {item['name']}`")
-        for note in notes:
-            click.echo(note)
+        _app_status(item)
     for left in data["leftovers"]:
         click.echo(f"leftover: {left['instance']} {left['service']} generation {left['id']} "
                    f"(pid {left['pid']}); `keelway stop` and `keelway start` clear it")
+
+
+def _app_status(item: dict[str, Any]) -> None:
+    """One app: its summary and what needs attention, then its page of instances."""
+    name, summary = item["name"], item["summary"]
+    newest = item["release"]
+    # The newest release, and whether anything runs it (one that failed runs nowhere).
+    if newest and summary["instances"] and newest not in summary["releases"]:
+        newest = f"newest {newest} runs nowhere"
+    click.echo(f"{name} ({newest or 'no release'}): {state_counts(summary)}")
+    # Every instance that needs attention, whichever page shows its row: a paged answer
+    # carries the first of them whole, an unpaged one has them among its instances.
+    flagged = item.get("attention")
+    if flagged is None:
+        flagged = [inst for inst in item["instances"] if inst.get("attention")]
+    for inst in flagged:
+        for line in _attention(inst, name):
+            click.echo(line)
+    if summary["attention"] > len(flagged):
+        click.echo(f"and {summary['attention'] - len(flagged)} more need attention: "
+                   f"`keelway status {name} --all`")
+    rows = []
+    notes = []
+    for inst in item["instances"]:
+        notes += _said(inst)
+        for proc in inst["processes"] or [None]:
+            rows.append((
+                inst["host"], inst.get("label", inst["state"]), inst["release"] or "-",
+                proc["service"] if proc else "-",
+                f"{proc['id']}{'' if _named(proc) else ' (leftover)'}" if proc else "-",
+                (proc["pid"] or "-") if proc else "-", (proc["port"] or "-") if proc else "-",
+                proc["state"] if proc else "-",
+                *_used(proc),
+            ))
+    if rows:
+        table(None, ["instance", "state", "release", "service", "gen", "pid", "port",
+                     "process", "mem", "cpu"], rows)
+    if more := page_line(item.get("page"), f"keelway status {name}"):
+        click.echo(more)
+    rollout = item.get("rollout")
+    if rollout:
+        click.echo(f"rollout of {rollout['release']}: {rollout['state']} at cohort "
+                   f"{rollout['cohort']} of {rollout['cohorts']}"
+                   + (f" ({rollout['reason']})" if rollout["reason"] else "")
+                   + f"; `keelway rollout status {name}`")
+    for note in notes:
+        click.echo(note)
+
+
+def _attention(inst: dict[str, Any], app: str) -> list[str]:
+    """What a person should do about the instance, a line for each reason the API gave
+    (keelway/api/status.py decides which; this only words them)."""
+    host, codes = inst["host"], inst.get("attention") or []
+    lines = []
+    if "down" in codes:
+        lines.append(f"{host} is down: {inst.get('down_reason') or 'its release failed'}; "
+                     f"deploy a fix, `keelway rollback {app}` or `keelway start`")
+    if "crashed" in codes:
+        for crash in inst.get("crashed", []):
+            at = crash["retry_at"]
+            lines.append(f"{host} {crash['service']}: crashed, next retry at "
+                         f"{time.strftime('%H:%M:%S', time.localtime(at))} (in "
+                         f"{max(0, round(at - time.time()))}s; crash {crash['failures']} "
+                         "in a row)")
+        if not inst.get("crashed"):
+            lines.append(f"{host}: {inst['label']}; `keelway logs {app} --instance {host}`")
+    if (fence := inst.get("fence")) and "fenced" in codes:
+        lines.append(f"{host} is fenced at generation {fence['generation']}"
+                     + (f" ({fence['reason']})" if fence["reason"] else "")
+                     + f": nothing wakes or starts it; `keelway unfence {host}`")
+    if (closed := inst.get("failed_closed")) and "failed-closed" in codes:
+        lines.append(f"{host} is failed closed, leftover {', '.join(closed['leftovers'])}: "
+                     f"{closed['next']}")
+    if (drill := inst.get("drill")) and "drill-failed" in codes:
+        # The message names the copy that failed (`snapshot: …`, `replica: …`).
+        where = "snapshots" if drill["message"].startswith("snapshot") else "replicas"
+        lines.append(f"{host}: the last restore drill failed: {drill['message']}; "
+                     f"`keelway db {where} {host}`")
+    for name in inst.get("certificates_expiring") or []:
+        left = (inst.get("certificates") or {}).get(name, time.time()) - time.time()
+        lines.append(f"{name}: its certificate "
+                     + ("has expired" if left <= 0 else
+                        f"expires in {max(1, int(left // 86400))} days")
+                     + "; `keelway certs list`")
+    for held in inst.get("certificate_failures") or []:
+        lines.append(f"{held['name']}: no certificate from the CA yet ({held['failures']} "
+                     f"tries): {held['error']}; `keelway certs renew {held['name']}`")
+    last = inst.get("last_operation")
+    if last and "operation-failed" in codes:
+        lines.append(f"{host}: last {last['kind']} {last['state']}"
+                     + (f": {last['error']}" if last["error"] else ""))
+    elif "failed" in codes and "down" not in codes:
+        # Failed by an older release than its latest operation: its label says which.
+        lines.append(f"{host}: {inst['label']}; `keelway ops {app} --instance {host}`")
+    return lines
+
+
+def _said(inst: dict[str, Any]) -> list[str]:
+    """What else a shown row's instance has to say, none of it a call to act."""
+    host = inst["host"]
+    lines = []
+    if inst.get("aliases"):
+        lines.append(f"{host} also serves {', '.join(inst['aliases'])}")
+    if inst.get("pending_release"):
+        lines.append(f"{host}: {inst['pending_release']} starts at its next wake")
+    last = inst.get("last_operation")
+    if last and last["state"] == "running":
+        lines.append(f"{host}: last {last['kind']} running")
+    return lines
 
 
 def _used(proc: dict[str, Any] | None) -> tuple[str, str]:
