@@ -163,32 +163,43 @@ class AppInstances:
 
     def expiring(self, names: tuple[str, ...]) -> list[str]:
         """Those of `names` whose certificate ends within CERT_WARN_S (or has ended)."""
+        if not self.seen.cert_names:  # the common case at density: no certificates here
+            return []
         return [name for name in names
                 if (at := self.seen.not_after(name)) is not None
                 and at - self.fleet.now < CERT_WARN_S]
 
     def needs(self, inst: Instance) -> Needs:
-        """Why the instance needs a person."""
+        """Why the instance needs a person: each reason a code, in the order the CLI
+        says them. Asked of every instance for the summary, so each test is a lookup."""
         host = inst.host
-        status = self.statuses[host]
+        shown = self.statuses[host].state
         fence = self.fleet.fences.get(host)
         drill = self.drills.get(host)
         latest = self.fleet.views[host].latest
         names = self.names(host)
         closed = self.failed_closed(host)
         expiring = self.expiring(names)
-        found = [
-            ("down", inst.state is InstanceState.DOWN),
-            ("crashed", status.state is Shown.CRASHED),
-            ("failed", status.state is Shown.FAILED),
-            ("failed-closed", closed is not None),
-            ("fenced", fence is not None and fence.held),
-            ("drill-failed", drill is not None and not drill["ok"]),
-            ("certificate-expiring", bool(expiring)),
-            ("certificate-failing", any(n in self.seen.cert_failures for n in names)),
-            ("operation-failed", latest is not None and latest.state is OpState.FAILED),
-        ]
-        return Needs([code for code, holds in found if holds], closed, expiring)
+        codes = []
+        if inst.state is InstanceState.DOWN:
+            codes.append("down")
+        if shown is Shown.CRASHED:
+            codes.append("crashed")
+        if shown is Shown.FAILED:
+            codes.append("failed")
+        if closed is not None:
+            codes.append("failed-closed")
+        if fence is not None and fence.held:
+            codes.append("fenced")
+        if drill is not None and not drill["ok"]:
+            codes.append("drill-failed")
+        if expiring:
+            codes.append("certificate-expiring")
+        if self.seen.cert_failures and any(n in self.seen.cert_failures for n in names):
+            codes.append("certificate-failing")
+        if latest is not None and latest.state is OpState.FAILED:
+            codes.append("operation-failed")
+        return Needs(codes, closed, expiring)
 
     def view(self, inst: Instance, needs: Needs) -> dict[str, Any]:
         """The instance whole, as `status` shows it."""

@@ -339,10 +339,13 @@ class SqliteInstances:
 
 
 def instance_of(r: sqlite3.Row) -> Instance:
+    # Most instances have no config of their own: a bulk read of 10,000 does not parse
+    # "{}" 10,000 times.
+    config = r["config"]
     return Instance(r["host"], r["app"], InstanceState(r["state"]), r["fence"],
                     r["schedule_rev"], r["created_at"], r["version"], r["down_reason"],
-                    json.loads(r["config"]), bool(r["adding"]), r["removing"],
-                    r["pending_release"],
+                    json.loads(config) if config != "{}" else {}, bool(r["adding"]),
+                    r["removing"], r["pending_release"],
                     Cause(r["pending_cause"]) if r["pending_cause"] else None)
 
 
