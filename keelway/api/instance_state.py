@@ -36,6 +36,9 @@ SERVICE = (OpKind.STOP, OpKind.START, OpKind.PARK, OpKind.WAKE)
 
 class Shown(enum.StrEnum):
     RUNNING = "running"
+    # Running, its processes stopped in place by the frozen tier (its route `frozen`):
+    # awake as far as memory goes, thawed by its next request.
+    FROZEN = "frozen"
     PARKED = "parked"
     STOPPED = "stopped"
     CRASHED = "crashed"
@@ -62,7 +65,7 @@ class InstanceStatus:
 
 def decide(inst: Instance, active: Mapping[str, Generation], retries: Sequence[CrashRetry],
            last_release: Operation | None, last_service: Operation | None,
-           now: float) -> InstanceStatus:
+           now: float, frozen: bool = False) -> InstanceStatus:
     """The instance's state from its record, the generations ACTIVE names, its pending
     crash retries (`Store.pending_retries`), its newest releasing operation and its
     newest stop/start/park/wake."""
@@ -115,7 +118,7 @@ def decide(inst: Instance, active: Mapping[str, Generation], retries: Sequence[C
             if any(g.state is GenState.GONE and (g.service == "web" or g.exit_code != 0)
                    for g in ordered):
                 return show(Shown.CRASHED)
-            return show(Shown.RUNNING)
+            return show(Shown.FROZEN if frozen else Shown.RUNNING)
         case _:
             assert_never(inst.state)
 
@@ -133,7 +136,7 @@ def label(status: InstanceStatus) -> str:
             serving = f"serving v{status.serving}" if status.serving else "serving nothing"
             kind = (status.failed or OpKind.DEPLOY).value
             return f"failed (last {kind} failed; {serving})"
-        case Shown.RUNNING | Shown.PARKED | Shown.STOPPED | Shown.NO_RELEASE:
+        case Shown.RUNNING | Shown.FROZEN | Shown.PARKED | Shown.STOPPED | Shown.NO_RELEASE:
             return status.state.value
         case _:
             assert_never(status.state)

@@ -26,7 +26,7 @@ from keelway.runtime.supervisor import Supervisor
 from keelway.runtime.tree import ProcessTrees
 from keelway.store import Store
 from keelway.store.imports import ImportJournal
-from keelway.store.lifecycle import GenState, OpState
+from keelway.store.lifecycle import GenState, OpState, RouteState
 from keelway.store.records import (
     Alias,
     CrashRetry,
@@ -118,8 +118,10 @@ class Fleet:
     def status(self, inst: Instance) -> InstanceStatus:
         """The instance's state by the one rule (keelway/api/instance_state.py)."""
         host = inst.host
+        route = self.views[host].route
         return decide(inst, self.active_of(host), self.retries.get(host, []),
-                      self.releasing.get(host), self.service.get(host), self.now)
+                      self.releasing.get(host), self.service.get(host), self.now,
+                      frozen=route is not None and route.state is RouteState.FROZEN)
 
 
 def state_view(status: InstanceStatus, inst: Instance) -> dict[str, Any]:

@@ -127,6 +127,7 @@ def test_every_state_has_its_phrase() -> None:
     at = time.strftime("%H:%M:%S", time.localtime(NOW + 5))
     phrases = {
         label(InstanceStatus(Shown.RUNNING, 1, 1)): "running",
+        label(InstanceStatus(Shown.FROZEN, 1, 1)): "frozen",
         label(InstanceStatus(Shown.PARKED, 1, None)): "parked",
         label(InstanceStatus(Shown.STOPPED, 1, None)): "stopped",
         label(InstanceStatus(Shown.NO_RELEASE, None, None)): "no release",
@@ -139,3 +140,12 @@ def test_every_state_has_its_phrase() -> None:
     }
     assert all(said == want for said, want in phrases.items()), phrases
     assert {s for s in Shown} == {Shown(p.split(" (")[0]) for p in phrases.values()}
+
+
+def test_a_running_instance_whose_route_is_frozen_is_frozen_and_a_crash_still_shows() -> None:
+    active = {"web": _gen("web", 2)}
+    frozen = decide(_inst(), active, [], None, None, NOW, frozen=True)
+    assert frozen.state is Shown.FROZEN and label(frozen) == "frozen" and frozen.serving == 2
+    crashed = decide(_inst(), {"web": _gen("web", 1, GenState.GONE)}, [_retry(NOW + 5)],
+                     None, None, NOW, frozen=True)
+    assert crashed.state is Shown.CRASHED
