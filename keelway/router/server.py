@@ -11,6 +11,13 @@ With `--workers N` above 1, `serve` runs once per worker process over the same
 inherited listening fd, and the main process accepts nothing itself: it keeps the
 control socket, the waker, the hold slots and the leases of the concurrency bounds
 (keelway/router/workers.py says why).
+
+HTTPS (`--https-listen` or `--https-fd`, with `--certs`): each process that accepts
+reads every connection's ClientHello before its handshake (router/handshakes.py) and
+hands it to TLS with the context of the name it asks for (router/tls.py), or refuses
+it. With `--on-demand` (and `--wake-socket`), a handshake for a served host with no
+certificate yet waits while the control plane gets one (router/on_demand.py); every
+worker is passed both and asks for itself, at most once at a time per name.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from keelway.router.on_demand import FAILED_HOLDOFF_S, ON_DEMAND_WAIT_S, OnDemand
+from keelway.router.server import parse_args
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -98,3 +99,14 @@ def test_closing_answers_every_wait_with_no() -> None:
         await asyncio.sleep(0)
 
     asyncio.run(run())
+
+
+def test_on_demand_needs_the_control_planes_socket_and_a_store() -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--listen", "127.0.0.1:1", "--certs", "/c", "--on-demand"])
+    with pytest.raises(SystemExit):
+        parse_args(["--listen", "127.0.0.1:1", "--wake-socket", "/s", "--on-demand"])
+    config = parse_args(["--listen", "127.0.0.1:1", "--certs", "/c", "--wake-socket", "/s",
+                         "--on-demand"])
+    assert config.on_demand and config.wake_socket == Path("/s")
+    assert not parse_args(["--listen", "127.0.0.1:1"]).on_demand
