@@ -18,6 +18,7 @@ from keelway import __version__
 from keelway.api import bodies
 from keelway.api.apps import AppsApi
 from keelway.api.certs import CertsApi
+from keelway.api.doctor import diagnose
 from keelway.api.domains import DomainsApi
 from keelway.api.http import (
     app_name,
@@ -38,8 +39,6 @@ from keelway.api.seed import SeedApi
 from keelway.api.snapshots import SnapshotsApi
 from keelway.api.status import Page, status_json
 from keelway.api.views import (
-    certificate_check,
-    doctor_checks,
     event_view,
     isolation_view,
     operation_view,
@@ -179,10 +178,12 @@ class Api:
             self.home.root, page))
 
     async def doctor(self, _request: web.Request) -> web.Response:
+        """Every check with its severity and what to do (keelway/api/doctor.py)."""
         on = self.certs.certifier is not None and self.certs.certifier.on
-        checks = [*doctor_checks(self.deployer.supervisor),
-                  await asyncio.to_thread(certificate_check, self.home, on)]
-        return web.json_response({"checks": checks})
+        return web.json_response({"checks": await diagnose(
+            self.store, self.home, self.deployer.supervisor, self.router, on,
+            self.passes.reconciler.replicate, set(self.deployer.locks.live_ops),
+            status_json)})
 
     async def releases(self, request: web.Request) -> web.Response:
         name = app_name(self.store, request)
