@@ -64,15 +64,36 @@ class Rule:
     hint: str
     pattern: re.Pattern[str]
     max_chars: int
+    # A host's bound per dot-separated label (the pattern keeps it; this says it).
+    max_label_chars: int | None = None
 
     def accepts(self, value: str) -> bool:
         return len(value) <= self.max_chars and self.pattern.fullmatch(value) is not None
 
     def check(self, value: str) -> str:
-        """`value` itself when the rule accepts it; raises InvalidName otherwise."""
-        if not self.accepts(value):
-            raise InvalidName(f"{value!r} is not a valid {self.noun}", self.hint)
-        return value
+        """`value` itself when the rule accepts it; raises InvalidName otherwise, whose
+        message names the bound a too-long value is past."""
+        if self.accepts(value):
+            return value
+        if len(value) > self.max_chars:
+            raise InvalidName(f"{_cut(value)} is too long ({len(value)} characters): the "
+                              f"limit for {self.noun}s is {self.max_chars}", self.hint)
+        if self.max_label_chars is not None:
+            long = next((label for label in value.split(".")
+                         if len(label) > self.max_label_chars), None)
+            if long is not None:
+                raise InvalidName(f"{_cut(value)} is not a valid {self.noun}: its label "
+                                  f"{_cut(long)} is {len(long)} characters, and the limit "
+                                  f"is {self.max_label_chars}", self.hint)
+        raise InvalidName(f"{value!r} is not a valid {self.noun}", self.hint)
+
+
+def _cut(value: str, shown_chars: int = 40) -> str:
+    """`value` quoted, its middle left out past `shown_chars`: an error line stays one
+    line a person reads, whatever was typed."""
+    if len(value) <= shown_chars:
+        return repr(value)
+    return repr(value[:shown_chars // 2] + "…" + value[-shown_chars // 2:])
 
 
 _LABEL: Final = "[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
@@ -80,9 +101,10 @@ _LABEL: Final = "[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
 HOST: Final = Rule(
     "hostname",
     "use lowercase letters, digits, dots and dashes, like blog.example.com "
-    "(no port, no trailing dot, at most 253 characters)",
+    "(no port, no trailing dot, at most 63 characters between dots and 253 in all)",
     re.compile(rf"{_LABEL}(?:\.{_LABEL})*"),
     253,
+    max_label_chars=63,
 )
 APP: Final = Rule(
     "app name",

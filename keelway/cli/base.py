@@ -49,8 +49,21 @@ AFTER_LOST: dict[str, str] = {
 }
 
 
+# Where a `--json` given to any group or command of the line is recorded: click shares
+# a context's `meta` with every context below it, so the command that runs sees it.
+_JSON_GIVEN = "keelway.json"
+
+
+def json_given(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    """`--json`'s callback at every level: true when this level or one above got it."""
+    if value:
+        ctx.meta[_JSON_GIVEN] = True
+    return bool(value or ctx.meta.get(_JSON_GIVEN))
+
+
 def json_option(func: F) -> F:
-    return click.option("--json", "as_json", is_flag=True, help="Print JSON.")(func)
+    return click.option("--json", "as_json", is_flag=True, callback=json_given,
+                        help="Print JSON.")(func)
 
 
 def config_pairs(pairs: tuple[str, ...], as_json: bool) -> dict[str, str]:

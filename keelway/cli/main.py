@@ -14,6 +14,7 @@ from keelway.cli import (
     data,
     doctor,
     domains,
+    examples,
     instances,
     jobs,
     lifecycle,
@@ -24,12 +25,16 @@ from keelway.cli import (
     rollouts,
     run,
     seed,
+    service,
 )
 from keelway.cli.base import cli
 
 __all__ = ["apps", "certs", "cli", "data", "doctor", "domains", "instances", "jobs",
            "lifecycle", "main", "operations", "parking", "reading", "replicas", "rollouts",
-           "run", "seed"]
+           "run", "seed", "service"]
+
+# Once every command is registered: each one's example, and --json at every level.
+examples.finish(cli)
 
 
 def main() -> None:

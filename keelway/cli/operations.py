@@ -12,6 +12,7 @@ import click
 from keelway.cli.base import answered, api_call, api_command, cli, client, config_pairs, json_option
 from keelway.cli.output import EXIT_LOST, emit_json, fail, fail_json, shown_value
 from keelway.cli.plans import dry_run_operation, dry_run_option
+from keelway.names import CONFIG_NAME
 
 
 def run_operation(path: str, body: dict[str, Any], as_json: bool, what: str,
@@ -266,9 +267,38 @@ def config_set(obj: tuple[str, str | None], pairs: tuple[str, ...], rollout: tup
 def config_unset(obj: tuple[str, str | None], names: tuple[str, ...],
                  rollout: tuple[str, ...], key: str | None, dry_run: bool,
                  as_json: bool) -> None:
-    """Remove config vars (a new release)."""
+    """Remove config vars (a new release). Names none of which is set change nothing
+    and make no release."""
+    if not dry_run and _none_set(obj, names, as_json):
+        return
     _change(obj, {"unset": list(names)}, f"unset {', '.join(names)}", key, dry_run, as_json,
             rollout)
+
+
+def _none_set(obj: tuple[str, str | None], names: tuple[str, ...], as_json: bool) -> bool:
+    """Whether none of `names` is set where the unset would remove it (the app's config,
+    or with --instance the instance's own): then nothing is sent, and it says so. A
+    name its rule refuses is refused here, before anything is read."""
+    app, instance = obj
+    for name in names:
+        if not CONFIG_NAME.accepts(name):
+            message, hint = f"{name!r} is not a valid {CONFIG_NAME.noun}", CONFIG_NAME.hint
+            if as_json:
+                fail_json("bad-request", message, hint)
+            fail(message, hint)
+    path = (f"/v1/apps/{app}/instances/{instance}/config" if instance is not None
+            else f"/v1/apps/{app}/config")
+    where = instance if instance is not None else app
+    config = client().request("GET", path)["config"]
+    if any(name in config for name in names):
+        return False
+    if as_json:
+        emit_json({"app": app, "instance": instance, "unset": [], "not_set": list(names),
+                   "release": None})
+    else:
+        click.echo(f"{', '.join(names)} {'is' if len(names) == 1 else 'are'} not set on "
+                   f"{where}: nothing changed, no release made")
+    return True
 
 
 @cli.command()
