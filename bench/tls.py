@@ -10,6 +10,10 @@ Figures, each as a ratio to nginx measured in the same run:
 - the router's RSS after handshakes for `--names` distinct names, each with its own
   certificate in the store, against its RSS before any (target: within 150 MB more).
 
+Beside the new-handshake rates it prints the CPU time each proxy spent per new
+handshake (user and system, from /proc): on a box busy with other work a rate says
+as much about the neighbours as about the proxy, its CPU time per handshake much less.
+
 Set up as bench/router.py: an nginx upstream answering a fixed 200, each proxy with one
 worker pinned to CPU 0, wrk pinned to CPU 1, everything on loopback and stopped here by
 pid. Certificates from a throwaway CA (trustme, ECDSA P-256 for both proxies). wrk names
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import re
 import socket
 import ssl
@@ -119,6 +124,15 @@ def wrk_rps(port: int, connections: int, duration_s: int, new_connections: bool)
     return float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
 
 
+def cpu_s(pids: list[int]) -> float:
+    """User plus system CPU time of `pids` so far."""
+    ticks = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -166,13 +180,19 @@ def main() -> int:
             ports["nginx"], ports["upstream"], cert, key), ports["nginx"])
         figures: dict[str, dict[str, list[float]]] = {
             "keep_alive": {"keelway": [], "nginx": []},
-            "handshakes": {"keelway": [], "nginx": []}}
+            "handshakes": {"keelway": [], "nginx": []},
+            "handshake_cpu_us": {"keelway": [], "nginx": []}}
+        pids = {"keelway": [router], "nginx": process_tree(nginx)}
         for _ in range(args.rounds):
             for which in ("keelway", "nginx"):
                 figures["keep_alive"][which].append(
                     wrk_rps(ports[which], args.connections, args.duration, False))
-                figures["handshakes"][which].append(
-                    wrk_rps(ports[which], args.connections, args.duration, True))
+                spent = cpu_s(pids[which])
+                rate = wrk_rps(ports[which], args.connections, args.duration, True)
+                spent = cpu_s(pids[which]) - spent
+                figures["handshakes"][which].append(rate)
+                figures["handshake_cpu_us"][which].append(
+                    spent / (rate * args.duration) * 1e6)
         medians = {kind: {w: sorted(v)[len(v) // 2] for w, v in by.items()}
                    for kind, by in figures.items()}
         before = rss_mb(router)
@@ -185,12 +205,16 @@ def main() -> int:
         shaken_s = time.monotonic() - began
         after = rss_mb(router)
         keep, shake = medians["keep_alive"], medians["handshakes"]
+        cost = medians["handshake_cpu_us"]
         ratio_keep = keep["keelway"] / keep["nginx"]
         ratio_shake = shake["keelway"] / shake["nginx"]
         print(f"HTTPS keep-alive req/s: keelway {keep['keelway']:.0f}, nginx "
               f"{keep['nginx']:.0f}: {ratio_keep:.2f}x (target ≥ {KEEP_ALIVE_TARGET}x)")
         print(f"new handshakes/s: keelway {shake['keelway']:.0f}, nginx "
               f"{shake['nginx']:.0f}: {ratio_shake:.2f}x (target ≥ {HANDSHAKE_TARGET}x)")
+        print(f"CPU per new handshake: keelway {cost['keelway']:.0f} us, nginx "
+              f"{cost['nginx']:.0f} us: nginx's is {cost['nginx'] / cost['keelway']:.2f}x "
+              f"keelway's")
         print(f"router RSS: {before:.1f} MB before, {after:.1f} MB after {done} of "
               f"{len(names)} names' first handshakes ({shaken_s:.1f} s; their certificates "
               f"laid down in {laid_s:.1f} s): +{after - before:.1f} MB "
