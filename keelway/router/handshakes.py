@@ -41,6 +41,7 @@ from keelway.router.client_hello import (
     read_client_hello,
 )
 from keelway.router.on_demand import ON_DEMAND_WAIT_S, OnDemand
+from keelway.router.proxy import SHORTAGE_REPORT_S
 from keelway.router.tls import ACME_TLS_ALPN, HANDSHAKE_TIMEOUT_S, Certificates
 
 log: Final = logging.getLogger("keelway.router.handshakes")
@@ -104,6 +105,8 @@ class Handshakes:
         self._demanding: dict[asyncio.Future[bool], tuple[str, list[_Waiting]]] = {}
         self._sweeper: asyncio.TimerHandle | None = None
         self._paused: asyncio.TimerHandle | None = None
+        self._pauses = 0
+        self._paused_said_at = -SHORTAGE_REPORT_S
         self._closed = False
         self.refused = 0  # connections refused before a handshake (tests, logs)
 
@@ -142,8 +145,13 @@ class Handshakes:
                 if exc.errno in _CLIENT_LEFT:
                     continue
                 # Short of descriptors or memory (or worse): the listener stays readable,
-                # so accepting pauses rather than spinning on it.
-                log.warning("HTTPS accept paused %.1f s: %s", ACCEPT_PAUSE_S, exc)
+                # so accepting pauses rather than spinning on it; said once a while.
+                self._pauses += 1
+                now = self._loop.time()
+                if now - self._paused_said_at >= SHORTAGE_REPORT_S:
+                    log.warning("HTTPS accepts paused %d times for %.1f s each since the "
+                                "last report: %s", self._pauses, ACCEPT_PAUSE_S, exc)
+                    self._paused_said_at, self._pauses = now, 0
                 self._loop.remove_reader(self._fd)
                 self._paused = self._loop.call_later(ACCEPT_PAUSE_S, self._resume)
                 return

@@ -273,3 +273,38 @@ def test_without_on_demand_a_served_host_without_a_certificate_is_refused(
     with fake_control_plane(socket_path, certs, ca) as plane:
         assert _refused(port, "new.test")
         assert plane.demands() == []
+
+
+def test_out_of_descriptors_the_https_listener_pauses_instead_of_spinning(
+        tmp_path: Path, start_router: type[RouterProcess], upstream: Upstream) -> None:
+    ca = trustme.CA()
+    certs = tmp_path / "certs"
+    lay_down(certs, ca, "a.test")
+    port = free_port()
+    router = start_router(open_files=(64, 64), extra_argv=(
+        "--https-listen", f"127.0.0.1:{port}", "--certs", str(certs)))
+    router.push(1, {"a.test": _serving(upstream)})
+    silent: list[socket.socket] = []
+    try:
+        for _ in range(128):  # each waits for its hello with a descriptor of the router's
+            silent.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        time.sleep(0.3)
+        cpu_before = router.cpu_seconds()
+        time.sleep(1.0)
+        busy_s = router.cpu_seconds() - cpu_before
+        assert busy_s < 0.25, f"the router used {busy_s:.2f} s of CPU in 1 s"
+        said = [line for line in router.log.read_text().splitlines()
+                if "HTTPS accepts paused" in line]
+        assert len(said) == 1, router.log.read_text()
+    finally:
+        for sock in silent:
+            sock.close()
+    deadline = time.monotonic() + 10
+    while True:  # the silent ones' descriptors free as their ends are read
+        try:
+            assert shown_certificate(port, "a.test", timeout_s=2)[0] == der_of(certs, "a.test")
+            break
+        except (ssl.SSLError, OSError):
+            assert time.monotonic() < deadline, router.log.read_text()
+            time.sleep(0.1)
+    assert router.proc.poll() is None
