@@ -158,7 +158,10 @@ def up(demo: bool, detach: bool, http_addr: str | None, router_workers: int | No
             time.sleep(0.1)
     else:
         fail("the control plane did not come up in 120s", f"see {home.daemon_log}")
-    status = client().request("GET", "/v1/status")
+    # `--json` keeps naming every URL (its readers expect them all); the words name a
+    # few and count the rest, from one page of each app (keelway/api/status.py).
+    status = client().request("GET", "/v1/status" + ("" if as_json else
+                                                     f"?page=1&per_page={URLS_SHOWN}"))
     urls = [i["url"] for a in status["apps"] for i in a["instances"]]
     addr = status["router"]["addr"]
     if as_json:
@@ -166,9 +169,18 @@ def up(demo: bool, detach: bool, http_addr: str | None, router_workers: int | No
                    "urls": urls})
         return
     click.echo(f"keelway is running (pid {info['pid']}); router on http://{addr}/")
-    for url in urls:
+    for url in urls[:URLS_SHOWN]:
         click.echo(f"  {url}")
+    total = sum(a["summary"]["instances"] for a in status["apps"])
+    if total > URLS_SHOWN:
+        apps = len(status["apps"])
+        click.echo(f"  … and {total - URLS_SHOWN} more instances of {apps} "
+                   f"app{'' if apps == 1 else 's'} (`keelway status`)")
     click.echo("stop it with `keelway down`")
+
+
+# How many URLs `up -d` names before it counts the rest.
+URLS_SHOWN = 10
 
 
 def _already_running(home: Home, pid: int, as_json: bool) -> None:

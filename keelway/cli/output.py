@@ -54,14 +54,21 @@ def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any
     from rich.table import Table
 
     grid = Table(title=title, show_edge=False, header_style="bold")
+    first = max([len(str(row[0])) for row in rows] + [len(columns[0]) if columns else 0])
     for at, column in enumerate(columns):
         # The first column names the row (a host, an app): never cut or wrapped, so a
         # narrow terminal squeezes the others, never a name.
-        widest = max((len(str(row[0])) for row in rows), default=0) if at == 0 else 0
-        grid.add_column(column, no_wrap=at == 0, min_width=max(widest, len(column)) or None)
+        grid.add_column(column, no_wrap=at == 0, min_width=(first or None) if at == 0 else None)
     for row in rows:
         grid.add_row(*["" if v is None else str(v) for v in row])
-    Console().print(grid)
+    console = Console()
+    # rich crops the whole table to the console's width, the first column too: a
+    # terminal narrower than the name and a sliver of every other column gets the lines
+    # wider than itself (it wraps them) rather than a cut name.
+    needed = first + 3 + sum(min(len(c), 8) + 3 for c in columns[1:])
+    if console.width < needed:
+        console = Console(width=needed)
+    console.print(grid)
 
 
 def _plain_table(title: str | None, columns: Sequence[str],

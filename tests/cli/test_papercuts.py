@@ -107,8 +107,6 @@ def test_a_user_meets_no_papercut(kw: Keelway, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="keelway/cli/output.py `table` lets rich crop the whole table to "
-                          "the terminal's width, first column too: left to its owner")
 def test_status_in_a_narrow_terminal_shows_the_whole_hostname(kw: Keelway,
                                                               tmp_path: Path) -> None:
     kw.up()
