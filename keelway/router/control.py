@@ -54,6 +54,8 @@ from keelway.router.table_file import save_table
 from keelway.router.workers import WorkerSet
 
 log: Final = logging.getLogger("keelway.router")
+# Up to this many routes, a pushed table is saved on the loop (router/table_file.py).
+INLINE_SAVE_ROUTES: Final = 1000
 
 
 @dataclass(eq=False)
@@ -219,7 +221,12 @@ class ControlServer:
             if self.state_path is not None:
                 loop = asyncio.get_running_loop()
                 try:
-                    await loop.run_in_executor(None, save_table, self.state_path, table)
+                    # A small table is written in place: a thread's round trip costs
+                    # more than its few kilobytes, and a wake waits for this answer.
+                    if len(table.routes) <= INLINE_SAVE_ROUTES:
+                        save_table(self.state_path, table)
+                    else:
+                        await loop.run_in_executor(None, save_table, self.state_path, table)
                 except OSError as exc:
                     log.error("could not save route table v%d: %s", table.version, exc)
                     return Reply(ok=False, error=f"could not save the table: {exc.strerror}")

@@ -4,8 +4,12 @@ router serves what it served before, with no control plane running.
 Invariant: the file holds a complete, valid table or does not exist. A file written by an
 older keelway may hold an entry today's rules refuse: that entry is left out at load (and
 logged), never the whole table, so a router restart keeps every other app served. It is written with
-`durable.write_atomic` (temp -> fsync -> rename -> fsync dir) before the table is swapped
-in, and temp leftovers of a crash are swept at load.
+`durable.write_atomic` (temp -> rename) before the table is swapped in, and temp
+leftovers of a crash are swept at load. It is not fsynced: a crash of any process keeps
+the new file whole, and after a power loss (which may leave the old one, or one that
+does not load: the router then starts with no routes) every app is started again by the
+control plane's boot, which publishes its table before anything serves. The fsyncs were
+two of a wake's few milliseconds.
 """
 
 from __future__ import annotations
@@ -49,8 +53,9 @@ def load_table(path: Path) -> RouteTable | None:
 
 
 def save_table(path: Path, table: RouteTable) -> None:
-    """Durably replace the saved table; after return a crash keeps `table`.
+    """Replace the saved table; after return a crash of any process keeps `table` (see
+    the module header for a power loss).
 
     A crash before return leaves the previous table (or none). Raises OSError.
     """
-    write_atomic(path, encode_table(table), mode=0o600)
+    write_atomic(path, encode_table(table), mode=0o600, sync=False)
