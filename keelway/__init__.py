@@ -15,13 +15,16 @@ Layering (imports only point down this list; checked by tests/test_layering.py):
     builds         staging, manifests, build commands, gc
     store          the Store protocol (one transaction per intent) and its SQLite store
     durable, failpoints, clock, home, names, journal, run_wire, identity, app_path,
-    home_checks    leaf modules with no keelway imports (names: the rule of every name a
+    home_checks, metrics, admin_access
+                   leaf modules with no keelway imports (names: the rule of every name a
                    user gives; journal: the kinds of operations and steps, causes and
                    inhibitions that deploy, reconcile and the store all speak; run_wire:
                    what `keelway run` and the daemon say over the run socket; identity:
                    the uid and group each tenant runs as; app_path: the PATH of every
                    process of an app; home_checks: the doctor's checks of the box alone,
-                   which the CLI runs while the control plane is down)
+                   which the CLI runs while the control plane is down; metrics: the
+                   Prometheus series, built from plain figures; admin_access: who may
+                   read the admin listener)
 
 The router never imports the store, the deployer or the API: traffic must not depend
 on anything the control plane owns.

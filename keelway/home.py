@@ -83,6 +83,8 @@ class Home:
     certs_dir = _Under("certs")
     # The object store `keelway up --objects` named, kept for the next `up`.
     objects_setting = _Under("objects.url")
+    # Where `keelway up --admin` serves /metrics and the dashboard, kept for the next `up`.
+    admin_setting = _Under("admin.addr")
 
     @classmethod
     def from_env(cls) -> Home:

@@ -13,7 +13,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "keelway"
 LEAVES = {"keelway.durable", "keelway.failpoints", "keelway.clock", "keelway.home",
           "keelway.names", "keelway.journal", "keelway.run_wire", "keelway.identity",
           "keelway.app_path", "keelway.pacing", "keelway.cron", "keelway.limits", "keelway",
-          "keelway.testing", "keelway.home_checks"}
+          "keelway.testing", "keelway.home_checks", "keelway.metrics",
+          "keelway.admin_access"}
 ALLOWED = {
     "router": set(),
     "store": set(),

@@ -38,9 +38,12 @@ from pathlib import Path
 
 from aiohttp import web
 
-from keelway import issuance
+from keelway import admin_access, issuance
 from keelway.activator.sweep import Sweep
+from keelway.api.admin import AdminListener, AdminSettings, admin_settings
+from keelway.api.dashboard import Dashboard
 from keelway.api.run_server import RunServer
+from keelway.api.scrape import Scraper
 from keelway.api.server import Api
 from keelway.builds import cache as deps_cache
 from keelway.builds.manifest import REPLICA
@@ -304,7 +307,7 @@ async def run(home: Home, http_addr: str | None, demo: bool, announce: Callable[
               limits: Limits = BUILT_IN, build_limits: BuildLimits | None = None,
               jobs_at_once: int = JOBS_AT_ONCE,
               acme: issuance.CertificateAuthority | None = None,
-              frozen_budget: int | None = None) -> int:
+              frozen_budget: int | None = None, admin: AdminSettings | None = None) -> int:
     """Run the control plane until shutdown; returns the process exit code.
 
     A full disk at start (the lock, the router's records, the store) is said as such and
@@ -314,7 +317,7 @@ async def run(home: Home, http_addr: str | None, demo: bool, announce: Callable[
     try:
         return await _run_home(home, http_addr, demo, announce, router, objects,
                                refuses_to_die, limits, build_limits, jobs_at_once, acme,
-                               frozen_budget)
+                               frozen_budget, admin)
     except Exception as exc:  # a filter, not a catch-all: anything else goes on up
         if not disk_full(exc):
             raise
@@ -329,7 +332,8 @@ async def _run_home(home: Home, http_addr: str | None, demo: bool, announce: Cal
                     build_limits: BuildLimits | None,
                     jobs_at_once: int = JOBS_AT_ONCE,
                     acme: issuance.CertificateAuthority | None = None,
-                    frozen_budget: int | None = None) -> int:
+                    frozen_budget: int | None = None,
+                    admin: AdminSettings | None = None) -> int:
     home.ensure()
     try:
         lock_fd = _take_lock(home)
@@ -344,7 +348,8 @@ async def _run_home(home: Home, http_addr: str | None, demo: bool, announce: Cal
             raise StartupError(f"--objects: {exc}", EXIT_FAILED) from exc
         return await _run_locked(home, _router_addr(home, http_addr), demo, announce,
                                  router or RouterSettings(), object_store, refuses_to_die,
-                                 limits, build_limits, jobs_at_once, acme, frozen_budget)
+                                 limits, build_limits, jobs_at_once, acme, frozen_budget,
+                                 admin)
     except StartupError as exc:
         announce(f"error: {exc}")
         return exc.exit_code
@@ -358,7 +363,8 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
                       limits: Limits, build_limits: BuildLimits | None,
                       jobs_at_once: int = JOBS_AT_ONCE,
                       acme: issuance.CertificateAuthority | None = None,
-                      frozen_budget: int | None = None) -> int:
+                      frozen_budget: int | None = None,
+                      admin: AdminSettings | None = None) -> int:
     clock = SystemClock()
     # Before the router starts (it inherits the score): out of memory, the kernel kills
     # an app, never keelway (keelway/runtime/limits.py).
@@ -435,6 +441,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     os.chmod(home.api_socket, 0o600)
     run_server = RunServer(home, parts.runs)
     await run_server.start()
+    admin_listener = await _start_admin(admin, store, home, router, http_port, parts, announce)
     rotation = loop.create_task(_rotate_logs_forever(home))
     periodic = loop.create_task(parts.passes.periodic())
     idle_sweep = loop.create_task(Sweep(store, parts.parking, home.router_socket, clock,
@@ -473,6 +480,8 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     periodic.cancel()
     idle_sweep.cancel()
     snapshot_schedule.cancel()
+    if admin_listener is not None:
+        await admin_listener.close()
     await runner.cleanup()
     home.api_socket.unlink(missing_ok=True)
     parts.passes.close()
@@ -488,6 +497,28 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
         announce("warning: the router did not stop; it is still serving")
     store.close()
     return 0
+
+
+async def _start_admin(admin: AdminSettings | None, store: Store, home: Home,
+                       router: RouterSupervisor, http_port: int, parts: DeployParts,
+                       announce: Callable[[str], None]) -> AdminListener | None:
+    """The admin listener, when asked for (keelway/api/admin.py). One that cannot bind
+    is said and left out: the apps and the API serve on without it."""
+    if admin is None:
+        return None
+    listener = AdminListener(
+        admin, Scraper(store, str(home.router_socket), admin.per_instance),
+        Dashboard(store, home, router, http_port, lambda: set(parts.locks.live_ops),
+                  parts.snapshots, parts.keeper.replicas))
+    try:
+        await listener.start()
+    except OSError as exc:
+        log.warning("admin listener on %s: %s", admin.addr, exc)
+        announce(f"warning: cannot serve the admin listener on {admin.addr}: {exc}")
+        return None
+    announce(f"metrics on http://{admin.addr}/metrics, the dashboard on http://{admin.addr}/"
+             + (" (token required)" if admin.token is not None else ""))
+    return listener
 
 
 async def _stop_all(store: Store, supervisor: Supervisor, replicas: Replicas | None) -> None:
@@ -585,6 +616,10 @@ def main(argv: list[str] | None = None,
                         help="where the router serves HTTPS, or `off` (default: where it "
                              "already does, if it does)")
     parser.add_argument("--frozen-budget", default=None)
+    parser.add_argument("--admin", default=None,
+                        help="where /metrics and the dashboard are served, or `off` "
+                             "(default: where the last `up` asked, if it did)")
+    parser.add_argument("--metrics-per-instance", action="store_true")
     parser.add_argument("--acme-directory", default=None)
     parser.add_argument("--acme-email", default=None)
     parser.add_argument("--acme-ca-bundle", default=None)
@@ -616,6 +651,11 @@ def main(argv: list[str] | None = None,
         parser.error(str(exc))
     acme = _authority(Home.from_env(), args.acme_directory, args.acme_email,
                       args.acme_ca_bundle, args.acme_challenge)
+    try:
+        admin = admin_settings(Home.from_env(), args.admin, dict(os.environ),
+                               args.metrics_per_instance)
+    except (ValueError, admin_access.AdminAccessError) as exc:
+        parser.error(f"--admin: {exc}")
     settings = RouterSettings(max(1, args.router_workers), tuple(args.trusted_proxy),
                               args.hold_timeout, args.max_concurrency, https,
                               on_demand=https is not None and acme is not None)
@@ -644,7 +684,7 @@ def main(argv: list[str] | None = None,
     with contextlib.suppress(KeyboardInterrupt):
         return uvloop.run(run(Home.from_env(), args.http, args.demo, announce, settings,
                               args.objects, refuses_to_die, limits, build_limits,
-                              max(1, args.jobs_at_once), acme, frozen))
+                              max(1, args.jobs_at_once), acme, frozen, admin))
     return 0
 
 

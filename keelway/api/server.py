@@ -216,24 +216,7 @@ class Api:
 
     def _log_files(self, app: str, instance: str | None, service: str | None,
                    per_service: int = 3) -> list[tuple[str, str, int, Path]]:
-        """The newest log files of each instance and service: (host, service, gen, path)."""
-        files: list[tuple[str, str, int, Path]] = []
-        for inst in self.store.instances.list_instances(app):
-            if instance is not None and inst.host != instance:
-                continue
-            found: dict[str, list[tuple[int, Path]]] = {}
-            log_dir = self.home.log_dir(inst.host)
-            # Only this instance's generations: a host removed and added again keeps
-            # the log dir of the one before, whose generations went with its records.
-            ours = self.store.generations.generation_ids(inst.host)
-            for path in log_dir.glob("*.log") if log_dir.exists() else []:
-                parsed = parse_log_name(path)
-                if parsed and parsed[1] in ours and (service is None or parsed[0] == service):
-                    found.setdefault(parsed[0], []).append((parsed[1], path))
-            for svc, gens in found.items():
-                for gen_id, path in sorted(gens)[-per_service:]:
-                    files.append((inst.host, svc, gen_id, path))
-        return sorted(files, key=lambda f: f[2])
+        return log_files(self.store, self.home, app, instance, service, per_service)
 
     async def logs(self, request: web.Request) -> web.StreamResponse:
         name = app_name(self.store, request)
@@ -306,3 +289,26 @@ def _count(request: web.Request, name: str, default: int) -> int:
     if not text.isdigit():
         raise UserError(f"{name} must be a whole number, not {text!r}")
     return int(text)
+
+
+def log_files(store: Store, home: Home, app: str, instance: str | None, service: str | None,
+              per_service: int = 3) -> list[tuple[str, str, int, Path]]:
+    """The newest log files of each instance and service of `app`, oldest generation
+    first: (host, service, gen, path). `logs` and the dashboard's log tail read these."""
+    files: list[tuple[str, str, int, Path]] = []
+    for inst in store.instances.list_instances(app):
+        if instance is not None and inst.host != instance:
+            continue
+        found: dict[str, list[tuple[int, Path]]] = {}
+        log_dir = home.log_dir(inst.host)
+        # Only this instance's generations: a host removed and added again keeps
+        # the log dir of the one before, whose generations went with its records.
+        ours = store.generations.generation_ids(inst.host)
+        for path in log_dir.glob("*.log") if log_dir.exists() else []:
+            parsed = parse_log_name(path)
+            if parsed and parsed[1] in ours and (service is None or parsed[0] == service):
+                found.setdefault(parsed[0], []).append((parsed[1], path))
+        for svc, gens in found.items():
+            for gen_id, path in sorted(gens)[-per_service:]:
+                files.append((inst.host, svc, gen_id, path))
+    return sorted(files, key=lambda f: f[2])

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from keelway.admin_access import AdminAccessError, required_token
 from keelway.cli.base import DEFAULT_HTTP, answered, api_command, cli, client
 from keelway.cli.client import ApiError, ApiLost, ApiUnavailable
 from keelway.cli.output import EXIT_ALREADY_RUNNING, emit_json, fail, fail_json
@@ -43,6 +44,12 @@ _DAEMON_DISK_FULL = 5  # keelway.api.daemon.EXIT_DISK_FULL, which the CLI does n
               help="Where the router also serves HTTPS (e.g. 0.0.0.0:443), from the "
                    "certificates `keelway certs` keeps; `off` stops it (default: as it "
                    "was).")
+@click.option("--admin", "admin_addr", default=None, metavar="ADDR|off",
+              help="Serve /metrics and a read-only dashboard there (e.g. 127.0.0.1:9180), "
+                   "kept for later `up`s; off loopback KEELWAY_ADMIN_TOKEN must be set; "
+                   "`off` stops it (default: as it was).")
+@click.option("--metrics-per-instance", is_flag=True,
+              help="Label /metrics series by instance too (default: summed per app).")
 @click.option("--frozen-budget", default=None, metavar="SIZE|off",
               help="Memory idle frozen instances may keep together before the one frozen "
                    "longest is parked (default: a quarter of the apps' memory).")
@@ -84,7 +91,7 @@ def up(demo: bool, detach: bool, http_addr: str | None, router_workers: int | No
        default_nofile: str | None, build_memory: str | None, build_timeout: str | None,
        build_disk: str | None, acme_directory: str | None, acme_email: str | None,
        acme_ca_bundle: str | None, acme_challenge: str | None, frozen_budget: str | None,
-       as_json: bool) -> None:
+       admin_addr: str | None, metrics_per_instance: bool, as_json: bool) -> None:
     """Start the control plane and the router (state in $KEELWAY_HOME)."""
     home = Home.from_env()
     given = {"memory": default_memory, "cpu": default_cpu, "pids": default_pids,
@@ -97,6 +104,8 @@ def up(demo: bool, detach: bool, http_addr: str | None, router_workers: int | No
         frozen_budget_bytes(frozen_budget, None)
     except LimitError as exc:
         raise click.UsageError(str(exc)) from None
+    if admin_addr is not None and admin_addr != "off":
+        _check_admin(admin_addr)
     daemon_argv = [sys.executable, "-m", "keelway.api.daemon"]
     daemon_argv += ["--http", http_addr] if http_addr is not None else []
     daemon_argv += ["--demo"] if demo else []
@@ -112,6 +121,8 @@ def up(demo: bool, detach: bool, http_addr: str | None, router_workers: int | No
         daemon_argv += ["--jobs-at-once", str(jobs_at_once)]
     daemon_argv += ["--https", https_addr] if https_addr is not None else []
     daemon_argv += ["--frozen-budget", frozen_budget] if frozen_budget is not None else []
+    daemon_argv += ["--admin", admin_addr] if admin_addr is not None else []
+    daemon_argv += ["--metrics-per-instance"] if metrics_per_instance else []
     for flag, value in (("directory", acme_directory), ("email", acme_email),
                         ("ca-bundle", acme_ca_bundle), ("challenge", acme_challenge)):
         daemon_argv += [f"--acme-{flag}", value] if value is not None else []
@@ -205,6 +216,18 @@ def _already_running(home: Home, pid: int, as_json: bool) -> None:
     if as_json:
         fail_json("already-running", message, hint, EXIT_ALREADY_RUNNING)
     fail(message, hint, EXIT_ALREADY_RUNNING)
+
+
+def _check_admin(addr: str) -> None:
+    """`--admin` refused here, before anything starts, as the control plane would
+    refuse it (keelway/admin_access.py): an address others can reach needs the token."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise click.UsageError(f"--admin: {addr!r} is not HOST:PORT")
+    try:
+        required_token(host, dict(os.environ))
+    except AdminAccessError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 @cli.command()

@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 from keelway.journal import ONE_OFFS, OpKind, StepKind
 from keelway.store.db import Db, swap
 from keelway.store.errors import Conflict, NotFound
 from keelway.store.lifecycle import OpState, RequestState, StepState, check
-from keelway.store.records import Event, Operation, ReleaseAttempt, Request, Step
+from keelway.store.records import (
+    DurationCounts,
+    Event,
+    Operation,
+    OperationCount,
+    ReleaseAttempt,
+    Request,
+    Step,
+)
 
 # The one-off kinds, as SQL: never an instance's latest operation.
 _ONE_OFFS = ", ".join(f"'{k.value}'" for k in sorted(ONE_OFFS))
@@ -131,6 +139,25 @@ class SqliteOperations:
     ) -> list[Operation]:
         return [self._operation(r) for r in self.db.select(
             "operations", order="id DESC", limit=limit, app=app, instance=instance)]
+
+    def operation_counts(self) -> list[OperationCount]:
+        return [OperationCount(r["app"], OpKind(r["kind"]), OpState(r["state"]), r["n"])
+                for r in self.db.rows("SELECT app, kind, state, COUNT(*) AS n FROM operations"
+                                      " GROUP BY app, kind, state ORDER BY app, kind, state")]
+
+    def duration_counts(self, kind: OpKind,
+                        bounds_s: Sequence[float]) -> dict[str, DurationCounts]:
+        # One pass whatever the bounds: a SUM of comparisons per bound.
+        within = "".join(f", SUM(finished_at - created_at <= ?) AS b{i}"
+                         for i in range(len(bounds_s)))
+        rows = self.db.rows(
+            f"SELECT app, COUNT(*) AS n, TOTAL(finished_at - created_at) AS s{within}"
+            " FROM operations WHERE kind=? AND state=? AND finished_at IS NOT NULL"
+            " GROUP BY app ORDER BY app",
+            *bounds_s, kind.value, OpState.SUCCEEDED.value)
+        return {r["app"]: DurationCounts(tuple(int(r[f"b{i}"]) for i in range(len(bounds_s))),
+                                         r["n"], float(r["s"]))
+                for r in rows}
 
     def finish_operation(
         self, op: Operation, state: OpState, error: str | None = None,

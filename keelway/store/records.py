@@ -93,6 +93,26 @@ class ReleaseAttempt(msgspec.Struct, frozen=True):
     state: OpState
 
 
+class OperationCount(msgspec.Struct, frozen=True):
+    """How many operations of `kind` an app has had that are (or ended) in `state`:
+    one row of the journal's counts, which /metrics reads (keelway/api/scrape.py)."""
+
+    app: str
+    kind: OpKind
+    state: OpState
+    count: int
+
+
+class DurationCounts(msgspec.Struct, frozen=True):
+    """One app's succeeded operations of a kind by how long each took (its journal's
+    created_at to finished_at): `within[i]` took at most the i-th of the bounds asked
+    for (cumulative, as a histogram's buckets), `count` in all, `total_s` together."""
+
+    within: tuple[int, ...]
+    count: int
+    total_s: float
+
+
 class ReleaseDraft(msgspec.Struct, frozen=True):
     """A release not yet written: the store numbers it when the first instance installs it."""
 

@@ -158,6 +158,11 @@ class SqliteRollouts:
         return [self._journal(r) for r in self.db.rows(
             "SELECT * FROM rollouts WHERE state=? ORDER BY id", RolloutState.RUNNING.value)]
 
+    def rollout_counts(self) -> list[tuple[str, RolloutState, int]]:
+        return [(r["app"], RolloutState(r["state"]), r["n"]) for r in self.db.rows(
+            "SELECT app, state, COUNT(*) AS n FROM rollouts GROUP BY app, state"
+            " ORDER BY app, state")]
+
     def mark_rollout_hosts(self, rollout_id: int, hosts: Sequence[str], state: HostState,
                            reason: str | None = None) -> None:
         with self.db.tx(f"mark {len(hosts)} hosts {state} in rollout {rollout_id}",

@@ -63,12 +63,14 @@ from keelway.store.records import (
     App,
     Build,
     CrashRetry,
+    DurationCounts,
     Event,
     Fence,
     Generation,
     Instance,
     InstanceView,
     Operation,
+    OperationCount,
     Presence,
     Release,
     ReleaseAttempt,
@@ -300,6 +302,18 @@ class OperationStore(Protocol):
 
     def list_operations(self, app: str, instance: str | None = None,
                         limit: int = 50) -> list[Operation]: ...
+
+    def operation_counts(self) -> list[OperationCount]:
+        """Every app's operations counted by kind and state, in one grouped read
+        (operations are never deleted, so within a store each count only grows)."""
+        ...
+
+    def duration_counts(self, kind: OpKind,
+                        bounds_s: Sequence[float]) -> dict[str, DurationCounts]:
+        """Per app, its succeeded operations of `kind` by how long each took, counted at
+        or under each of `bounds_s` (ascending), in one read: a histogram from the
+        journal, which a restart of the control plane does not reset."""
+        ...
 
     def finish_operation(self, op: Operation, state: OpState, error: str | None = None,
                          warnings: list[str] | None = None) -> Operation:
@@ -534,6 +548,11 @@ class RolloutStore(Protocol):
 
     def running_rollouts(self) -> list[RolloutJournal]:
         """Every RUNNING rollout, oldest first: what a boot after a crash carries on."""
+        ...
+
+    def rollout_counts(self) -> list[tuple[str, RolloutState, int]]:
+        """How many rollouts each app has had in each state, (app, state, count) in one
+        grouped read (/metrics: rollouts by outcome)."""
         ...
 
     def mark_rollout_hosts(self, rollout_id: int, hosts: Sequence[str], state: HostState,

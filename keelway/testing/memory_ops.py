@@ -4,14 +4,23 @@ that returns one attaches them, ordered by number, as the SQLite store's reads d
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections import Counter
+from collections.abc import Collection, Sequence
 
 import msgspec
 
 from keelway.journal import OpKind, StepKind
 from keelway.store.errors import Conflict, NotFound
 from keelway.store.lifecycle import OpState, RequestState, StepState, check
-from keelway.store.records import Event, Operation, ReleaseAttempt, Request, Step
+from keelway.store.records import (
+    DurationCounts,
+    Event,
+    Operation,
+    OperationCount,
+    ReleaseAttempt,
+    Request,
+    Step,
+)
 from keelway.testing.memory_tables import MemoryDb, MemoryTables, own
 
 
@@ -91,6 +100,21 @@ class MemoryOps:
         found = [o for _, o in sorted(t.operations.items(), reverse=True)
                  if o.app == app and (instance is None or o.instance == instance)]
         return [with_steps(t, o) for o in (found if limit < 0 else found[:limit])]
+
+    def operation_counts(self) -> list[OperationCount]:
+        counted = Counter((o.app, o.kind, o.state) for o in self._db.tables.operations.values())
+        return [OperationCount(app, kind, state, n)
+                for (app, kind, state), n in sorted(counted.items())]
+
+    def duration_counts(self, kind: OpKind,
+                        bounds_s: Sequence[float]) -> dict[str, DurationCounts]:
+        took: dict[str, list[float]] = {}
+        for o in self._db.tables.operations.values():
+            if o.kind is kind and o.state is OpState.SUCCEEDED and o.finished_at is not None:
+                took.setdefault(o.app, []).append(o.finished_at - o.created_at)
+        return {app: DurationCounts(tuple(sum(1 for s in spans if s <= b) for b in bounds_s),
+                                    len(spans), sum(spans))
+                for app, spans in sorted(took.items())}
 
     def finish_operation(self, op: Operation, state: OpState, error: str | None = None,
                          warnings: list[str] | None = None) -> Operation:

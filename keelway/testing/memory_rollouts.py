@@ -3,6 +3,7 @@ keelway/store/rollouts.py, each write atomic in `MemoryDb.write`."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -52,6 +53,10 @@ class MemoryRollouts:
     def running_rollouts(self) -> list[kept.RolloutJournal]:
         return owned_where(self._db.tables.rollouts,
                            lambda r: r.state is RolloutState.RUNNING, lambda r: r.id)
+
+    def rollout_counts(self) -> list[tuple[str, RolloutState, int]]:
+        counted = Counter((r.app, r.state) for r in self._db.tables.rollouts.values())
+        return [(app, state, n) for (app, state), n in sorted(counted.items())]
 
     def mark_rollout_hosts(self, rollout_id: int, hosts: Sequence[str], state: kept.HostState,
                            reason: str | None = None) -> None:

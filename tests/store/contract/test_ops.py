@@ -13,6 +13,7 @@ from keelway.store.lifecycle import (
     RequestState,
     StepState,
 )
+from keelway.store.records import DurationCounts, OperationCount
 from keelway.testing.clock import FakeClock
 from tests.store.contract.helpers import (
     DIGEST,
@@ -184,3 +185,32 @@ def test_events_are_listed_oldest_first_per_app_after_an_id_and_up_to_a_limit(
     assert [e.message for e in store.ops.list_events()] == ["one", "two", "other"]
     assert [e.message for e in store.ops.list_events(limit=2)] == ["two", "other"]
     assert [e.message for e in store.ops.list_events(after=events[0].id)] == ["two", "other"]
+
+
+def test_operations_are_counted_by_app_kind_and_state_in_one_read(store: Store) -> None:
+    for kind in (OpKind.WAKE, OpKind.WAKE, OpKind.PARK):
+        store.ops.begin_operation("shop", "a.test", kind, "me")
+    failed = store.ops.begin_operation("blog", "b.test", OpKind.DEPLOY, "me")
+    store.ops.finish_operation(failed, OpState.FAILED, "it broke")
+    assert store.ops.operation_counts() == [
+        OperationCount("blog", OpKind.DEPLOY, OpState.FAILED, 1),
+        OperationCount("shop", OpKind.PARK, OpState.RUNNING, 1),
+        OperationCount("shop", OpKind.WAKE, OpState.RUNNING, 2)]
+
+
+def test_succeeded_operations_of_a_kind_are_counted_by_how_long_each_took(
+        store: Store, clock: FakeClock) -> None:
+    def took(app: str, seconds: float, state: OpState = OpState.SUCCEEDED) -> None:
+        op = store.ops.begin_operation(app, f"{app}.test", OpKind.WAKE, "me")
+        clock.advance(seconds)
+        store.ops.finish_operation(op, state)
+
+    took("shop", 0.25)
+    took("shop", 3.0)
+    took("shop", 0.5, OpState.FAILED)  # a failed wake is no wake's duration
+    took("blog", 1.0)
+    store.ops.begin_operation("blog", "blog.test", OpKind.WAKE, "me")  # not finished
+    counted = store.ops.duration_counts(OpKind.WAKE, (0.5, 1.0, 5.0))
+    assert counted == {"blog": DurationCounts((0, 1, 1), 1, 1.0),
+                       "shop": DurationCounts((1, 1, 2), 2, 3.25)}
+    assert store.ops.duration_counts(OpKind.PARK, (1.0,)) == {}

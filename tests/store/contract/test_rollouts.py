@@ -102,3 +102,13 @@ def test_a_rollout_is_read_again_whole_by_a_store_opened_again(
     assert read.kind is OpKind.ROLLBACK and read.previous is None
     assert read.overrides == began.overrides and read == began.__class__(
         **{**{f: getattr(began, f) for f in began.__struct_fields__}, "hosts": read.hosts})
+
+
+def test_rollouts_are_counted_by_app_and_state(store: Store) -> None:
+    first = store.rollouts.begin_rollout("shop", 2, 1, OpKind.DEPLOY, COHORTS)
+    store.rollouts.begin_rollout("shop", 3, 2, OpKind.DEPLOY, COHORTS)
+    store.rollouts.begin_rollout("blog", 1, None, OpKind.DEPLOY, COHORTS)
+    assert store.rollouts.get_rollout(first.id).state is RolloutState.SUPERSEDED
+    assert store.rollouts.rollout_counts() == [
+        ("blog", RolloutState.RUNNING, 1), ("shop", RolloutState.RUNNING, 1),
+        ("shop", RolloutState.SUPERSEDED, 1)]
