@@ -66,7 +66,7 @@ _UNRECOGNIZED_NAME: Final = alert(ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME)
 _NO_APPLICATION_PROTOCOL: Final = alert(120)  # RFC 7301's; Python's ssl names none
 
 
-class _Waiting:
+class _PendingHello:
     """A connection not handed over yet: the time it must be decided by, and what its
     hello is waiting for (more bytes: `peeked` of them so far, with a reader on it)."""
 
@@ -100,9 +100,9 @@ class Handshakes:
         self._protocol = protocol
         self._certificates = certificates
         self._on_demand = on_demand
-        self._waiting: dict[int, _Waiting] = {}  # by descriptor
+        self._waiting: dict[int, _PendingHello] = {}  # by descriptor
         # Connections waiting for a certificate on demand, by the answer they wait for.
-        self._demanding: dict[asyncio.Future[bool], tuple[str, list[_Waiting]]] = {}
+        self._demanding: dict[asyncio.Future[bool], tuple[str, list[_PendingHello]]] = {}
         self._sweeper: asyncio.TimerHandle | None = None
         self._paused: asyncio.TimerHandle | None = None
         self._pauses = 0
@@ -168,7 +168,7 @@ class Handshakes:
         if waiting is not None:
             self._peek(waiting.sock, waiting)
 
-    def _peek(self, sock: socket.socket, waiting: _Waiting | None) -> None:
+    def _peek(self, sock: socket.socket, waiting: _PendingHello | None) -> None:
         try:
             data = sock.recv(MAX_HELLO_BYTES, socket.MSG_PEEK)
         except BlockingIOError:
@@ -217,7 +217,7 @@ class Handshakes:
 
     # -- deciding ---------------------------------------------------------------------
 
-    def _choose(self, sock: socket.socket, waiting: _Waiting | None,
+    def _choose(self, sock: socket.socket, waiting: _PendingHello | None,
                 hello: ClientHello) -> None:
         name = hello.server_name
         if name is None:
@@ -265,7 +265,7 @@ class Handshakes:
             else:
                 self._hand_over(waiting.sock, waiting, context)
 
-    def _hand_over(self, sock: socket.socket, waiting: _Waiting | None,
+    def _hand_over(self, sock: socket.socket, waiting: _PendingHello | None,
                    context: ssl.SSLContext) -> None:
         if waiting is not None:
             self._forget(waiting)
@@ -283,7 +283,7 @@ class Handshakes:
             self._protocol, sock, ssl=context, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S))
         task.add_done_callback(_handshake_done)
 
-    def _refuse(self, sock: socket.socket, waiting: _Waiting | None,
+    def _refuse(self, sock: socket.socket, waiting: _PendingHello | None,
                 said: bytes | None) -> None:
         """Read what was peeked (so the close is a FIN, not a reset that could overtake
         the alert), send the alert, close."""
@@ -298,26 +298,26 @@ class Handshakes:
             pass
         sock.close()
 
-    def _drop(self, sock: socket.socket, waiting: _Waiting | None) -> None:
+    def _drop(self, sock: socket.socket, waiting: _PendingHello | None) -> None:
         if waiting is not None:
             self._forget(waiting)
         sock.close()
 
     # -- waiting ----------------------------------------------------------------------
 
-    def _wait(self, sock: socket.socket, deadline: float) -> _Waiting:
-        waiting = _Waiting(sock, deadline)
+    def _wait(self, sock: socket.socket, deadline: float) -> _PendingHello:
+        waiting = _PendingHello(sock, deadline)
         self._waiting[sock.fileno()] = waiting
         if self._sweeper is None:
             self._sweeper = self._loop.call_later(SWEEP_EVERY_S, self._sweep)
         return waiting
 
-    def _stop_reading(self, waiting: _Waiting) -> None:
+    def _stop_reading(self, waiting: _PendingHello) -> None:
         if waiting.reading:
             self._loop.remove_reader(waiting.sock.fileno())
             waiting.reading = False
 
-    def _forget(self, waiting: _Waiting) -> None:
+    def _forget(self, waiting: _PendingHello) -> None:
         self._stop_reading(waiting)
         self._waiting.pop(waiting.sock.fileno(), None)
 

@@ -2,7 +2,7 @@
 serves, for which the store holds no certificate yet, waits while the router asks the
 control plane for one.
 
-The request is `POST /v1/certificates/NAME/demand` with body `{}`, raw HTTP/1.1 on the
+The request is `POST /v1/certs/NAME/demand` with body `{}`, raw HTTP/1.1 on the
 control plane's API socket (`--wake-socket`, keelway/router/api_socket.py), bounded by
 ON_DEMAND_WAIT_S. Its answer:
 
@@ -43,7 +43,7 @@ Post = Callable[[Path, str, float], Awaitable[tuple[int, int | None]]]
 
 def demand_path(name: str) -> str:
     """The API path asking for `name`'s certificate (a host: it needs no escaping)."""
-    return f"/v1/certificates/{name}/demand"
+    return f"/v1/certs/{name}/demand"
 
 
 class OnDemand:

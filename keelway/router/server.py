@@ -110,7 +110,7 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
                              "fullchain.pem and privkey.pem)")
     parser.add_argument("--on-demand", action="store_true",
                         help="a handshake for a served host with no certificate yet waits "
-                             "while the control plane gets one: POST /v1/certificates/"
+                             "while the control plane gets one: POST /v1/certs/"
                              "HOST/demand on --wake-socket (needs both)")
     parser.add_argument("--control", type=Path, metavar="PATH", help="control unix socket")
     parser.add_argument("--channel-fd", type=int, metavar="N", help=argparse.SUPPRESS)

@@ -50,7 +50,7 @@ def test_every_wait_for_one_name_shares_one_request() -> None:
         await asyncio.sleep(0)
         plane.release.set()
         assert await asyncio.gather(*(a for a in answers if a is not None)) == [True] * 5
-        assert plane.asked == [("/v1/certificates/a.served/demand", ON_DEMAND_WAIT_S)]
+        assert plane.asked == [("/v1/certs/a.served/demand", ON_DEMAND_WAIT_S)]
 
     asyncio.run(run())
 
@@ -82,8 +82,8 @@ def test_after_a_failure_a_name_is_refused_at_once_until_the_hold_off_ends() -> 
         again = demands.ask("a.served")
         assert again is not None and await again is False
         assert [path for path, _ in plane.asked] == [
-            "/v1/certificates/a.served/demand", "/v1/certificates/b.served/demand",
-            "/v1/certificates/a.served/demand"]
+            "/v1/certs/a.served/demand", "/v1/certs/b.served/demand",
+            "/v1/certs/a.served/demand"]
 
     asyncio.run(run())
 

@@ -203,7 +203,7 @@ def test_a_served_host_without_a_certificate_waits_for_one_on_demand(
             assert shown_certificate(there.port, "new.test")[0] == shown
         assert shown_certificate(there.port, "have.test")[0] == der_of(there.certs,
                                                                       "have.test")
-        assert plane.demands() == ["/v1/certificates/new.test/demand"]
+        assert plane.demands() == ["/v1/certs/new.test/demand"]
 
 
 @pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "two-workers"])
@@ -218,7 +218,7 @@ def test_handshakes_waiting_for_one_name_share_one_request(
         assert shown == [der_of(there.certs, "parked.test")] * 12
         # One request per process that waited: each worker asks for itself.
         demands = plane.demands()
-        assert demands and set(demands) == {"/v1/certificates/parked.test/demand"}
+        assert demands and set(demands) == {"/v1/certs/parked.test/demand"}
         assert len(demands) <= workers
 
 
@@ -245,7 +245,7 @@ def test_a_failed_demand_fails_its_handshakes_and_is_not_asked_again_soon(
             assert _refused(there.port, "new.test")
         # In the hold-off, refused without asking: at most one request per process,
         # and in one process none of these waited for an answer.
-        assert set(plane.demands()) == {"/v1/certificates/new.test/demand"}
+        assert set(plane.demands()) == {"/v1/certs/new.test/demand"}
         assert len(plane.demands()) <= workers
         if workers == 1:
             assert time.monotonic() - began < 1.0

@@ -95,7 +95,7 @@ def shown_certificate(port: int, name: str | None, alpn: list[str] | None = None
 
 @dataclass
 class FakeControlPlane:
-    """Answers `POST /v1/certificates/NAME/demand` on a unix socket: after `delay_s`,
+    """Answers `POST /v1/certs/NAME/demand` on a unix socket: after `delay_s`,
     lays NAME's certificate down from `ca` into `certs` unless one is there already (a
     demand is idempotent: each router worker asks for itself) and answers `status`
     (only when it is 2xx does it lay one down). Records every request's path."""
@@ -129,7 +129,7 @@ def _handler(plane: FakeControlPlane) -> type[BaseHTTPRequestHandler]:
                 plane.requests.append(self.path)
             parts = self.path.split("/")
             time.sleep(plane.delay_s)
-            if (len(parts) == 5 and parts[:3] == ["", "v1", "certificates"]
+            if (len(parts) == 5 and parts[:3] == ["", "v1", "certs"]
                     and parts[4] == "demand" and 200 <= plane.status < 300):
                 with plane.lock:
                     if not (plane.certs / parts[3] / "fullchain.pem").exists():
