@@ -128,3 +128,32 @@ def test_certificates_are_ordered_renewed_and_kept_through_a_ca_outage(
     time.sleep(2)
     again = kw.ok("certs", "list", "--json").json()["failing"]
     assert again[0]["failures"] == 1
+
+
+def test_an_alias_added_later_gets_its_certificate_at_its_first_handshake_by_tls_alpn(
+        kw: Keelway, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The keeper waits an hour: what orders here is the handshake itself.
+    monkeypatch.setenv("KEELWAY_CERT_SWEEP_S", "3600")
+    port = free_port()
+    with pebble(tmp_path / "pebble", kw.http_port, port) as ca:
+        kw.up("--https", f"127.0.0.1:{port}", "--acme-directory", ca.directory,
+              "--acme-ca-bundle", str(ca.ca_bundle), "--acme-challenge", "tls-alpn-01")
+        kw.ok("deploy", "hello", str(hello(tmp_path, "v1")), "--host", HOST)
+        kw.ok("park", HOST)  # its challenge is answered parked, waking nothing
+        kw.ok("domains", "add", HOST, ALIAS)
+        started = time.monotonic()
+        assert "Pebble" in (_issuer(port, ALIAS) or "")  # the first handshake waited
+        print(f"on-demand certificate in {time.monotonic() - started:.2f} s")
+        state = kw.ok("status", "--json").json()["apps"][0]["instances"][0]["state"]
+        assert state == "parked"
+        ops = kw.ok("ops", "hello", "--json").json()["operations"]
+        certify = [op for op in ops if op["kind"] == "certify"]
+        assert len(certify) == 1 and certify[0]["state"] == "succeeded"
+        assert any("tls-alpn-01" in (s["detail"] or "") for s in certify[0]["steps"])
+        # A name keelway does not serve is refused and orders nothing.
+        assert _shown(port, "stranger.test") is None
+        assert not (kw.home / "acme" / "orders" / "stranger.test").exists()
+        assert len([op for op in kw.ok("ops", "hello", "--json").json()["operations"]
+                    if op["kind"] == "certify"]) == 1
+        # The challenge file is gone once the order ended.
+        assert not list((kw.home / "certs" / ".acme-challenges").rglob("*.pem"))
