@@ -84,7 +84,8 @@ DEPLOY_ORDER = ["errors", "outcome", "locks", "cohorts", "rollouts", "plan", "st
                 "generation_start", "fences", "publisher", "operation", "freezing", "apps",
                 "instances",
                 "domains", "attempt",
-                "crash_restarts", "replica_keeper", "passes", "parking", "snapshots",
+                "crash_restarts", "replica_keeper", "passes", "wake_gate", "parking",
+                "snapshots",
                 "restore", "runs", "jobs", "certify", "deploy_plan", "deployer", "seeding",
                 "replication"]
 

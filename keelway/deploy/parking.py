@@ -60,6 +60,7 @@ from keelway.deploy.operation import (
 from keelway.deploy.outcome import Outcome, Result
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.steps import Done, Effect, Failed
+from keelway.deploy.wake_gate import WakeGate
 from keelway.home import Home
 from keelway.journal import Cause, OpKind, StepKind
 from keelway.runtime.supervisor import Supervisor
@@ -118,6 +119,8 @@ class Parking:
         # When each instance last woke (the clock's monotonic time), so the idle sweep
         # counts idleness from then, not from a request the router saw before the park.
         self.woken_at: dict[str, float] = {}
+        # How many cold wakes boot at once, fairly across apps (a wake storm).
+        self.gate = WakeGate()
 
     # -- park ------------------------------------------------------------------------
 
@@ -200,7 +203,13 @@ class Parking:
         return await asyncio.shield(self.wake_soon(host, retry_now=True))
 
     async def _wake(self, host: str, retry_now: bool) -> Woken:
-        ran = await self.runner.run(WAKE, self, WakeRequest(host, retry_now))
+        inst = targets.instance_named(self.store, host)
+        if inst.state is InstanceState.PARKED:
+            # A cold wake boots the app: one of the gate's turns (a thaw needs none).
+            async with self.gate.turn(inst.app):
+                ran = await self.runner.run(WAKE, self, WakeRequest(host, retry_now))
+        else:
+            ran = await self.runner.run(WAKE, self, WakeRequest(host, retry_now))
         if ran.result is None:
             return Woken(host, woke=False, generations=self._active(host))
         return self._woken(ran.plan.app, host, ran.result)
