@@ -87,7 +87,7 @@ DEPLOY_ORDER = ["errors", "outcome", "locks", "cohorts", "rollouts", "plan", "st
                 "crash_restarts", "replica_keeper", "passes", "wake_gate", "parking",
                 "snapshots",
                 "restore", "runs", "jobs", "certify", "deploy_plan", "deployer", "seeding",
-                "replication"]
+                "replication", "drill_schedule"]
 
 
 def test_the_deploy_path_reads_one_way() -> None:

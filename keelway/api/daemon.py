@@ -57,6 +57,7 @@ from keelway.deploy.certify import CERTIFY, Certifier
 from keelway.deploy.crash_restarts import RECOVER, RESTART_CRASHED, CrashRestarts
 from keelway.deploy.deployer import ATTEMPTS, START, STOP, Deployer
 from keelway.deploy.domains import Domains
+from keelway.deploy.drill_schedule import DrillSchedule
 from keelway.deploy.errors import OperationError
 from keelway.deploy.freezing import FREEZE, Freezing
 from keelway.deploy.instances import ADD, DESTROY_ONE, REMOVE, Instances
@@ -448,6 +449,8 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
                                         freezing=parts.freezing,
                                         frozen_budget=frozen_budget).run())
     snapshot_schedule = loop.create_task(parts.snapshots.schedule())
+    drills = loop.create_task(DrillSchedule(store, parts.replication, parts.snapshots,
+                                            clock).run())
     job_schedule = loop.create_task(parts.jobs.schedule())
     cert_keeper = loop.create_task(certifier.keep())
 
@@ -480,6 +483,7 @@ async def _run_locked(home: Home, http_addr: str, demo: bool,
     periodic.cancel()
     idle_sweep.cancel()
     snapshot_schedule.cancel()
+    drills.cancel()
     if admin_listener is not None:
         await admin_listener.close()
     await runner.cleanup()

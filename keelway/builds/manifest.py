@@ -12,7 +12,8 @@ Rules:
 - keelway.toml holds `[build]` (`command`; `memory`, `timeout`, `disk`: the build's own
   limits, each at most the box's), `[services.<name>]` tables with `mode`,
   `health`, `ready_timeout` (a web's time to answer its health path; more than zero),
-  `settle`, `stop_grace`, `idle`, `park_after`, and `[data]` with `snapshot_every` (a
+  `settle`, `stop_grace`, `idle`, `park_after`, and `[data]` with `drill_every`,
+  `snapshot_every` (a
   duration; none: no scheduled snapshots) and `keep` (snapshots kept per instance, at
   least 1, default 24). Unknown keys and services not in the
   Procfile are errors, so a typo never silently falls back to a default.
@@ -74,6 +75,7 @@ DEFAULT_STOP_GRACE_S = 10.0
 # An idle instance is frozen first (memory kept, a wake in milliseconds), then parked
 # this much later (keelway/activator/sweep.py).
 DEFAULT_PARK_AFTER_S = 15 * 60.0
+DEFAULT_DRILL_EVERY_S = 86400.0
 DEFAULT_KEEP_SNAPSHOTS = 24
 DEFAULT_KEEP_RELEASES = 10
 DEFAULT_ROLLOUT_PARALLEL = 8
@@ -119,6 +121,9 @@ class DataSpec:
 
     snapshot_every_s: float | None = None  # None: only by hand
     keep: int = DEFAULT_KEEP_SNAPSHOTS
+    # How often each instance's newest snapshot and replica are restored and verified
+    # without anyone asking (keelway/deploy/drill_schedule.py).
+    drill_every_s: float = DEFAULT_DRILL_EVERY_S
 
 
 class NoTraffic(Enum):
@@ -239,6 +244,7 @@ class _ServiceTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 class _DataTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     snapshot_every: str | float | None = None
     keep: int | None = None
+    drill_every: str | float | None = None
 
 
 class _ReleasesTable(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -607,7 +613,13 @@ def _data(table: _DataTable | None) -> DataSpec:
     if keep < 1:
         raise ManifestError(f"{where} keep: {keep} must be at least 1 (the newest snapshot "
                             "is always kept)")
-    return DataSpec(snapshot_every_s=every_s, keep=keep)
+    drill_s = DEFAULT_DRILL_EVERY_S
+    if table.drill_every is not None:
+        drill_s = parse_duration_s(table.drill_every, where=f"{where} drill_every")
+        if drill_s < 60:
+            raise ManifestError(f"{where} drill_every: {table.drill_every!r} is under a "
+                                'minute; write at least "1m" (default "1d")')
+    return DataSpec(snapshot_every_s=every_s, keep=keep, drill_every_s=drill_s)
 
 
 def _service(name: str, command: str, table: _ServiceTable | None) -> ServiceSpec:

@@ -151,7 +151,7 @@ class Snapshots:
             self._specs[key] = target.manifest.data
         return self._specs[key]
 
-    def _specs_by_host(self) -> dict[str, DataSpec]:
+    def specs_by_host(self) -> dict[str, DataSpec]:
         """Every instance's `[data]` table from one bulk read of ACTIVE (web first)."""
         found: dict[str, DataSpec] = {}
         for gen in self.store.generations.active_generations():
@@ -163,7 +163,7 @@ class Snapshots:
         """Every instance's snapshots beyond its `keep` (and copies without a manifest)
         removed, unless `dry_run`; returns (host, snapshot id) of each one beyond."""
         removed: list[tuple[str, str]] = []
-        specs = self._specs_by_host()
+        specs = self.specs_by_host()
         for inst in self.store.instances.list_instances():
             keep = specs.get(inst.host, DataSpec()).keep
             async with self.locks.instance(inst.host):
@@ -186,7 +186,7 @@ class Snapshots:
         Returns the hosts snapshotted. A failure is logged and left to the next pass."""
         now = self.clock.now()
         taken = []
-        for host, spec in sorted(self._specs_by_host().items()):
+        for host, spec in sorted(self.specs_by_host().items()):
             db = self.home.db_path(host)
             if spec.snapshot_every_s is None or not db.is_file():
                 continue
