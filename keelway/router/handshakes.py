@@ -100,6 +100,8 @@ class Handshakes:
         self._protocol = protocol
         self._certificates = certificates
         self._on_demand = on_demand
+        self._buffer = bytearray(MAX_HELLO_BYTES)
+        self._view = memoryview(self._buffer)
         self._waiting: dict[int, _PendingHello] = {}  # by descriptor
         # Connections waiting for a certificate on demand, by the answer they wait for.
         self._demanding: dict[asyncio.Future[bool], tuple[str, list[_PendingHello]]] = {}
@@ -170,12 +172,16 @@ class Handshakes:
 
     def _peek(self, sock: socket.socket, waiting: _PendingHello | None) -> None:
         try:
-            data = sock.recv(MAX_HELLO_BYTES, socket.MSG_PEEK)
+            # Into one buffer kept for all: a bytes object as large as the bound, made
+            # and shrunk for every connection, costs more than the copy of what came.
+            peeked_bytes = sock.recv_into(self._buffer, MAX_HELLO_BYTES, socket.MSG_PEEK)
         except BlockingIOError:
             data = None
         except OSError:
             self._drop(sock, waiting)
             return
+        else:
+            data = bytes(self._view[:peeked_bytes])
         if data is None:
             needed = 1
         else:
