@@ -184,11 +184,13 @@ def start_nginx(procs: Processes, prefix: Path, server_block: str, port: int,
 
 
 def start_router(procs: Processes, tmp: Path, port: int, upstream_port: int,
-                 workers: int = 1) -> int:
+                 workers: int = 1, access_log: bool = False) -> int:
     control = tmp / "router.sock"
     argv = [sys.executable, "-m", "keelway.router", "--listen", f"127.0.0.1:{port}"]
     argv += ["--control", str(control), "--state", str(tmp / "routes.json")]
     argv += ["--workers", str(workers)]
+    # As the control plane runs it (keelway/router/access_log.py); nginx's stays off.
+    argv += ["--access-log", str(tmp / "logs")] if access_log else []
     pid = procs.start(pinned(proxy_cpus(workers), argv), cwd=ROOT,
                       stderr=subprocess.DEVNULL).pid
     wait_port(port)
@@ -254,6 +256,8 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=1,
                         help="processes for each proxy (keelway --workers, nginx "
                              "worker_processes)")
+    parser.add_argument("--access-log", action="store_true",
+                        help="keelway's router writes its access log (as `keelway up` runs it)")
     args = parser.parse_args()
     for tool in ("nginx", "wrk"):
         if shutil.which(tool) is None:
@@ -269,7 +273,7 @@ def main() -> int:
                 procs, tmp / "upstream", upstream_block(ports["upstream"]), ports["upstream"]
             )
             router = start_router(procs, tmp, ports["keelway"], ports["upstream"],
-                                  args.workers)
+                                  args.workers, args.access_log)
             nginx = start_nginx(
                 procs, tmp / "proxy", proxy_block(ports["nginx"], ports["upstream"]),
                 ports["nginx"], args.workers,
@@ -317,7 +321,8 @@ def report(
         [sys.executable, "-c", "import keelway.router as r; print(r.NATIVE)"],
         cwd=ROOT, capture_output=True, text=True, check=True,
     ).stdout.strip() == "True"
-    print("keelway's hot path: " + ("compiled (mypyc)" if native else "pure Python"))
+    print("keelway's hot path: " + ("compiled (mypyc)" if native else "pure Python")
+          + (", access log on" if args.access_log else ", access log off"))
     print(
         f"wrk -c{args.connections} -d{args.duration}s, median of {args.rounds} interleaved "
         f"rounds ({args.workers} worker(s) per proxy on CPU {proxy_cpus(args.workers)}, "

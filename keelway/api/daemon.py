@@ -89,6 +89,7 @@ from keelway.reconcile.apply import Reconciler
 from keelway.router import client as router_client
 from keelway.runtime import router as router_process
 from keelway.runtime.limits import protect_keelway
+from keelway.runtime.log_times import SAMPLE_EVERY_S, Sampler
 from keelway.runtime.logs import rotate_if_large
 from keelway.runtime.router import RouterSettings
 from keelway.runtime.router_supervisor import RouterSupervisor
@@ -106,6 +107,7 @@ DEFAULT_HTTP = "127.0.0.1:8080"
 DEMO_APP = "demo"
 DEMO_HOST = "demo.localhost"
 SWITCH_INTERVAL_S = 0.0005  # the GIL handover (main: why)
+_ROTATE_EVERY_S = 10.0
 
 
 def examples_dir() -> Path:
@@ -295,11 +297,26 @@ def _https_addr(home: Home, asked: str | None) -> str | None:
 
 
 async def _rotate_logs_forever(home: Home) -> None:
+    """Every log's times sampled each second (runtime/log_times.py), and every log
+    rotated when large each ROTATE_EVERY_S, in one thread one after the other: a sample
+    never races the truncate of its file."""
+    sampler = Sampler()
+    apps_dir = home.log_dir("-").parent
+    rounds = 0
+
+    def tend(rotate: bool) -> None:
+        if rotate:
+            for path in apps_dir.glob("*/*.log") if apps_dir.exists() else []:
+                rotate_if_large(path)
+        try:
+            sampler.sample(apps_dir)
+        except OSError as exc:  # a full disk: times are missed, rotation goes on
+            log.warning("sampling the logs' times: %s", exc)
+
     while True:
-        await asyncio.sleep(10)
-        apps_dir = home.root / "logs" / "apps"
-        for path in apps_dir.glob("*/*.log") if apps_dir.exists() else []:
-            rotate_if_large(path)
+        await asyncio.sleep(SAMPLE_EVERY_S)
+        rounds += 1
+        await asyncio.to_thread(tend, rounds % round(_ROTATE_EVERY_S / SAMPLE_EVERY_S) == 0)
 
 
 async def run(home: Home, http_addr: str | None, demo: bool, announce: Callable[[str], None],
@@ -624,6 +641,8 @@ def main(argv: list[str] | None = None,
                         help="where /metrics and the dashboard are served, or `off` "
                              "(default: where the last `up` asked, if it did)")
     parser.add_argument("--metrics-per-instance", action="store_true")
+    parser.add_argument("--no-access-log", action="store_true",
+                        help="the router writes no access log")
     parser.add_argument("--acme-directory", default=None)
     parser.add_argument("--acme-email", default=None)
     parser.add_argument("--acme-ca-bundle", default=None)
@@ -662,7 +681,8 @@ def main(argv: list[str] | None = None,
         parser.error(f"--admin: {exc}")
     settings = RouterSettings(max(1, args.router_workers), tuple(args.trusted_proxy),
                               args.hold_timeout, args.max_concurrency, https,
-                              on_demand=https is not None and acme is not None)
+                              on_demand=https is not None and acme is not None,
+                              access_log=not args.no_access_log)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import uvloop

@@ -15,7 +15,7 @@ from pathlib import Path
 from aiohttp import web
 
 from keelway import __version__
-from keelway.api import bodies
+from keelway.api import app_logs, bodies
 from keelway.api.apps import AppsApi
 from keelway.api.certs import CertsApi
 from keelway.api.doctor import diagnose
@@ -64,7 +64,7 @@ from keelway.deploy.seeding import Seeding
 from keelway.deploy.snapshots import Snapshots
 from keelway.home import Home
 from keelway.runtime.limits import in_force
-from keelway.runtime.logs import parse_log_name, read_from, tail_lines
+from keelway.runtime.logs import parse_log_name, read_from
 from keelway.runtime.router import RouterRestartFailed, RouterStartFailed
 from keelway.runtime.router_supervisor import RouterSupervisor
 from keelway.store import Store
@@ -218,29 +218,45 @@ class Api:
                    per_service: int = 3) -> list[tuple[str, str, int, Path]]:
         return log_files(self.store, self.home, app, instance, service, per_service)
 
+    def _log_sources(self, app: str, instance: str | None,
+                     service: str | None) -> list[app_logs.Source]:
+        files = ([] if service == app_logs.ROUTER_SERVICE else
+                 [app_logs.Source(host, svc, gen_id, path)
+                  for host, svc, gen_id, path in self._log_files(app, instance, service)])
+        return files + app_logs.access_sources(self.store, self.home, app, instance, service)
+
     async def logs(self, request: web.Request) -> web.StreamResponse:
+        """The app's newest `lines` log lines (at or after `since`, unix seconds), of
+        every instance and service and the router's access log, merged in time order
+        (keelway/api/app_logs.py says how exact); with follow, new lines as they come."""
         name = app_name(self.store, request)
         instance = request.query.get("instance")
         service = request.query.get("service")
         lines = _count(request, "lines", 100)
         follow = request.query.get("follow") == "1"
+        since_text = request.query.get("since")
+        try:
+            since = None if since_text is None else float(since_text)
+        except ValueError:
+            raise UserError(f"since must be unix seconds, not {since_text!r}") from None
+        sources = self._log_sources(name, instance, service)
+        found, offsets = await asyncio.to_thread(app_logs.merged, sources, lines, since)
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
-        offsets: dict[Path, int] = {}
-        for host, svc, gen_id, path in self._log_files(name, instance, service):
-            text, offsets[path] = tail_lines(path, lines)
-            for line in text:
-                await send_line(response, {"instance": host, "service": svc, "generation": gen_id,
-                                       "line": line})
+        for line in found:
+            await send_line(response, line.view())
         while follow:
             await asyncio.sleep(0.2)
             if request.transport is None or request.transport.is_closing():
                 break  # the reader hung up; nothing else would tell us while logs are quiet
-            for host, svc, gen_id, path in self._log_files(name, instance, service):
-                text, offsets[path] = read_from(path, offsets.get(path, 0))
-                for line in text:
-                    await send_line(response, {"instance": host, "service": svc,
-                                           "generation": gen_id, "line": line})
+            fresh: list[app_logs.Line] = []
+            for source in self._log_sources(name, instance, service):
+                text, offsets[source.path] = read_from(source.path,
+                                                       offsets.get(source.path, 0))
+                fresh += app_logs.followed(source, text)
+            fresh.sort(key=lambda line: line.at)
+            for line in fresh:
+                await send_line(response, line.view())
         await response.write_eof()
         return response
 

@@ -50,6 +50,9 @@ _DAEMON_DISK_FULL = 5  # keelway.api.daemon.EXIT_DISK_FULL, which the CLI does n
                    "`off` stops it (default: as it was).")
 @click.option("--metrics-per-instance", is_flag=True,
               help="Label /metrics series by instance too (default: summed per app).")
+@click.option("--no-access-log", is_flag=True,
+              help="The router writes no access log (default: a line per request in "
+                   "each instance's logs, read by `logs APP --service router`).")
 @click.option("--frozen-budget", default=None, metavar="SIZE|off",
               help="Memory idle frozen instances may keep together before the one frozen "
                    "longest is parked (default: a quarter of the apps' memory).")
@@ -91,7 +94,8 @@ def up(demo: bool, detach: bool, http_addr: str | None, router_workers: int | No
        default_nofile: str | None, build_memory: str | None, build_timeout: str | None,
        build_disk: str | None, acme_directory: str | None, acme_email: str | None,
        acme_ca_bundle: str | None, acme_challenge: str | None, frozen_budget: str | None,
-       admin_addr: str | None, metrics_per_instance: bool, as_json: bool) -> None:
+       admin_addr: str | None, metrics_per_instance: bool, no_access_log: bool,
+       as_json: bool) -> None:
     """Start the control plane and the router (state in $KEELWAY_HOME)."""
     home = Home.from_env()
     given = {"memory": default_memory, "cpu": default_cpu, "pids": default_pids,
@@ -123,6 +127,7 @@ def up(demo: bool, detach: bool, http_addr: str | None, router_workers: int | No
     daemon_argv += ["--frozen-budget", frozen_budget] if frozen_budget is not None else []
     daemon_argv += ["--admin", admin_addr] if admin_addr is not None else []
     daemon_argv += ["--metrics-per-instance"] if metrics_per_instance else []
+    daemon_argv += ["--no-access-log"] if no_access_log else []
     for flag, value in (("directory", acme_directory), ("email", acme_email),
                         ("ca-bundle", acme_ca_bundle), ("challenge", acme_challenge)):
         daemon_argv += [f"--acme-{flag}", value] if value is not None else []

@@ -4,6 +4,7 @@ keelway/cli/apps.py)."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 import urllib.parse
 from typing import Any
@@ -218,28 +219,78 @@ def _when(at: float) -> str:
 
 @cli.command()
 @click.argument("app")
-@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines.")
-@click.option("--service", default=None)
-@click.option("--instance", default=None)
-@click.option("-n", "--lines", default=100, show_default=True)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines as they come.")
+@click.option("--service", default=None,
+              help="Only this service (web, worker, job.NAME, or router: the access log).")
+@click.option("--instance", default=None, help="Only this instance.")
+@click.option("-n", "--lines", default=100, show_default=True, type=click.IntRange(min=0),
+              help="How many of the newest lines, of all sources together.")
+@click.option("--since", default=None, metavar="DURATION|TIME",
+              help="Only lines from this long ago (30s, 10m, 2h, 1d) or this time on "
+                   "(ISO 8601; local time unless it names a zone).")
 @api_command
 def logs(app: str, follow: bool, service: str | None, instance: str | None, lines: int,
-         as_json: bool) -> None:
-    """Print the app's process output."""
-    query = f"?lines={lines}&follow={'1' if follow else '0'}"
+         since: str | None, as_json: bool) -> None:
+    """Print the app's logs: every instance's services and its router access log,
+    merged in time order, each line prefixed `INSTANCE SERVICE |` (a colour per source
+    on a terminal). A service line's time is the control plane's sample of its file, at
+    most about a second after it was written; an access-log line carries its own."""
+    params = {"lines": str(lines), "follow": "1" if follow else "0"}
     if service:
-        query += f"&service={service}"
+        params["service"] = service
     if instance:
-        query += f"&instance={instance}"
+        params["instance"] = instance
+    if since is not None:
+        try:
+            params["since"] = f"{since_time(since, time.time()):.3f}"
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--since") from None
+    colour = not as_json and sys.stdout.isatty()
     try:
-        for item in client(None).stream("GET", f"/v1/apps/{app}/logs{query}"):
+        for item in client(None).stream(
+                "GET", f"/v1/apps/{app}/logs?{urllib.parse.urlencode(params)}"):
             if as_json:
                 click.echo(json_line(item))
-            else:
-                click.echo(f"{item['instance']} {item['service']}.{item['generation']} | "
-                           f"{item['line']}")
+                continue
+            source = item["service"] if item["generation"] is None else (
+                f"{item['service']}.{item['generation']}")
+            prefix = f"{item['instance']} {source} |"
+            if colour:
+                prefix = click.style(prefix, fg=_source_colour(item["instance"], source))
+            click.echo(f"{prefix} {item['line']}")
     except KeyboardInterrupt:
         pass
+
+
+_COLOURS = ("cyan", "green", "yellow", "magenta", "blue", "red", "bright_cyan",
+            "bright_green", "bright_yellow", "bright_magenta", "bright_blue")
+
+
+def _source_colour(instance: str, source: str) -> str:
+    # A stable colour per source, the same in every run (hash() of a str is salted).
+    key = f"{instance} {source}".encode()
+    return _COLOURS[sum(key) * 31 % len(_COLOURS)]
+
+
+_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def since_time(text: str, now: float) -> float:
+    """`--since` as unix seconds: a duration back from `now` (`90s`, `10m`, `1h30m`,
+    `2d`) or an ISO 8601 time (local unless it names a zone). ValueError says why not."""
+    import datetime
+    import re
+
+    parts = re.fullmatch(r"(?:\d+[smhd])+", text.strip())
+    if parts is not None:
+        return now - sum(int(n) * _UNITS_S[unit]
+                         for n, unit in re.findall(r"(\d+)([smhd])", text))
+    try:
+        moment = datetime.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(f"{text!r} is neither a duration (10m, 2h, 1d) "
+                         "nor an ISO time (2025-05-01T12:00)") from None
+    return moment.timestamp()  # a naive time is taken as local, as a person means it
 
 
 def json_line(item: dict[str, Any]) -> str:

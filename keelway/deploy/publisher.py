@@ -124,7 +124,8 @@ def table_of(routes: list[Route], version: int,
     entries: dict[str, rt.RouteEntry] = {}
     refused: dict[str, str] = {}
 
-    def put(host: str, instance: str, state: rt.Handling, upstream: str | None) -> None:
+    def put(host: str, instance: str, state: rt.Handling, upstream: str | None,
+            generation: int | None = None) -> None:
         retry = retry_in_s.get(instance)
         retry_after_s = RETRY_AFTER_S
         if retry is not None and state in (rt.Handling.GATED, rt.Handling.CRASHED):
@@ -137,7 +138,8 @@ def table_of(routes: list[Route], version: int,
                                           instance=instance if instance != host else None,
                                           max_concurrency=policy.max_concurrency,
                                           force_https=policy.force_https,
-                                          hsts_s=policy.hsts_s)
+                                          hsts_s=policy.hsts_s,
+                                          generation=generation)
         except ValueError as exc:  # InvalidName, or a route that fails its own checks
             refused[host] = str(exc)
 
@@ -151,7 +153,9 @@ def table_of(routes: list[Route], version: int,
             state = rt.Handling.GATED  # nothing to serve with: answer 503, never guess
         state = page_state(state, standings.get(route.instance),
                            retry_in_s.get(route.instance))
-        put(route.host, route.instance, state, upstream)
+        # The generation behind the upstream, which only the access log reads.
+        put(route.host, route.instance, state, upstream,
+            route.generation_id if upstream is not None else None)
     for instance, standing in standings.items():
         if instance in routed:
             continue

@@ -21,6 +21,7 @@ Modules, each importing only those listed below it:
     exchange     one request/response: links the two halves         (hot path)
     upstream     upstream connections and keep-alive pools          (hot path)
     responses    the router's own answers, pre-rendered
+    access_log   per instance, a line per answer, written in batches off the hot path
     headers      head rewriting: hop-by-hop, X-Forwarded-*, framing (pure)
     route_table  the table, its wire format and host matching       (pure)
     counts       responses per instance, as reported and summed     (pure)

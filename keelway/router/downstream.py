@@ -45,6 +45,7 @@ import collections
 import logging
 import os
 import socket
+from time import monotonic
 from typing import TYPE_CHECKING, Final, cast
 
 import httptools
@@ -61,6 +62,7 @@ from keelway.router.responses import (
 )
 
 if TYPE_CHECKING:
+    from keelway.router.access_log import AccessLog
     from keelway.router.proxy import Proxy
 
 log: Final = logging.getLogger("keelway.router")
@@ -89,7 +91,9 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
         # Set in connection_made, before any other callback; typed non-optional so the
         # hot path does not pay for a check that can never fail.
         self.transport: asyncio.Transport = cast(asyncio.Transport, None)
-        self._client_ip = b""
+        self.client_ip = b""
+        # Where its exchanges' records go; None: the access log is off.
+        self.access_log: AccessLog | None = proxy.access_log
         self._trusted = False
         self._https = False
         self.begin_request_head()
@@ -130,7 +134,7 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # TCP, by construction
         peer = transport.get_extra_info("peername")
-        self._client_ip = str(peer[0]).encode() if peer else b"unknown"
+        self.client_ip = str(peer[0]).encode() if peer else b"unknown"
         self._trusted = bool(peer) and str(peer[0]) in self._options.trusted_proxies
         # Came in on the HTTPS listener (router/tls.py): the app is told so.
         self._https = transport.get_extra_info("sslcontext") is not None
@@ -310,7 +314,7 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
             return None
         try:
             head, host, framing, has_connection = self.finish_request_head(
-                method, self._client_ip, upgrade, self._trusted, self._https
+                method, self.client_ip, upgrade, self._trusted, self._https
             )
         except BadRequest:
             self._refuse(BAD_REQUEST)
@@ -352,6 +356,11 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
         # Marked, not timed: Proxy.activity reads the clock, the hot path does not.
         target.hit = True
         ex.target = target
+        if self.access_log is not None:
+            # Only a routed request is recorded: the log is its instance's.
+            ex.began = monotonic()
+            ex.method = method
+            ex.url = url
         if not self._https:
             # ACME's HTTP-01 challenge (a parked instance's too, waking nothing), and a
             # route that asks for HTTPS: answered here, never upstream.
@@ -419,6 +428,8 @@ class ClientConnection(RequestHeadRewriter, asyncio.Protocol):
         stale = self._parsing
         if stale is not None:  # its body never finished: it cannot be forwarded
             self._parsing = None
+            if not stale.response_started:
+                stale.status = canned.status  # what its access-log line says it got
             stale.abandon()
             if stale is self.current:
                 if stale.response_started:

@@ -13,6 +13,7 @@ than one enum: a single state would be the product of the two.
 
 from __future__ import annotations
 
+from time import monotonic
 from typing import TYPE_CHECKING, Final
 
 from keelway.router import responses
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
 _LAST_CHUNK: Final = b"0\r\n\r\n"
 _CRLF: Final = b"\r\n"
 _BUFFER_WHILE_CONNECTING_BYTES: Final = 256 * 1024
+# The status an access-log line gives a request whose client left before its answer
+# (nginx's word for it).
+_CLIENT_GONE: Final = 499
 
 
 class Tally:
@@ -97,24 +101,30 @@ class Exchange:
 
     __slots__ = (
         "abandoned",
+        "began",
         "chunked_ok",
         "chunked_request",
         "client",
         "close_client",
         "head_request",
         "held",
+        "held_s",
         "hsts",
         "in_flight",
         "local",
         "local_status",
+        "method",
         "out",
         "pool",
         "request_done",
         "response_started",
         "retry_head",
+        "sent",
+        "status",
         "target",
         "upgrade",
         "upstream",
+        "url",
     )
 
     def __init__(
@@ -149,6 +159,17 @@ class Exchange:
         # Its route: while this is a connection's current exchange (a streaming
         # response, a tunnel, a held request), its host counts as open (Proxy.activity).
         self.target: CompiledRoute | None = None
+        # For its access-log record (keelway/router/access_log.py): when its head
+        # completed (monotonic; 0.0: nothing to record, the log is off or it is
+        # written), its method and target, its answer's status and the bytes sent to
+        # the client, and how long it was held (-1.0: never). Recorded once, when it
+        # ends (`_record`).
+        self.began = 0.0
+        self.method = b""
+        self.url = b""
+        self.status = 0
+        self.sent = 0
+        self.held_s = -1.0
 
     def start(self) -> None:
         """Become the current exchange: send a local answer, or find an upstream."""
@@ -172,6 +193,7 @@ class Exchange:
             self.local = None
             self.response_started = True
             self.client.transport.write(local)
+            self.sent = len(local)
             self.answered(self.local_status, True)
             self.response_complete(keep_client=True)
 
@@ -184,6 +206,7 @@ class Exchange:
     def answered(self, status: int, by_router: bool) -> None:
         """This request's answer (status `status`) goes to the client: the upstream's
         response head, or (`by_router`) one the router wrote itself."""
+        self.status = status
         target = self.target
         if target is not None:
             tally = target.tally
@@ -249,7 +272,9 @@ class Exchange:
         self.response_started = True
         close = self.close_client or not self.request_done
         canned = responses.BAD_GATEWAY if answer is None else answer
-        self.client.transport.write(canned.pick(self.head_request, close))
+        data = canned.pick(self.head_request, close)
+        self.client.transport.write(data)
+        self.sent = len(data)
         self.answered(canned.status, True)
         self.close_client = close
         self.response_complete(keep_client=self.request_done)
@@ -265,13 +290,17 @@ class Exchange:
             upstream.abandon()
         self.response_started = True
         close = self.close_client
-        self.client.transport.write(responses.GATEWAY_TIMEOUT.pick(self.head_request, close))
+        data = responses.GATEWAY_TIMEOUT.pick(self.head_request, close)
+        self.client.transport.write(data)
+        self.sent = len(data)
         self.answered(responses.GATEWAY_TIMEOUT.status, True)
         self.response_complete(keep_client=True)
 
     def response_complete(self, keep_client: bool) -> None:
         self.upstream = None
         self.leave_in_flight()
+        if self.began:
+            self._record(self.status)
         if not keep_client:
             self.close_client = True
         self.client.exchange_done(self)
@@ -279,6 +308,8 @@ class Exchange:
     def resume(self, pool: UpstreamPool) -> None:
         """Its route serves again: go to `pool` as if it had never waited."""
         self.held = False
+        if self.began:
+            self.held_s = monotonic() - self.began
         self.pool = pool
         if self.client.current is self:
             self.start()
@@ -291,6 +322,8 @@ class Exchange:
         Its unread body is never read: the answer says close, and the connection ends.
         """
         self.held = False
+        if self.began:
+            self.held_s = monotonic() - self.began
         self.out.clear()
         self.answer_with(canned, self.close_client or not self.request_done)
         if self.client.current is self:
@@ -312,9 +345,29 @@ class Exchange:
         if self.held:
             self.held = False
             self.client.unhold(self)
+            if self.began:
+                self.held_s = monotonic() - self.began
         self.leave_in_flight()
+        if self.began:
+            self._record(self.status or _CLIENT_GONE)
         self.abandoned = True
         upstream = self.upstream
         if upstream is not None:
             self.upstream = None
             upstream.abandon()
+
+    def _record(self, status: int) -> None:
+        """Hand its access-log record to the process's log (once: `began` is cleared).
+        A tuple appended to a list is the request path's whole share; the log formats
+        and writes in batches (keelway/router/access_log.py)."""
+        began = self.began
+        self.began = 0.0
+        target = self.target
+        access = self.client.access_log
+        if access is None or target is None:
+            return
+        pending = access.pending
+        pending.append((target.instance, target.generation, began, monotonic(), self.method,
+                        self.url, status, self.sent, self.held_s, self.client.client_ip))
+        if len(pending) >= access.max_pending:
+            access.flush_soon()

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Final
 
 from keelway.router import responses
+from keelway.router.access_log import AccessLog
 from keelway.router.concurrency import Concurrency
 from keelway.router.counts import APP_CLASSES, OTHER, InstanceCounts
 from keelway.router.downstream import ClientConnection
@@ -197,6 +198,9 @@ class Proxy:
         # that asks for it is redirected there; and where ACME challenges are kept.
         self.https_port: int | None = None
         self.challenges: Path | None = None
+        # This process's access log (keelway/router/access_log.py), set before it
+        # accepts; None: off. Connections read it once, when they open.
+        self.access_log: AccessLog | None = None
 
     def protocol(self) -> ClientConnection:
         """The protocol factory for the listening socket."""
@@ -479,6 +483,9 @@ class Proxy:
         if target is None:
             ex.answer_instead(responses.NOT_FOUND)
         elif target.proxied:
+            # Its route is now the one that serves it (the same instance, so its counts
+            # do not move), which names the generation its access-log line gives.
+            ex.target = target
             # Through its instance's bound like a request that was never held.
             in_flight = target.in_flight
             if in_flight is None or in_flight.take(ex):
@@ -593,6 +600,9 @@ class Proxy:
         clean = not self.connections
         for conn in list(self.connections):
             conn.transport.abort()
+        if self.access_log is not None:
+            await asyncio.sleep(0)  # the aborted connections' records: their callbacks
+            self.access_log.close()  # every answer given is written before the exit
         for pool in self._pools.values():
             pool.retire()
         if self._sweeper is not None:

@@ -21,7 +21,9 @@ a request's Host header leads to. Invariants:
   concurrency.py enforces it);
 - a route may ask for HTTPS (format 4): `force_https` redirects its plain-HTTP requests
   (308) to HTTPS, but ACME's HTTP-01 challenges; `hsts_s` adds Strict-Transport-Security
-  to its HTTPS responses.
+  to its HTTPS responses;
+- a route may name the generation behind its upstream (format 5: `generation`), which
+  only the access log reads (keelway/router/access_log.py); it changes no decision.
 
 The format grows only by optional fields and new states, each entry judged alone, so a
 router reads every table an older keelway wrote. A router older than a table's format
@@ -45,8 +47,9 @@ if TYPE_CHECKING:
 
 
 # The table format this router reads: 1 had no `instance` and no `stopped`,
-# `no-release` or `crashed` state; 2 had no `max_concurrency`.
-TABLE_FORMAT: Final = 4
+# `no-release` or `crashed` state; 2 had no `max_concurrency`; 3 no `force_https` or
+# `hsts_s`; 4 no `generation`.
+TABLE_FORMAT: Final = 5
 
 
 class Handling(enum.Enum):
@@ -117,8 +120,9 @@ class RouteEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_d
     """One host's route. `upstream` is required when the state proxies. `instance` is
     the instance the host belongs to when that is another host (an alias);
     `max_concurrency` bounds the instance's requests in flight (None: the router's
-    default). Fields at their defaults are left out of the encoding, so a table that
-    uses nothing new reads in a router of the format before."""
+    default); `generation` is the generation its upstream runs, for the access log.
+    Fields at their defaults are left out of the encoding, so a table that uses nothing
+    new reads in a router of the format before."""
 
     state: Handling
     upstream: str | None = None
@@ -127,6 +131,7 @@ class RouteEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_d
     max_concurrency: Positive | None = None
     force_https: bool = False
     hsts_s: Positive | None = None
+    generation: NonNegative | None = None
 
     def __post_init__(self) -> None:
         if self.instance is not None:
@@ -252,8 +257,8 @@ class Traffic:
 class CompiledRoute:
     """A compiled route: what the hot path needs, precomputed once per table."""
 
-    __slots__ = ("force_https", "hit", "holding", "host", "hsts", "in_flight", "instance",
-                 "parked", "pool", "proxied", "retry_after_s", "state", "tally",
+    __slots__ = ("force_https", "generation", "hit", "holding", "host", "hsts", "in_flight",
+                 "instance", "parked", "pool", "proxied", "retry_after_s", "state", "tally",
                  "upstream_host", "upstream_key", "upstream_port")
 
     def __init__(self, host: str, route: RouteEntry) -> None:
@@ -270,6 +275,8 @@ class CompiledRoute:
         self.holding: Final = self.parked or route.state is Handling.HOLDING
         self.retry_after_s: Final = route.retry_after_s
         self.force_https: Final = route.force_https
+        # The generation behind its upstream, for the access log (None: not named).
+        self.generation: Final = route.generation
         # The header line its HTTPS responses carry, made once per table.
         self.hsts: Final = (None if route.hsts_s is None else
                             b"Strict-Transport-Security: max-age=%d\r\n" % route.hsts_s)

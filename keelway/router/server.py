@@ -36,6 +36,7 @@ from typing import Final
 
 import uvloop
 
+from keelway.router.access_log import AccessLog
 from keelway.router.client import RouterControlError, retire_over, take_listener
 from keelway.router.control import ControlServer
 from keelway.router.handshakes import Handshakes
@@ -82,6 +83,9 @@ class RouterConfig:
     # A handshake for a served host with no certificate yet waits while the control
     # plane (on `wake_socket`) gets one (router/on_demand.py); off: it is refused.
     on_demand: bool = False
+    # Where each process that accepts writes its access log, a file per instance
+    # (router/access_log.py); None: no access log.
+    access_log: Path | None = None
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -113,6 +117,9 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
                              "while the control plane gets one: POST /v1/certs/"
                              "HOST/demand on --wake-socket (needs both)")
     parser.add_argument("--control", type=Path, metavar="PATH", help="control unix socket")
+    parser.add_argument("--access-log", type=Path, metavar="DIR",
+                        help="write a line per answered request to DIR/INSTANCE/"
+                             "router.access.log (default: no access log)")
     parser.add_argument("--channel-fd", type=int, metavar="N", help=argparse.SUPPRESS)
     parser.add_argument("--wake-fd", type=int, metavar="N", help=argparse.SUPPRESS)
     parser.add_argument("--wake-socket", type=Path, metavar="PATH",
@@ -174,6 +181,7 @@ def parse_args(argv: Sequence[str]) -> RouterConfig:
         https_listen=args.https_listen,
         certs=args.certs,
         on_demand=args.on_demand,
+        access_log=args.access_log,
         takeover=args.takeover,
         control_path=args.control,
         state_path=args.state,
@@ -255,6 +263,10 @@ async def serve(config: RouterConfig, sock: socket.socket,
         loop.add_signal_handler(signum, stop.set)
     # With workers, every client connection is theirs (none held here can die with us).
     accepts = config.channel_fd is not None or config.workers == 1
+    if accepts and config.access_log is not None:
+        # Before the first connection, which reads it once; drain closes it.
+        proxy.access_log = AccessLog(config.access_log)
+        proxy.access_log.start()
     server = (await loop.create_server(proxy.protocol, sock=sock, backlog=LISTEN_BACKLOG)
               if accepts else None)
     https: Handshakes | None = None
@@ -311,6 +323,8 @@ async def serve(config: RouterConfig, sock: socket.socket,
                  f"--max-held-per-host={options.max_held_per_host}",
                  f"--max-concurrency={options.max_concurrency}",
                  *((f"--certs={config.certs}",) if config.certs is not None else ()),
+                 *((f"--access-log={config.access_log}",)
+                   if config.access_log is not None else ()),
                  # A worker asks for certificates on demand itself (router/on_demand.py).
                  *(("--on-demand", f"--wake-socket={config.wake_socket}")
                    if config.on_demand else ()))

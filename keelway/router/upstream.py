@@ -172,6 +172,7 @@ class UpstreamConnection(ResponseHeadRewriter, asyncio.Protocol):
             head = head[:-2] + ex.hsts + b"\r\n"  # before the head's closing blank line
         ex.close_client = close
         ex.response_started = True
+        ex.sent = len(head)
         ex.answered(status, False)
         self._chunk_out = framing is CHUNKED
         self._until_close = until_close
@@ -185,6 +186,9 @@ class UpstreamConnection(ResponseHeadRewriter, asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         if self._complete:
             return
+        ex = self.exchange
+        if ex is not None:
+            ex.sent += len(body)
         if self._chunk_out:
             self._out += (b"%x\r\n" % len(body), body, _CRLF)
         else:

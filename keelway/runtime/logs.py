@@ -69,6 +69,8 @@ def rotate_if_large(path: Path, max_bytes: int = MAX_LOG_BYTES, keep: int = KEEP
     os.replace(pending, path.with_name(f"{path.name}.1"))
     with open(path, "r+b") as handle:
         handle.truncate(0)
+    # Its times (runtime/log_times.py) spoke of the bytes just moved aside.
+    path.with_name(f"{path.name}.times").unlink(missing_ok=True)
     return True
 
 

@@ -190,6 +190,9 @@ class RouterSettings:
     # A handshake naming a served host with no certificate yet asks the control plane
     # for one and waits (router/on_demand.py): on where ACME is (keelway/deploy/certify.py).
     on_demand: bool = False
+    # A line per answered request in each instance's logs dir (router/access_log.py),
+    # where the service logs are, so it is rotated with them and outlives deploys.
+    access_log: bool = True
 
     def argv(self, home: Home) -> list[str]:
         hold = [] if self.hold_timeout_s is None else [f"--hold-timeout={self.hold_timeout_s}"]
@@ -197,9 +200,10 @@ class RouterSettings:
                  else [f"--max-concurrency={self.max_concurrency}"])
         certs = [] if self.https is None else ["--certs", str(home.certs_dir),
                                                *(["--on-demand"] if self.on_demand else [])]
+        access = ([f"--access-log={home.log_dir('-').parent}"] if self.access_log else [])
         return ["--workers", str(self.workers),
                 *(f"--trusted-proxy={ip}" for ip in self.trusted_proxies), *hold, *bound,
-                *certs]
+                *certs, *access]
 
 
 class _SettingsRecord(msgspec.Struct, frozen=True):
@@ -210,13 +214,14 @@ class _SettingsRecord(msgspec.Struct, frozen=True):
     max_concurrency: int | None = None
     https: str | None = None
     on_demand: bool = False
+    access_log: bool = True
 
 
 def record_settings(home: Home, addr: str, settings: RouterSettings) -> None:
     """Note what the running router serves and how, once it answers with them."""
     record = _SettingsRecord(addr, settings.workers, list(settings.trusted_proxies),
                              settings.hold_timeout_s, settings.max_concurrency,
-                             settings.https, settings.on_demand)
+                             settings.https, settings.on_demand, settings.access_log)
     write_atomic(home.router_settings, msgspec.json.encode(record))
 
 
@@ -232,7 +237,7 @@ def recorded_settings(home: Home) -> tuple[str, RouterSettings | None] | None:
             return None
     return record.addr, RouterSettings(record.workers, tuple(record.trusted_proxies),
                                        record.hold_timeout_s, record.max_concurrency,
-                                       record.https, record.on_demand)
+                                       record.https, record.on_demand, record.access_log)
 
 
 # The routers this process started, kept to reap them (and read how they ended) once
