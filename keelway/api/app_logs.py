@@ -18,17 +18,15 @@ from pathlib import Path
 from typing import Final
 
 from keelway.home import Home
-from keelway.router.access_log import ACCESS_LOG_NAME, line_time
+from keelway.router.access_log import ACCESS_LOG_NAME, read_lines
 from keelway.runtime.log_times import Timeline
+from keelway.runtime.logs import read_from
 from keelway.store import Store
 
 ROUTER_SERVICE: Final = "router"
 _CHUNK_BYTES: Final = 64 * 1024
 # How far back one file is read for a tail at most: a rotated log is below it.
 _MAX_BACK_BYTES: Final = 16 * 1024 * 1024
-# Access-log lines of two router workers are out of order by up to a batch (0.5 s):
-# reading back stops only past this much before `since`.
-_ACCESS_SLACK_S: Final = 2.0
 
 
 @dataclass(frozen=True)
@@ -75,7 +73,14 @@ def access_sources(store: Store, home: Home, app: str, instance: str | None,
 def tail(source: Source, lines: int, since: float | None) -> tuple[list[Line], int]:
     """The newest `lines` complete lines of `source` at or after `since`, oldest first,
     and the offset after its last complete line (where following it begins). Read back
-    from the end a chunk at a time, never more than `_MAX_BACK_BYTES`."""
+    from the end a chunk at a time, never more than `_MAX_BACK_BYTES`; the access log,
+    records rather than lines, is read whole (its rotation bounds it)."""
+    if source.carries_times:
+        records, end = read_lines(source.path)
+        records.sort(key=lambda record: record[0])  # two workers' batches interleave
+        timed = [Line(at, source, text) for at, text in records
+                 if since is None or at >= since]
+        return (timed[-lines:] if lines > 0 else []), end
     try:
         fd = os.open(source.path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -83,8 +88,8 @@ def tail(source: Source, lines: int, since: float | None) -> tuple[list[Line], i
     with os.fdopen(fd, "rb") as handle:
         info = os.fstat(handle.fileno())
         end = info.st_size
-        timeline = None if source.carries_times else Timeline.load(source.path)
-        floor = None if since is None else since - (_ACCESS_SLACK_S if timeline is None else 0)
+        timeline = Timeline.load(source.path)
+        floor = since
         kept: list[Line] = []
         complete_end: int | None = None  # after the last complete line, once found
         buf = b""  # the bytes from `pos` on not yet taken as lines
@@ -114,12 +119,7 @@ def tail(source: Source, lines: int, since: float | None) -> tuple[list[Line], i
                 ends.append(at_end)
             for raw, line_end in zip(reversed(pieces), reversed(ends), strict=True):
                 text = raw.decode("utf-8", "replace")
-                if timeline is None:
-                    stamped = line_time(text)
-                    at = stamped if stamped is not None else (kept[-1].at if kept
-                                                              else info.st_mtime)
-                else:
-                    at = timeline.time_at(line_end, info.st_mtime)
+                at = timeline.time_at(line_end, info.st_mtime)
                 if floor is not None and at < floor:
                     done = True
                     break
@@ -129,8 +129,6 @@ def tail(source: Source, lines: int, since: float | None) -> tuple[list[Line], i
                         done = True
                         break
     kept.reverse()
-    if timeline is None:
-        kept.sort(key=lambda line: line.at)  # two workers' batches interleave
     return kept, end if complete_end is None else complete_end
 
 
@@ -147,14 +145,15 @@ def merged(sources: list[Source], lines: int, since: float | None,
     return (found[-lines:] if lines > 0 else []), offsets
 
 
-def followed(source: Source, text: list[str]) -> list[Line]:
-    """Lines just appended to `source`, timed: their own time, or the file's mtime."""
+def read_new(source: Source, offset: int) -> tuple[list[Line], int]:
+    """What was appended to `source` since `offset`, timed (a service line by the file's
+    mtime, an access record by its own time), and where to read on from."""
+    if source.carries_times:
+        records, end = read_lines(source.path, offset)
+        return [Line(at, source, text) for at, text in records], end
+    text, end = read_from(source.path, offset)
     try:
         newest = source.path.stat().st_mtime
     except FileNotFoundError:
         newest = 0.0
-    found = []
-    for line in text:
-        at = line_time(line) if source.carries_times else None
-        found.append(Line(newest if at is None else at, source, line))
-    return found
+    return [Line(newest, source, line) for line in text], end

@@ -64,7 +64,7 @@ from keelway.deploy.seeding import Seeding
 from keelway.deploy.snapshots import Snapshots
 from keelway.home import Home
 from keelway.runtime.limits import in_force
-from keelway.runtime.logs import parse_log_name, read_from
+from keelway.runtime.logs import parse_log_name
 from keelway.runtime.router import RouterRestartFailed, RouterStartFailed
 from keelway.runtime.router_supervisor import RouterSupervisor
 from keelway.store import Store
@@ -251,9 +251,9 @@ class Api:
                 break  # the reader hung up; nothing else would tell us while logs are quiet
             fresh: list[app_logs.Line] = []
             for source in self._log_sources(name, instance, service):
-                text, offsets[source.path] = read_from(source.path,
-                                                       offsets.get(source.path, 0))
-                fresh += app_logs.followed(source, text)
+                new, offsets[source.path] = app_logs.read_new(source,
+                                                              offsets.get(source.path, 0))
+                fresh += new
             fresh.sort(key=lambda line: line.at)
             for line in fresh:
                 await send_line(response, line.view())

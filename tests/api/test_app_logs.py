@@ -8,18 +8,11 @@ import os
 from pathlib import Path
 
 from keelway.api.app_logs import Source, merged, tail
-from keelway.router.access_log import ACCESS_LOG_NAME
+from keelway.router.access_log import ACCESS_LOG_NAME, encode_frame
 from keelway.runtime.log_times import Sampler, Timeline, times_path
 from keelway.runtime.logs import rotate_if_large
 
 T0 = 1_700_000_000.0
-
-
-def stamp(at: float) -> str:
-    import time
-    whole = int(at)
-    return (time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
-            + f".{round((at - whole) * 1000):03d}Z")
 
 
 def write_at(path: Path, text: str, at: float, sampler: Sampler, apps: Path) -> None:
@@ -31,8 +24,12 @@ def write_at(path: Path, text: str, at: float, sampler: Sampler, apps: Path) -> 
     sampler.sample(apps)
 
 
-def access_line(at: float, path: str) -> str:
-    return f"{stamp(at)} 127.0.0.1 GET {path} 200 10 1.0ms gen=1 held=-\n"
+def access_frame(at: float, path: str) -> bytes:
+    """One record, written as the router writes its batches (router/access_log.py): its
+    times on the monotonic clock, with the wall clock's offset in the frame."""
+    offset = 1_000_000.0
+    return encode_frame(offset, [("a.test", 1, at - offset, at - offset + 0.001, b"GET",
+                                  path.encode(), 200, 10, -1.0, b"127.0.0.1")])
 
 
 def test_two_instances_services_and_access_logs_merge_in_time_order_with_since_and_n(
@@ -49,8 +46,8 @@ def test_two_instances_services_and_access_logs_merge_in_time_order_with_since_a
     for instance, at, path in (("a.test", T0 + 4.5, "/a1"), ("b.test", T0 + 5.5, "/b1"),
                                ("a.test", T0 + 7.25, "/a2")):
         log = apps / instance / ACCESS_LOG_NAME
-        with log.open("a") as handle:
-            handle.write(access_line(at, path))
+        with log.open("ab") as handle:
+            handle.write(access_frame(at, path))
     sources = [Source("a.test", "web", 1, a_web), Source("a.test", "worker", 1, a_worker),
                Source("b.test", "web", 2, b_web),
                Source("a.test", "router", None, apps / "a.test" / ACCESS_LOG_NAME),
@@ -106,13 +103,14 @@ def test_rotation_starts_a_logs_times_again(tmp_path: Path) -> None:
 def test_a_long_log_is_tailed_from_its_end_without_a_partial_last_line(tmp_path: Path) -> None:
     log = tmp_path / "a.test" / ACCESS_LOG_NAME
     log.parent.mkdir(parents=True)
-    with log.open("w") as handle:
-        for n in range(5000):  # several chunks of the reader
-            handle.write(access_line(T0 + n / 10, f"/p{n}"))
-        handle.write("2023-11-14T22:13:20.000Z partial")
+    partial = access_frame(T0 + 999, "/cut")[:-5]  # a write still under way
+    with log.open("wb") as handle:
+        for n in range(5000):
+            handle.write(access_frame(T0 + n / 10, f"/p{n}"))
+        handle.write(partial)
     source = Source("a.test", "router", None, log)
     lines, end = tail(source, 3, None)
     assert [line.text.split(" ")[3] for line in lines] == ["/p4997", "/p4998", "/p4999"]
-    assert end == log.stat().st_size - len("2023-11-14T22:13:20.000Z partial")
+    assert end == log.stat().st_size - len(partial)
     since, _ = tail(source, 10_000, T0 + 400)
     assert len(since) == 1000 and since[0].text.split(" ")[3] == "/p4000"

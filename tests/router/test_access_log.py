@@ -13,7 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from keelway.router.access_log import ACCESS_LOG_NAME, AccessLog, line_time, path_of
+from keelway.router.access_log import (
+    ACCESS_LOG_NAME,
+    AccessLog,
+    line_time,
+    path_of,
+    read_lines,
+)
 from keelway.router.route_table import Handling, RouteEntry, RouteTable
 from keelway.runtime.logs import rotate_if_large
 from tests.router.conftest import RouterProcess, Upstream
@@ -28,8 +34,7 @@ def serving(upstream: Upstream, generation: int | None = 7) -> dict[str, RouteEn
 
 
 def lines_of(logs: Path, instance: str = HOST) -> list[str]:
-    path = logs / instance / ACCESS_LOG_NAME
-    return path.read_text().splitlines() if path.exists() else []
+    return [text for _, text in read_lines(logs / instance / ACCESS_LOG_NAME)[0]]
 
 
 def get(port: int, target: str, host: str = HOST) -> bytes:
@@ -124,7 +129,7 @@ def test_the_file_is_appended_across_a_router_restart_and_rotated_in_place(
         get(second.port, f"/second/{n}")
     wait_for(lambda: len(lines_of(logs)) == 3, timeout_s=10)
     assert [fields(line)[3] for line in lines_of(logs)] == [f"/second/{n}" for n in range(3)]
-    rotated = path.with_name(f"{ACCESS_LOG_NAME}.1").read_text().splitlines()
+    rotated = [text for _, text in read_lines(path.with_name(f"{ACCESS_LOG_NAME}.1"))[0]]
     # Two workers' batches: in time order per batch only (readers sort by time).
     assert sorted(fields(line)[3] for line in rotated) == [f"/first/{n}" for n in range(5)]
 
