@@ -48,7 +48,7 @@ from keelway.api.server import Api
 from keelway.builds import cache as deps_cache
 from keelway.builds.manifest import REPLICA
 from keelway.builds.stage import stage, sweep
-from keelway.clock import Clock, SystemClock
+from keelway.clock import Clock, SystemClock, jobs_clock
 from keelway.data.objects import LocalObjects, ObjectStore, ObjectStoreError, open_objects
 from keelway.data.replicas import ReplicaError, ReplicaOptions, Replicas
 from keelway.deploy import targets
@@ -201,7 +201,8 @@ def wire(store: Store, home: Home, supervisor: Supervisor, publisher: Publisher,
                        Runs(store, home, supervisor, runner), apps, instances,
                        Domains(store, publisher, locks), seeding, snapshots,
                        Replication(store, keeper, restore, snapshots), restore, recovers,
-                       Jobs(store, home, supervisor, runner, parking, clock, jobs_at_once),
+                       Jobs(store, home, supervisor, runner, parking,
+                            jobs_clock(clock, dict(os.environ)), jobs_at_once),
                        Freezing(store, supervisor, publisher, runner))
 
 

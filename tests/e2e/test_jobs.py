@@ -3,12 +3,15 @@ minute in every instance (a parked one without waking it), with the config vars;
 hand; the overlap rule; failures and refusals said; and a control-plane SIGKILL as a
 scheduled run starts, which never runs it twice.
 
-The schedule tests wait for a real minute to turn (up to ~65 s): they run on one daemon
-at once, and the crash gets a daemon of its own.
+The schedule tests wait for a minute to turn: the daemon's job clock is shifted
+(`KEELWAY_JOBS_CLOCK_SHIFT_S`, keelway/clock.py) so that one turns some seconds after
+it starts, rather than up to a minute later. They run on one daemon at once, and the
+crash gets a daemon of its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -80,12 +83,29 @@ def _app(root: Path, jobs: str = JOBS_TOML) -> Path:
     return app
 
 
+def shift_for(seconds: float) -> float:
+    """A job clock shift that makes its next minute turn `seconds` from now."""
+    return (60 - seconds - time.time() % 60) % 60
+
+
+@contextlib.contextmanager
+def minute_in(seconds: float) -> Iterator[None]:
+    """The daemons started inside: their job clock's next minute `seconds` away."""
+    os.environ["KEELWAY_JOBS_CLOCK_SHIFT_S"] = str(shift_for(seconds))
+    try:
+        yield
+    finally:
+        del os.environ["KEELWAY_JOBS_CLOCK_SHIFT_S"]
+
+
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Keelway]:
     root = tmp_path_factory.mktemp("jobs")
     kw = Keelway(home=root / "kh", http_port=free_port())
     try:
-        kw.up()
+        # The job clock's next minute turns 20 s from now: after the setup below.
+        with minute_in(20):
+            kw.up()
         kw.ok("deploy", "cron", str(_app(root)), "--host", "a.test", "--host", "b.test",
               "--host", "c.test")
         kw.ok("config", "cron", "set", "GREETING=hi-from-config")
@@ -209,7 +229,8 @@ def test_a_crash_as_a_scheduled_run_starts_never_runs_it_twice(
         up = subprocess.run(
             [sys.executable, "-m", "keelway.cli.main", "up", "-d", "--http",
              f"127.0.0.1:{kw.http_port}", "--json"],
-            env={**kw.env(), "KEELWAY_FAILPOINTS": "job.spawn.after"},
+            env={**kw.env(), "KEELWAY_FAILPOINTS": "job.spawn.after",
+                 "KEELWAY_JOBS_CLOCK_SHIFT_S": str(shift_for(5))},
             capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
         assert up.returncode == 0, up.stderr
         pid = int(json.loads(up.stdout)["pid"])
