@@ -3,9 +3,11 @@
 Owns the records a router process keeps of its answers, their line format, and their
 way to disk. Invariants:
 
-- the request path pays for a record with a tuple appended to `pending` (built in
-  exchange.py from what the exchange already holds, and two reads of the monotonic
-  clock); writing happens off it, in batches, every `flush_every_s` or as soon as
+- the request path pays for a record with its ten fields appended to the flat list
+  `pending` (from what the exchange already holds, and two reads of the monotonic
+  clock): no object per record, so the garbage collector has nothing more to walk for
+  a busy log (a tuple per record, kept until the batch, made the young generation's
+  collections longer); writing happens off it, in batches, every `flush_every_s` or as soon as
   `max_pending` records wait, so memory is bounded and a burst costs no more system
   calls than a trickle;
 - a batch is written as the records themselves, one msgpack frame per instance
@@ -73,10 +75,11 @@ _PRIVATE_FILE_MODE: Final = 0o600
 _OPEN_FLAGS: Final = (os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW)
 _UNSAFE: Final = re.compile(rb"[^\x21-\x7e]")
 
-# One record, as exchange.py appends it: (instance, generation, began (monotonic),
-# ended (monotonic), method, url, status, bytes sent, held seconds (-1.0: never held),
-# client address).
+# One record, as exchange.py appends its fields to `pending`: (instance, generation,
+# began (monotonic), ended (monotonic), method, url, status, bytes sent, held seconds
+# (-1.0: never held), client address).
 Record = tuple[str, int | None, float, float, bytes, bytes, int, int, float, bytes]
+FIELDS: Final = 10
 
 
 def _escape(match: re.Match[bytes]) -> bytes:
@@ -151,7 +154,8 @@ def _days_from_civil(year: int, month: int, day: int) -> int:
 class AccessLog:
     """The records of one router process, written in batches under `logs_dir`.
 
-    `pending` is the hot path's: exchange.py appends a Record and, past `max_pending`,
+    `pending` is the hot path's: exchange.py extends it by a Record's FIELDS and, past
+    `max_pending` records (`max_pending * FIELDS` items),
     calls `flush_soon`. `start` arms the timer; `close` cancels it and writes what is
     left (a drained router loses no line it answered)."""
 
@@ -160,7 +164,8 @@ class AccessLog:
         self.logs_dir: Final = logs_dir
         self.flush_every_s: Final = flush_every_s
         self.max_pending: Final = max_pending
-        self.pending: list[Record] = []
+        self.pending: list[object] = []  # FIELDS items a record, flat
+        self.max_items: Final = max_pending * FIELDS
         self.dropped = 0
         self._stamps = _Stamps()
         self._timer: asyncio.TimerHandle | None = None
@@ -197,18 +202,19 @@ class AccessLog:
         if not records:
             return
         offset_s = time.time() - time.monotonic()
-        by_instance: dict[str, list[Record]] = {}
-        for record in records:
-            batch = by_instance.get(record[0])
+        by_instance: dict[str, list[object]] = {}
+        for at in range(0, len(records) - FIELDS + 1, FIELDS):
+            instance = str(records[at])
+            batch = by_instance.get(instance)
             if batch is None:
-                batch = by_instance[record[0]] = []
-            batch.append(record)
+                batch = by_instance[instance] = []
+            batch += records[at:at + FIELDS]
         for instance, batch in by_instance.items():
             try:
                 self._append(self.logs_dir / instance / ACCESS_LOG_NAME,
                              encode_frame(offset_s, batch))
             except OSError as exc:
-                self.dropped += len(batch)
+                self.dropped += len(batch) // FIELDS
                 self._report(instance, exc)
 
     @staticmethod
@@ -245,8 +251,9 @@ _ENCODER: Final = msgspec.msgpack.Encoder()
 _DECODER: Final = msgspec.msgpack.Decoder()
 
 
-def encode_frame(wall_offset_s: float, records: Sequence[Sequence[Any]]) -> bytes:
-    """One batch of records as a frame of the file (see FRAME_MARK)."""
+def encode_frame(wall_offset_s: float, records: Sequence[Any]) -> bytes:
+    """One batch of records, their fields flat, as a frame of the file (see
+    FRAME_MARK)."""
     payload = _ENCODER.encode((wall_offset_s, records))
     return FRAME_MARK + len(payload).to_bytes(4, "big") + payload
 
@@ -277,8 +284,9 @@ def read_lines(path: Path, offset: int = 0) -> tuple[list[tuple[float, str]], in
         if stop > len(data):
             break  # cut short: a write still under way, or a copy taken mid-write
         try:
-            wall_offset_s, records = _DECODER.decode(data[start + _HEAD_BYTES:stop])
-            for record in records:
+            wall_offset_s, flat = _DECODER.decode(data[start + _HEAD_BYTES:stop])
+            for at_field in range(0, len(flat) - FIELDS + 1, FIELDS):
+                record = flat[at_field:at_field + FIELDS]
                 found.append((float(record[2]) + float(wall_offset_s),
                               format_line(record, float(wall_offset_s), stamps)[:-1]))
         except (msgspec.DecodeError, ValueError, TypeError, IndexError):

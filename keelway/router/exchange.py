@@ -358,8 +358,8 @@ class Exchange:
 
     def _record(self, status: int) -> None:
         """Hand its access-log record to the process's log (once: `began` is cleared).
-        A tuple appended to a list is the request path's whole share; the log formats
-        and writes in batches (keelway/router/access_log.py)."""
+        Its fields appended to a flat list are the request path's whole share; the log
+        writes them in batches (keelway/router/access_log.py)."""
         began = self.began
         self.began = 0.0
         target = self.target
@@ -367,7 +367,7 @@ class Exchange:
         if access is None or target is None:
             return
         pending = access.pending
-        pending.append((target.instance, target.generation, began, monotonic(), self.method,
-                        self.url, status, self.sent, self.held_s, self.client.client_ip))
-        if len(pending) >= access.max_pending:
+        pending += (target.instance, target.generation, began, monotonic(), self.method,
+                    self.url, status, self.sent, self.held_s, self.client.client_ip)
+        if len(pending) >= access.max_items:
             access.flush_soon()

@@ -28,8 +28,8 @@ def access_frame(at: float, path: str) -> bytes:
     """One record, written as the router writes its batches (router/access_log.py): its
     times on the monotonic clock, with the wall clock's offset in the frame."""
     offset = 1_000_000.0
-    return encode_frame(offset, [("a.test", 1, at - offset, at - offset + 0.001, b"GET",
-                                  path.encode(), 200, 10, -1.0, b"127.0.0.1")])
+    return encode_frame(offset, ["a.test", 1, at - offset, at - offset + 0.001, b"GET",
+                                 path.encode(), 200, 10, -1.0, b"127.0.0.1"])
 
 
 def test_two_instances_services_and_access_logs_merge_in_time_order_with_since_and_n(

@@ -180,7 +180,7 @@ def test_a_batch_the_disk_refuses_is_dropped_and_counted(tmp_path: Path) -> None
     blocked = tmp_path / "file-not-dir"
     blocked.write_text("")
     log = AccessLog(blocked)
-    log.pending.append((HOST, None, 1.0, 2.0, b"GET", b"/", 200, 10, -1.0, b"127.0.0.1"))
+    log.pending += (HOST, None, 1.0, 2.0, b"GET", b"/", 200, 10, -1.0, b"127.0.0.1")
     log.flush()  # ENOTDIR under a file: never raised to the request path
     assert log.dropped == 1 and log.pending == []
 
