@@ -120,27 +120,46 @@ def fresh_cgroups() -> list[Path]:
 
 def boot_s(argv: list[str], environ: dict[str, str], cwd: str, health: str = "/health",
            host: str = "boot.test", in_cgroup: bool = False) -> float:
+    """`boot_once`, tried again (up to 3 times) where its port was taken meanwhile."""
+    for attempt in range(3):
+        try:
+            return boot_once(argv, environ, cwd, health, host, in_cgroup)
+        except RuntimeError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def boot_once(argv: list[str], environ: dict[str, str], cwd: str, health: str,
+              host: str, in_cgroup: bool) -> float:
     """The app's own start: its web command run directly (`in_cgroup`: joined to fresh
     cgroups first, by a shell that then execs it), spawn until health answers."""
     port = free_port()
     env = {**environ, "PORT": str(port)}
+    # A Procfile's `$PORT` was expanded into the argv by the shell that ran it.
+    argv = [a.replace(environ["PORT"], str(port)) if environ.get("PORT") else a
+            for a in argv]
     cgroups = fresh_cgroups() if in_cgroup else []
     if cgroups:
         joins = "; ".join(f"echo $$ > {c}/cgroup.procs" for c in cgroups)
         argv = ["/bin/sh", "-c", f'{joins}; exec "$@"', "sh", *argv]
+    said = tempfile.TemporaryFile()  # noqa: SIM115 (closed in the finally below)
     started = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=said, stderr=said,
+                            start_new_session=True)
     try:
         while not answers(port, host, health):
             if time.perf_counter() - started > 30 or proc.poll() is not None:
-                raise RuntimeError(f"{argv} did not become ready in 30 s")
+                said.seek(0)
+                raise RuntimeError(f"{argv} did not become ready in 30 s (exit "
+                                   f"{proc.poll()}): {said.read()[-500:]!r}")
             time.sleep(0.001)
         return time.perf_counter() - started
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        said.close()
         for cgroup in cgroups:
             for _ in range(100):  # its members' exit reaches the cgroup a moment later
                 try:
