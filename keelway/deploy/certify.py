@@ -39,7 +39,7 @@ from typing import Final
 
 from acme import client as acme_client
 
-from keelway import certs, failpoints, issuance
+from keelway import certs, failpoints, issuance, names
 from keelway.deploy.errors import NotFoundError, UserError
 from keelway.deploy.operation import Bound, Plan, PlannedStep, Ran, Runner, Spec
 from keelway.deploy.steps import Done, Failed
@@ -136,13 +136,12 @@ class Certifier:
         return self.authority is not None and self.https_port is not None
 
     def owner_of(self, name: str) -> str | None:
-        """The instance `name` serves (its host or an alias), if any."""
-        if self.store.instances.get_instance(name) is not None:
-            return name
-        for alias in self.store.instances.list_aliases():
-            if alias.host == name:
-                return alias.instance
-        return None
+        """The instance `name` serves (its host or an alias), if any: the store's one
+        claim of a host, not a listing of every alias."""
+        if not names.HOST.accepts(name):
+            return None
+        claim = self.store.instances.claim(name)
+        return None if claim is None else claim.instance
 
     def request(self, name: str) -> CertifyRequest:
         """What a certify of `name` would run, or UserError / NotFoundError saying why

@@ -30,7 +30,7 @@ from typing import assert_never
 
 from keelway import failpoints
 from keelway.deploy import targets
-from keelway.deploy.errors import UserError
+from keelway.deploy.errors import OperationError, UserError
 from keelway.deploy.operation import Bound, Plan, PlannedStep, Runner, Spec
 from keelway.deploy.publisher import Publisher
 from keelway.deploy.steps import Done, Failed
@@ -133,8 +133,6 @@ def set_route(store: Store, host: str, state: RouteState) -> None:
 
 def publish_effect(publisher: Publisher, host: str) -> Bound:
     async def publish(_op: Operation) -> Done | Failed:
-        from keelway.deploy.errors import OperationError
-
         try:
             await publisher.publish(host)
         except OperationError as exc:
